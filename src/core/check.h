@@ -29,9 +29,9 @@ class InternalError : public std::logic_error {
     if (!(cond)) throw ::flashmap::Error(fmt::format(__VA_ARGS__)); \
   } while (0)
 
-#define FLASHMAP_ASSERT(cond)                                                             \
-  do {                                                                                    \
-    if (!(cond))                                                                          \
-      throw ::flashmap::InternalError(fmt::format("internal error: {} ({}:{})", #cond, \
-                                                  __FILE__, __LINE__));                   \
+#define FLASHMAP_ASSERT(cond)                                                    \
+  do {                                                                           \
+    if (!(cond))                                                                 \
+      throw ::flashmap::InternalError(                                           \
+          fmt::format("internal error: {} ({}:{})", #cond, __FILE__, __LINE__)); \
   } while (0)

@@ -1,0 +1,44 @@
+// A fixed pool of worker threads for data-parallel loops. Work is split into contiguous ranges
+// so that every element is computed by the same code whatever the thread count: results do not
+// depend on how many threads run (the CPU path stays deterministic and batch-invariant).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace flashmap {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return int(workers_.size()) + 1; }
+
+  // Calls fn(begin, end) on disjoint ranges covering [0, n), each a multiple of `grain` long
+  // (but the last), on the calling thread and the workers; returns when all are done.
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+  // The process-wide pool (threads from FLASHMAP_THREADS, else the hardware's).
+  static ThreadPool& global();
+
+ private:
+  void worker_loop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable start_cv_, done_cv_;
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_n_ = 0, job_chunk_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace flashmap

@@ -1,0 +1,66 @@
+// Typed views of the Hugging Face config files the engine reads. Every field is checked for
+// presence and type; a bad one throws flashmap::Error naming the file and the field.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace flashmap {
+
+// transformers' Qwen3Config (model_type "qwen3").
+struct Qwen3Config {
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_hidden_layers = 0;
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  int head_dim = 0;  // defaults to hidden_size / num_attention_heads
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;  // flat field, or rope_parameters.rope_theta (transformers 5)
+  int max_position_embeddings = 40960;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  std::string name_or_path;
+
+  static Qwen3Config from_file(const std::string& path);
+};
+
+// FlashMapConfig of flashmap==0.1.0 (configuration_flashmap.py), with the same defaults.
+struct FlashMapConfig {
+  std::string target_model = "Qwen/Qwen3-8B";
+  int target_hidden_size = 4096;
+  int vocab_size = 151936;
+  std::vector<int> target_layer_ids = {1, 9, 17, 25, 33};
+  int block_size = 16;
+  int hidden_size = 2048;
+  int num_hidden_layers = 6;
+  int num_attention_heads = 16;
+  int intermediate_size = 8192;
+  int cond_dim = 256;
+  int time_embed_dim = 256;
+  double time_scale = 1000.0;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  double qk_norm_eps = 1e-5;
+  double layer_norm_eps = 1e-6;
+  std::string noise_gate = "jump";  // "jump" or "constant"
+  std::string time_schedule = "decoding_error";
+  int num_steps = 1;
+  // steps -> [0 = t_0 < ... < t_n = 1]; DEFAULT_JUMP_GRIDS when the file has none.
+  std::map<int, std::vector<double>> jump_grids;
+
+  int head_dim() const { return hidden_size / num_attention_heads; }
+  static FlashMapConfig from_file(const std::string& path);
+  static std::map<int, std::vector<double>> default_jump_grids();
+};
+
+// generation_config.json: the ids that end generation.
+struct GenerationConfig {
+  std::vector<int> eos_token_ids;
+  // Missing file -> empty config.
+  static GenerationConfig from_dir(const std::string& dir);
+};
+
+}  // namespace flashmap

@@ -1,0 +1,292 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+
+namespace flashmap {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::vector<float> TensorView::to_f32() const {
+  FLASHMAP_CHECK(is_float(dtype), "{}: tensor '{}' has dtype {}, expected a float dtype", file,
+                 name, dtype_name(dtype));
+  std::vector<float> out(static_cast<size_t>(numel()));
+  const auto* p16 = static_cast<const uint16_t*>(data);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (dtype == DType::F32) {
+      std::memcpy(&out[i], static_cast<const char*>(data) + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, p16 + i, 2);
+      out[i] = dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> TensorView::to_i64() const {
+  FLASHMAP_CHECK(dtype == DType::I64 || dtype == DType::I32,
+                 "{}: tensor '{}' has dtype {}, expected I64 or I32", file, name,
+                 dtype_name(dtype));
+  std::vector<int64_t> out(static_cast<size_t>(numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (dtype == DType::I64) {
+      std::memcpy(&out[i], static_cast<const char*>(data) + 8 * i, 8);
+    } else {
+      int32_t v;
+      std::memcpy(&v, static_cast<const char*>(data) + 4 * i, 4);
+      out[i] = v;
+    }
+  }
+  return out;
+}
+
+static DType parse_dtype(const std::string& s, const std::string& file, const std::string& name) {
+  if (s == "F32") return DType::F32;
+  if (s == "BF16") return DType::BF16;
+  if (s == "F16") return DType::F16;
+  if (s == "I64") return DType::I64;
+  if (s == "I32") return DType::I32;
+  throw Error(
+      fmt::format("{}: tensor '{}' has unsupported dtype '{}' (supported: F32, BF16, F16, "
+                  "I64, I32)",
+                  file, name, s));
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  FLASHMAP_CHECK(fd >= 0, "{}: cannot open ({})", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw Error(fmt::format("{}: cannot stat ({})", path, std::strerror(errno)));
+  }
+  size_ = size_t(st.st_size);
+  if (size_ < 8) {
+    ::close(fd);
+    throw Error(
+        fmt::format("{}: not a safetensors file ({} bytes, shorter than the 8-byte "
+                    "header length)",
+                    path, size_));
+  }
+  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  FLASHMAP_CHECK(map_ != MAP_FAILED, "{}: mmap failed ({})", path, std::strerror(errno));
+  try {
+    const auto* bytes = static_cast<const uint8_t*>(map_);
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+    FLASHMAP_CHECK(header_len <= size_ - 8,
+                   "{}: header length {} runs past the end of the file ({} bytes): truncated or "
+                   "not a safetensors file",
+                   path, header_len, size_);
+    json header;
+    try {
+      header = json::parse(bytes + 8, bytes + 8 + header_len);
+    } catch (const json::exception& e) {
+      throw Error(fmt::format("{}: header is not valid JSON ({})", path, e.what()));
+    }
+    FLASHMAP_CHECK(header.is_object(), "{}: header is not a JSON object", path);
+    const uint8_t* data = bytes + 8 + header_len;
+    const uint64_t data_len = size_ - 8 - header_len;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (auto& [name, info] : header.items()) {
+      if (name == "__metadata__") {
+        if (info.is_object())
+          for (auto& [k, v] : info.items())
+            if (v.is_string()) metadata_[k] = v.get<std::string>();
+        continue;
+      }
+      FLASHMAP_CHECK(info.is_object() && info.contains("dtype") && info.contains("shape") &&
+                         info.contains("data_offsets"),
+                     "{}: tensor '{}' needs dtype, shape and data_offsets in the header", path,
+                     name);
+      FLASHMAP_CHECK(info["dtype"].is_string(), "{}: tensor '{}': dtype is not a string", path,
+                     name);
+      TensorView t;
+      t.name = name;
+      t.file = path;
+      t.dtype = parse_dtype(info["dtype"].get<std::string>(), path, name);
+      FLASHMAP_CHECK(info["shape"].is_array(), "{}: tensor '{}': shape is not an array", path,
+                     name);
+      uint64_t numel = 1;
+      for (auto& d : info["shape"]) {
+        FLASHMAP_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+                       "{}: tensor '{}': shape has a bad dimension {}", path, name, d.dump());
+        const uint64_t v = d.get<uint64_t>();
+        FLASHMAP_CHECK(v == 0 || numel <= (uint64_t(1) << 48) / v,
+                       "{}: tensor '{}': shape is too large", path, name);
+        numel *= v;
+        t.shape.push_back(int64_t(v));
+      }
+      auto& off = info["data_offsets"];
+      FLASHMAP_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                         off[1].is_number_unsigned(),
+                     "{}: tensor '{}': data_offsets must be two non-negative integers", path, name);
+      const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+      FLASHMAP_CHECK(begin <= end && end <= data_len,
+                     "{}: tensor '{}': data_offsets [{}, {}] lie outside the data ({} bytes)", path,
+                     name, begin, end, data_len);
+      FLASHMAP_CHECK(end - begin == numel * dtype_size(t.dtype),
+                     "{}: tensor '{}': {} bytes for shape {} of {} (expected {})", path, name,
+                     end - begin, shape_str(t.shape), dtype_name(t.dtype),
+                     numel * dtype_size(t.dtype));
+      t.data = data + begin;
+      ranges.emplace_back(begin, end);
+      tensors_.emplace(name, std::move(t));
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i)
+      FLASHMAP_CHECK(ranges[i].first >= ranges[i - 1].second,
+                     "{}: tensors overlap in the data (bytes {}..{} and {}..{})", path,
+                     ranges[i - 1].first, ranges[i - 1].second, ranges[i].first, ranges[i].second);
+  } catch (...) {
+    ::munmap(map_, size_);
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ && map_ != MAP_FAILED) ::munmap(map_, size_);
+}
+
+const TensorView& SafetensorsFile::get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  FLASHMAP_CHECK(it != tensors_.end(), "{}: no tensor '{}'", path_, name);
+  return it->second;
+}
+
+TensorData make_tensor(const std::string& name, const std::vector<int64_t>& shape,
+                       const std::vector<float>& values, DType dtype) {
+  TensorData t{name, dtype, shape, {}};
+  t.bytes.resize(values.size() * dtype_size(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::F32) {
+      std::memcpy(&t.bytes[4 * i], &values[i], 4);
+    } else {
+      const uint16_t h = dtype == DType::BF16 ? f32_to_bf16(values[i]) : f32_to_f16(values[i]);
+      std::memcpy(&t.bytes[2 * i], &h, 2);
+    }
+  }
+  return t;
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<const TensorData*> order;
+  for (auto& t : tensors) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (auto* t : order) {
+    header[t->name] = {{"dtype", std::string(dtype_name(t->dtype))},
+                       {"shape", t->shape},
+                       {"data_offsets", {offset, offset + t->bytes.size()}}};
+    offset += t->bytes.size();
+  }
+  std::string h = header.dump();
+  while (h.size() % 8) h.push_back(' ');
+  std::ofstream out(path, std::ios::binary);
+  FLASHMAP_CHECK(out.good(), "{}: cannot write", path);
+  uint64_t n = h.size();
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = char((n >> (8 * i)) & 0xff);
+  out.write(len, 8);
+  out.write(h.data(), std::streamsize(h.size()));
+  for (auto* t : order)
+    out.write(reinterpret_cast<const char*>(t->bytes.data()), std::streamsize(t->bytes.size()));
+  FLASHMAP_CHECK(out.good(), "{}: write failed", path);
+}
+
+Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
+  FLASHMAP_CHECK(fs::is_directory(dir), "{}: not a directory", dir);
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  std::vector<std::string> shards;
+  std::map<std::string, std::string> weight_map;
+  if (fs::exists(index_path)) {
+    json index;
+    std::ifstream in(index_path);
+    try {
+      index = json::parse(in);
+    } catch (const json::exception& e) {
+      throw Error(fmt::format("{}: not valid JSON ({})", index_path.string(), e.what()));
+    }
+    FLASHMAP_CHECK(
+        index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+        "{}: needs an object 'weight_map'", index_path.string());
+    for (auto& [name, file] : index["weight_map"].items()) {
+      FLASHMAP_CHECK(file.is_string(), "{}: weight_map['{}'] is not a file name",
+                     index_path.string(), name);
+      const auto f = file.get<std::string>();
+      FLASHMAP_CHECK(f.find('/') == std::string::npos && f != ".." && !f.empty(),
+                     "{}: weight_map['{}'] = '{}' is not a file in the folder", index_path.string(),
+                     name, f);
+      weight_map[name] = f;
+      if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
+    }
+  } else {
+    const fs::path single = fs::path(dir) / "model.safetensors";
+    FLASHMAP_CHECK(fs::exists(single), "{}: no model.safetensors or model.safetensors.index.json",
+                   dir);
+    shards.push_back("model.safetensors");
+  }
+  for (auto& shard : shards) {
+    files_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / shard).string()));
+    for (auto& [name, t] : files_.back()->tensors()) {
+      if (!weight_map.empty()) {
+        auto it = weight_map.find(name);
+        if (it == weight_map.end() || it->second != shard) continue;
+      }
+      index_[name] = &t;
+    }
+  }
+  for (auto& [name, shard] : weight_map)
+    FLASHMAP_CHECK(index_.count(name), "{}: index lists tensor '{}' in {}, which does not hold it",
+                   index_path.string(), name, shard);
+}
+
+const TensorView& Checkpoint::get(const std::string& name) const {
+  auto it = index_.find(name);
+  FLASHMAP_CHECK(it != index_.end(), "{}: missing tensor '{}'", dir_, name);
+  return *it->second;
+}
+
+const TensorView& Checkpoint::get(const std::string& name,
+                                  const std::vector<int64_t>& shape) const {
+  const auto& t = get(name);
+  FLASHMAP_CHECK(t.shape == shape, "{}: tensor '{}' has shape {}, expected {}", t.file, name,
+                 shape_str(t.shape), shape_str(shape));
+  FLASHMAP_CHECK(is_float(t.dtype), "{}: tensor '{}' has dtype {}, expected F32, BF16 or F16",
+                 t.file, name, dtype_name(t.dtype));
+  return t;
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  for (auto& [n, _] : index_) out.push_back(n);
+  return out;
+}
+
+}  // namespace flashmap

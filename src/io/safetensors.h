@@ -1,0 +1,91 @@
+// safetensors files: an 8-byte little-endian header length N, N bytes of JSON describing each
+// tensor (dtype, shape, data_offsets relative to the end of the header), then the data.
+// Files are memory-mapped; tensors are views into the mapping, never copies.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace flashmap {
+
+struct TensorView {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  std::string file;  // where it came from, for error messages
+
+  int64_t numel() const;
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  int64_t dim(int i) const { return shape.at(size_t(i)); }
+  // fp32 copy of a float tensor (widened from bf16/f16).
+  std::vector<float> to_f32() const;
+  // int64 copy of an integer tensor.
+  std::vector<int64_t> to_i64() const;
+};
+
+class SafetensorsFile {
+ public:
+  // Maps and validates `path`: header length and JSON, known dtypes, offsets inside the data,
+  // no overlap, end - begin == numel * dtype size. Throws flashmap::Error naming the file and
+  // the tensor at fault.
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  const TensorView& get(const std::string& name) const;
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A tensor to write: name, dtype, shape and raw little-endian bytes.
+struct TensorData {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+TensorData make_tensor(const std::string& name, const std::vector<int64_t>& shape,
+                       const std::vector<float>& values, DType dtype = DType::F32);
+
+// Writes a valid safetensors file (tensors in name order, header padded to 8 bytes).
+void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// A Hugging Face checkpoint folder: model.safetensors, or shards listed by
+// model.safetensors.index.json ({"weight_map": {tensor: shard file}}).
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& dir);
+  const std::string& dir() const { return dir_; }
+  bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  // The tensor `name`; throws naming the folder and the tensor when it is missing.
+  const TensorView& get(const std::string& name) const;
+  // The tensor `name`, which must have `shape`; throws naming file, tensor and both shapes.
+  const TensorView& get(const std::string& name, const std::vector<int64_t>& shape) const;
+  std::vector<std::string> names() const;
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorView*> index_;
+};
+
+std::string shape_str(const std::vector<int64_t>& shape);
+
+}  // namespace flashmap

@@ -1,0 +1,406 @@
+#include "models/flashmap.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <filesystem>
+#include <mutex>
+
+#include "core/check.h"
+
+extern "C" void dpotrf_(const char* uplo, const int* n, double* a, const int* lda, int* info);
+
+namespace flashmap {
+
+FlashMapDrafter::FlashMapDrafter(const std::string& dir, const Qwen3Model& target, ThreadPool* pool)
+    : dir_(dir), target_(target), pool_(pool ? pool : &ThreadPool::global()) {
+  const auto config_path = (std::filesystem::path(dir) / "config.json").string();
+  config_ = FlashMapConfig::from_file(config_path);
+  const auto& c = config_;
+  const auto& tc = target.config();
+  // check_target of the reference: the drafter must fit the target it borrows from.
+  FLASHMAP_CHECK(c.vocab_size == tc.vocab_size && c.target_hidden_size == tc.hidden_size,
+                 "{}: this drafter needs a target with vocab_size {} and hidden_size {} ({}), but "
+                 "{} has {} and {}",
+                 config_path, c.vocab_size, c.target_hidden_size, c.target_model, target.dir(),
+                 tc.vocab_size, tc.hidden_size);
+  for (int id : c.target_layer_ids)
+    FLASHMAP_CHECK(id < tc.num_hidden_layers - 1,
+                   "{}: target_layer_ids {} need more than the target's {} layers", config_path,
+                   fmt::join(c.target_layer_ids, ", "), tc.num_hidden_layers);
+
+  ckpt_ = std::make_unique<Checkpoint>(dir);
+  const int64_t D = c.hidden_size, TH = c.target_hidden_size, hd = c.head_dim();
+  auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
+    return Weight::of(ckpt_->get(name, {rows, cols}));
+  };
+  auto vec = [&](const std::string& name, int64_t n) { return ckpt_->get(name, {n}).to_f32(); };
+  auto lin = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
+    return Linear{mat(name + ".weight", out, in),
+                  bias ? vec(name + ".bias", out) : std::vector<float>{}};
+  };
+  fc_ = mat("fc.weight", D, int64_t(c.target_layer_ids.size()) * TH);
+  hidden_norm_ = vec("hidden_norm.weight", D);
+  anchor_proj_ = lin("anchor_proj", D, TH, true);
+  anchor_norm_ = vec("anchor_norm.weight", D);
+  state_norm_ = vec("state_norm.weight", TH);
+  noise_norm_ = vec("noise_norm.weight", TH);
+  noise_gate_ = vec("noise_gate", 1)[0];
+  x_embed_ = lin("x_embed", D, TH, true);
+  time_embed_ = {lin("time_embed.linear_1", c.cond_dim, c.time_embed_dim, true),
+                 lin("time_embed.linear_2", c.cond_dim, c.cond_dim, true)};
+  jump_embed_ = {lin("jump_embed.linear_1", c.cond_dim, c.time_embed_dim, true),
+                 lin("jump_embed.linear_2", c.cond_dim, c.cond_dim, true)};
+  auto attn = [&](const std::string& p) {
+    return Attn{lin(p + ".q_proj", D, D, false), lin(p + ".k_proj", D, D, false),
+                lin(p + ".v_proj", D, D, false), lin(p + ".o_proj", D, D, false),
+                vec(p + ".q_norm.weight", hd),   vec(p + ".k_norm.weight", hd)};
+  };
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("layers.{}.", i);
+    layers_.push_back(Layer{lin(p + "self_attn_adaln.linear", 3 * D, c.cond_dim, true),
+                            lin(p + "cross_attn_adaln.linear", 3 * D, c.cond_dim, true),
+                            lin(p + "mlp_adaln.linear", 3 * D, c.cond_dim, true),
+                            attn(p + "self_attn"), attn(p + "cross_attn"),
+                            lin(p + "mlp.fc1", c.intermediate_size, D, true),
+                            lin(p + "mlp.fc2", D, c.intermediate_size, true)});
+  }
+  final_adaln_ = lin("final_adaln.linear", 3 * D, c.cond_dim, true);
+  head_ = lin("head", TH, D, true);
+}
+
+const std::vector<double>& FlashMapDrafter::grid(int steps) const {
+  auto it = config_.jump_grids.find(steps);
+  if (it == config_.jump_grids.end()) {
+    std::vector<int> keys;
+    for (auto& [k, _] : config_.jump_grids) keys.push_back(k);
+    throw Error(fmt::format("steps must be one of {} (the drafter's jump_grids), got {}",
+                            fmt::join(keys, ", "), steps));
+  }
+  return it->second;
+}
+
+void FlashMapDrafter::linear(const Linear& l, const float* x, int64_t rows, float* y) const {
+  ops::linear(x, rows, l.w, l.b.empty() ? nullptr : l.b.data(), y, *pool_);
+}
+
+DraftContext FlashMapDrafter::new_context() const {
+  DraftContext ctx;
+  ctx.k.resize(static_cast<size_t>(config_.num_hidden_layers));
+  ctx.v.resize(static_cast<size_t>(config_.num_hidden_layers));
+  return ctx;
+}
+
+void FlashMapDrafter::ensure_room(DraftContext& ctx, int64_t positions) const {
+  const size_t need = static_cast<size_t>(positions * config_.hidden_size);
+  for (size_t l = 0; l < ctx.k.size(); ++l)
+    if (ctx.k[l].size() < need) {
+      const size_t grown = std::max(need, ctx.k[l].size() * 3 / 2);
+      ctx.k[l].resize(grown);
+      ctx.v[l].resize(grown);
+    }
+}
+
+// FlashMapAttention.project_kv: keys = rope(k_norm(heads(k_proj(x)))), values = v_proj(x).
+void FlashMapDrafter::project_kv(const Attn& a, const float* x, int64_t rows,
+                                 const int64_t* positions, float* keys, float* values) const {
+  const int nh = config_.num_attention_heads, hd = config_.head_dim();
+  linear(a.k, x, rows, keys);
+  ops::rms_norm_scale_first(keys, a.k_norm.data(), float(config_.qk_norm_eps), rows * nh, hd, keys);
+  ops::rope_interleaved(keys, rows, nh, hd, positions, config_.rope_theta);
+  linear(a.v, x, rows, values);
+}
+
+void FlashMapDrafter::extend_context(DraftContext& ctx, const float* features, int64_t n) const {
+  const int64_t D = config_.hidden_size;
+  const int64_t start = ctx.length;
+  std::vector<float> context(static_cast<size_t>(n * D));
+  ops::linear(features, n, fc_, nullptr, context.data(), *pool_);
+  ops::rms_norm_scale_first(context.data(), hidden_norm_.data(), float(config_.rms_norm_eps), n, D,
+                            context.data());
+  std::vector<int64_t> positions(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = start + i;
+  ensure_room(ctx, start + n + 1);  // + the anchor slot
+  for (size_t l = 0; l < layers_.size(); ++l)
+    project_kv(layers_[l].cross_attn, context.data(), n, positions.data(),
+               ctx.k[l].data() + start * D, ctx.v[l].data() + start * D);
+  ctx.length += n;
+}
+
+// FlashMapTimeEmbedding: sinusoidal features of time * time_scale (fp32, as torch computes
+// them), then linear_2(silu(linear_1(.))).
+std::vector<float> FlashMapDrafter::time_embed(const TimeEmbed& te, double time) const {
+  const int half = config_.time_embed_dim / 2;
+  const float scaled = float(time) * float(config_.time_scale);
+  std::vector<float> emb(static_cast<size_t>(2 * half));
+  for (int i = 0; i < half; ++i) {
+    const float freq = std::exp(float(-std::log(10000.0)) * float(i) / float(half));
+    const float arg = scaled * freq;
+    emb[static_cast<size_t>(i)] = std::cos(arg);
+    emb[static_cast<size_t>(half + i)] = std::sin(arg);
+  }
+  std::vector<float> h(static_cast<size_t>(config_.cond_dim)),
+      out(static_cast<size_t>(config_.cond_dim));
+  linear(te.l1, emb.data(), 1, h.data());
+  for (auto& x : h) x = ops::silu(x);
+  linear(te.l2, h.data(), 1, out.data());
+  return out;
+}
+
+// time_conditioning: the modulations depend on (s, t) alone, so each jump computes them once.
+const FlashMapDrafter::Modulations& FlashMapDrafter::time_conditioning(double s, double t) const {
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  auto it = time_cache_.find({s, t});
+  if (it != time_cache_.end()) return it->second;
+  auto cond = time_embed(time_embed_, s);
+  const auto jump = time_embed(jump_embed_, t);
+  for (size_t i = 0; i < cond.size(); ++i) cond[i] = ops::silu(cond[i] + jump[i]);
+  Modulations m;
+  const int64_t D3 = 3 * int64_t(config_.hidden_size);
+  auto modulation = [&](const Linear& l) {
+    std::vector<float> out(static_cast<size_t>(D3));
+    linear(l, cond.data(), 1, out.data());
+    return out;
+  };
+  for (const auto& layer : layers_) {
+    m.mods.push_back(modulation(layer.self_adaln));
+    m.mods.push_back(modulation(layer.cross_adaln));
+    m.mods.push_back(modulation(layer.mlp_adaln));
+  }
+  m.mods.push_back(modulation(final_adaln_));
+  return time_cache_.emplace(std::make_pair(s, t), std::move(m)).first->second;
+}
+
+// target_constants: uniform_embeds = (1/V)·1ᵀE, and L with L Lᵀ = EᵀE. The reference forms EᵀE
+// in fp32 and factors it in float64; we accumulate fp32 chunk products (ssyrk) in float64 and
+// factor with LAPACK dpotrf.
+const std::vector<float>& FlashMapDrafter::uniform_embeds() const {
+  if (uniform_embeds_.empty()) {
+    const Weight& E = target_.embedding();
+    const float u = 1.0f / float(E.rows);
+    std::vector<float> ones(static_cast<size_t>(E.rows), u);
+    uniform_embeds_.resize(static_cast<size_t>(E.cols));
+    ops::matmul_rows(ones.data(), 1, E, uniform_embeds_.data(), *pool_);
+  }
+  return uniform_embeds_;
+}
+
+const std::vector<float>& FlashMapDrafter::noise_factor() const {
+  if (noise_factor_.empty()) {
+    const Weight& E = target_.embedding();
+    const int H = int(E.cols);
+    std::vector<double> gram(static_cast<size_t>(H) * static_cast<size_t>(H), 0.0);
+    const int64_t chunk = 16384;
+    std::vector<float> rows(static_cast<size_t>(std::min<int64_t>(chunk, E.rows) * H)),
+        part(static_cast<size_t>(H) * static_cast<size_t>(H));
+    for (int64_t r0 = 0; r0 < E.rows; r0 += chunk) {
+      const int n = int(std::min<int64_t>(chunk, E.rows - r0));
+      for (int i = 0; i < n; ++i) E.row_f32(r0 + i, rows.data() + int64_t(i) * H);
+      // part = rowsᵀ rows (upper triangle, column-major view of a row-major [n, H] matrix).
+      cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, H, n, 1.0f, rows.data(), H, 0.0f,
+                  part.data(), H);
+      for (int i = 0; i < H; ++i)
+        for (int j = i; j < H; ++j)
+          gram[static_cast<size_t>(i) * H + j] += part[static_cast<size_t>(i) * H + j];
+    }
+    // Row-major upper triangle == column-major lower triangle: dpotrf('L') factors it.
+    for (int i = 0; i < H; ++i)
+      for (int j = 0; j < i; ++j)
+        gram[static_cast<size_t>(i) * H + j] = gram[static_cast<size_t>(j) * H + i];
+    int info = 0;
+    dpotrf_("L", &H, gram.data(), &H, &info);
+    FLASHMAP_CHECK(info == 0,
+                   "{}: the target's embedding Gram matrix EᵀE is not positive definite "
+                   "(dpotrf info {}), so one-step noise cannot be drawn in embedding space",
+                   target_.dir(), info);
+    // Column-major lower factor -> row-major L [H, H].
+    noise_factor_.assign(static_cast<size_t>(H) * static_cast<size_t>(H), 0.0f);
+    for (int col = 0; col < H; ++col)
+      for (int row = col; row < H; ++row)
+        noise_factor_[static_cast<size_t>(row) * H + col] =
+            float(gram[static_cast<size_t>(col) * H + row]);
+  }
+  return noise_factor_;
+}
+
+// mix_state: state_norm(posterior) + gate · noise_norm(state_embeds), gate = noise_gate·(t−s)
+// ("jump") or noise_gate ("constant").
+void FlashMapDrafter::mix_state(const float* posterior, bool broadcast_posterior,
+                                const float* state_embeds, int64_t rows, double s, double t,
+                                float* out) const {
+  const int64_t TH = config_.target_hidden_size;
+  const float eps = float(config_.rms_norm_eps);
+  const double jump = config_.noise_gate == "constant" ? 1.0 : t - s;
+  const float gate = noise_gate_ * float(jump);
+  std::vector<float> p(static_cast<size_t>(TH)), n(static_cast<size_t>(rows * TH));
+  ops::rms_norm_scale_first(state_embeds, noise_norm_.data(), eps, rows, TH, n.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* post = posterior + (broadcast_posterior ? 0 : r * TH);
+    ops::rms_norm_scale_first(post, state_norm_.data(), eps, 1, TH, p.data());
+    for (int64_t i = 0; i < TH; ++i)
+      out[r * TH + i] = p[static_cast<size_t>(i)] + gate * n[static_cast<size_t>(r * TH + i)];
+  }
+}
+
+// FlashMapDraftModel.forward for a batch of blocks: x_embed, DiT layers, final AdaLN, head.
+void FlashMapDrafter::forward(const float* inputs, int64_t B, double s, double t,
+                              const int64_t* positions, std::span<const Request> batch,
+                              float* hidden_out) const {
+  const auto& c = config_;
+  const int64_t K = c.block_size, D = c.hidden_size, N = B * K, I = c.intermediate_size;
+  const int nh = c.num_attention_heads, hd = c.head_dim();
+  const float qk_eps = float(c.qk_norm_eps), ln_eps = float(c.layer_norm_eps);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const auto& mods = time_conditioning(s, t).mods;
+
+  std::vector<float> x(static_cast<size_t>(N * D)), h(static_cast<size_t>(N * D)),
+      q(static_cast<size_t>(N * D)), k(static_cast<size_t>(N * D)), v(static_cast<size_t>(N * D)),
+      a(static_cast<size_t>(N * D)), o(static_cast<size_t>(N * D)), m(static_cast<size_t>(N * I));
+  linear(x_embed_, inputs, N, x.data());
+  // AdaLN: layer_norm(x)·(1 + scale) + shift; returns the gate.
+  auto adaln = [&](const std::vector<float>& mod) {
+    ops::layer_norm(x.data(), ln_eps, N, D, h.data());
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t i = 0; i < D; ++i)
+        h[static_cast<size_t>(r * D + i)] =
+            h[static_cast<size_t>(r * D + i)] * (1.0f + mod[static_cast<size_t>(i)]) +
+            mod[static_cast<size_t>(D + i)];
+    return mod.data() + 2 * D;
+  };
+  auto gated_add = [&](const float* gate, const float* y) {
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t i = 0; i < D; ++i) x[static_cast<size_t>(r * D + i)] += gate[i] * y[r * D + i];
+  };
+  auto queries = [&](const Attn& at) {
+    linear(at.q, h.data(), N, q.data());
+    ops::rms_norm_scale_first(q.data(), at.q_norm.data(), qk_eps, N * nh, hd, q.data());
+    ops::rope_interleaved(q.data(), N, nh, hd, positions, c.rope_theta);
+  };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    // Self-attention across the block's K slots (bidirectional).
+    const float* gate = adaln(mods[3 * l]);
+    queries(L.self_attn);
+    project_kv(L.self_attn, h.data(), N, positions, k.data(), v.data());
+    std::vector<int64_t> counts(static_cast<size_t>(K), K);
+    for (int64_t b = 0; b < B; ++b)
+      ops::attention(q.data() + b * K * D, K, nh, nh, hd, k.data() + b * K * D,
+                     v.data() + b * K * D, counts.data(), scale, a.data() + b * K * D, *pool_);
+    linear(L.self_attn.o, a.data(), N, o.data());
+    gated_add(gate, o.data());
+    // Cross-attention to the context: positions [0, anchor] of each sequence.
+    gate = adaln(mods[3 * l + 1]);
+    queries(L.cross_attn);
+    for (int64_t b = 0; b < B; ++b) {
+      const auto& ctx = *batch[static_cast<size_t>(b)].ctx;
+      std::vector<int64_t> n_keys(static_cast<size_t>(K), ctx.length + 1);
+      ops::attention(q.data() + b * K * D, K, nh, nh, hd, ctx.k[l].data(), ctx.v[l].data(),
+                     n_keys.data(), scale, a.data() + b * K * D, *pool_);
+    }
+    linear(L.cross_attn.o, a.data(), N, o.data());
+    gated_add(gate, o.data());
+    // MLP: fc2(gelu(fc1(.))).
+    gate = adaln(mods[3 * l + 2]);
+    linear(L.fc1, h.data(), N, m.data());
+    for (auto& val : m) val = ops::gelu(val);
+    linear(L.fc2, m.data(), N, o.data());
+    gated_add(gate, o.data());
+  }
+  adaln(mods.back());
+  linear(head_, h.data(), N, hidden_out);
+}
+
+void FlashMapDrafter::draft(std::span<const Request> batch, int steps, float* logits) const {
+  const auto& c = config_;
+  const auto& g = grid(steps);
+  const int64_t B = int64_t(batch.size()), K = c.block_size, D = c.hidden_size;
+  const int64_t TH = c.target_hidden_size, V = c.vocab_size, N = B * K;
+  const Weight& E = target_.embedding();
+
+  // The anchor's embedding enters the context at the anchor's position.
+  std::vector<float> anchor_embeds(static_cast<size_t>(B * TH)),
+      anchor_ctx(static_cast<size_t>(B * D));
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t tok = batch[static_cast<size_t>(b)].anchor;
+    FLASHMAP_CHECK(tok >= 0 && tok < V, "anchor token {} is outside the vocabulary [0, {})", tok,
+                   V);
+    E.row_f32(tok, anchor_embeds.data() + b * TH);
+  }
+  linear(anchor_proj_, anchor_embeds.data(), B, anchor_ctx.data());
+  ops::rms_norm_scale_first(anchor_ctx.data(), anchor_norm_.data(), float(c.rms_norm_eps), B, D,
+                            anchor_ctx.data());
+  std::vector<int64_t> positions(static_cast<size_t>(N));
+  for (int64_t b = 0; b < B; ++b) {
+    auto& ctx = *batch[static_cast<size_t>(b)].ctx;
+    const int64_t anchor = ctx.length;
+    ensure_room(ctx, anchor + 1);
+    for (size_t l = 0; l < layers_.size(); ++l)
+      project_kv(layers_[l].cross_attn, anchor_ctx.data() + b * D, 1, &anchor,
+                 ctx.k[l].data() + anchor * D, ctx.v[l].data() + anchor * D);
+    for (int64_t i = 0; i < K; ++i) positions[static_cast<size_t>(b * K + i)] = anchor + 1 + i;
+  }
+
+  std::vector<float> inputs(static_cast<size_t>(N * TH)), hidden(static_cast<size_t>(N * TH)),
+      state, embeds(static_cast<size_t>(N * TH));
+  // The one-step draft from embedding-space noise: z ~ N(0, I_H), inputs from z·Lᵀ.
+  bool embed_noise = batch.empty() ? false : batch[0].noise.kind == Noise::Embed;
+  bool draw_embed = steps == 1 && !batch.empty() && batch[0].noise.kind == Noise::Draw;
+  for (const auto& r : batch)
+    FLASHMAP_CHECK((r.noise.kind == Noise::Embed) == embed_noise &&
+                       (r.noise.kind == Noise::Draw) == (batch[0].noise.kind == Noise::Draw),
+                   "draft: every request of a batch must start from the same kind of noise");
+  FLASHMAP_CHECK(!embed_noise || steps == 1, "embedding-space noise is for one-step drafts only");
+  if (embed_noise || draw_embed) {
+    std::vector<float> z(static_cast<size_t>(N * TH));
+    for (int64_t b = 0; b < B; ++b) {
+      const auto& noise = batch[static_cast<size_t>(b)].noise;
+      for (int64_t i = 0; i < K * TH; ++i)
+        z[static_cast<size_t>(b * K * TH + i)] = embed_noise ? noise.data[i] : noise.rng->normal();
+    }
+    const Weight L{DType::F32, noise_factor().data(), TH, TH};
+    ops::linear(z.data(), N, L, nullptr, embeds.data(), *pool_);
+    mix_state(uniform_embeds().data(), true, embeds.data(), N, 0.0, g[1], inputs.data());
+  } else {
+    state.resize(static_cast<size_t>(N * V));
+    for (int64_t b = 0; b < B; ++b) {
+      const auto& noise = batch[static_cast<size_t>(b)].noise;
+      float* dst = state.data() + b * K * V;
+      if (noise.kind == Noise::Vocab)
+        std::copy_n(noise.data, K * V, dst);
+      else
+        for (int64_t i = 0; i < K * V; ++i) dst[i] = noise.rng->normal();
+    }
+  }
+
+  std::vector<float> posterior_embeds;
+  for (size_t j = 0; j + 1 < g.size(); ++j) {
+    const double s = g[j], t = g[j + 1];
+    if (!state.empty()) {
+      // embed_state: the posterior softmax(s·x/(1−s)²) and the state itself, read through E.
+      ops::matmul_rows(state.data(), N, E, embeds.data(), *pool_);
+      if (s == 0.0) {
+        mix_state(uniform_embeds().data(), true, embeds.data(), N, s, t, inputs.data());
+      } else {
+        const float sharp = float(s / std::pow(std::max(1.0 - s, 1e-3), 2));
+        std::vector<float> posterior(state.size());
+        for (size_t i = 0; i < state.size(); ++i) posterior[i] = state[i] * sharp;
+        ops::softmax_rows(posterior.data(), N, V);
+        posterior_embeds.resize(static_cast<size_t>(N * TH));
+        ops::matmul_rows(posterior.data(), N, E, posterior_embeds.data(), *pool_);
+        mix_state(posterior_embeds.data(), false, embeds.data(), N, s, t, inputs.data());
+      }
+    }
+    forward(inputs.data(), B, s, t, positions.data(), batch, hidden.data());
+    ops::linear(hidden.data(), N, target_.lm_head(), nullptr, logits, *pool_);
+    if (t < 1.0) {
+      // Move to where the jump lands (eq. 19 of arXiv:2602.16813), in the reference's op order.
+      std::vector<float> probs(logits, logits + N * V);
+      ops::softmax_rows(probs.data(), N, V);
+      const float a = float(1.0 - t), w = float(t - s), d = float(1.0 - s);
+      for (size_t i = 0; i < state.size(); ++i) state[i] = (state[i] * a + probs[i] * w) / d;
+    }
+  }
+}
+
+}  // namespace flashmap

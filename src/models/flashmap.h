@@ -1,0 +1,114 @@
+// The FlashMap drafter of flashmap==0.1.0 (modeling_flashmap.py) on CPU in fp32: a DiT that
+// jumps from Gaussian noise over the target's vocabulary to per-slot token distributions,
+// cross-attending to the target's hidden states. It borrows the target's embedding and lm_head.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "models/qwen3.h"
+#include "ops/ops.h"
+
+namespace flashmap {
+
+// FlashMapCache for one sequence: per layer the cross-attention keys and values
+// [position, hidden] of the context. Positions [0, length) hold the target's features of the
+// verified tokens; position `length` is the anchor's, written by draft() and overwritten by the
+// next extend_context().
+struct DraftContext {
+  int64_t length = 0;
+  std::vector<std::vector<float>> k, v;
+};
+
+class FlashMapDrafter {
+ public:
+  // Loads a drafter folder for `target`; throws when it does not fit the target (vocabulary,
+  // hidden size, target_layer_ids), naming the file and field.
+  FlashMapDrafter(const std::string& dir, const Qwen3Model& target, ThreadPool* pool = nullptr);
+
+  const FlashMapConfig& config() const { return config_; }
+  int block_size() const { return config_.block_size; }
+  const std::vector<int>& target_layer_ids() const { return config_.target_layer_ids; }
+  // The jump grid for `steps`; throws listing the supported step counts.
+  const std::vector<double>& grid(int steps) const;
+
+  DraftContext new_context() const;
+  // extend_context: appends the target's features [n, n_taps * target_hidden] at the next n
+  // positions.
+  void extend_context(DraftContext& ctx, const float* features, int64_t n) const;
+
+  // How a draft starts: drawn noise (vocabulary-sized, or embedding-space z·Lᵀ for one step,
+  // as the reference draws it), or given noise of either kind (the parity fixtures).
+  struct Noise {
+    enum Kind { Draw, Vocab, Embed } kind = Draw;
+    const float* data = nullptr;  // Vocab: [K, V]; Embed: [K, target_hidden]
+    Rng* rng = nullptr;           // Draw
+  };
+  struct Request {
+    DraftContext* ctx;
+    int32_t anchor;
+    Noise noise;
+  };
+  // draft: logits [B, K, V] for the blocks after each request's anchor, all in one batch.
+  void draft(std::span<const Request> batch, int steps, float* logits) const;
+
+  // target_constants: the embedded uniform posterior [target_hidden] and the lower Cholesky
+  // factor L [H, H] of EᵀE (computed once, lazily, in float64 with LAPACK).
+  const std::vector<float>& uniform_embeds() const;
+  const std::vector<float>& noise_factor() const;
+
+ private:
+  struct Linear {
+    Weight w;
+    std::vector<float> b;  // empty: no bias
+  };
+  struct Attn {
+    Linear q, k, v, o;
+    std::vector<float> q_norm, k_norm;
+  };
+  struct Layer {
+    Linear self_adaln, cross_adaln, mlp_adaln;
+    Attn self_attn, cross_attn;
+    Linear fc1, fc2;
+  };
+  struct TimeEmbed {
+    Linear l1, l2;
+  };
+  // The AdaLN modulations of one jump: per layer (self, cross, mlp) then final, each 3*hidden.
+  struct Modulations {
+    std::vector<std::vector<float>> mods;
+  };
+
+  void linear(const Linear& l, const float* x, int64_t rows, float* y) const;
+  std::vector<float> time_embed(const TimeEmbed& te, double time) const;
+  const Modulations& time_conditioning(double s, double t) const;
+  void project_kv(const Attn& a, const float* x, int64_t rows, const int64_t* positions,
+                  float* keys, float* values) const;
+  void mix_state(const float* posterior, bool broadcast_posterior, const float* state_embeds,
+                 int64_t rows, double s, double t, float* out) const;
+  void forward(const float* inputs, int64_t B, double s, double t, const int64_t* positions,
+               std::span<const Request> batch, float* hidden_out) const;
+  void ensure_room(DraftContext& ctx, int64_t positions) const;
+
+  FlashMapConfig config_;
+  std::string dir_;
+  const Qwen3Model& target_;
+  ThreadPool* pool_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  Weight fc_;
+  std::vector<float> hidden_norm_, anchor_norm_, state_norm_, noise_norm_;
+  Linear anchor_proj_, x_embed_, final_adaln_, head_;
+  float noise_gate_ = 1.0f;
+  TimeEmbed time_embed_, jump_embed_;
+  std::vector<Layer> layers_;
+  mutable std::map<std::pair<double, double>, Modulations> time_cache_;
+  mutable std::vector<float> uniform_embeds_, noise_factor_;
+};
+
+}  // namespace flashmap

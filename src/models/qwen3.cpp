@@ -1,0 +1,195 @@
+#include "models/qwen3.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/check.h"
+
+namespace flashmap {
+
+void KVCache::truncate(int64_t n) {
+  FLASHMAP_ASSERT(n >= 0 && n <= length);
+  length = n;
+}
+
+Qwen3Model::Qwen3Model(const std::string& dir, ThreadPool* pool)
+    : dir_(dir), pool_(pool ? pool : &ThreadPool::global()) {
+  config_ = Qwen3Config::from_file((std::filesystem::path(dir) / "config.json").string());
+  ckpt_ = std::make_unique<Checkpoint>(dir);
+  const auto& c = config_;
+  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
+  const int64_t q_dim = int64_t(c.num_attention_heads) * hd;
+  const int64_t kv_dim = int64_t(c.num_key_value_heads) * hd;
+  auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
+    return Weight::of(ckpt_->get(name, {rows, cols}));
+  };
+  auto vec = [&](const std::string& name, int64_t n) { return ckpt_->get(name, {n}).to_f32(); };
+  embed_ = mat("model.embed_tokens.weight", c.vocab_size, H);
+  if (c.tie_word_embeddings && !ckpt_->contains("lm_head.weight")) {
+    lm_head_ = embed_;
+  } else {
+    lm_head_ = mat("lm_head.weight", c.vocab_size, H);
+  }
+  final_norm_ = vec("model.norm.weight", H);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    Layer l;
+    l.input_norm = vec(p + "input_layernorm.weight", H);
+    l.post_norm = vec(p + "post_attention_layernorm.weight", H);
+    l.q_norm = vec(p + "self_attn.q_norm.weight", hd);
+    l.k_norm = vec(p + "self_attn.k_norm.weight", hd);
+    l.q = mat(p + "self_attn.q_proj.weight", q_dim, H);
+    l.k = mat(p + "self_attn.k_proj.weight", kv_dim, H);
+    l.v = mat(p + "self_attn.v_proj.weight", kv_dim, H);
+    l.o = mat(p + "self_attn.o_proj.weight", H, q_dim);
+    l.gate = mat(p + "mlp.gate_proj.weight", I, H);
+    l.up = mat(p + "mlp.up_proj.weight", I, H);
+    l.down = mat(p + "mlp.down_proj.weight", H, I);
+    layers_.push_back(std::move(l));
+  }
+}
+
+int64_t Qwen3Model::weight_bytes() const {
+  int64_t n = 0;
+  for (const auto& name : ckpt_->names()) n += int64_t(ckpt_->get(name).nbytes());
+  return n;
+}
+
+KVCache Qwen3Model::new_cache() const {
+  KVCache c;
+  c.k.resize(static_cast<size_t>(config_.num_hidden_layers));
+  c.v.resize(static_cast<size_t>(config_.num_hidden_layers));
+  return c;
+}
+
+void Qwen3Model::logits_of(const float* hidden, int64_t n, float* logits) const {
+  const int64_t H = config_.hidden_size;
+  std::vector<float> normed(static_cast<size_t>(n * H));
+  ops::rms_norm(hidden, final_norm_.data(), float(config_.rms_norm_eps), n, H, normed.data());
+  ops::linear(normed.data(), n, lm_head_, nullptr, logits, *pool_);
+}
+
+void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
+                         std::span<const int> taps, Output& out) const {
+  const auto& c = config_;
+  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
+  const int nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
+  const float eps = float(c.rms_norm_eps);
+
+  int64_t T = 0;
+  for (const auto& s : batch) {
+    FLASHMAP_CHECK(!s.tokens.empty(), "forward: a sequence has no tokens");
+    T += int64_t(s.tokens.size());
+  }
+  for (int layer : taps)
+    FLASHMAP_CHECK(layer >= 0 && layer < c.num_hidden_layers,
+                   "hidden-state tap {} is not a layer of this {}-layer target", layer,
+                   c.num_hidden_layers);
+
+  // Positions, and where each sequence's rows start.
+  std::vector<int64_t> positions(static_cast<size_t>(T)), starts;
+  {
+    int64_t r = 0;
+    for (const auto& s : batch) {
+      starts.push_back(r);
+      FLASHMAP_CHECK(s.cache->length + int64_t(s.tokens.size()) <= c.max_position_embeddings,
+                     "sequence of {} tokens exceeds max_position_embeddings {}",
+                     s.cache->length + int64_t(s.tokens.size()), c.max_position_embeddings);
+      for (size_t i = 0; i < s.tokens.size(); ++i)
+        positions[static_cast<size_t>(r++)] = s.cache->length + int64_t(i);
+    }
+  }
+
+  std::vector<float> x(static_cast<size_t>(T * H)), h(static_cast<size_t>(T * H)),
+      q(static_cast<size_t>(T * q_dim)), k(static_cast<size_t>(T * kv_dim)),
+      v(static_cast<size_t>(T * kv_dim)), attn(static_cast<size_t>(T * q_dim)),
+      gate(static_cast<size_t>(T * I)), up(static_cast<size_t>(T * I)),
+      tmp(static_cast<size_t>(T * H));
+  {
+    int64_t r = 0;
+    for (const auto& s : batch)
+      for (int32_t tok : s.tokens) {
+        FLASHMAP_CHECK(tok >= 0 && tok < c.vocab_size,
+                       "token id {} is outside the vocabulary [0, {})", tok, c.vocab_size);
+        embed_.row_f32(tok, x.data() + (r++) * H);
+      }
+  }
+  const int64_t F = int64_t(taps.size()) * H;
+  out.features.assign(static_cast<size_t>(T * F), 0.0f);
+
+  // Make room in every cache for its new positions.
+  for (const auto& s : batch) {
+    const int64_t need = (s.cache->length + int64_t(s.tokens.size())) * kv_dim;
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      auto& kc = s.cache->k[static_cast<size_t>(l)];
+      auto& vc = s.cache->v[static_cast<size_t>(l)];
+      if (int64_t(kc.size()) < need) {
+        const size_t grown =
+            static_cast<size_t>(std::max<int64_t>(need, int64_t(kc.size()) * 3 / 2));
+        kc.resize(grown);
+        vc.resize(grown);
+      }
+    }
+  }
+
+  std::vector<int64_t> key_count(static_cast<size_t>(T));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const Layer& L = layers_[static_cast<size_t>(l)];
+    ops::rms_norm(x.data(), L.input_norm.data(), eps, T, H, h.data());
+    ops::linear(h.data(), T, L.q, nullptr, q.data(), *pool_);
+    ops::linear(h.data(), T, L.k, nullptr, k.data(), *pool_);
+    ops::linear(h.data(), T, L.v, nullptr, v.data(), *pool_);
+    // q_norm / k_norm are per-head RMSNorms over head_dim, before RoPE (modeling_qwen3.py).
+    ops::rms_norm(q.data(), L.q_norm.data(), eps, T * nh, hd, q.data());
+    ops::rms_norm(k.data(), L.k_norm.data(), eps, T * nkv, hd, k.data());
+    ops::rope_half(q.data(), T, nh, int(hd), positions.data(), c.rope_theta);
+    ops::rope_half(k.data(), T, nkv, int(hd), positions.data(), c.rope_theta);
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const auto& s = batch[b];
+      const int64_t n = int64_t(s.tokens.size()), r0 = starts[b], p0 = s.cache->length;
+      std::copy_n(k.data() + r0 * kv_dim, n * kv_dim,
+                  s.cache->k[static_cast<size_t>(l)].data() + p0 * kv_dim);
+      std::copy_n(v.data() + r0 * kv_dim, n * kv_dim,
+                  s.cache->v[static_cast<size_t>(l)].data() + p0 * kv_dim);
+      for (int64_t i = 0; i < n; ++i)
+        key_count[static_cast<size_t>(r0 + i)] = p0 + i + 1;  // causal
+      ops::attention(q.data() + r0 * q_dim, n, nh, nkv, int(hd),
+                     s.cache->k[static_cast<size_t>(l)].data(),
+                     s.cache->v[static_cast<size_t>(l)].data(), key_count.data() + r0,
+                     1.0f / std::sqrt(float(hd)), attn.data() + r0 * q_dim, *pool_);
+    }
+    ops::linear(attn.data(), T, L.o, nullptr, tmp.data(), *pool_);
+    for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
+    ops::rms_norm(x.data(), L.post_norm.data(), eps, T, H, h.data());
+    ops::linear(h.data(), T, L.gate, nullptr, gate.data(), *pool_);
+    ops::linear(h.data(), T, L.up, nullptr, up.data(), *pool_);
+    for (int64_t i = 0; i < T * I; ++i)
+      gate[static_cast<size_t>(i)] =
+          ops::silu(gate[static_cast<size_t>(i)]) * up[static_cast<size_t>(i)];
+    ops::linear(gate.data(), T, L.down, nullptr, tmp.data(), *pool_);
+    for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
+    for (size_t t = 0; t < taps.size(); ++t)
+      if (taps[t] == l)
+        for (int64_t r = 0; r < T; ++r)
+          std::copy_n(x.data() + r * H, H, out.features.data() + r * F + int64_t(t) * H);
+  }
+  for (const auto& s : batch) s.cache->length += int64_t(s.tokens.size());
+
+  const int64_t V = c.vocab_size;
+  if (logits_mode == Logits::All) {
+    out.logits.resize(static_cast<size_t>(T * V));
+    logits_of(x.data(), T, out.logits.data());
+  } else if (logits_mode == Logits::Last) {
+    std::vector<float> last(batch.size() * static_cast<size_t>(H));
+    for (size_t b = 0; b < batch.size(); ++b)
+      std::copy_n(x.data() + (starts[b] + int64_t(batch[b].tokens.size()) - 1) * H, H,
+                  last.data() + int64_t(b) * H);
+    out.logits.resize(batch.size() * static_cast<size_t>(V));
+    logits_of(last.data(), int64_t(batch.size()), out.logits.data());
+  } else {
+    out.logits.clear();
+  }
+}
+
+}  // namespace flashmap

@@ -1,0 +1,70 @@
+// The Qwen3 target (transformers' Qwen3ForCausalLM) on CPU in fp32, weights in their file dtype.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "ops/ops.h"
+
+namespace flashmap {
+
+// One sequence's keys and values, per layer [position, kv_heads * head_dim], fp32.
+struct KVCache {
+  int64_t length = 0;
+  std::vector<std::vector<float>> k, v;
+
+  // Drops every position from n on (after a verify pass, the rejected drafts).
+  void truncate(int64_t n);
+};
+
+class Qwen3Model {
+ public:
+  // Loads config.json and the safetensors of a Hugging Face folder; throws naming the file and
+  // field or tensor at fault.
+  explicit Qwen3Model(const std::string& dir, ThreadPool* pool = nullptr);
+
+  const Qwen3Config& config() const { return config_; }
+  const std::string& dir() const { return dir_; }
+  const Weight& embedding() const { return embed_; }
+  const Weight& lm_head() const { return lm_head_; }
+  int64_t weight_bytes() const;
+
+  KVCache new_cache() const;
+
+  struct SeqInput {
+    KVCache* cache;  // the new tokens go at positions cache->length ...
+    std::span<const int32_t> tokens;
+  };
+  enum class Logits { All, Last, None };
+  struct Output {
+    std::vector<float> logits;    // [rows, vocab]: every token (All) or each sequence's last
+    std::vector<float> features;  // [tokens, taps.size() * hidden]: outputs of layers `taps`
+  };
+  // One forward over a batch of sequences of different lengths at their own cache positions;
+  // appends their keys and values to their caches. `taps` lists decoder layers whose outputs
+  // (transformers' hidden_states[i + 1]) are returned, concatenated in that order.
+  void forward(std::span<const SeqInput> batch, Logits logits, std::span<const int> taps,
+               Output& out) const;
+
+  // The logits of rows of final hidden states [n, hidden] (final norm, then lm_head).
+  void logits_of(const float* hidden, int64_t n, float* logits) const;
+
+ private:
+  struct Layer {
+    std::vector<float> input_norm, post_norm, q_norm, k_norm;
+    Weight q, k, v, o, gate, up, down;
+  };
+  Qwen3Config config_;
+  std::string dir_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  ThreadPool* pool_;
+  Weight embed_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace flashmap

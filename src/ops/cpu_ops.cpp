@@ -1,0 +1,360 @@
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/check.h"
+#include "io/safetensors.h"
+#include "ops/ops.h"
+
+namespace flashmap {
+
+Weight Weight::of(const TensorView& t) {
+  FLASHMAP_CHECK(t.shape.size() == 2 && is_float(t.dtype),
+                 "{}: tensor '{}' must be a 2-D float matrix, got {} {}", t.file, t.name,
+                 dtype_name(t.dtype), shape_str(t.shape));
+  return Weight{t.dtype, t.data, t.shape[0], t.shape[1]};
+}
+
+float Weight::at(int64_t r, int64_t c) const {
+  const int64_t i = r * cols + c;
+  uint16_t h;
+  switch (dtype) {
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, static_cast<const float*>(data) + i, 4);
+      return f;
+    }
+    case DType::BF16:
+      std::memcpy(&h, static_cast<const uint16_t*>(data) + i, 2);
+      return bf16_to_f32(h);
+    case DType::F16:
+      std::memcpy(&h, static_cast<const uint16_t*>(data) + i, 2);
+      return f16_to_f32(h);
+    default:
+      throw InternalError("Weight::at on an integer tensor");
+  }
+}
+
+void Weight::row_f32(int64_t r, float* out) const {
+  if (dtype == DType::F32) {
+    std::memcpy(out, static_cast<const float*>(data) + r * cols, size_t(cols) * 4);
+    return;
+  }
+  for (int64_t c = 0; c < cols; ++c) out[c] = at(r, c);
+}
+
+namespace ops {
+namespace {
+
+// 16 fp32 lanes; GCC lowers this to one AVX-512 register, two AVX2 ones, or scalar code.
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef _Float16 v16x __attribute__((vector_size(32)));
+constexpr int kLanes = 16;
+
+template <DType D>
+inline v16f load16(const void* base, int64_t i) {
+  if constexpr (D == DType::F32) {
+    v16f v;
+    std::memcpy(&v, static_cast<const float*>(base) + i, sizeof(v));
+    return v;
+  } else if constexpr (D == DType::BF16) {
+    v16h h;
+    std::memcpy(&h, static_cast<const uint16_t*>(base) + i, sizeof(h));
+    return reinterpret_cast<v16f>(__builtin_convertvector(h, v16u) << 16);
+  } else {
+    v16x h;
+    std::memcpy(&h, static_cast<const uint16_t*>(base) + i, sizeof(h));
+    return __builtin_convertvector(h, v16f);
+  }
+}
+
+// The last n < 16 elements, zero-padded (zeros add nothing to the sums).
+template <DType D>
+inline v16f load_tail(const void* base, int64_t i, int64_t n) {
+  if constexpr (D == DType::F32) {
+    float buf[kLanes] = {};
+    std::memcpy(buf, static_cast<const float*>(base) + i, size_t(n) * 4);
+    v16f v;
+    std::memcpy(&v, buf, sizeof(v));
+    return v;
+  } else {
+    uint16_t buf[kLanes] = {};
+    std::memcpy(buf, static_cast<const uint16_t*>(base) + i, size_t(n) * 2);
+    return load16<D>(buf, 0);
+  }
+}
+
+inline float hsum(v16f v) {
+  // A fixed pairwise tree, so every dot product reduces its lanes in the same order.
+  float a[kLanes];
+  std::memcpy(a, &v, sizeof(a));
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) a[i] += a[i + w];
+  return a[0];
+}
+
+// One MR x NR tile of y = x Wᵀ: every (row, out) pair accumulates over k in the same order,
+// whatever MR and NR are, which keeps the op batch-invariant.
+template <DType D, int MR, int NR>
+void linear_tile(const float* x, int64_t ldx, const void* w, int64_t K, const float* bias, float* y,
+                 int64_t ldy) {
+  v16f acc[MR][NR] = {};
+  const int64_t Kv = K / kLanes * kLanes;
+  for (int64_t k = 0; k < Kv; k += kLanes) {
+    v16f wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = load16<D>(w, j * K + k);
+    for (int i = 0; i < MR; ++i) {
+      const v16f xv = load16<DType::F32>(x + i * ldx, k);
+      for (int j = 0; j < NR; ++j) acc[i][j] += xv * wv[j];
+    }
+  }
+  if (Kv < K) {
+    v16f wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = load_tail<D>(w, j * K + Kv, K - Kv);
+    for (int i = 0; i < MR; ++i) {
+      const v16f xv = load_tail<DType::F32>(x + i * ldx, Kv, K - Kv);
+      for (int j = 0; j < NR; ++j) acc[i][j] += xv * wv[j];
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = hsum(acc[i][j]) + (bias ? bias[j] : 0.0f);
+}
+
+template <DType D, int NR>
+void linear_cols(const float* x, int64_t M, int64_t ldx, const void* w, int64_t K,
+                 const float* bias, float* y, int64_t ldy) {
+  constexpr int MR = 4;
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR)
+    linear_tile<D, MR, NR>(x + m * ldx, ldx, w, K, bias, y + m * ldy, ldy);
+  switch (M - m) {
+    case 3:
+      linear_tile<D, 3, NR>(x + m * ldx, ldx, w, K, bias, y + m * ldy, ldy);
+      break;
+    case 2:
+      linear_tile<D, 2, NR>(x + m * ldx, ldx, w, K, bias, y + m * ldy, ldy);
+      break;
+    case 1:
+      linear_tile<D, 1, NR>(x + m * ldx, ldx, w, K, bias, y + m * ldy, ldy);
+      break;
+    default:
+      break;
+  }
+}
+
+template <DType D>
+void linear_range(const float* x, int64_t M, int64_t ldx, const Weight& W, const float* bias,
+                  float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  constexpr int NR = 4;
+  const int64_t K = W.cols;
+  const auto row = [&](int64_t n) {
+    return static_cast<const char*>(W.data) + size_t(n * K) * dtype_size(D);
+  };
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR)
+    linear_cols<D, NR>(x, M, ldx, row(n), K, bias ? bias + n : nullptr, y + n, ldy);
+  for (; n < n1; ++n)
+    linear_cols<D, 1>(x, M, ldx, row(n), K, bias ? bias + n : nullptr, y + n, ldy);
+}
+
+}  // namespace
+
+float dot(const float* a, const float* b, int64_t n) {
+  v16f acc = {};
+  const int64_t nv = n / kLanes * kLanes;
+  for (int64_t k = 0; k < nv; k += kLanes)
+    acc += load16<DType::F32>(a, k) * load16<DType::F32>(b, k);
+  if (nv < n) acc += load_tail<DType::F32>(a, nv, n - nv) * load_tail<DType::F32>(b, nv, n - nv);
+  return hsum(acc);
+}
+
+void linear(const float* x, int64_t M, const Weight& W, const float* bias, float* y,
+            ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  if (ldx < 0) ldx = W.cols;
+  if (ldy < 0) ldy = W.rows;
+  if (M <= 0) return;
+  // Split the outputs in blocks of 16 so that each thread streams its own weight rows.
+  pool.parallel_for(W.rows, 16, [&](int64_t n0, int64_t n1) {
+    switch (W.dtype) {
+      case DType::F32:
+        linear_range<DType::F32>(x, M, ldx, W, bias, y, ldy, n0, n1);
+        break;
+      case DType::BF16:
+        linear_range<DType::BF16>(x, M, ldx, W, bias, y, ldy, n0, n1);
+        break;
+      case DType::F16:
+        linear_range<DType::F16>(x, M, ldx, W, bias, y, ldy, n0, n1);
+        break;
+      default:
+        throw InternalError("linear on an integer weight");
+    }
+  });
+}
+
+void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool) {
+  const int64_t V = E.rows, H = E.cols;
+  // Each thread owns a range of output columns and sums over the vocabulary in order.
+  pool.parallel_for(H, 64, [&](int64_t h0, int64_t h1) {
+    std::vector<float> row(static_cast<size_t>(h1 - h0));
+    for (int64_t m = 0; m < M; ++m) std::fill(y + m * H + h0, y + m * H + h1, 0.0f);
+    for (int64_t v = 0; v < V; ++v) {
+      for (int64_t h = h0; h < h1; ++h) row[size_t(h - h0)] = E.at(v, h);
+      for (int64_t m = 0; m < M; ++m) {
+        const float a = x[m * V + v];
+        if (a == 0.0f) continue;
+        float* out = y + m * H + h0;
+        for (int64_t h = 0; h < h1 - h0; ++h) out[h] += a * row[size_t(h)];
+      }
+    }
+  });
+}
+
+void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    const float var = dot(xr, xr, dim) / float(dim);
+    const float inv = 1.0f / std::sqrt(var + eps);
+    for (int64_t i = 0; i < dim; ++i) y[r * dim + i] = w[i] * (xr[i] * inv);
+  }
+}
+
+void rms_norm_scale_first(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
+                          float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    const float var = dot(xr, xr, dim) / float(dim);
+    const float inv = 1.0f / std::sqrt(var + eps);
+    for (int64_t i = 0; i < dim; ++i) y[r * dim + i] = xr[i] * (w[i] * inv);
+  }
+}
+
+void layer_norm(const float* x, float eps, int64_t rows, int64_t dim, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    double mean = 0;
+    for (int64_t i = 0; i < dim; ++i) mean += xr[i];
+    mean /= double(dim);
+    double var = 0;
+    for (int64_t i = 0; i < dim; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= double(dim);
+    const float inv = float(1.0 / std::sqrt(var + double(eps)));
+    const float mu = float(mean);
+    for (int64_t i = 0; i < dim; ++i) y[r * dim + i] = (xr[i] - mu) * inv;
+  }
+}
+
+// inv_freq as transformers and FlashMap form it in fp32: 1 / theta^(2i / d).
+static std::vector<float> inv_freq(int head_dim, double theta) {
+  std::vector<float> f(static_cast<size_t>(head_dim / 2));
+  for (int i = 0; i < head_dim / 2; ++i)
+    f[size_t(i)] = 1.0f / std::pow(float(theta), float(2 * i) / float(head_dim));
+  return f;
+}
+
+void rope_half(float* x, int64_t rows, int heads, int head_dim, const int64_t* positions,
+               double theta) {
+  const auto freq = inv_freq(head_dim, theta);
+  const int half = head_dim / 2;
+  std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int i = 0; i < half; ++i) {
+      const float a = float(positions[r]) * freq[size_t(i)];
+      c[size_t(i)] = std::cos(a);
+      s[size_t(i)] = std::sin(a);
+    }
+    for (int h = 0; h < heads; ++h) {
+      float* v = x + (r * heads + h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[size_t(i)] - b * s[size_t(i)];
+        v[i + half] = b * c[size_t(i)] + a * s[size_t(i)];
+      }
+    }
+  }
+}
+
+void rope_interleaved(float* x, int64_t rows, int heads, int head_dim, const int64_t* positions,
+                      double theta) {
+  const auto freq = inv_freq(head_dim, theta);
+  const int half = head_dim / 2;
+  std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int i = 0; i < half; ++i) {
+      const float a = float(positions[r]) * freq[size_t(i)];
+      c[size_t(i)] = std::cos(a);
+      s[size_t(i)] = std::sin(a);
+    }
+    for (int h = 0; h < heads; ++h) {
+      float* v = x + (r * heads + h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = a * c[size_t(i)] - b * s[size_t(i)];
+        v[2 * i + 1] = b * c[size_t(i)] + a * s[size_t(i)];
+      }
+    }
+  }
+}
+
+void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head_dim,
+               const float* k, const float* v, const int64_t* key_count, float scale, float* out,
+               ThreadPool& pool) {
+  const int group = n_heads / n_kv_heads;
+  const int64_t kv_stride = int64_t(n_kv_heads) * head_dim;
+  pool.parallel_for(nq * n_heads, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    std::vector<float> acc(static_cast<size_t>(head_dim));
+    for (int64_t job = b; job < e; ++job) {
+      const int64_t i = job / n_heads;
+      const int h = int(job % n_heads), kh = h / group;
+      const float* qi = q + (i * n_heads + h) * head_dim;
+      const int64_t n = key_count[i];
+      scores.resize(size_t(n));
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        scores[size_t(j)] = dot(qi, k + j * kv_stride + kh * head_dim, head_dim) * scale;
+        mx = std::max(mx, scores[size_t(j)]);
+      }
+      float sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        scores[size_t(j)] = std::exp(scores[size_t(j)] - mx);
+        sum += scores[size_t(j)];
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        const float p = scores[size_t(j)];
+        const float* vj = v + j * kv_stride + kh * head_dim;
+        for (int d = 0; d < head_dim; ++d) acc[size_t(d)] += p * vj[d];
+      }
+      float* o = out + (i * n_heads + h) * head_dim;
+      const float inv = 1.0f / sum;
+      for (int d = 0; d < head_dim; ++d) o[d] = acc[size_t(d)] * inv;
+    }
+  });
+}
+
+void softmax_rows(float* x, int64_t rows, int64_t dim) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x + r * dim;
+    const float mx = *std::max_element(xr, xr + dim);
+    float sum = 0;
+    for (int64_t i = 0; i < dim; ++i) {
+      xr[i] = std::exp(xr[i] - mx);
+      sum += xr[i];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < dim; ++i) xr[i] *= inv;
+  }
+}
+
+float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
+float gelu(float x) {
+  return 0.5f * x * (1.0f + std::erf(x * float(M_SQRT1_2)));
+}
+
+}  // namespace ops
+}  // namespace flashmap

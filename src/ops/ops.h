@@ -1,0 +1,69 @@
+// CPU fp32 kernels: the specification every other backend is checked against.
+// Each row of an op's output is computed by the same code in the same order whatever the number
+// of rows or threads, so a 17-token verify pass gives bit-identical logits to 17 single-token
+// steps (ARCHITECTURE.md, "batch-invariant").
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+
+namespace flashmap {
+
+struct TensorView;
+
+// A row-major [rows, cols] matrix of weights in their file dtype (nn.Linear stores [out, in]).
+struct Weight {
+  DType dtype = DType::F32;
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+
+  static Weight of(const TensorView& t);  // a 2-D float tensor
+  float at(int64_t r, int64_t c) const;
+  void row_f32(int64_t r, float* out) const;
+};
+
+namespace ops {
+
+// y[M, N] = x[M, K] · Wᵀ (+ bias[N]); W is [N, K] (nn.Linear). ldx/ldy: row strides.
+void linear(const float* x, int64_t M, const Weight& W, const float* bias, float* y,
+            ThreadPool& pool, int64_t ldx = -1, int64_t ldy = -1);
+
+// y[M, H] = x[M, V] · E with E [V, H] (a state read through an embedding table).
+void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool);
+
+// Fixed-order dot product of two fp32 vectors.
+float dot(const float* a, const float* b, int64_t n);
+
+// transformers' Qwen3RMSNorm: w * (x * rsqrt(mean(x²) + eps)).
+void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y);
+// FlashMapRMSNorm: x * (w * rsqrt(mean(x²) + eps)) — the scale is formed first.
+void rms_norm_scale_first(const float* x, const float* w, float eps, int64_t rows, int64_t dim,
+                          float* y);
+// F.layer_norm without affine parameters (biased variance).
+void layer_norm(const float* x, float eps, int64_t rows, int64_t dim, float* y);
+
+// Rotary embedding on rows of [heads, head_dim] at one position each.
+// Half-split (rotate_half: i pairs with i + d/2), transformers' Qwen3.
+void rope_half(float* x, int64_t rows, int heads, int head_dim, const int64_t* positions,
+               double theta);
+// Interleaved pairs (x[2i], x[2i+1]), FlashMap's apply_rope.
+void rope_interleaved(float* x, int64_t rows, int heads, int head_dim, const int64_t* positions,
+                      double theta);
+
+// Multi-head attention with grouped KV heads. q: [nq, n_heads, hd]; k, v: [n_keys, n_kv, hd]
+// (row stride n_kv * hd); query i attends to keys [0, key_count[i]). out: [nq, n_heads, hd].
+void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head_dim,
+               const float* k, const float* v, const int64_t* key_count, float scale, float* out,
+               ThreadPool& pool);
+
+// In-place softmax of each row (max-subtracted, fp32).
+void softmax_rows(float* x, int64_t rows, int64_t dim);
+
+float silu(float x);
+// Exact (erf) GELU, F.gelu's default.
+float gelu(float x);
+
+}  // namespace ops
+}  // namespace flashmap
