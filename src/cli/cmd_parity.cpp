@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
+#include "spec/decoder.h"
 
 namespace flashmap::cli {
 namespace fs = std::filesystem;
@@ -146,6 +147,20 @@ void run_parity(const std::string& dir) {
                                 : (root / "expected.safetensors").string());
     report.floats(std::string(extra) + "/target_logits", sub_ref.get("target_logits"), o2.logits,
                   V);
+  }
+
+  // Generation: target-alone greedy equals transformers' generate; speculative greedy equals
+  // spec_generate, with and without a stop token.
+  if (ref.contains("greedy_ids")) {
+    const int n = int(ref.get("greedy_ids").numel());
+    GenerateOptions opt;
+    opt.max_new_tokens = n;
+    report.ids("greedy_ids", ref.get("greedy_ids"), generate(target, nullptr, prompt, opt).ids);
+    FlashMapBlockDrafter block(drafter, dc.num_steps);
+    report.ids("spec_ids", ref.get("spec_ids"), generate(target, &block, prompt, opt).ids);
+    opt.stop_ids = {expected.at("stop_token").get<int32_t>()};
+    report.ids("spec_ids_stop", ref.get("spec_ids_stop"),
+               generate(target, &block, prompt, opt).ids);
   }
 
   FLASHMAP_CHECK(report.ok, "{}: parity FAILED", dir);

@@ -1,0 +1,109 @@
+// `flashmap generate`: speculative (or target-alone) decoding of one prompt.
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "cli/text_io.h"
+#include "core/check.h"
+#include "io/hf_config.h"
+#include "models/flashmap.h"
+#include "models/qwen3.h"
+#include "spec/decoder.h"
+
+namespace flashmap::cli {
+namespace {
+
+struct GenerateArgs {
+  ModelOptions model;
+  SamplingOptions sampling;
+  PromptOptions prompt;
+  int max_new_tokens = 64;
+  std::string stop_ids;
+  bool json = false;
+};
+
+void run_generate(GenerateArgs& a) {
+  a.model.resolve();
+  GenerateOptions opt;
+  opt.max_new_tokens = a.max_new_tokens;
+  opt.sampling = a.sampling.params();
+  opt.seed = a.sampling.resolved_seed();
+  opt.sampling.validate();
+  FLASHMAP_CHECK(a.max_new_tokens > 0, "--max-new-tokens must be > 0, got {}", a.max_new_tokens);
+
+  Qwen3Model target(a.model.target);
+  std::unique_ptr<FlashMapDrafter> draft_model;
+  std::unique_ptr<Drafter> drafter;
+  if (!a.model.draft.empty()) {
+    draft_model = std::make_unique<FlashMapDrafter>(a.model.draft, target);
+    const int steps = a.model.steps > 0 ? a.model.steps : draft_model->config().num_steps;
+    drafter = std::make_unique<FlashMapBlockDrafter>(*draft_model, steps);
+  } else {
+    FLASHMAP_CHECK(a.model.steps == 0, "--steps needs a drafter (--draft)");
+  }
+
+  auto text = TextIO::open(a.model.tokenizer);
+  const std::vector<int32_t> prompt = a.prompt.ids_of(text.get());
+  if (a.stop_ids.empty()) {
+    // Stop on the generation config's eos ids, as spec_generate does by default.
+    opt.stop_ids = GenerationConfig::from_dir(a.model.target).eos_token_ids;
+  } else if (a.stop_ids != "none") {
+    opt.stop_ids = parse_ids(a.stop_ids, "--stop-ids");
+  }
+  // Without --json, text (or ids) is streamed as each round is accepted.
+  std::unique_ptr<TextStream> stream;
+  if (!a.json) {
+    stream = std::make_unique<TextStream>(text.get());
+    opt.on_tokens = [&](std::span<const int32_t> ids) { stream->write(ids); };
+  }
+  const GenerateResult r = generate(target, drafter.get(), prompt, opt);
+  if (stream) {
+    stream->finish();
+    std::cerr << fmt::format(
+        "[{} tokens, {} rounds, acceptance length {:.2f}, {:.1f} tokens/s, finish: {}]\n",
+        r.ids.size(), r.rounds, r.acceptance_length(),
+        1000.0 * double(r.ids.size()) / std::max(r.times.total_ms, 1e-9), r.finish_reason);
+    return;
+  }
+  nlohmann::json j;
+  j["ids"] = r.ids;
+  j["prompt_ids"] = prompt;
+  if (text) j["text"] = text->decode(r.ids);
+  j["acceptance_lengths"] = r.acceptance_lengths;
+  j["acceptance_length"] = r.acceptance_length();
+  j["accepted_at"] = r.accepted_at;
+  j["rounds"] = r.rounds;
+  j["finish_reason"] = r.finish_reason;
+  j["seed"] = opt.seed;
+  j["timings_ms"] = {{"prefill", r.times.prefill_ms},
+                     {"draft", r.times.draft_ms},
+                     {"verify", r.times.verify_ms},
+                     {"accept", r.times.accept_ms},
+                     {"total", r.times.total_ms}};
+  j["tokens_per_second"] = 1000.0 * double(r.ids.size()) / std::max(r.times.total_ms, 1e-9);
+  std::cout << j.dump() << "\n";
+}
+
+void register_cmd(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  auto* sub =
+      app.add_subcommand("generate", "Decode a prompt speculatively with a FlashMap drafter");
+  add_model_options(*sub, args->model);
+  add_prompt_options(*sub, args->prompt);
+  add_sampling_options(*sub, args->sampling);
+  sub->add_option("--max-new-tokens", args->max_new_tokens, "tokens to generate (default 64)");
+  sub->add_option("--stop-ids", args->stop_ids,
+                  "comma-separated stop token ids (default: the target's generation_config eos "
+                  "ids; 'none' for none)");
+  sub->add_flag("--json", args->json, "print one JSON object (ids, text, acceptance, timings)");
+  sub->callback([args] { run_generate(*args); });
+}
+
+}  // namespace
+
+FLASHMAP_COMMAND(register_cmd);
+
+}  // namespace flashmap::cli

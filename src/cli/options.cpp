@@ -1,0 +1,83 @@
+#include "cli/options.h"
+
+#include <filesystem>
+#include <random>
+
+#include "core/check.h"
+#include "core/thread_pool.h"
+
+#ifndef FLASHMAP_SOURCE_DIR
+#define FLASHMAP_SOURCE_DIR "."
+#endif
+
+namespace flashmap::cli {
+
+std::string default_target_dir() {
+  return std::string(FLASHMAP_SOURCE_DIR) + "/models/default/target";
+}
+std::string default_draft_dir() {
+  return std::string(FLASHMAP_SOURCE_DIR) + "/models/default/draft";
+}
+
+void ModelOptions::resolve() {
+  if (target.empty()) {
+    target = default_target_dir();
+    if (draft.empty() && !no_draft) draft = default_draft_dir();
+    if (tokenizer.empty() && std::filesystem::exists(target + "/tokenizer.json"))
+      tokenizer = target;
+  }
+  if (no_draft) draft.clear();
+  if (tokenizer.empty() && std::filesystem::exists(target + "/tokenizer.json")) tokenizer = target;
+  if (threads > 0) setenv("FLASHMAP_THREADS", std::to_string(threads).c_str(), 1);
+}
+
+void add_model_options(CLI::App& app, ModelOptions& m) {
+  app.add_option("--target", m.target,
+                 "target model folder (Hugging Face, model_type qwen3); "
+                 "default: the built-in pair in models/default");
+  app.add_option("--draft", m.draft, "FlashMap drafter folder (model_type flashmap)");
+  app.add_flag("--no-draft", m.no_draft, "decode with the target alone");
+  app.add_option("--tokenizer", m.tokenizer, "folder with tokenizer.json (default: the target's)");
+  app.add_option("--steps", m.steps,
+                 "jumps per draft (one of the drafter's jump_grids; default: "
+                 "its num_steps)");
+  app.add_option("--threads", m.threads, "CPU threads (default: all cores)");
+}
+
+uint64_t SamplingOptions::resolved_seed() const {
+  if (seed >= 0) return uint64_t(seed);
+  return (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
+}
+
+void add_sampling_options(CLI::App& app, SamplingOptions& s) {
+  app.add_option("--temperature", s.temperature, "sampling temperature (0: greedy)");
+  app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0: off)");
+  app.add_option("--top-p", s.top_p, "nucleus sampling mass in (0, 1]");
+  app.add_option("--min-p", s.min_p, "drop tokens below min_p times the top probability");
+  app.add_option("--seed", s.seed, "random seed (default: random)");
+}
+
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string item = text.substr(i, j - i);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(item, &used);
+      FLASHMAP_CHECK(used == item.size() && v >= 0 && v <= INT32_MAX, "");
+      ids.push_back(int32_t(v));
+    } catch (...) {
+      throw Error(fmt::format("{}: '{}' is not a token id (expected comma-separated integers)",
+                              what, item));
+    }
+    i = j + 1;
+  }
+  return ids;
+}
+
+}  // namespace flashmap::cli

@@ -1,0 +1,41 @@
+// Options shared by `generate`, `bench` and `serve`: models, sampling, and parsing of id lists.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "spec/sampling.h"
+
+namespace flashmap::cli {
+
+// The built-in default model pair (shipped in the repository), used when no --target is given.
+std::string default_target_dir();
+std::string default_draft_dir();
+
+struct ModelOptions {
+  std::string target, draft, tokenizer;
+  bool no_draft = false;
+  int steps = 0;  // 0: the drafter's num_steps
+  int threads = 0;
+  // Applies the built-in default when --target is absent.
+  void resolve();
+};
+void add_model_options(CLI::App& app, ModelOptions& m);
+
+struct SamplingOptions {
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  int64_t seed = -1;  // -1: random
+  SamplingParams params() const { return {temperature, top_k, top_p, min_p}; }
+  uint64_t resolved_seed() const;
+};
+void add_sampling_options(CLI::App& app, SamplingOptions& s);
+
+// "1,2,3" -> ids; throws flashmap::Error naming `what` on a bad entry.
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& what);
+
+}  // namespace flashmap::cli

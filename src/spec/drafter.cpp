@@ -1,0 +1,102 @@
+#include "spec/drafter.h"
+
+#include "core/check.h"
+
+namespace flashmap {
+
+namespace {
+struct FlashMapState : DraftState {
+  DraftContext ctx;
+};
+struct ScriptState : DraftState {
+  int64_t committed = -1;  // generated tokens committed so far; the prompt's features come first
+};
+}  // namespace
+
+FlashMapBlockDrafter::FlashMapBlockDrafter(const FlashMapDrafter& model, int steps)
+    : model_(model), steps_(steps) {
+  model_.grid(steps);  // throws when `steps` is not in jump_grids
+}
+
+std::unique_ptr<DraftState> FlashMapBlockDrafter::begin() const {
+  auto s = std::make_unique<FlashMapState>();
+  s->ctx = model_.new_context();
+  return s;
+}
+
+void FlashMapBlockDrafter::commit(DraftState& state, const float* features, int64_t n,
+                                  std::span<const int32_t>) const {
+  model_.extend_context(static_cast<FlashMapState&>(state).ctx, features, n);
+}
+
+void FlashMapBlockDrafter::propose(std::span<const Seq> batch) const {
+  const int64_t K = model_.block_size(), V = model_.config().vocab_size;
+  std::vector<FlashMapDrafter::Request> reqs;
+  for (const auto& s : batch)
+    reqs.push_back({&static_cast<FlashMapState*>(s.state)->ctx,
+                    s.anchor,
+                    {FlashMapDrafter::Noise::Draw, nullptr, s.rng}});
+  std::vector<float> logits(batch.size() * size_t(K * V));
+  model_.draft(reqs, steps_, logits.data());
+  // Given the noise, the block's tokens are independent draws from softmax(logits), one per slot.
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const auto& s = batch[b];
+    Proposal& out = *s.out;
+    out.tokens.resize(size_t(K));
+    const float* lg = logits.data() + int64_t(b) * K * V;
+    if (s.params->greedy()) {
+      out.probs.clear();
+      for (int64_t k = 0; k < K; ++k) out.tokens[size_t(k)] = argmax(lg + k * V, V);
+    } else {
+      out.probs.resize(size_t(K * V));
+      for (int64_t k = 0; k < K; ++k) {
+        float* q = out.probs.data() + k * V;
+        filtered_probs(lg + k * V, V, *s.params, q);
+        out.tokens[size_t(k)] = sample({q, size_t(V)}, *s.rng);
+      }
+    }
+  }
+}
+
+ScriptedDrafter::ScriptedDrafter(int block_size, int64_t vocab, std::vector<int32_t> script,
+                                 int corrupt_from)
+    : block_size_(block_size),
+      vocab_(vocab),
+      script_(std::move(script)),
+      corrupt_from_(corrupt_from) {
+  FLASHMAP_CHECK(block_size >= 1, "scripted drafter: block size must be >= 1");
+}
+
+std::unique_ptr<DraftState> ScriptedDrafter::begin() const {
+  return std::make_unique<ScriptState>();
+}
+
+void ScriptedDrafter::commit(DraftState& state, const float*, int64_t n,
+                             std::span<const int32_t>) const {
+  auto& s = static_cast<ScriptState&>(state);
+  // The first commit holds the prompt's features; the generated tokens count from the next.
+  s.committed = s.committed < 0 ? 0 : s.committed + n;
+}
+
+void ScriptedDrafter::propose(std::span<const Seq> batch) const {
+  for (const auto& s : batch) {
+    // The anchor is generated token number `committed`; the block proposes the ones after it.
+    const int64_t next = static_cast<ScriptState*>(s.state)->committed + 1;
+    Proposal& out = *s.out;
+    out.tokens.resize(size_t(block_size_));
+    for (int k = 0; k < block_size_; ++k) {
+      const int64_t i = next + k;
+      int32_t tok = i < int64_t(script_.size()) ? script_[size_t(i)] : 0;
+      if (k >= corrupt_from_) tok = int32_t((tok + 1 + k) % vocab_);  // surely not the script's
+      out.tokens[size_t(k)] = tok;
+    }
+    out.probs.clear();
+    if (!s.params->greedy()) {
+      out.probs.assign(size_t(block_size_ * vocab_), 0.0f);
+      for (int k = 0; k < block_size_; ++k)
+        out.probs[size_t(k * vocab_ + out.tokens[size_t(k)])] = 1.0f;
+    }
+  }
+}
+
+}  // namespace flashmap

@@ -1,0 +1,83 @@
+// What the round loop needs of a drafter: a block of K proposed tokens after the anchor, with
+// the per-slot distributions q they were drawn from (for rejection sampling), and the target's
+// features of every committed token.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/rng.h"
+#include "models/flashmap.h"
+#include "spec/sampling.h"
+
+namespace flashmap {
+
+// One sequence's drafting state.
+struct DraftState {
+  virtual ~DraftState() = default;
+};
+
+struct Proposal {
+  std::vector<int32_t> tokens;  // [K]
+  std::vector<float> probs;     // [K, V] filtered q, or empty when greedy
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual int block_size() const = 0;
+  // The target layers whose outputs the drafter reads (empty: none).
+  virtual std::span<const int> target_layer_ids() const = 0;
+  virtual std::unique_ptr<DraftState> begin() const = 0;
+  // Appends the target's features [n, F] of the next n committed tokens.
+  virtual void commit(DraftState& state, const float* features, int64_t n,
+                      std::span<const int32_t> tokens) const = 0;
+  // Proposes blocks after each anchor (one per sequence, all in one batch).
+  struct Seq {
+    DraftState* state;
+    int32_t anchor;
+    const SamplingParams* params;
+    Rng* rng;
+    Proposal* out;
+  };
+  virtual void propose(std::span<const Seq> batch) const = 0;
+};
+
+// The FlashMap drafter with `steps` jumps.
+class FlashMapBlockDrafter : public Drafter {
+ public:
+  FlashMapBlockDrafter(const FlashMapDrafter& model, int steps);
+  int block_size() const override { return model_.block_size(); }
+  std::span<const int> target_layer_ids() const override { return model_.target_layer_ids(); }
+  std::unique_ptr<DraftState> begin() const override;
+  void commit(DraftState& state, const float* features, int64_t n,
+              std::span<const int32_t> tokens) const override;
+  void propose(std::span<const Seq> batch) const override;
+
+ private:
+  const FlashMapDrafter& model_;
+  int steps_;
+};
+
+// Proposes scripted tokens: script[i] for the i-th generated position (the target's own greedy
+// continuation, say), with every slot from `corrupt_from` on replaced by a wrong token, so that
+// tests and benchmarks choose the acceptance path. q is one-hot on the proposed token.
+class ScriptedDrafter : public Drafter {
+ public:
+  ScriptedDrafter(int block_size, int64_t vocab, std::vector<int32_t> script, int corrupt_from);
+  int block_size() const override { return block_size_; }
+  std::span<const int> target_layer_ids() const override { return {}; }
+  std::unique_ptr<DraftState> begin() const override;
+  void commit(DraftState& state, const float* features, int64_t n,
+              std::span<const int32_t> tokens) const override;
+  void propose(std::span<const Seq> batch) const override;
+
+ private:
+  int block_size_;
+  int64_t vocab_;
+  std::vector<int32_t> script_;
+  int corrupt_from_;
+};
+
+}  // namespace flashmap

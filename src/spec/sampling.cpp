@@ -1,0 +1,78 @@
+#include "spec/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/check.h"
+
+namespace flashmap {
+
+void SamplingParams::validate() const {
+  FLASHMAP_CHECK(std::isfinite(temperature) && temperature >= 0.0f,
+                 "temperature must be >= 0, got {}", temperature);
+  FLASHMAP_CHECK(top_k >= 0, "top_k must be >= 0 (0 turns it off), got {}", top_k);
+  FLASHMAP_CHECK(top_p > 0.0f && top_p <= 1.0f, "top_p must be in (0, 1], got {}", top_p);
+  FLASHMAP_CHECK(min_p >= 0.0f && min_p <= 1.0f, "min_p must be in [0, 1], got {}", min_p);
+}
+
+int32_t argmax(const float* x, int64_t n) {
+  return int32_t(std::max_element(x, x + n) - x);
+}
+
+void filtered_probs(const float* logits, int64_t V, const SamplingParams& p, float* probs) {
+  const float inv_t = 1.0f / p.temperature;
+  const float mx = *std::max_element(logits, logits + V);
+  double sum = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    probs[i] = std::exp((logits[i] - mx) * inv_t);
+    sum += probs[i];
+  }
+  for (int64_t i = 0; i < V; ++i) probs[i] = float(probs[i] / sum);
+  const bool top_k = p.top_k > 0 && p.top_k < V;
+  if (!top_k && p.top_p >= 1.0f && p.min_p <= 0.0f) return;
+
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });
+  int64_t keep = top_k ? p.top_k : V;
+  if (p.top_p < 1.0f) {
+    double mass = 0, kept_mass = 0;
+    for (int64_t i = 0; i < keep; ++i) kept_mass += probs[order[size_t(i)]];
+    int64_t n = 0;
+    while (n < keep) {
+      mass += probs[order[size_t(n++)]];
+      if (mass >= double(p.top_p) * kept_mass) break;
+    }
+    keep = n;
+  }
+  if (p.min_p > 0.0f) {
+    const float floor = p.min_p * probs[order[0]];
+    int64_t n = 1;
+    while (n < keep && probs[order[size_t(n)]] >= floor) ++n;
+    keep = n;
+  }
+  double kept = 0;
+  for (int64_t i = 0; i < keep; ++i) kept += probs[order[size_t(i)]];
+  for (int64_t i = keep; i < V; ++i) probs[order[size_t(i)]] = 0.0f;
+  for (int64_t i = 0; i < keep; ++i)
+    probs[order[size_t(i)]] = float(probs[order[size_t(i)]] / kept);
+}
+
+int32_t sample(std::span<const float> probs, Rng& rng) {
+  double total = 0;
+  for (float x : probs) total += x;
+  const double u = rng.uniform() * total;
+  double acc = 0;
+  int32_t last_positive = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] <= 0.0f) continue;
+    acc += probs[i];
+    last_positive = int32_t(i);
+    if (u < acc) return int32_t(i);
+  }
+  return last_positive;  // rounding left u just past the total
+}
+
+}  // namespace flashmap
