@@ -176,8 +176,10 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
   if (ldx < 0) ldx = W.cols;
   if (ldy < 0) ldy = W.rows;
   if (M <= 0) return;
-  // Split the outputs in blocks of 16 so that each thread streams its own weight rows.
-  pool.parallel_for(W.rows, 16, [&](int64_t n0, int64_t n1) {
+  // Split the outputs in blocks of 16 so that each thread streams its own weight rows; tiny
+  // products stay on the calling thread, where waking the pool would cost more than the work.
+  const int64_t grain = M * W.rows * W.cols < (int64_t(1) << 16) ? W.rows : 16;
+  pool.parallel_for(W.rows, grain, [&](int64_t n0, int64_t n1) {
     switch (W.dtype) {
       case DType::F32:
         linear_range<DType::F32>(x, M, ldx, W, bias, y, ldy, n0, n1);
@@ -303,36 +305,39 @@ void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head
                ThreadPool& pool) {
   const int group = n_heads / n_kv_heads;
   const int64_t kv_stride = int64_t(n_kv_heads) * head_dim;
-  pool.parallel_for(nq * n_heads, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores;
-    std::vector<float> acc(static_cast<size_t>(head_dim));
-    for (int64_t job = b; job < e; ++job) {
-      const int64_t i = job / n_heads;
-      const int h = int(job % n_heads), kh = h / group;
-      const float* qi = q + (i * n_heads + h) * head_dim;
-      const int64_t n = key_count[i];
-      scores.resize(size_t(n));
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        scores[size_t(j)] = dot(qi, k + j * kv_stride + kh * head_dim, head_dim) * scale;
-        mx = std::max(mx, scores[size_t(j)]);
-      }
-      float sum = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        scores[size_t(j)] = std::exp(scores[size_t(j)] - mx);
-        sum += scores[size_t(j)];
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < n; ++j) {
-        const float p = scores[size_t(j)];
-        const float* vj = v + j * kv_stride + kh * head_dim;
-        for (int d = 0; d < head_dim; ++d) acc[size_t(d)] += p * vj[d];
-      }
-      float* o = out + (i * n_heads + h) * head_dim;
-      const float inv = 1.0f / sum;
-      for (int d = 0; d < head_dim; ++d) o[d] = acc[size_t(d)] * inv;
-    }
-  });
+  if (nq <= 0) return;
+  const int64_t work = nq * n_heads * key_count[nq - 1] * head_dim;
+  pool.parallel_for(
+      nq * n_heads, work < (int64_t(1) << 15) ? nq * n_heads : 1, [&](int64_t b, int64_t e) {
+        std::vector<float> scores;
+        std::vector<float> acc(static_cast<size_t>(head_dim));
+        for (int64_t job = b; job < e; ++job) {
+          const int64_t i = job / n_heads;
+          const int h = int(job % n_heads), kh = h / group;
+          const float* qi = q + (i * n_heads + h) * head_dim;
+          const int64_t n = key_count[i];
+          scores.resize(size_t(n));
+          float mx = -INFINITY;
+          for (int64_t j = 0; j < n; ++j) {
+            scores[size_t(j)] = dot(qi, k + j * kv_stride + kh * head_dim, head_dim) * scale;
+            mx = std::max(mx, scores[size_t(j)]);
+          }
+          float sum = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            scores[size_t(j)] = std::exp(scores[size_t(j)] - mx);
+            sum += scores[size_t(j)];
+          }
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int64_t j = 0; j < n; ++j) {
+            const float p = scores[size_t(j)];
+            const float* vj = v + j * kv_stride + kh * head_dim;
+            for (int d = 0; d < head_dim; ++d) acc[size_t(d)] += p * vj[d];
+          }
+          float* o = out + (i * n_heads + h) * head_dim;
+          const float inv = 1.0f / sum;
+          for (int d = 0; d < head_dim; ++d) o[d] = acc[size_t(d)] * inv;
+        }
+      });
 }
 
 void softmax_rows(float* x, int64_t rows, int64_t dim) {
