@@ -267,6 +267,20 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
                    index_path.string(), name, shard);
 }
 
+std::unique_ptr<Checkpoint> Checkpoint::from_tensors(std::vector<TensorData> tensors,
+                                                     const std::string& label) {
+  std::unique_ptr<Checkpoint> c(new Checkpoint());
+  c->dir_ = label;
+  c->owned_ = std::move(tensors);
+  c->owned_views_.reserve(c->owned_.size());
+  for (auto& t : c->owned_) {
+    c->owned_views_.push_back(TensorView{t.name, t.dtype, t.shape, t.bytes.data(), label});
+    FLASHMAP_ASSERT(c->owned_views_.back().nbytes() == t.bytes.size());
+  }
+  for (auto& v : c->owned_views_) c->index_[v.name] = &v;
+  return c;
+}
+
 const TensorView& Checkpoint::get(const std::string& name) const {
   auto it = index_.find(name);
   FLASHMAP_CHECK(it != index_.end(), "{}: missing tensor '{}'", dir_, name);

@@ -72,6 +72,9 @@ void write_safetensors(const std::string& path, const std::vector<TensorData>& t
 class Checkpoint {
  public:
   explicit Checkpoint(const std::string& dir);
+  // A checkpoint held in memory (benchmarks generate random weights at real shapes this way).
+  static std::unique_ptr<Checkpoint> from_tensors(std::vector<TensorData> tensors,
+                                                  const std::string& label);
   const std::string& dir() const { return dir_; }
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   // The tensor `name`; throws naming the folder and the tensor when it is missing.
@@ -82,7 +85,10 @@ class Checkpoint {
 
  private:
   std::string dir_;
+  Checkpoint() = default;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<TensorData> owned_;
+  std::vector<TensorView> owned_views_;
   std::map<std::string, const TensorView*> index_;
 };
 

@@ -16,6 +16,19 @@ Qwen3Model::Qwen3Model(const std::string& dir, ThreadPool* pool)
     : dir_(dir), pool_(pool ? pool : &ThreadPool::global()) {
   config_ = Qwen3Config::from_file((std::filesystem::path(dir) / "config.json").string());
   ckpt_ = std::make_unique<Checkpoint>(dir);
+  load_weights();
+}
+
+Qwen3Model::Qwen3Model(const Qwen3Config& config, std::unique_ptr<Checkpoint> weights,
+                       ThreadPool* pool)
+    : config_(config),
+      dir_(weights->dir()),
+      ckpt_(std::move(weights)),
+      pool_(pool ? pool : &ThreadPool::global()) {
+  load_weights();
+}
+
+void Qwen3Model::load_weights() {
   const auto& c = config_;
   const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
   const int64_t q_dim = int64_t(c.num_attention_heads) * hd;

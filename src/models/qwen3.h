@@ -26,6 +26,9 @@ class Qwen3Model {
   // Loads config.json and the safetensors of a Hugging Face folder; throws naming the file and
   // field or tensor at fault.
   explicit Qwen3Model(const std::string& dir, ThreadPool* pool = nullptr);
+  // From a config and weights already loaded (e.g. Checkpoint::from_tensors).
+  Qwen3Model(const Qwen3Config& config, std::unique_ptr<Checkpoint> weights,
+             ThreadPool* pool = nullptr);
 
   const Qwen3Config& config() const { return config_; }
   const std::string& dir() const { return dir_; }
@@ -58,6 +61,7 @@ class Qwen3Model {
     std::vector<float> input_norm, post_norm, q_norm, k_norm;
     Weight q, k, v, o, gate, up, down;
   };
+  void load_weights();
   Qwen3Config config_;
   std::string dir_;
   std::unique_ptr<Checkpoint> ckpt_;

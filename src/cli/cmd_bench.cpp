@@ -1,0 +1,302 @@
+// `flashmap bench`: speed of the target forward and of the round loop.
+//   flashmap bench                         the built-in pair: target-alone vs speculative
+//   flashmap bench --target T --draft D    any pair
+//   flashmap bench --shape qwen3-0.6b      random bf16 weights at a real shape, made in memory:
+//                                          decode / verify-17 ms against measured bandwidth, and
+//                                          tokens/s as a function of acceptance length (scripted)
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/check.h"
+#include "core/rng.h"
+#include "models/flashmap.h"
+#include "models/qwen3.h"
+#include "spec/decoder.h"
+
+namespace flashmap::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+struct BenchArgs {
+  ModelOptions model;
+  std::string shape, json_out;
+  int reps = 3, max_new_tokens = 128, prompts = 4, context = 512, block = 16;
+};
+
+double ms_of(const std::function<void()>& f, int reps) {
+  f();  // warm-up
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    f();
+    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];  // median
+}
+
+// Read bandwidth of this machine with all threads (the roofline a decode step is held to).
+double measure_read_gbps() {
+  const size_t n = size_t(1) << 28;  // 1 GiB of floats
+  std::vector<float> buf(n, 1.0f);
+  ThreadPool& pool = ThreadPool::global();
+  std::vector<double> sums(size_t(pool.size()) * 8, 0.0);
+  auto run = [&] {
+    pool.parallel_for(int64_t(n), 1 << 16, [&](int64_t b, int64_t e) {
+      typedef float v16 __attribute__((vector_size(64)));
+      v16 acc = {};
+      for (int64_t i = b; i + 16 <= e; i += 16) {
+        v16 x;
+        std::memcpy(&x, buf.data() + i, 64);
+        acc += x;
+      }
+      float s = 0;
+      for (int j = 0; j < 16; ++j) s += acc[j];
+      sums[size_t(b * 0)] += s;
+    });
+  };
+  const double ms = ms_of(run, 3);
+  return double(n) * 4 / (ms * 1e-3) / 1e9;
+}
+
+// Random bf16 weights for a Qwen3 config, held in memory.
+std::unique_ptr<Qwen3Model> random_target(const Qwen3Config& c) {
+  std::vector<TensorData> t;
+  Rng rng(1);
+  auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
+    TensorData d{name, DType::BF16, {rows, cols}, {}};
+    d.bytes.resize(size_t(rows * cols) * 2);
+    const float scale = 1.0f / std::sqrt(float(cols));
+    auto* p = reinterpret_cast<uint16_t*>(d.bytes.data());
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      // Uniform in [-√3, √3)·scale (unit variance), cheap enough for a billion values.
+      const float u = float(int32_t(uint32_t(rng.next() >> 32))) * (1.7320508f / 2147483648.0f);
+      p[i] = f32_to_bf16(u * scale);
+    }
+    t.push_back(std::move(d));
+  };
+  auto vec = [&](const std::string& name, int64_t n) {
+    t.push_back(make_tensor(name, {n}, std::vector<float>(size_t(n), 1.0f), DType::BF16));
+  };
+  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
+  mat("model.embed_tokens.weight", c.vocab_size, H);
+  mat("lm_head.weight", c.vocab_size, H);
+  vec("model.norm.weight", H);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    vec(p + "input_layernorm.weight", H);
+    vec(p + "post_attention_layernorm.weight", H);
+    vec(p + "self_attn.q_norm.weight", hd);
+    vec(p + "self_attn.k_norm.weight", hd);
+    mat(p + "self_attn.q_proj.weight", c.num_attention_heads * hd, H);
+    mat(p + "self_attn.k_proj.weight", c.num_key_value_heads * hd, H);
+    mat(p + "self_attn.v_proj.weight", c.num_key_value_heads * hd, H);
+    mat(p + "self_attn.o_proj.weight", H, c.num_attention_heads * hd);
+    mat(p + "mlp.gate_proj.weight", I, H);
+    mat(p + "mlp.up_proj.weight", I, H);
+    mat(p + "mlp.down_proj.weight", H, I);
+  }
+  return std::make_unique<Qwen3Model>(
+      c, Checkpoint::from_tensors(std::move(t), "random " + std::to_string(H)));
+}
+
+Qwen3Config shape_config(const std::string& shape) {
+  Qwen3Config c;
+  if (shape == "qwen3-0.6b") {
+    c.vocab_size = 151936, c.hidden_size = 1024, c.intermediate_size = 3072;
+    c.num_hidden_layers = 28, c.num_attention_heads = 16, c.num_key_value_heads = 8,
+    c.head_dim = 128;
+  } else if (shape == "tiny") {
+    c.vocab_size = 4096, c.hidden_size = 256, c.intermediate_size = 768;
+    c.num_hidden_layers = 4, c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64;
+  } else {
+    throw Error(fmt::format("--shape: unknown shape '{}' (known: qwen3-0.6b, tiny)", shape));
+  }
+  c.rope_theta = 1e6;
+  return c;
+}
+
+// Per-round phase times and tokens/s of one decoding configuration over the prompts.
+json run_decode(const Qwen3Model& target, const Drafter* drafter,
+                const std::vector<std::vector<int32_t>>& prompts, int max_new, int reps) {
+  double tokens = 0, rounds = 0, total = 0, draft = 0, verify = 0, accept = 0, prefill = 0;
+  std::vector<int> lengths;
+  for (int r = 0; r < reps; ++r)
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      GenerateOptions o;
+      o.max_new_tokens = max_new;
+      o.seed = uint64_t(i);
+      const auto res = generate(target, drafter, prompts[i], o);
+      tokens += double(res.ids.size());
+      rounds += res.rounds;
+      total += res.times.total_ms;
+      draft += res.times.draft_ms;
+      verify += res.times.verify_ms;
+      accept += res.times.accept_ms;
+      prefill += res.times.prefill_ms;
+      lengths.insert(lengths.end(), res.acceptance_lengths.begin(), res.acceptance_lengths.end());
+    }
+  double tau = 0;
+  for (int a : lengths) tau += a;
+  tau /= std::max<size_t>(lengths.size(), 1);
+  const double loop = total - draft - verify - prefill;
+  return {{"tokens_per_s", 1000.0 * tokens / total},
+          {"tau", tau},
+          {"round_ms", (total - prefill) / std::max(rounds, 1.0)},
+          {"draft_ms_per_round", draft / std::max(rounds, 1.0)},
+          {"verify_ms_per_round", verify / std::max(rounds, 1.0)},
+          {"accept_ms_per_round", accept / std::max(rounds, 1.0)},
+          {"loop_overhead_pct", 100.0 * loop / std::max(total - prefill, 1e-9)},
+          {"tokens", tokens},
+          {"rounds", rounds}};
+}
+
+void run_bench(BenchArgs& a) {
+  json out;
+  out["threads"] = ThreadPool::global().size();
+  std::unique_ptr<Qwen3Model> target_ptr;
+  std::unique_ptr<FlashMapDrafter> draft_model;
+  if (!a.shape.empty()) {
+    const auto cfg = shape_config(a.shape);
+    fmt::print("# flashmap bench --shape {} ({} threads)\n\n", a.shape,
+               ThreadPool::global().size());
+    const double gbps = measure_read_gbps();
+    target_ptr = random_target(cfg);
+    const Qwen3Model& target = *target_ptr;
+    // Bytes a decode step reads: every weight but the embedding table (one row).
+    const double bytes =
+        double(target.weight_bytes()) - double(cfg.vocab_size) * cfg.hidden_size * 2;
+    // A synthetic context of a.context positions (its values do not change the cost).
+    KVCache base = target.new_cache();
+    const int64_t kv = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+    for (auto* side : {&base.k, &base.v})
+      for (auto& layer : *side) layer.assign(size_t((a.context + 64) * kv), 0.01f);
+    base.length = a.context;
+    auto step = [&](int n) {
+      std::vector<int32_t> toks(size_t(n), 7);
+      return ms_of(
+          [&] {
+            base.truncate(a.context);
+            Qwen3Model::SeqInput s{&base, toks};
+            Qwen3Model::Output o;
+            target.forward({&s, 1}, Qwen3Model::Logits::All, {}, o);
+          },
+          a.reps);
+    };
+    const double decode = step(1), verify = step(a.block + 1);
+    const double eff = bytes / (decode * 1e-3) / 1e9;
+    out["shape"] = a.shape;
+    out["read_bandwidth_gbps"] = gbps;
+    out["weight_bytes_per_step"] = bytes;
+    out["decode_ms"] = decode;
+    out[fmt::format("verify{}_ms", a.block + 1)] = verify;
+    out["decode_effective_gbps"] = eff;
+    out["decode_fraction_of_bandwidth"] = eff / gbps;
+    out["verify_over_decode"] = verify / decode;
+    fmt::print("| measure | value |\n|---|---|\n");
+    fmt::print("| measured read bandwidth | {:.1f} GB/s |\n", gbps);
+    fmt::print(
+        "| decode, 1 token at context {} | {:.1f} ms ({:.1f} GB/s = {:.0f}% of bandwidth) |\n",
+        a.context, decode, eff, 100 * eff / gbps);
+    fmt::print("| verify, {} tokens | {:.1f} ms ({:.2f}x decode) |\n\n", a.block + 1, verify,
+               verify / decode);
+
+    // Tokens/s against acceptance length: the scripted drafter proposes the target's own greedy
+    // continuation, corrupted from slot j on, so each round commits j + 1 tokens.
+    const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+    GenerateOptions o;
+    o.max_new_tokens = a.max_new_tokens;
+    const auto script = generate(target, nullptr, prompt, o).ids;
+    const json alone = run_decode(target, nullptr, {prompt}, a.max_new_tokens, 1);
+    out["target_alone"] = alone;
+    fmt::print(
+        "| drafter | tau | tokens/s | speedup | round ms | loop overhead "
+        "|\n|---|---|---|---|---|---|\n");
+    fmt::print("| none (target alone) | 1.00 | {:.2f} | 1.00x | {:.1f} | {:.2f}% |\n",
+               alone["tokens_per_s"].get<double>(), alone["round_ms"].get<double>(),
+               alone["loop_overhead_pct"].get<double>());
+    json sweep = json::array();
+    for (int j = 0; j <= a.block; j += (j < 2 ? 1 : (a.block > 8 ? 3 : 2))) {
+      ScriptedDrafter d(a.block, cfg.vocab_size, script, j);
+      json r = run_decode(target, &d, {prompt}, a.max_new_tokens, 1);
+      r["corrupt_from"] = j;
+      fmt::print("| scripted, {} right | {:.2f} | {:.2f} | {:.2f}x | {:.1f} | {:.2f}% |\n", j,
+                 r["tau"].get<double>(), r["tokens_per_s"].get<double>(),
+                 r["tokens_per_s"].get<double>() / alone["tokens_per_s"].get<double>(),
+                 r["round_ms"].get<double>(), r["loop_overhead_pct"].get<double>());
+      sweep.push_back(r);
+      if (j == a.block) break;
+      if (j + 3 > a.block && j < a.block) j = a.block - 3;  // end on the full block
+    }
+    out["scripted"] = sweep;
+  } else {
+    a.model.resolve();
+    target_ptr = std::make_unique<Qwen3Model>(a.model.target);
+    const Qwen3Model& target = *target_ptr;
+    FLASHMAP_CHECK(!a.model.draft.empty(), "bench needs a drafter (--draft) or --shape");
+    draft_model = std::make_unique<FlashMapDrafter>(a.model.draft, target);
+    const int V = target.config().vocab_size;
+    std::vector<std::vector<int32_t>> prompts;
+    Rng rng(7);
+    for (int i = 0; i < a.prompts; ++i) {
+      std::vector<int32_t> p;
+      for (int j = 0; j < 16; ++j) p.push_back(int32_t(rng.next() % uint64_t(V)));
+      prompts.push_back(p);
+    }
+    fmt::print("# flashmap bench: {} + {} ({} prompts x {} tokens, greedy, {} threads)\n\n",
+               a.model.target, a.model.draft, a.prompts, a.max_new_tokens,
+               ThreadPool::global().size());
+    const json alone = run_decode(target, nullptr, prompts, a.max_new_tokens, a.reps);
+    out["target_alone"] = alone;
+    fmt::print(
+        "| decoding | tau | tokens/s | speedup | round ms | draft ms | verify ms | accept ms "
+        "|\n|---|---|---|---|---|---|---|---|\n");
+    auto row = [&](const std::string& name, const json& r) {
+      fmt::print("| {} | {:.2f} | {:.1f} | {:.2f}x | {:.3f} | {:.3f} | {:.3f} | {:.3f} |\n", name,
+                 r["tau"].get<double>(), r["tokens_per_s"].get<double>(),
+                 r["tokens_per_s"].get<double>() / alone["tokens_per_s"].get<double>(),
+                 r["round_ms"].get<double>(), r["draft_ms_per_round"].get<double>(),
+                 r["verify_ms_per_round"].get<double>(), r["accept_ms_per_round"].get<double>());
+    };
+    row("target alone", alone);
+    for (const auto& [steps, grid] : draft_model->config().jump_grids) {
+      if (a.model.steps > 0 && steps != a.model.steps) continue;
+      FlashMapBlockDrafter d(*draft_model, steps);
+      const json r = run_decode(target, &d, prompts, a.max_new_tokens, a.reps);
+      out[fmt::format("flashmap_steps{}", steps)] = r;
+      row(fmt::format("FlashMap, {} step{}", steps, steps > 1 ? "s" : ""), r);
+    }
+  }
+  if (!a.json_out.empty()) {
+    std::ofstream f(a.json_out);
+    FLASHMAP_CHECK(f.good(), "--json: cannot write {}", a.json_out);
+    f << out.dump(2) << "\n";
+  }
+}
+
+void register_cmd(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  auto* sub = app.add_subcommand("bench", "Measure decoding speed (target alone vs speculative)");
+  add_model_options(*sub, args->model);
+  sub->add_option("--shape", args->shape, "random bf16 target at a real shape: qwen3-0.6b, tiny");
+  sub->add_option("--context", args->context, "context length for --shape decode timing (512)");
+  sub->add_option("--block", args->block, "block size K for --shape (16)");
+  sub->add_option("--reps", args->reps, "repetitions (median or sum; 3)");
+  sub->add_option("--prompts", args->prompts, "number of random prompts (4)");
+  sub->add_option("--max-new-tokens", args->max_new_tokens, "tokens per prompt (128)");
+  sub->add_option("--json", args->json_out, "also write the figures as JSON to this file");
+  sub->callback([args] { run_bench(*args); });
+}
+
+}  // namespace
+
+FLASHMAP_COMMAND(register_cmd);
+
+}  // namespace flashmap::cli
