@@ -154,6 +154,22 @@ void linear_range(const float* x, int64_t M, int64_t ldx, const Weight& W, const
     return static_cast<const char*>(W.data) + size_t(n * K) * dtype_size(D);
   };
   int64_t n = n0;
+  if (D != DType::F32 && M > 4) {
+    // Several row blocks reuse each weight tile: widen it to fp32 once. Widening is exact, so
+    // the products and sums are the same as the direct path's (batch invariance holds).
+    std::vector<float> tile(static_cast<size_t>(NR * K));
+    for (; n + NR <= n1; n += NR) {
+      for (int j = 0; j < NR; ++j) {
+        int64_t k = 0;
+        for (; k + kLanes <= K; k += kLanes) {
+          const v16f v = load16<D>(row(n + j), k);
+          std::memcpy(tile.data() + j * K + k, &v, sizeof(v));
+        }
+        for (; k < K; ++k) tile[size_t(j * K + k)] = load_tail<D>(row(n + j), k, 1)[0];
+      }
+      linear_cols<DType::F32, NR>(x, M, ldx, tile.data(), K, bias ? bias + n : nullptr, y + n, ldy);
+    }
+  }
   for (; n + NR <= n1; n += NR)
     linear_cols<D, NR>(x, M, ldx, row(n), K, bias ? bias + n : nullptr, y + n, ldy);
   for (; n < n1; ++n)

@@ -33,16 +33,20 @@ std::vector<float> run(const Qwen3Model& m, KVCache& c, std::span<const int32_t>
 }  // namespace
 
 TEST(Qwen3, VerifyPassIsBitIdenticalToStepByStep) {
-  Qwen3Model m(kTarget);
-  const int64_t V = m.config().vocab_size;
-  KVCache a = m.new_cache(), b = m.new_cache();
-  run(m, a, kPrompt);
-  run(m, b, kPrompt);
-  const auto block = run(m, a, kBlock);
-  for (size_t i = 0; i < kBlock.size(); ++i) {
-    const auto step = run(m, b, std::span(kBlock).subspan(i, 1));
-    ASSERT_EQ(0, std::memcmp(step.data(), block.data() + int64_t(i) * V, size_t(V) * 4))
-        << "row " << i;
+  // fp32 weights, and bf16 weights (whose multi-row path widens weight tiles once).
+  for (const std::string dir : {kTarget, kA + "/target_bf16"}) {
+    SCOPED_TRACE(dir);
+    Qwen3Model m(dir);
+    const int64_t V = m.config().vocab_size;
+    KVCache a = m.new_cache(), b = m.new_cache();
+    run(m, a, kPrompt);
+    run(m, b, kPrompt);
+    const auto block = run(m, a, kBlock);
+    for (size_t i = 0; i < kBlock.size(); ++i) {
+      const auto step = run(m, b, std::span(kBlock).subspan(i, 1));
+      ASSERT_EQ(0, std::memcmp(step.data(), block.data() + int64_t(i) * V, size_t(V) * 4))
+          << "row " << i;
+    }
   }
 }
 
