@@ -757,6 +757,10 @@ std::shared_ptr<Tokenizer::Impl> build(const JsonCtx& cx, const json& root) {
     cx.fail("pre_tokenizer", "flashmap supports byte-level BPE only: no ByteLevel pre-tokenizer");
   check_decoder(cx, root.value("decoder", json()));
 
+  if (m->nfc) {  // build the NFC tables now rather than during the first request (~15 ms)
+    std::string warm;
+    text::nfc("e\xCC\x81", warm);
+  }
   // Added tokens go in one of two matchers; normalized ones are matched in their normalized form.
   for (const auto& t : m->added) {
     if (!t->normalized) {
