@@ -325,14 +325,19 @@ void Scheduler::round(std::vector<std::unique_ptr<Seq>>& running) {
 
 void Scheduler::loop() {
   std::vector<std::unique_ptr<Seq>> running;
-  // Frees a sequence's caches and tells its client; the slot counts as free from here on.
-  auto retire = [&](Seq& s, const std::string& reason, const std::string& error = {}) {
-    s.req->finish(reason, error);
+  // Frees a sequence's caches and slot, then tells its client: a client that has heard the end
+  // sees the slot free in stats() too.
+  auto retire = [&](Seq& s, bool was_running, const std::string& reason,
+                    const std::string& error = {}) {
     s.cache = KVCache{};
     s.draft.reset();
-    std::lock_guard lk(mutex_);
-    --in_flight_;
+    {
+      std::lock_guard lk(mutex_);
+      --in_flight_;
+      if (was_running) --running_;
+    }
     idle_cv_.notify_all();
+    s.req->finish(reason, error);
   };
   for (;;) {
     std::vector<Seq*> fresh;
@@ -360,9 +365,9 @@ void Scheduler::loop() {
       }
       running_ = int(running.size());
     }
-    for (auto& s : dropped) retire(*s, "cancelled");
+    for (auto& s : dropped) retire(*s, false, "cancelled");
     if (stopping) {
-      for (auto& s : running) retire(*s, "cancelled");
+      for (auto& s : running) retire(*s, true, "cancelled");
       running.clear();
       std::lock_guard lk(mutex_);
       running_ = 0;
@@ -388,7 +393,7 @@ void Scheduler::loop() {
         }
     }
     for (auto& s : running)
-      if (s->done) retire(*s, s->finish_reason);
+      if (s->done) retire(*s, true, s->finish_reason);
     std::erase_if(running, [](const std::unique_ptr<Seq>& s) { return s->done; });
     std::lock_guard lk(mutex_);
     running_ = int(running.size());

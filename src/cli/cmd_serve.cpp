@@ -1,0 +1,118 @@
+// `flashmap serve`: an OpenAI-compatible HTTP server with continuous batching and speculative
+// decoding (src/runtime, src/server).
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/check.h"
+#include "io/hf_config.h"
+#include "models/flashmap.h"
+#include "models/qwen3.h"
+#include "runtime/scheduler.h"
+#include "server/server.h"
+#include "server/text_codec.h"
+
+namespace flashmap::cli {
+namespace {
+
+volatile sig_atomic_t g_stop_requested = 0;
+
+struct ServeArgs {
+  ModelOptions model;
+  server::ServerOptions server;
+  runtime::SchedulerOptions sched{.max_running = 8, .max_queue = 64, .spec_max_batch = 4};
+};
+
+void run_serve(ServeArgs& a) {
+  // The handler only raises a flag (any thread may take the signal, and little is
+  // async-signal-safe); a watcher thread does the graceful stop.
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_stop_requested = 1; };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  // A client that hangs up mid-stream must fail a write, not kill the server.
+  signal(SIGPIPE, SIG_IGN);
+
+  a.model.resolve();
+  if (a.server.model_name.empty())
+    a.server.model_name = std::filesystem::path(a.model.target).lexically_normal().filename();
+  if (a.server.model_name.empty() || a.server.model_name == "target")
+    a.server.model_name =
+        std::filesystem::path(a.model.target).lexically_normal().parent_path().filename();
+  Qwen3Model target(a.model.target);
+  std::unique_ptr<FlashMapDrafter> draft_model;
+  std::unique_ptr<Drafter> drafter;
+  if (!a.model.draft.empty()) {
+    draft_model = std::make_unique<FlashMapDrafter>(a.model.draft, target);
+    const int steps = a.model.steps > 0 ? a.model.steps : draft_model->config().num_steps;
+    drafter = std::make_unique<FlashMapBlockDrafter>(*draft_model, steps);
+  } else {
+    FLASHMAP_CHECK(a.model.steps == 0, "--steps needs a drafter (--draft)");
+  }
+  std::unique_ptr<server::TextCodec> text;
+  if (!a.model.tokenizer.empty()) text = server::open_text_codec(a.model.tokenizer);
+  const auto eos = GenerationConfig::from_dir(a.model.target).eos_token_ids;
+  a.server.eos_ids.assign(eos.begin(), eos.end());
+
+  runtime::Scheduler sched(target, drafter.get(), a.sched);
+  server::Server srv(sched, text.get(), a.server);
+  const int port = srv.bind();
+  std::thread signals([&] {
+    while (!g_stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::cerr << "flashmap serve: stopping: finishing running requests\n";
+    srv.stop();
+  });
+  std::cerr << fmt::format(
+      "flashmap serve: model '{}' (target {}, {}), context {}, max running {}, max queue {}, "
+      "speculation while running <= {}\n",
+      a.server.model_name, a.model.target,
+      drafter ? fmt::format("draft {}", a.model.draft) : std::string("no draft"),
+      sched.max_context(), a.sched.max_running, a.sched.max_queue,
+      a.sched.spec_max_batch == 0 ? std::string("any") : std::to_string(a.sched.spec_max_batch));
+  std::cerr << fmt::format("flashmap serve: listening on http://{}:{}\n", a.server.host, port);
+  std::cerr.flush();
+  srv.serve();
+  signals.join();
+  std::cerr << "flashmap serve: stopped\n";
+}
+
+void register_cmd(CLI::App& app) {
+  auto args = std::make_shared<ServeArgs>();
+  auto* sub = app.add_subcommand(
+      "serve", "OpenAI-compatible HTTP server with continuous batching and speculative decoding");
+  add_model_options(*sub, args->model);
+  auto& s = args->server;
+  auto& q = args->sched;
+  s.model_name.clear();  // default: from the target folder
+  sub->add_option("--host", s.host, "address to bind (default 127.0.0.1)");
+  sub->add_option("--port", s.port, "port (default 8000; 0: any free port)");
+  sub->add_option("--served-model-name", s.model_name,
+                  "the model name clients use (default: the target folder's name)");
+  sub->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  sub->add_option("--max-running", q.max_running, "sequences decoded together (default 8)");
+  sub->add_option("--max-queue", q.max_queue,
+                  "requests waiting for a slot; beyond them: 429 (default 64)");
+  sub->add_option("--max-context", q.max_context,
+                  "prompt + max_tokens limit (default: the target's max_position_embeddings)");
+  sub->add_option("--spec-max-batch", q.spec_max_batch,
+                  "speculate only in rounds with at most this many running sequences; above it "
+                  "drafting costs more than it saves on CPU (default 4; 0: always)");
+  sub->add_option("--max-body-bytes", s.max_body_bytes,
+                  "largest request body; larger: 413 (default 4 MiB)");
+  sub->add_option("--default-max-tokens", s.default_max_tokens,
+                  "max_tokens of /v1/completions requests that give none (default 16)");
+  sub->callback([args] { run_serve(*args); });
+}
+
+}  // namespace
+
+FLASHMAP_COMMAND(register_cmd);
+
+}  // namespace flashmap::cli

@@ -1,0 +1,74 @@
+// The OpenAI-compatible request surface: parsing and validation of /v1/completions and
+// /v1/chat/completions bodies, OpenAI-style error bodies, and stop strings matched on streamed
+// text. Everything a client can get wrong becomes an ApiError with the status, type, param and
+// code OpenAI would answer with.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/check.h"
+#include "spec/sampling.h"
+
+namespace flashmap::server {
+
+class ApiError : public Error {
+ public:
+  ApiError(int status, std::string message, std::string param = {}, std::string code = {},
+           std::string type = {});
+  int status;
+  std::string param, code, type;
+};
+
+// {"error": {"message", "type", "param", "code"}} (param and code null when empty).
+nlohmann::json error_body(const std::string& message, const std::string& type,
+                          const std::string& param = {}, const std::string& code = {});
+// The type OpenAI gives a status: invalid_request_error, authentication_error, ...
+std::string error_type_for(int status);
+
+// True when `s` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+bool valid_utf8(std::string_view s);
+
+struct GenerationRequest {
+  bool chat = false;
+  std::string model;
+  // Completions: token ids, or text to encode. Chat: the request object for the chat template
+  // (messages, tools, chat_template_kwargs merged in, add_generation_prompt).
+  std::optional<std::vector<int32_t>> prompt_ids;
+  std::optional<std::string> prompt_text;
+  nlohmann::ordered_json chat_request;
+  std::optional<int> max_tokens;  // absent: the endpoint's default
+  SamplingParams sampling;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool stream = false, include_usage = false, speculative = true;
+};
+
+// Parses and validates a body (already checked to be UTF-8 JSON). `served_model` is the only
+// model name accepted in `model` (absent is fine).
+GenerationRequest parse_generation_request(const nlohmann::json& body, bool chat,
+                                           const std::string& served_model);
+
+// Matches stop strings on text streamed in pieces: text that could still become a stop string
+// is held back until it cannot, and neither the stop string nor anything after it is returned.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Returns the text that is now safe to show; after a match, stopped() is true and every later
+  // call returns "".
+  std::string feed(std::string_view text);
+  // The held-back text, once no more text will come (no stop matched).
+  std::string finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+}  // namespace flashmap::server

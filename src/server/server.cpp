@@ -1,0 +1,455 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include "server/api.h"
+#include "server/metrics.h"
+
+namespace flashmap::server {
+
+using json = nlohmann::json;
+using runtime::Clock;
+
+namespace {
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+void send_error(httplib::Response& res, int status, const std::string& message,
+                const std::string& param = {}, const std::string& code = {},
+                const std::string& type = {}) {
+  res.status = status;
+  res.set_content(
+      error_body(message, type.empty() ? error_type_for(status) : type, param, code).dump(),
+      "application/json");
+}
+
+// The client's view of a generation: ids as they arrive, detokenized, with stop strings cut.
+struct Output {
+  std::unique_ptr<TextCodec::Stream> decoder;
+  StopMatcher stop;
+  std::vector<int32_t> ids;  // counted up to the token that completed a stop string
+  std::string text;
+
+  Output(const TextCodec* codec, std::vector<std::string> stops)
+      : decoder(codec ? codec->stream() : nullptr), stop(std::move(stops)) {}
+  // Returns the newly visible text; `fresh_ids` gets the ids taken.
+  std::string feed(const std::vector<int32_t>& tokens, std::vector<int32_t>& fresh_ids) {
+    std::string shown;
+    for (int32_t t : tokens) {
+      if (stop.stopped()) break;
+      ids.push_back(t);
+      fresh_ids.push_back(t);
+      if (decoder) shown += stop.feed(decoder->push(t));
+    }
+    text += shown;
+    return shown;
+  }
+  std::string finish() {
+    std::string tail;
+    if (decoder && !stop.stopped()) tail = stop.feed(decoder->flush());
+    tail += stop.finish();
+    text += tail;
+    return tail;
+  }
+};
+
+}  // namespace
+
+struct Server::Impl {
+  runtime::Scheduler& sched;
+  const TextCodec* text;
+  ServerOptions opt;
+  httplib::Server http;
+  Metrics metrics;
+  std::atomic<uint64_t> next_rid{1};
+  std::atomic<bool> draining{false};
+  std::atomic<int> active{0};  // generation handlers still writing
+  std::mutex log_mutex;
+
+  Impl(runtime::Scheduler& s, const TextCodec* t, ServerOptions o)
+      : sched(s), text(t), opt(std::move(o)) {}
+
+  void log(const std::string& line) {
+    std::lock_guard lk(log_mutex);
+    std::fprintf(stderr, "%s\n", line.c_str());
+    std::fflush(stderr);
+  }
+
+  void routes();
+  void generation(const httplib::Request& hreq, httplib::Response& res, bool chat);
+  runtime::RequestParams build(const GenerationRequest& g);
+  json usage(const runtime::Request& r, const Output& out) const {
+    return {{"prompt_tokens", r.params.prompt.size()},
+            {"completion_tokens", out.ids.size()},
+            {"total_tokens", r.params.prompt.size() + out.ids.size()}};
+  }
+  void finished(const std::string& rid, const std::string& path, const runtime::Request& r,
+                const Output& out, const std::string& reason, bool stream) {
+    metrics.generation_done(r, out.ids.size());
+    metrics.request_done(path, 200);
+    const auto em = r.emissions();
+    const double ttft = em.empty() ? 0 : ms_between(r.submitted, em.front().first);
+    log(
+        fmt::format("{} POST {} 200 stream={} prompt={} completion={} finish={} ttft_ms={:.1f} "
+                    "total_ms={:.1f} acceptance={:.2f}",
+                    rid, path, stream, r.params.prompt.size(), out.ids.size(), reason, ttft,
+                    ms_between(r.submitted, Clock::now()), r.acceptance_length()));
+  }
+};
+
+runtime::RequestParams Server::Impl::build(const GenerationRequest& g) {
+  runtime::RequestParams p;
+  if (g.chat) {
+    if (!text)
+      throw ApiError(400, "chat completions need a tokenizer: start the server with --tokenizer",
+                     "messages", "tokenizer_required");
+    p.prompt = text->encode(text->render_chat(g.chat_request));
+  } else if (g.prompt_ids) {
+    p.prompt = *g.prompt_ids;
+  } else {
+    if (!text)
+      throw ApiError(400,
+                     "text prompts need a tokenizer (start the server with --tokenizer); give "
+                     "token ids instead",
+                     "prompt", "tokenizer_required");
+    p.prompt = text->encode(*g.prompt_text);
+  }
+  if (!g.stop.empty() && !text)
+    throw ApiError(400, "stop strings need a tokenizer; use stop_token_ids", "stop",
+                   "tokenizer_required");
+  const int64_t ctx = sched.max_context();
+  if (p.prompt.empty()) throw ApiError(400, "the prompt is empty", g.chat ? "messages" : "prompt");
+  if (int64_t(p.prompt.size()) >= ctx)
+    throw ApiError(400,
+                   fmt::format("the prompt has {} tokens; this server's context is {} tokens",
+                               p.prompt.size(), ctx),
+                   g.chat ? "messages" : "prompt", "context_length_exceeded");
+  // Chat defaults to the rest of the context (OpenAI's behaviour), completions to 16 tokens.
+  p.max_tokens =
+      g.max_tokens.value_or(g.chat ? int(ctx - int64_t(p.prompt.size())) : opt.default_max_tokens);
+  if (int64_t(p.prompt.size()) + p.max_tokens > ctx)
+    throw ApiError(400,
+                   fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds this server's "
+                               "context of {} tokens",
+                               p.prompt.size(), p.max_tokens, ctx),
+                   "max_tokens", "context_length_exceeded");
+  p.sampling = g.sampling;
+  p.seed = g.seed ? *g.seed
+                  : (uint64_t(std::random_device{}()) << 32) | uint64_t(std::random_device{}());
+  p.stop_ids = opt.eos_ids;
+  p.stop_ids.insert(p.stop_ids.end(), g.stop_token_ids.begin(), g.stop_token_ids.end());
+  p.speculative = g.speculative;
+  return p;
+}
+
+void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& res, bool chat) {
+  const std::string rid = fmt::format("req-{}", next_rid++);
+  const std::string path = hreq.path;
+  res.set_header("X-Request-Id", rid);
+  auto fail = [&](int status, const std::string& message, const std::string& param = {},
+                  const std::string& code = {}, const std::string& type = {}) {
+    send_error(res, status, message, param, code, type);
+    metrics.request_done(path, status);
+    log(fmt::format("{} POST {} {} error: {}", rid, path, status, message));
+  };
+  std::shared_ptr<runtime::Request> req;
+  GenerationRequest g;
+  try {
+    if (draining) return fail(503, "the server is shutting down");
+    if (!valid_utf8(hreq.body)) return fail(400, "the request body is not valid UTF-8");
+    json body;
+    try {
+      body = json::parse(hreq.body);
+    } catch (const json::parse_error& e) {
+      return fail(400, fmt::format("the request body is not valid JSON: {}", e.what()), {},
+                  "invalid_json");
+    }
+    g = parse_generation_request(body, chat, opt.model_name);
+    req = sched.submit(build(g));
+  } catch (const ApiError& e) {
+    return fail(e.status, e.what(), e.param, e.code, e.type);
+  } catch (const runtime::AdmissionError& e) {
+    if (e.status == 429) res.set_header("Retry-After", "1");
+    return fail(e.status, e.what());
+  } catch (const Error& e) {
+    return fail(400, e.what());
+  } catch (const std::exception& e) {
+    return fail(500, fmt::format("internal error: {}", e.what()));
+  }
+
+  const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", req->id);
+  const int64_t created = unix_now();
+  auto out = std::make_shared<Output>(text, g.stop);
+  // Maps the engine's end to the API's: a stop string or stop token is "stop".
+  auto api_reason = [](const std::string& r) { return r == "length" ? "length" : "stop"; };
+
+  if (!g.stream) {
+    ++active;
+    std::string reason;
+    size_t seen = 0;
+    for (;;) {
+      auto u = req->wait(seen, std::chrono::milliseconds(1000));
+      seen += u.tokens.size();
+      std::vector<int32_t> ids;
+      out->feed(u.tokens, ids);
+      if (out->stop.stopped()) {
+        req->cancel();  // leaves at the next round boundary
+        reason = "stop";
+        break;
+      }
+      if (u.finished) {
+        if (u.finish_reason == "error") {
+          --active;
+          return fail(500, "generation failed: " + u.error, {}, {}, "server_error");
+        }
+        out->finish();
+        reason = api_reason(u.finish_reason);
+        break;
+      }
+    }
+    json choice = {{"index", 0}, {"finish_reason", reason}, {"logprobs", nullptr}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", out->text}};
+    } else {
+      choice["text"] = out->text;
+      choice["token_ids"] = out->ids;
+    }
+    json body = {{"id", id},
+                 {"object", chat ? "chat.completion" : "text_completion"},
+                 {"created", created},
+                 {"model", opt.model_name},
+                 {"choices", json::array({choice})},
+                 {"usage", usage(*req, *out)},
+                 {"acceptance_length", req->acceptance_length()}};
+    res.set_content(body.dump(), "application/json");
+    finished(rid, path, *req, *out, reason, false);
+    --active;
+    return;
+  }
+
+  // Streaming: the provider runs on this handler thread until the request ends or the client
+  // goes away (a failed write), and a failed write cancels the request.
+  struct StreamState {
+    size_t seen = 0;
+    bool started = false, done = false, logged = false;
+    Clock::time_point last_write = Clock::now();
+  };
+  auto st = std::make_shared<StreamState>();
+  const bool include_usage = g.include_usage;
+  ++active;
+  res.set_header("Cache-Control", "no-cache");
+  auto chunk = [=, this](const json& delta_or_text, const std::vector<int32_t>& ids,
+                         const char* finish) {
+    json choice = {{"index", 0},
+                   {"logprobs", nullptr},
+                   {"finish_reason", finish ? json(finish) : json(nullptr)}};
+    if (chat) {
+      choice["delta"] = delta_or_text;
+    } else {
+      choice["text"] = delta_or_text;
+      choice["token_ids"] = ids;
+    }
+    json c = {{"id", id},
+              {"object", chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", opt.model_name},
+              {"choices", json::array({choice})}};
+    if (include_usage) c["usage"] = nullptr;
+    return "data: " + c.dump() + "\n\n";
+  };
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [=, this](size_t, httplib::DataSink& sink) -> bool {
+        if (st->done) {
+          sink.done();
+          return true;
+        }
+        auto write = [&](const std::string& s) {
+          st->last_write = Clock::now();
+          if (sink.write(s.data(), s.size())) return true;
+          req->cancel();
+          return false;
+        };
+        std::string buf;
+        if (!st->started && chat)
+          buf += chunk({{"role", "assistant"}, {"content", ""}}, {}, nullptr);
+        st->started = true;
+        auto u = req->wait(st->seen, std::chrono::milliseconds(250));
+        st->seen += u.tokens.size();
+        std::vector<int32_t> ids;
+        std::string piece = out->feed(u.tokens, ids);
+        std::string reason;
+        if (out->stop.stopped()) {
+          req->cancel();
+          reason = "stop";
+        } else if (u.finished) {
+          if (u.finish_reason == "error") {
+            buf += "data: " + error_body("generation failed: " + u.error, "server_error").dump() +
+                   "\n\n";
+            reason = "error";
+          } else {
+            piece += out->finish();
+            reason = api_reason(u.finish_reason);
+          }
+        }
+        if (!piece.empty() || !ids.empty())
+          buf += chunk(chat ? json{{"content", piece}} : json(piece), ids, nullptr);
+        if (!reason.empty()) {
+          if (reason != "error") buf += chunk(chat ? json::object() : json(""), {}, reason.c_str());
+          if (include_usage && reason != "error") {
+            json c = {{"id", id},
+                      {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                      {"created", created},
+                      {"model", opt.model_name},
+                      {"choices", json::array()},
+                      {"usage", usage(*req, *out)},
+                      {"acceptance_length", req->acceptance_length()}};
+            buf += "data: " + c.dump() + "\n\n";
+          }
+          buf += "data: [DONE]\n\n";
+          st->done = true;
+          if (!write(buf)) return false;
+          if (!st->logged) {
+            st->logged = true;
+            finished(rid, path, *req, *out, reason, true);
+          }
+          sink.done();
+          return true;
+        }
+        if (!buf.empty()) return write(buf);
+        // Nothing new: a comment line now and then finds a client that has gone away.
+        if (Clock::now() - st->last_write > std::chrono::milliseconds(500))
+          return write(": keep-alive\n\n");
+        return true;
+      },
+      [=, this](bool success) {
+        if (!success || !st->done) {
+          req->cancel();
+          if (!st->logged) {
+            st->logged = true;
+            metrics.generation_done(*req, out->ids.size());
+            metrics.request_done(path, 499);
+            log(fmt::format("{} POST {} 499 stream cancelled by the client after {} tokens", rid,
+                            path, out->ids.size()));
+          }
+        }
+        --active;
+      });
+}
+
+void Server::Impl::routes() {
+  http.set_payload_max_length(opt.max_body_bytes);
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (opt.api_key.empty() || req.path.rfind("/v1/", 0) != 0)
+      return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + opt.api_key)
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, 401, "invalid or missing API key (Authorization: Bearer ...)", {},
+               "invalid_api_key");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        if (res.status == 404)
+          send_error(res, 404, fmt::format("unknown endpoint: {} {}", req.method, req.path), {},
+                     "unknown_url");
+        else if (res.status == 413)
+          send_error(res, 413, fmt::format("the request body exceeds {} bytes", opt.max_body_bytes),
+                     {}, "request_too_large");
+        else
+          send_error(res, res.status, fmt::format("HTTP error {}", res.status));
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    // Generations log and count themselves when they end (streams end after this call).
+    if (req.method == "POST" &&
+        (req.path == "/v1/completions" || req.path == "/v1/chat/completions"))
+      return;
+    const bool known = req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models";
+    metrics.request_done(known ? req.path : "other", res.status);
+    if (req.path != "/metrics" && req.path != "/health")
+      log(fmt::format("- {} {} {}", req.method, req.path, res.status));
+  });
+
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining) return send_error(res, 503, "the server is shutting down");
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json m = {{"id", opt.model_name},
+              {"object", "model"},
+              {"created", unix_now()},
+              {"owned_by", "flashmap"},
+              {"max_model_len", sched.max_context()}};
+    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(),
+                    "application/json");
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.render(sched.stats(), sched.options().spec_max_batch),
+                    "text/plain; version=0.0.4");
+  });
+  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    generation(req, res, false);
+  });
+  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    generation(req, res, true);
+  });
+}
+
+Server::Server(runtime::Scheduler& scheduler, const TextCodec* text, ServerOptions options)
+    : impl_(std::make_unique<Impl>(scheduler, text, std::move(options))) {
+  const auto& o = impl_->opt;
+  const int threads = o.http_threads > 0
+                          ? o.http_threads
+                          : scheduler.options().max_running + scheduler.options().max_queue + 8;
+  // A streaming response holds its handler thread for its whole life: every admitted request
+  // needs one, plus a few for /health, /metrics and the requests that will be refused.
+  impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  impl_->routes();
+}
+
+Server::~Server() = default;
+
+int Server::bind() {
+  auto& o = impl_->opt;
+  if (o.port == 0) {
+    const int port = impl_->http.bind_to_any_port(o.host);
+    FLASHMAP_CHECK(port > 0, "cannot bind {}: no free port", o.host);
+    o.port = port;
+  } else {
+    FLASHMAP_CHECK(impl_->http.bind_to_port(o.host, o.port), "cannot bind {}:{} (in use?)", o.host,
+                   o.port);
+  }
+  return o.port;
+}
+
+void Server::serve() {
+  impl_->http.listen_after_bind();
+}
+
+void Server::stop() {
+  Impl& s = *impl_;
+  s.draining = true;
+  s.sched.shutdown();
+  s.sched.drain();
+  // The engine is done; wait for the handlers to write their last bytes.
+  while (s.active.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  s.http.stop();
+}
+
+}  // namespace flashmap::server

@@ -1,0 +1,63 @@
+// `flashmap serve`'s HTTP front end (cpp-httplib): the OpenAI-compatible endpoints over a
+// runtime::Scheduler. Handler threads only parse, tokenize, wait and write; the engine thread
+// alone runs the models.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/scheduler.h"
+
+namespace flashmap::server {
+
+// The text layer the server needs: prompts to ids, chat requests to prompts, ids back to text
+// as they stream. Optional: without one the server takes and returns token ids only.
+class TextCodec {
+ public:
+  virtual ~TextCodec() = default;
+  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  // The prompt text for a chat request object (messages, tools, template kwargs,
+  // add_generation_prompt), as the model's chat template renders it.
+  virtual std::string render_chat(const nlohmann::ordered_json& request) const = 0;
+  // Ids to text without splitting UTF-8 characters; special tokens are not shown.
+  class Stream {
+   public:
+    virtual ~Stream() = default;
+    virtual std::string push(int32_t id) = 0;
+    virtual std::string flush() = 0;
+  };
+  virtual std::unique_ptr<Stream> stream() const = 0;
+};
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (printed when listening)
+  std::string model_name = "flashmap";
+  std::string api_key;  // non-empty: /v1/* needs "Authorization: Bearer <key>"
+  size_t max_body_bytes = 4u << 20;
+  int default_max_tokens = 16;   // /v1/completions without max_tokens (OpenAI's default)
+  std::vector<int32_t> eos_ids;  // always stop tokens (the target's generation_config eos)
+  int http_threads = 0;          // 0: enough for every running and queued request
+};
+
+class Server {
+ public:
+  // `text` may be null (token ids only); both must outlive the server.
+  Server(runtime::Scheduler& scheduler, const TextCodec* text, ServerOptions options);
+  ~Server();
+  // Binds the socket; returns the port (the chosen one for port 0). Throws flashmap::Error.
+  int bind();
+  // Serves until stop(); call after bind().
+  void serve();
+  // Graceful stop: new requests get 503, running ones finish, then serve() returns.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashmap::server

@@ -1,0 +1,445 @@
+#!/usr/bin/env python3
+"""End-to-end test of `flashmap serve` over loopback HTTP, standard library only.
+
+    python3 tests/server/test_server_e2e.py BUILD/flashmap tests/fixtures/tiny-a
+
+Starts the server on free ports with the fixture's target and drafter and checks: greedy
+output equals `flashmap generate` (streaming and not, with and without speculation, many
+concurrent clients), OpenAI-style errors with the right statuses, auth, admission (429),
+metrics, that a client hanging up mid-stream frees its sequence, and graceful SIGTERM.
+"""
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+FLASHMAP = None
+FIXTURE = None
+KEY = "sk-test-key"
+
+
+def start_server(*extra):
+    proc = subprocess.Popen(
+        [FLASHMAP, "serve", "--target", FIXTURE + "/target", "--draft", FIXTURE + "/draft",
+         "--port", "0", "--served-model-name", "tiny", *extra],
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    lines = []
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"listening on http://[\d.]+:(\d+)", line)
+        if m:
+            log = []
+            # Keep draining stderr so that the server never blocks on a full pipe.
+            threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
+            return proc, int(m.group(1)), log
+    proc.kill()
+    raise RuntimeError("server did not start:\n" + "".join(lines))
+
+
+def reference(prompt, max_tokens):
+    out = subprocess.run(
+        [FLASHMAP, "generate", "--target", FIXTURE + "/target", "--draft", FIXTURE + "/draft",
+         "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", str(max_tokens),
+         "--json", "--stop-ids", "none"],
+        check=True, capture_output=True, text=True, timeout=120)
+    return json.loads(out.stdout)["ids"]
+
+
+def request(port, method, path, body=None, headers=None, raw=None, timeout=60):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    conn.request(method, path, body=data, headers=h)
+    resp = conn.getresponse()
+    payload = resp.read()
+    conn.close()
+    return resp.status, payload
+
+
+def post(port, body, path="/v1/completions", **kw):
+    status, payload = request(port, "POST", path, body, **kw)
+    return status, json.loads(payload)
+
+
+def stream(port, body, path="/v1/completions", headers=None):
+    """Returns (status, [chunk dicts], saw_done)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    h = {"Content-Type": "application/json"}
+    h.update(headers or {})
+    conn.request("POST", path, body=json.dumps(body).encode(), headers=h)
+    resp = conn.getresponse()
+    if resp.status != 200:
+        payload = resp.read()
+        conn.close()
+        return resp.status, [json.loads(payload)], False
+    assert resp.getheader("Content-Type", "").startswith("text/event-stream")
+    chunks, done = [], False
+    for line in resp:
+        line = line.decode().rstrip("\n")
+        if not line.startswith("data: "):
+            continue
+        data = line[len("data: "):]
+        assert not done, "data after [DONE]"
+        if data == "[DONE]":
+            done = True
+        else:
+            chunks.append(json.loads(data))
+    conn.close()
+    return 200, chunks, done
+
+
+def metrics(port):
+    status, payload = request(port, "GET", "/metrics")
+    assert status == 200
+    values = {}
+    for line in payload.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+PROMPTS = [
+    [1, 2, 3, 4, 5, 6, 7, 8],
+    [900],
+    [5, 17, 300, 2, 999, 41, 7, 64, 3, 12, 12, 12, 800, 801, 0, 1023],
+    [42, 43],
+    list(range(100, 137)),
+]
+MAX_TOKENS = [12, 20, 7, 30, 16]
+
+
+class ServerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.refs = [reference(p, n) for p, n in zip(PROMPTS, MAX_TOKENS)]
+        cls.proc, cls.port, cls.log = start_server("--max-running", "8", "--max-queue", "64")
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.proc.poll() is None:
+            cls.proc.kill()
+            cls.proc.wait()
+
+    def assertError(self, status, body, want_status, param=None):
+        self.assertEqual(status, want_status, body)
+        self.assertIn("error", body)
+        err = body["error"]
+        for key in ("message", "type", "param", "code"):
+            self.assertIn(key, err)
+        self.assertTrue(err["message"])
+        if param is not None:
+            self.assertEqual(err["param"], param)
+
+    def test_health_and_models(self):
+        status, payload = request(self.port, "GET", "/health")
+        self.assertEqual(status, 200)
+        status, payload = request(self.port, "GET", "/v1/models")
+        self.assertEqual(status, 200)
+        models = json.loads(payload)
+        self.assertEqual(models["object"], "list")
+        self.assertEqual([m["id"] for m in models["data"]], ["tiny"])
+
+    def test_completion_equals_generate(self):
+        for spec in (True, False):
+            for prompt, n, ref in zip(PROMPTS, MAX_TOKENS, self.refs):
+                status, body = post(self.port, {"model": "tiny", "prompt": prompt, "max_tokens": n,
+                                                "temperature": 0, "speculative": spec})
+                self.assertEqual(status, 200, body)
+                choice = body["choices"][0]
+                self.assertEqual(choice["token_ids"], ref, (prompt, spec))
+                self.assertEqual(choice["finish_reason"], "length")
+                self.assertEqual(body["object"], "text_completion")
+                self.assertEqual(body["usage"], {"prompt_tokens": len(prompt),
+                                                 "completion_tokens": n,
+                                                 "total_tokens": len(prompt) + n})
+                self.assertGreaterEqual(body["acceptance_length"], 1.0)
+
+    def test_stream_equals_generate(self):
+        for prompt, n, ref in zip(PROMPTS, MAX_TOKENS, self.refs):
+            status, chunks, done = stream(self.port, {"prompt": prompt, "max_tokens": n,
+                                                      "stream": True,
+                                                      "stream_options": {"include_usage": True}})
+            self.assertEqual(status, 200)
+            self.assertTrue(done)
+            ids = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids", [])]
+            self.assertEqual(ids, ref)
+            finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"]
+                        if ch["finish_reason"]]
+            self.assertEqual(finishes, ["length"])
+            usage = chunks[-1]
+            self.assertEqual(usage["choices"], [])
+            self.assertEqual(usage["usage"]["completion_tokens"], n)
+            self.assertTrue(all(c["object"] == "text_completion" for c in chunks))
+
+    def test_stop_token_ids(self):
+        ref = self.refs[3]
+        stop = ref[4]
+        status, body = post(self.port, {"prompt": PROMPTS[3], "max_tokens": 30,
+                                        "stop_token_ids": [stop]})
+        self.assertEqual(status, 200)
+        ids = body["choices"][0]["token_ids"]
+        self.assertEqual(ids, ref[:ref.index(stop) + 1])
+        self.assertEqual(body["choices"][0]["finish_reason"], "stop")
+
+    def test_seeded_sampling_is_reproducible(self):
+        req = {"prompt": PROMPTS[0], "max_tokens": 20, "temperature": 0.9, "top_p": 0.9,
+               "top_k": 40, "seed": 1234}
+        a = post(self.port, req)[1]["choices"][0]["token_ids"]
+        b = post(self.port, req)[1]["choices"][0]["token_ids"]
+        self.assertEqual(a, b)
+        self.assertEqual(len(a), 20)
+
+    def test_bad_requests(self):
+        p = self.port
+        cases = [
+            (dict(raw=b'{"prompt": [1, 2'), 400, None),
+            (dict(raw=b'[1, 2, 3]'), 400, None),
+            (dict(raw=b'{"prompt": "\xff\xfe"}'), 400, None),
+            (dict(body={"prompt": []}), 400, "prompt"),
+            (dict(body={"prompt": ""}), 400, "prompt"),
+            (dict(body={}), 400, "prompt"),
+            (dict(body={"prompt": [1, "a"]}), 400, "prompt"),
+            (dict(body={"prompt": [1, 2], "max_tokens": 0}), 400, "max_tokens"),
+            (dict(body={"prompt": [1, 2], "max_tokens": -3}), 400, "max_tokens"),
+            (dict(body={"prompt": [1, 2], "max_tokens": "ten"}), 400, "max_tokens"),
+            (dict(body={"prompt": [1, 2], "temperature": -0.5}), 400, "temperature"),
+            (dict(body={"prompt": [1, 2], "temperature": "hot"}), 400, "temperature"),
+            (dict(body={"prompt": [1, 2], "top_p": 1.5}), 400, "top_p"),
+            (dict(body={"prompt": [1, 2], "top_p": 0}), 400, "top_p"),
+            (dict(body={"prompt": [1, 2], "n": 2}), 400, "n"),
+            (dict(body={"prompt": [1, 2], "stream": "yes"}), 400, "stream"),
+            (dict(body={"prompt": [1, 2], "stop": ["a", "b", "c", "d", "e"]}), 400, "stop"),
+            (dict(body={"prompt": [1, 2], "model": "gpt-4"}), 404, "model"),
+            (dict(body={"prompt": [1, 5000]}), 400, None),  # outside the vocabulary
+            (dict(body={"prompt": [1] * 5000}), 400, "prompt"),  # longer than the context
+            (dict(body={"prompt": [1] * 100, "max_tokens": 4000}), 400, "max_tokens"),
+            (dict(body={"prompt": [1, 2], "max_tokens": 4, "speculative": 1}), 400, "speculative"),
+        ]
+        for kw, want, param in cases:
+            status, payload = request(p, "POST", "/v1/completions", **kw)
+            body = json.loads(payload)
+            with self.subTest(kw=str(kw)[:80]):
+                self.assertError(status, body, want, param)
+        status, body = post(p, {"model": "tiny"}, path="/v1/chat/completions")
+        self.assertError(status, body, 400, "messages")
+        status, body = post(p, {"messages": []}, path="/v1/chat/completions")
+        self.assertError(status, body, 400, "messages")
+        status, payload = request(p, "GET", "/v1/nothing-here")
+        self.assertError(status, json.loads(payload), 404)
+        status, payload = request(p, "POST", "/v1/embeddings", {"input": "x"})
+        self.assertError(status, json.loads(payload), 404)
+
+    def test_concurrent_streams(self):
+        errors, results = [], []
+        lock = threading.Lock()
+
+        def client(t):
+            try:
+                for r in range(3):
+                    i = (t + r) % len(PROMPTS)
+                    body = {"prompt": PROMPTS[i], "max_tokens": MAX_TOKENS[i],
+                            "speculative": (t + r) % 2 == 0}
+                    if (t + r) % 3 == 0:
+                        status, resp = post(self.port, body)
+                        ids = resp["choices"][0]["token_ids"]
+                    else:
+                        body["stream"] = True
+                        status, chunks, done = stream(self.port, body)
+                        assert done, "no [DONE]"
+                        ids = [x for c in chunks for ch in c["choices"]
+                               for x in ch.get("token_ids", [])]
+                    with lock:
+                        results.append((status, ids == self.refs[i]))
+            except Exception as e:  # noqa: BLE001 - reported below
+                with lock:
+                    errors.append(repr(e))
+
+        threads = [threading.Thread(target=client, args=(t,)) for t in range(16)]
+        t0 = time.time()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        self.assertLess(time.time() - t0, 120)
+        self.assertEqual(errors, [])
+        self.assertEqual(len(results), 48)
+        self.assertTrue(all(s == 200 and ok for s, ok in results), results)
+        m = metrics(self.port)
+        self.assertEqual(m["flashmap_running_sequences"], 0)
+        self.assertEqual(m["flashmap_queue_depth"], 0)
+        self.assertGreaterEqual(m['flashmap_requests_total{endpoint="/v1/completions",status="200"}'],
+                                48)
+        self.assertGreaterEqual(m["flashmap_time_to_first_token_seconds_count"], 48)
+        self.assertGreater(m["flashmap_inter_token_latency_seconds_count"], 0)
+        self.assertGreater(m["flashmap_rounds_total"], 0)
+        self.assertGreater(m["flashmap_acceptance_length_count"], 0)
+        self.assertGreaterEqual(m["flashmap_generation_tokens_total"],
+                                sum(MAX_TOKENS[(t + r) % 5] for t in range(16) for r in range(3)))
+
+    def test_metrics_count_errors_and_tokens(self):
+        before = metrics(self.port)
+        post(self.port, {"prompt": [1, 2], "max_tokens": 0})
+        post(self.port, {"prompt": PROMPTS[1], "max_tokens": 5})
+        after = metrics(self.port)
+        key400 = 'flashmap_requests_total{endpoint="/v1/completions",status="400"}'
+        self.assertEqual(after.get(key400, 0), before.get(key400, 0) + 1)
+        self.assertEqual(after["flashmap_generation_tokens_total"],
+                         before["flashmap_generation_tokens_total"] + 5)
+        self.assertEqual(after["flashmap_prompt_tokens_total"],
+                         before["flashmap_prompt_tokens_total"] + 1)
+
+    def test_client_killed_mid_stream_is_freed(self):
+        key = 'flashmap_requests_total{endpoint="/v1/completions",status="499"}'
+        before = metrics(self.port).get(key, 0)
+        body = json.dumps({"prompt": PROMPTS[0], "max_tokens": 4000 - 8, "stream": True,
+                           "speculative": True}).encode()
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=30)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while got.count(b"data: ") < 3:
+            got += s.recv(4096)
+        self.assertEqual(metrics(self.port)["flashmap_running_sequences"], 1)
+        s.close()
+        # ~4000 speculative tokens take far longer than this deadline on the fixture.
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            m = metrics(self.port)
+            if m["flashmap_running_sequences"] == 0 and m.get(key, 0) == before + 1:
+                break
+            time.sleep(0.05)
+        self.assertEqual(m["flashmap_running_sequences"], 0)
+        self.assertEqual(m.get(key, 0), before + 1)
+
+    def test_openai_client(self):
+        try:
+            import openai  # noqa: F401
+        except ImportError:
+            self.skipTest("the openai package is not installed")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none")
+        r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12,
+                                      temperature=0)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.usage.completion_tokens, 12)
+        pieces = list(client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12,
+                                                stream=True))
+        self.assertTrue(pieces)
+        with self.assertRaises(openai.BadRequestError):
+            client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=0)
+
+
+class LimitsTest(unittest.TestCase):
+    """A second server: API key, one running slot and one queue slot, small bodies."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.proc, cls.port, cls.log = start_server(
+            "--api-key", KEY, "--max-running", "1", "--max-queue", "1", "--max-body-bytes", "2048")
+        cls.auth = {"Authorization": "Bearer " + KEY}
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.proc.poll() is None:
+            cls.proc.kill()
+            cls.proc.wait()
+
+    def test_api_key(self):
+        status, body = post(self.port, {"prompt": [1, 2], "max_tokens": 2})
+        self.assertEqual(status, 401)
+        self.assertIn("error", body)
+        status, body = post(self.port, {"prompt": [1, 2], "max_tokens": 2},
+                            headers={"Authorization": "Bearer wrong"})
+        self.assertEqual(status, 401)
+        status, body = post(self.port, {"prompt": [1, 2], "max_tokens": 2}, headers=self.auth)
+        self.assertEqual(status, 200)
+        self.assertEqual(request(self.port, "GET", "/health")[0], 200)
+
+    def test_body_too_large(self):
+        status, payload = request(self.port, "POST", "/v1/completions",
+                                  {"prompt": [1] * 3000}, headers=self.auth)
+        self.assertEqual(status, 413)
+        self.assertIn("error", json.loads(payload))
+
+    def test_queue_full_is_429(self):
+        conns = []
+        body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 3000, "stream": True}).encode()
+        try:
+            for _ in range(2):  # one running, one queued
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                c.request("POST", "/v1/completions", body=body,
+                          headers={"Content-Type": "application/json", **self.auth})
+                conns.append(c)
+            r = conns[0].getresponse()
+            self.assertEqual(r.status, 200)
+            r.fp.readline()  # the first token: the first request runs
+            deadline = time.time() + 10
+            while time.time() < deadline and metrics(self.port)["flashmap_queue_depth"] < 1:
+                time.sleep(0.02)
+            status, err = post(self.port, {"prompt": [1, 2], "max_tokens": 2}, headers=self.auth)
+            self.assertEqual(status, 429, err)
+            self.assertEqual(err["error"]["type"], "rate_limit_error")
+        finally:
+            for c in conns:
+                c.close()
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            m = metrics(self.port)
+            if m["flashmap_running_sequences"] == 0 and m["flashmap_queue_depth"] == 0:
+                break
+            time.sleep(0.05)
+        self.assertEqual(m["flashmap_running_sequences"] + m["flashmap_queue_depth"], 0)
+
+
+class ShutdownTest(unittest.TestCase):
+    def test_sigterm_finishes_running_requests(self):
+        proc, port, log = start_server()
+        try:
+            result = {}
+
+            def client():
+                result["r"] = stream(port, {"prompt": [1, 2, 3], "max_tokens": 300,
+                                            "stream": True})
+
+            t = threading.Thread(target=client)
+            t.start()
+            deadline = time.time() + 10
+            while time.time() < deadline and metrics(port)["flashmap_running_sequences"] < 1:
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.1)
+            try:
+                status, _ = post(port, {"prompt": [1], "max_tokens": 1})
+                self.assertEqual(status, 503)
+            except (ConnectionError, OSError):
+                pass  # already closed: also refused
+            t.join(timeout=60)
+            status, chunks, done = result["r"]
+            self.assertTrue(done)
+            ids = [x for c in chunks for ch in c["choices"] for x in ch.get("token_ids", [])]
+            self.assertEqual(len(ids), 300)
+            self.assertEqual(proc.wait(timeout=30), 0)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    FLASHMAP, FIXTURE = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    unittest.main(argv=[sys.argv[0]] + sys.argv[3:], verbosity=2)
