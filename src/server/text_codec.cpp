@@ -1,14 +1,71 @@
 #include "server/text_codec.h"
 
+#include <flashmap/tokenizer.h>
+
+#include <filesystem>
+
 #include "core/check.h"
 
+// The chat-template engine lands separately from the tokenizer; until it is there, chat requests
+// are refused with a clear message rather than the server failing to build.
+#if __has_include(<flashmap/chat.h>)
+#include <flashmap/chat.h>
+#define FLASHMAP_SERVER_HAS_CHAT 1
+#endif
+
 namespace flashmap::server {
+namespace {
+
+class HfStream : public TextCodec::Stream {
+ public:
+  explicit HfStream(const Tokenizer& tok) : dec_(tok, /*skip_special_tokens=*/true) {}
+  std::string push(int32_t id) override { return dec_.push(id); }
+  std::string flush() override { return dec_.flush(); }
+
+ private:
+  Tokenizer::StreamDecoder dec_;
+};
+
+class HfTextCodec : public TextCodec {
+ public:
+  explicit HfTextCodec(const std::string& dir) : tok_(Tokenizer::from_dir(dir)) {
+#ifdef FLASHMAP_SERVER_HAS_CHAT
+    // A folder without a template still serves completions; chat then answers 400.
+    try {
+      chat_ = std::make_unique<ChatTemplate>(ChatTemplate::from_dir(dir));
+    } catch (const Error& e) {
+      chat_error_ = e.what();
+    }
+#else
+    chat_error_ = "chat templates are not supported by this build";
+#endif
+  }
+  std::vector<int32_t> encode(const std::string& text) const override {
+    return tok_.encode(text);
+  }
+  std::string render_chat(const nlohmann::ordered_json& request) const override {
+#ifdef FLASHMAP_SERVER_HAS_CHAT
+    if (chat_) return chat_->render(request);
+#endif
+    (void)request;
+    throw Error(fmt::format("chat completions are unavailable: {}", chat_error_));
+  }
+  std::unique_ptr<Stream> stream() const override {
+    return std::make_unique<HfStream>(tok_);
+  }
+
+ private:
+  Tokenizer tok_;
+#ifdef FLASHMAP_SERVER_HAS_CHAT
+  std::unique_ptr<ChatTemplate> chat_;
+#endif
+  std::string chat_error_;
+};
+
+}  // namespace
 
 std::unique_ptr<TextCodec> open_text_codec(const std::string& dir) {
-  throw Error(
-      fmt::format("{}: tokenizer support is not built yet; serve token ids without "
-                  "--tokenizer",
-                  dir));
+  return std::make_unique<HfTextCodec>(dir);
 }
 
 }  // namespace flashmap::server

@@ -404,6 +404,166 @@ class LimitsTest(unittest.TestCase):
         self.assertEqual(m["flashmap_running_sequences"] + m["flashmap_queue_depth"], 0)
 
 
+def write_text_model(out):
+    """A random Qwen3 target with the real Qwen3 vocabulary (151936) but hidden size 32 and two
+    layers: big enough for the real tokenizer, small enough to write and run in a second."""
+    import array
+    import random
+    rng = random.Random(7)
+    V, H, L, NH, NKV, HD, I = 151936, 32, 2, 2, 1, 16, 64
+    base = array.array("f", [rng.gauss(0, 1) for _ in range(1 << 16)]).tobytes()
+
+    def tensor(shape, scale=None, ones=False):
+        n = 1
+        for d in shape:
+            n *= d
+        if ones:
+            return array.array("f", [1.0] * n).tobytes()
+        if n <= (1 << 15):
+            return array.array("f", [rng.gauss(0, 1) / shape[-1] ** 0.5 for _ in range(n)]).tobytes()
+        # Large tensors: rows cut from a random pool at scattered offsets (fast, still varied).
+        row = shape[-1] * 4
+        pool = len(base) - row
+        return b"".join(base[(i * 7919 * 4) % pool // 4 * 4:][:row] for i in range(n // shape[-1]))
+
+    tensors = {"model.embed_tokens.weight": ([V, H], tensor([V, H])),
+               "model.norm.weight": ([H], tensor([H], ones=True))}
+    for l in range(L):
+        p = f"model.layers.{l}."
+        tensors.update({
+            p + "input_layernorm.weight": ([H], tensor([H], ones=True)),
+            p + "post_attention_layernorm.weight": ([H], tensor([H], ones=True)),
+            p + "self_attn.q_norm.weight": ([HD], tensor([HD], ones=True)),
+            p + "self_attn.k_norm.weight": ([HD], tensor([HD], ones=True)),
+            p + "self_attn.q_proj.weight": ([NH * HD, H], tensor([NH * HD, H])),
+            p + "self_attn.k_proj.weight": ([NKV * HD, H], tensor([NKV * HD, H])),
+            p + "self_attn.v_proj.weight": ([NKV * HD, H], tensor([NKV * HD, H])),
+            p + "self_attn.o_proj.weight": ([H, NH * HD], tensor([H, NH * HD])),
+            p + "mlp.gate_proj.weight": ([I, H], tensor([I, H])),
+            p + "mlp.up_proj.weight": ([I, H], tensor([I, H])),
+            p + "mlp.down_proj.weight": ([H, I], tensor([H, I])),
+        })
+    header, offset, blobs = {}, 0, []
+    for name in sorted(tensors):
+        shape, data = tensors[name]
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h)
+        for b in blobs:
+            f.write(b)
+    config = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False,
+              "attention_dropout": 0.0, "head_dim": HD, "hidden_act": "silu", "hidden_size": H,
+              "intermediate_size": I, "max_position_embeddings": 2048, "model_type": "qwen3",
+              "num_attention_heads": NH, "num_hidden_layers": L, "num_key_value_heads": NKV,
+              "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+              "vocab_size": V, "torch_dtype": "float32", "use_sliding_window": False,
+              "sliding_window": None, "max_window_layers": L}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [151645, 151643]}, f)
+
+
+class TextTest(unittest.TestCase):
+    """Text prompts, detokenized output, stop strings and chat on the real Qwen3 tokenizer."""
+
+    @classmethod
+    def setUpClass(cls):
+        tok = os.path.join(os.path.dirname(FIXTURE), "..", "data", "qwen3-tokenizer")
+        if not os.path.exists(os.path.join(tok, "tokenizer.json")):
+            raise unittest.SkipTest("tests/data/qwen3-tokenizer is missing")
+        import tempfile
+        cls.tmp = tempfile.TemporaryDirectory()
+        write_text_model(cls.tmp.name)
+        proc = subprocess.Popen(
+            [FLASHMAP, "serve", "--target", cls.tmp.name, "--tokenizer", tok, "--port", "0",
+             "--served-model-name", "text"], stderr=subprocess.PIPE, text=True)
+        cls.proc = proc
+        line = ""
+        for line in proc.stderr:
+            m = re.search(r"listening on http://[\d.]+:(\d+)", line)
+            if m:
+                cls.port = int(m.group(1))
+                threading.Thread(target=lambda: proc.stderr.read(), daemon=True).start()
+                return
+        proc.kill()
+        raise RuntimeError("text server did not start: " + line)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.proc.poll() is None:
+            cls.proc.kill()
+            cls.proc.wait()
+        cls.tmp.cleanup()
+
+    def complete(self, **kw):
+        body = {"prompt": "The quick brown fox jumps over", "max_tokens": 40, "temperature": 0}
+        body.update(kw)
+        status, resp = post(self.port, body)
+        self.assertEqual(status, 200, resp)
+        return resp
+
+    def streamed(self, **kw):
+        body = {"prompt": "The quick brown fox jumps over", "max_tokens": 40, "stream": True}
+        body.update(kw)
+        status, chunks, done = stream(self.port, body)
+        self.assertEqual(status, 200)
+        self.assertTrue(done)
+        text = "".join(ch["text"] for c in chunks for ch in c["choices"])
+        finish = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+        return text, finish
+
+    def test_text_prompt_stream_equals_whole(self):
+        whole = self.complete()
+        self.assertEqual(whole["choices"][0]["finish_reason"], "length")
+        self.assertEqual(whole["usage"]["prompt_tokens"], 6)  # The| quick| brown| fox| jumps| over
+        text, finish = self.streamed()
+        self.assertEqual(text, whole["choices"][0]["text"])
+        self.assertTrue(text)
+        self.assertEqual(finish, ["length"])
+
+    def test_stop_strings_cut_and_never_leak(self):
+        full = self.complete()["choices"][0]["text"]
+        self.assertGreater(len(full), 12)
+        # A stop string from the middle of the text, most likely spanning token boundaries.
+        start = len(full) // 2
+        stop = full[start:start + 5]
+        want = full[:full.index(stop)]
+        got = self.complete(stop=[stop, "\x00never"])
+        self.assertEqual(got["choices"][0]["text"], want)
+        self.assertEqual(got["choices"][0]["finish_reason"], "stop")
+        self.assertLess(got["usage"]["completion_tokens"], 40)
+        text, finish = self.streamed(stop=stop)
+        self.assertEqual(text, want)
+        self.assertEqual(finish, ["stop"])
+
+    def test_chat(self):
+        body = {"model": "text", "messages": [{"role": "user", "content": "Hello there"}],
+                "max_tokens": 8, "chat_template_kwargs": {"enable_thinking": False}}
+        status, resp = post(self.port, body, path="/v1/chat/completions")
+        if status == 400 and "unavailable" in resp["error"]["message"]:
+            self.skipTest(resp["error"]["message"])
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["object"], "chat.completion")
+        msg = resp["choices"][0]["message"]
+        self.assertEqual(msg["role"], "assistant")
+        self.assertIsInstance(msg["content"], str)
+        # <|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n + empty think block
+        self.assertGreater(resp["usage"]["prompt_tokens"], 8)
+        body["stream"] = True
+        status, chunks, done = stream(self.port, body, path="/v1/chat/completions")
+        self.assertTrue(done)
+        self.assertEqual(chunks[0]["choices"][0]["delta"].get("role"), "assistant")
+        self.assertTrue(all(c["object"] == "chat.completion.chunk" for c in chunks))
+        content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        self.assertEqual(content, msg["content"])
+
+
 class ShutdownTest(unittest.TestCase):
     def test_sigterm_finishes_running_requests(self):
         proc, port, log = start_server()
