@@ -1,34 +1,88 @@
 #include "cli/text_io.h"
 
+#include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "cli/options.h"
 #include "core/check.h"
+#include "flashmap/tokenizer.h"
 
 namespace flashmap::cli {
+namespace {
+
+class FolderText : public TextIO {
+ public:
+  explicit FolderText(const std::string& dir)
+      : dir_(dir), tokenizer_(Tokenizer::from_dir(dir)), stream_(tokenizer_, true) {}
+
+  std::vector<int32_t> encode(const std::string& text) const override {
+    return tokenizer_.encode(text);
+  }
+  std::string decode(std::span<const int32_t> ids) const override {
+    return tokenizer_.decode(ids, /*skip_special_tokens=*/true);
+  }
+  std::string chat(const std::string& user, const std::string& system,
+                   std::optional<bool> enable_thinking) const override {
+    (void)user, (void)system, (void)enable_thinking;
+    throw Error(fmt::format("{}: chat templates are not supported yet", dir_));
+  }
+  std::string push(int32_t id) override { return stream_.push(id); }
+  std::string flush() override { return stream_.flush(); }
+
+ private:
+  std::string dir_;
+  Tokenizer tokenizer_;
+  Tokenizer::StreamDecoder stream_;
+};
+
+}  // namespace
 
 std::unique_ptr<TextIO> TextIO::open(const std::string& dir) {
   if (dir.empty()) return nullptr;
-  throw Error(fmt::format("{}: tokenizer support is not built yet", dir));
+  FLASHMAP_CHECK(std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"),
+                 "{}: no tokenizer.json (give --tokenizer DIR)", dir);
+  return std::make_unique<FolderText>(dir);
 }
 
 void add_prompt_options(CLI::App& app, PromptOptions& p) {
   app.add_option("--prompt-ids", p.ids_text, "prompt as comma-separated token ids");
+  app.add_option("--prompt", p.text, "prompt as text (needs tokenizer files)");
+  app.add_option("--chat", p.chat,
+                 "a user message, rendered with the checkpoint's chat template (needs "
+                 "tokenizer_config.json)");
+  app.add_option("--system", p.system, "system message for --chat");
+  app.add_flag("--enable-thinking,!--no-enable-thinking", p.enable_thinking,
+               "the template's enable_thinking switch for --chat (default: the template's)");
 }
 
-std::vector<int32_t> PromptOptions::ids_of(TextIO*) const {
+std::vector<int32_t> PromptOptions::ids_of(TextIO* io) const {
+  const int given = int(!ids_text.empty()) + int(!text.empty()) + int(!chat.empty());
+  FLASHMAP_CHECK(given <= 1, "give one of --prompt-ids, --prompt and --chat");
+  FLASHMAP_CHECK(system.empty() || !chat.empty(), "--system needs --chat");
+  if (!text.empty() || !chat.empty()) {
+    FLASHMAP_CHECK(io != nullptr,
+                   "--prompt and --chat need tokenizer files: the target folder has no "
+                   "tokenizer.json, give --tokenizer DIR");
+    return io->encode(chat.empty() ? text : io->chat(chat, system, enable_thinking));
+  }
   return parse_ids(ids_text.empty() ? "1,2,3,4,5,6,7,8" : ids_text, "--prompt-ids");
 }
 
 void TextStream::write(std::span<const int32_t> ids) {
   for (int32_t id : ids) {
-    std::cout << (first_ ? "" : ",") << id;
+    if (text_) {
+      std::cout << text_->push(id);
+    } else {
+      std::cout << (first_ ? "" : ",") << id;
+    }
     first_ = false;
   }
   std::cout.flush();
 }
 
 void TextStream::finish() {
+  if (text_) std::cout << text_->flush();
   std::cout << "\n";
 }
 
