@@ -1,0 +1,66 @@
+// Request validation and stop-string matching, without a server.
+#include <gtest/gtest.h>
+
+#include "server/api.h"
+
+using namespace flashmap::server;
+using json = nlohmann::json;
+
+TEST(StopMatcher, HoldsBackPossibleStartsAndCutsAcrossPieces) {
+  StopMatcher m({"</end>", "STOP"});
+  EXPECT_EQ(m.feed("hello <"), "hello ");  // "<" may start "</end>"
+  EXPECT_EQ(m.feed("/e"), "");
+  EXPECT_EQ(m.feed("x"), "</ex");  // no longer a prefix: released
+  EXPECT_EQ(m.feed(" ST"), " ");
+  EXPECT_EQ(m.feed("OP and more"), "");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.feed("later"), "");
+  EXPECT_EQ(m.finish(), "");
+}
+
+TEST(StopMatcher, FinishReleasesHeldText) {
+  StopMatcher m({"abc"});
+  EXPECT_EQ(m.feed("xxab"), "xx");
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(m.finish(), "ab");
+}
+
+TEST(Utf8, RejectsMalformed) {
+  EXPECT_TRUE(valid_utf8("plain ascii, é, 漢, 😀"));
+  EXPECT_FALSE(valid_utf8("\xff"));
+  EXPECT_FALSE(valid_utf8("\xc0\xaf"));      // overlong
+  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));  // surrogate
+  EXPECT_FALSE(valid_utf8("\xe6\xbc"));      // truncated
+}
+
+TEST(ParseRequest, FieldsAndErrors) {
+  auto r = parse_generation_request(
+      json::parse(R"({"model":"m","prompt":[1,2],"max_tokens":5,"temperature":0.5,"top_k":-1,
+                      "stop":"x","stream":true,"stream_options":{"include_usage":true},
+                      "speculative":false,"seed":7})"),
+      false, "m");
+  EXPECT_EQ(*r.prompt_ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(*r.max_tokens, 5);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_FALSE(r.speculative);
+  EXPECT_EQ(*r.seed, 7u);
+  auto status_of = [](const char* body, bool chat = false) {
+    try {
+      parse_generation_request(json::parse(body), chat, "m");
+    } catch (const ApiError& e) {
+      return e.status;
+    }
+    return 200;
+  };
+  EXPECT_EQ(status_of(R"({"prompt":"hi","model":"other"})"), 404);
+  EXPECT_EQ(status_of(R"({"prompt":"hi","max_completion_tokens":0})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"hi","top_p":0})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"hi","min_p":2})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"hi","n":3})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":["a","b"]})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":["one prompt"]})"), 200);
+  EXPECT_EQ(status_of(R"({"messages":[{"content":"no role"}]})", true), 400);
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":"hi"}]})", true), 200);
+}
