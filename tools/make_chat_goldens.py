@@ -17,6 +17,7 @@ Run from the repository root:  python3 tools/make_chat_goldens.py [--source DIR]
 import argparse
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -325,6 +326,10 @@ CHAT_CASES = {
         "chat_template": "{% for d in documents %}[{{ loop.index }}:{{ d.title }}={{ d.text }}]{% endfor %}"
                          "{{ messages[-1].content }}",
     },
+    # A name picks a template only where transformers holds a dict of them; elsewhere the string
+    # is itself the template.
+    "chat_template_named_default": {"messages": [user("Hi")], "tools": [TIME_TOOL], "chat_template": "default"},
+    "chat_template_named_tool_use": {"messages": [user("Hi")], "chat_template": "tool_use"},
     "message_keys_order": {
         "messages": [{"content": "c", "role": "assistant", "reasoning": "r", "zeta": None, "alpha": 1}],
         "chat_template": "{% for m in messages %}{{ m|tojson }}|{{ m.keys()|list }}{% endfor %}",
@@ -572,8 +577,102 @@ def template_error_line(exc):
     return lines[-1] if lines else None
 
 
+def random_cases():
+    """Seeded random templates: whitespace-control soup and nested expressions over a fixed
+    context. They add breadth to the hand-written table; jinja2 decides what they render."""
+    rng = random.Random(20240726)
+    texts = [" ", "  ", "\t", "\n", "\n\n", "a", "b c", " \n ", "\r\n", "\u3000", "x\n  ", "\n\t "]
+
+    def tag(body, kind="%"):
+        if kind == "{":
+            return "{{" + rng.choice(["", "-"]) + " " + body + " " + rng.choice(["", "-"]) + "}}"
+        left, right = rng.choice(["", "", "-", "+"]), rng.choice(["", "", "-", "+"])
+        if kind == "#":
+            return "{#" + left + " " + body + " " + right + "#}"
+        return "{%" + left + " " + body + " " + right + "%}"
+
+    def block(depth):
+        out = []
+        for _ in range(rng.randint(1, 5)):
+            r = rng.random()
+            if r < 0.35:
+                out.append("".join(rng.choice(texts) for _ in range(rng.randint(1, 3))))
+            elif r < 0.5:
+                out.append(tag("'v'", "{"))
+            elif r < 0.6:
+                out.append(tag("c\nd" if rng.random() < 0.3 else "c", "#"))
+            elif r < 0.72 and depth < 3:
+                other = tag("else") + block(depth + 1) if rng.random() < 0.3 else ""
+                out.append(tag("if true") + block(depth + 1) + other + tag("endif"))
+            elif r < 0.84 and depth < 3:
+                out.append(tag("for i in [1, 2]") + block(depth + 1) + tag("endfor"))
+            elif r < 0.9:
+                out.append(tag("set x = 1"))
+            else:
+                out.append("{% raw %}" + rng.choice(texts) + "{{ r }}" + rng.choice(texts) + "{% endraw %}")
+        return "".join(out)
+
+    cases = [(f"random_whitespace_{k}", block(0) + ("\n" if k % 3 == 0 else ""), {}) for k in range(60)]
+
+    ctx = {"s": "Héllo World", "e": "", "n": None, "i": 7, "neg": -3, "f": 2.5, "z": 0, "b": True,
+           "l": [3, 1, 2], "sl": ["b", "A", "a"], "d": {"k": "v", "n": 1, "items": [1]},
+           "ld": [{"name": "x", "v": 2, "t": True}, {"name": "y", "v": 1, "t": False}],
+           "nested": {"a": {"b": [1, {"c": "deep"}]}}, "ws": "  a  b\n", "uni": "日本語😀é"}
+    atoms = ["s", "e", "n", "i", "neg", "f", "z", "b", "l", "sl", "d", "ld", "nested", "ws", "uni", "undef",
+             "1", "0", "-1", "2.0", "0.1", "'x'", "''", "none", "true", "false", "[1, 2]", "[]", "{}",
+             "{'a': 1}", "(1, 'a')", "d.k", "d['n']", "ld[0]", "ld[-1].name", "nested.a.b[1].c", "l[1:]",
+             "s[::-1]", "s[1]", "uni[1:3]", "d.missing", "l[9]"]
+    filters = ["length", "upper", "lower", "title", "capitalize", "trim", "first", "last", "list", "string",
+               "int", "float", "abs", "round", "tojson", "tojson(indent=2)", "join(',')", "default('D')",
+               "default('D', true)", "sort", "unique|list", "reverse|list", "replace('l', 'L')", "e", "sum",
+               "min", "max", "dictsort", "select('odd')|list", "map('string')|join", "selectattr('t')|list",
+               "rejectattr('v', 'gt', 1)|list", "center(9)", "wordcount", "truncate(5)", "items|list"]
+    tests = ["defined", "undefined", "none", "string", "number", "integer", "float", "boolean", "mapping",
+             "iterable", "sequence", "even", "odd", "lower", "upper", "divisibleby 2", "eq 1", "in [1, 'x']"]
+    methods = ["startswith('H')", "endswith('d')", "split()", "split('l')", "rsplit(' ', 1)", "strip()",
+               "upper()", "title()", "find('o')", "count('l')", "replace('o', '0')", "get('k')",
+               "get('zz', 3)", "keys()|list", "items()|list", "count(1)", "format(1, 2)", "zfill(5)"]
+    ops = ["+", "-", "*", "/", "//", "%", "~", "==", "!=", "<", ">=", "in", "not in", "and", "or"]
+
+    def expr(depth=0):
+        r = rng.random()
+        if depth > 2 or r < 0.3:
+            return rng.choice(atoms)
+        if r < 0.45:
+            return f"{expr(depth + 1)}|{rng.choice(filters)}"
+        if r < 0.55:
+            return f"({expr(depth + 1)} is {'not ' if rng.random() < 0.3 else ''}{rng.choice(tests)})"
+        if r < 0.65:
+            return f"{rng.choice(atoms)}.{rng.choice(methods)}"
+        if r < 0.85:
+            return f"({expr(depth + 1)} {rng.choice(ops)} {expr(depth + 1)})"
+        if r < 0.92:
+            return f"({expr(depth + 1)} if {expr(depth + 1)} else {expr(depth + 1)})"
+        return f"[{expr(depth + 1)}, {expr(depth + 1)}]"
+
+    for k in range(150):
+        e = expr()
+        t = ("{{ " + e + " }}" if k % 3 else
+             "{% for x in " + e + " %}[{{ x }}|{{ loop.index }}]{% else %}E{% endfor %}")
+        cases.append((f"random_expression_{k}", t, ctx))
+    return cases
+
+
 def make_jinja_cases(compile_template):
     cases = []
+    for name, template, context in random_cases():
+        try:
+            expected = compile_template(template).render(**context)
+        except Exception as e:
+            # Random expressions may fail; keep them as error cases when jinja2 names a line.
+            line = template_error_line(e)
+            if line is not None:
+                cases.append({"name": name, "template": template, "context": context, "error_line": line,
+                              "error_contains": "", "jinja2_error": f"{type(e).__name__}: {e}"})
+            continue
+        if " at 0x" in expected:  # object addresses cannot be reproduced
+            continue
+        cases.append({"name": name, "template": template, "context": context, "expected": expected})
     for name, template, context in JINJA_CASES:
         context = json.loads(json.dumps(context))
         try:

@@ -56,6 +56,7 @@ class ChatTemplate {
 
  private:
   explicit ChatTemplate(std::shared_ptr<const Impl> impl);
+  std::string render_impl(const nlohmann::ordered_json& request) const;
   std::shared_ptr<const Impl> impl_;
 };
 

@@ -21,6 +21,9 @@ struct ChatTemplate::Impl {
   std::vector<jinja::Template> templates;                    // parsed, same order
   std::vector<std::pair<std::string, std::string>> special_tokens;
   std::optional<std::string> bos, eos;
+  // transformers keeps a dict of named templates (list-form chat_template, or extra .jinja
+  // files) or a single string; names are only looked up in the dict form.
+  bool named = false;
 
   const jinja::Template* find(std::string_view name) const {
     for (size_t i = 0; i < sources.size(); ++i)
@@ -177,6 +180,8 @@ ChatTemplate::ChatTemplate(std::string source,
                       {"chat template"})) {}
 
 ChatTemplate ChatTemplate::from_dir(const fs::path& dir) {
+  if (!fs::is_directory(dir))
+    throw Error(fmt::format("tokenizer folder {} does not exist", dir.string()));
   fs::path config_path = dir / "tokenizer_config.json";
   nlohmann::ordered_json config = nlohmann::ordered_json::object();
   if (fs::exists(config_path)) config = read_json(config_path);
@@ -200,6 +205,7 @@ ChatTemplate ChatTemplate::from_dir(const fs::path& dir) {
       labels.push_back(f.string());
     }
   }
+  bool named = !sources.empty() && !(sources.size() == 1 && sources[0].first == "default");
   if (sources.empty()) {
     auto it = config.find("chat_template");
     if (it == config.end() || it->is_null())
@@ -211,6 +217,7 @@ ChatTemplate ChatTemplate::from_dir(const fs::path& dir) {
       sources.emplace_back("default", it->get<std::string>());
       labels.push_back(config_path.string() + " chat_template");
     } else if (it->is_array()) {
+      named = true;
       for (const auto& t : *it) {
         FLASHMAP_CHECK(t.is_object() && t.contains("name") && t.contains("template") &&
                            t["name"].is_string() && t["template"].is_string(),
@@ -225,7 +232,9 @@ ChatTemplate ChatTemplate::from_dir(const fs::path& dir) {
           fmt::format("{}: chat_template must be a string or a list", config_path.string()));
     }
   }
-  return ChatTemplate(make_impl(std::move(sources), special_tokens_of(config), labels));
+  auto impl = make_impl(std::move(sources), special_tokens_of(config), labels);
+  impl->named = named;
+  return ChatTemplate(std::move(impl));
 }
 
 ChatTemplate ChatTemplate::from_file(const fs::path& template_file, const fs::path& tokenizer_dir) {
@@ -259,6 +268,14 @@ const std::vector<std::pair<std::string, std::string>>& ChatTemplate::special_to
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& request) const {
+  try {
+    return render_impl(request);
+  } catch (const jinja::RenderError& e) {  // from converting the request's JSON
+    throw Error("chat request: " + e.message);
+  }
+}
+
+std::string ChatTemplate::render_impl(const nlohmann::ordered_json& request) const {
   if (!request.is_object()) throw Error("chat request must be a JSON object");
   auto messages_it = request.find("messages");
   if (messages_it == request.end() || !messages_it->is_array())
@@ -293,7 +310,7 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& request) const {
   if (const auto* ct = get("chat_template"); ct && !ct->is_null()) {
     if (!ct->is_string()) throw Error("request field 'chat_template' must be a string");
     const std::string& name = ct->get_ref<const std::string&>();
-    for (size_t i = 0; i < impl_->sources.size(); ++i) {
+    for (size_t i = 0; impl_->named && i < impl_->sources.size(); ++i) {
       if (impl_->sources[i].first == name) {
         tpl = &impl_->templates[i];
         tpl_source = &impl_->sources[i].second;
@@ -305,7 +322,7 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& request) const {
       tpl = &*inline_tpl;
       tpl_source = &inline_source;
     }
-  } else if (impl_->sources.size() == 1) {
+  } else if (!impl_->named) {
     tpl = &impl_->templates[0];
     tpl_source = &impl_->sources[0].second;
   } else {

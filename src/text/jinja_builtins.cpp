@@ -304,6 +304,17 @@ int64_t bounded(int64_t n) {
   return n;
 }
 
+// snprintf into a string of the size it needs (precisions come from templates).
+template <class T>
+std::string c_format(const std::string& spec, T value) {
+  int n = std::snprintf(nullptr, 0, spec.c_str(), value);
+  if (n < 0) fail("invalid format");
+  std::string out(size_t(n) + 1, '\0');
+  std::snprintf(out.data(), out.size(), spec.c_str(), value);
+  out.resize(size_t(n));
+  return out;
+}
+
 // Python int(str, base).
 bool parse_int(std::string_view text, int base, int64_t& out) {
   std::string s = py_strip(text, nullptr, true, true);
@@ -452,7 +463,7 @@ Spec parse_spec(const std::string& s) {
     sp.precision = 0;
     if (i >= cps.size() || cps[i] < '0' || cps[i] > '9') fail("Format specifier missing precision");
     while (i < cps.size() && cps[i] >= '0' && cps[i] <= '9')
-      sp.precision = sp.precision * 10 + (cps[i++] - '0');
+      sp.precision = bounded(sp.precision * 10 + (cps[i++] - '0'));
   }
   if (i < cps.size()) sp.type = char(cps[i++]);
   if (i != cps.size()) fail(fmt::format("Invalid format specifier '{}'", s));
@@ -568,10 +579,7 @@ std::string format_value(const Value& v, const std::string& spec_text) {
       if (std::string_view("eEfFgG").find(ct) == std::string_view::npos)
         fail(fmt::format("Unknown format code '{}' for object of type 'float'", t));
       int p = int(prec < 0 ? 6 : prec);
-      char buf[512];
-      std::string cfmt = fmt::format("%{}.{}{}", sp.alt ? "#" : "", p, ct);
-      std::snprintf(buf, sizeof buf, cfmt.c_str(), a);
-      body = buf;
+      body = c_format(fmt::format("%{}.{}{}", sp.alt ? "#" : "", p, ct), a);
       if (t == 0 && body.find_first_of(".einn") == std::string::npos) body += ".0";
     }
     if (sp.grouping && std::isfinite(a)) {
@@ -1085,9 +1093,8 @@ Value f_round(Context&, const Value& v, CallArgs& a) {
     if (!std::isfinite(d)) return Value(d);
     if (prec >= 0) {
       // printf rounds the exact binary value half-to-even, as Python's round() does.
-      char buf[512];
-      std::snprintf(buf, sizeof buf, "%.*f", int(std::min<int64_t>(prec, 300)), d);
-      return Value(std::strtod(buf, nullptr));
+      std::string digits = c_format(fmt::format("%.{}f", std::min<int64_t>(prec, 400)), d);
+      return Value(std::strtod(digits.c_str(), nullptr));
     }
     double m = std::pow(10.0, double(-prec));
     return Value(std::nearbyint(d / m) * m);
@@ -1940,6 +1947,7 @@ Value percent_format(const std::string& f, const Value& args) {
         ++i;
       }
       while (i < f.size() && std::isdigit(static_cast<unsigned char>(f[i]))) prec.push_back(f[i++]);
+      if (!prec.empty()) prec = std::to_string(bounded(std::stoll(prec.substr(0, 12))));
     }
     while (i < f.size() && (f[i] == 'h' || f[i] == 'l' || f[i] == 'L')) ++i;
     if (i >= f.size()) fail("incomplete format");
@@ -1960,7 +1968,7 @@ Value percent_format(const std::string& f, const Value& args) {
         body = conv == 's' ? to_str(v) : repr(v);
         if (has_prec) {
           auto cps = utf8::to_codepoints(body);
-          size_t p = prec.empty() ? 0 : size_t(std::stoll(prec));
+          size_t p = prec.empty() ? 0 : size_t(bounded(std::stoll(prec.substr(0, 12))));
           if (p < cps.size()) body = utf8::from_codepoints(cps, 0, p);
         }
         zero = false;
@@ -1990,9 +1998,7 @@ Value percent_format(const std::string& f, const Value& args) {
         }
         std::string cf = "%" + flags + (has_prec ? "." + (prec.empty() ? "0" : prec) : "") + "ll" +
                          (conv == 'i' || conv == 'u' ? 'd' : conv);
-        char buf[128];
-        std::snprintf(buf, sizeof buf, cf.c_str(), static_cast<long long>(n));
-        body = buf;
+        body = c_format(cf, static_cast<long long>(n));
         break;
       }
       case 'e':
@@ -2003,9 +2009,7 @@ Value percent_format(const std::string& f, const Value& args) {
       case 'G': {
         if (!v.is_number()) fail(fmt::format("must be real number, not {}", type_name(v)));
         std::string cf = "%" + flags + (has_prec ? "." + (prec.empty() ? "0" : prec) : "") + conv;
-        char buf[512];
-        std::snprintf(buf, sizeof buf, cf.c_str(), v.as_float());
-        body = buf;
+        body = c_format(cf, v.as_float());
         break;
       }
       default:
@@ -2094,7 +2098,7 @@ std::string format_fields(const std::string& f, const CallArgs& args) {
       if (used_auto)
         fail("cannot switch from automatic field numbering to manual field specification");
       used_manual = true;
-      size_t k = size_t(std::stoull(head));
+      size_t k = size_t(std::stoull(head.substr(0, 18)));
       if (k >= args.pos.size())
         fail(fmt::format("Replacement index {} out of range for positional args tuple", k));
       v = args.pos[k];

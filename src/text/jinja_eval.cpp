@@ -206,7 +206,10 @@ class LoopObject : public Object {
     std::string buf;
     std::string* saved = ctx.out;
     ctx.out = &buf;
+    if (ctx.depth >= kMaxDepth) fail("maximum recursion depth exceeded in recursive loop");
+    ++ctx.depth;
     stmt_->run(ctx, args.pos[0], depth_ + 1);
+    --ctx.depth;
     ctx.out = saved;
     return Value(std::move(buf));
   }
@@ -710,16 +713,14 @@ Value TestExpr::eval(Context& ctx) const {
 Value UnaryExpr::eval(Context& ctx) const {
   Value v = operand->eval(ctx);
   if (op == UnaryOp::Not) return Value(!truthy(v));
-  {
-    if (v.is_undefined()) throw_undefined(v);
-    if (v.is_float()) return Value(op == UnaryOp::Neg ? -v.as_float() : v.as_float());
-    if (v.is_int() || v.is_bool()) {
-      if (op == UnaryOp::Pos) return Value(v.as_int());
-      return Value(sub_int(0, v.as_int()));
-    }
-    fail(fmt::format("bad operand type for unary {}: '{}'", op == UnaryOp::Neg ? '-' : '+',
-                     type_name(v)));
+  if (v.is_undefined()) throw_undefined(v);
+  if (v.is_float()) return Value(op == UnaryOp::Neg ? -v.as_float() : v.as_float());
+  if (v.is_int() || v.is_bool()) {
+    if (op == UnaryOp::Pos) return Value(v.as_int());
+    return Value(sub_int(0, v.as_int()));
   }
+  fail(fmt::format("bad operand type for unary {}: '{}'", op == UnaryOp::Neg ? '-' : '+',
+                   type_name(v)));
 }
 
 Value BinaryExpr::eval(Context& ctx) const {

@@ -642,7 +642,20 @@ class Parser {
     return body;
   }
 
+  // Nesting guard: the parser and the evaluator recurse once per level, and Python would stop
+  // with a RecursionError long before a C++ stack overflows.
+  struct DepthGuard {
+    explicit DepthGuard(Parser& p) : p_(p) {
+      if (++p_.depth_ > kMaxNesting) syntax_error(p_.cur().line, "template nested too deeply");
+    }
+    ~DepthGuard() { --p_.depth_; }
+    Parser& p_;
+  };
+  static constexpr int kMaxNesting = 250;
+  int depth_ = 0;
+
   StmtPtr parse_statement() {
+    DepthGuard guard(*this);
     const Token& t = cur();
     if (t.type != Tok::Name) fail_at(t, "tag name expected");
     std::string name = t.text;
@@ -993,6 +1006,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    DepthGuard guard(*this);
     if (is_name("not")) {
       int line = next().line;
       auto u = node<UnaryExpr>(line);
@@ -1097,6 +1111,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    DepthGuard guard(*this);
     int line = cur().line;
     ExprPtr n;
     if (is_op("-") || is_op("+")) {
@@ -1134,6 +1149,7 @@ class Parser {
   }
 
   ExprPtr parse_primary() {
+    DepthGuard guard(*this);
     const Token& t = cur();
     int line = t.line;
     if (t.type == Tok::Name) {

@@ -425,7 +425,11 @@ void repr_string(std::string& out, const std::string& s) {
   out.push_back(quote);
 }
 
-void append_repr(std::string& out, const Value& v, bool sort_dicts = false) {
+// Python raises RecursionError on absurdly deep values; so do we rather than overflow the stack.
+constexpr int kMaxValueDepth = 1000;
+
+void append_repr(std::string& out, const Value& v, bool sort_dicts = false, int depth = 0) {
+  if (depth > kMaxValueDepth) fail("maximum recursion depth exceeded while getting the repr");
   switch (v.kind()) {
     case Kind::Undefined:
       out += "Undefined";
@@ -446,7 +450,7 @@ void append_repr(std::string& out, const Value& v, bool sort_dicts = false) {
       const auto& items = v.items();
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) out += ", ";
-        append_repr(out, items[i], sort_dicts);
+        append_repr(out, items[i], sort_dicts, depth + 1);
       }
       if (tuple && items.size() == 1) out.push_back(',');
       out.push_back(tuple ? ')' : ']');
@@ -465,9 +469,9 @@ void append_repr(std::string& out, const Value& v, bool sort_dicts = false) {
       for (const auto* kv : entries) {
         if (!first) out += ", ";
         first = false;
-        append_repr(out, kv->first, sort_dicts);
+        append_repr(out, kv->first, sort_dicts, depth + 1);
         out += ": ";
-        append_repr(out, kv->second, sort_dicts);
+        append_repr(out, kv->second, sort_dicts, depth + 1);
       }
       out.push_back('}');
       return;
@@ -733,6 +737,7 @@ void newline_indent(std::string& out, const JsonOptions& o, int level) {
 }
 
 void dump(std::string& out, const Value& v, const JsonOptions& o, int level) {
+  if (level > 1000) fail("maximum recursion depth exceeded while encoding a JSON object");
   switch (v.kind()) {
     case Kind::None:
       out += "null";
@@ -807,7 +812,8 @@ std::string json_dumps(const Value& v, const JsonOptions& opts) {
   return out;
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+Value from_json(const nlohmann::ordered_json& j, int depth) {
+  if (depth > 1000) fail("JSON input nested too deeply");
   using J = nlohmann::ordered_json::value_t;
   switch (j.type()) {
     case J::null:
@@ -828,13 +834,13 @@ Value from_json(const nlohmann::ordered_json& j) {
     case J::array: {
       ValueList items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e));
+      for (const auto& e : j) items.push_back(from_json(e, depth + 1));
       return Value::list(std::move(items));
     }
     case J::object: {
       Dict d;
       d.items.reserve(j.size());
-      for (const auto& [k, e] : j.items()) d.items.emplace_back(Value(k), from_json(e));
+      for (const auto& [k, e] : j.items()) d.items.emplace_back(Value(k), from_json(e, depth + 1));
       return Value::dict(std::move(d));
     }
     default:

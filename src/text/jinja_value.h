@@ -208,7 +208,7 @@ struct JsonOptions {
 };
 // json.dumps(v, ...) with Python's spacing and escaping.
 std::string json_dumps(const Value& v, const JsonOptions& opts);
-Value from_json(const nlohmann::ordered_json& j);
+Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 
 // UTF-8 helpers: Python strings index by code point.
 namespace utf8 {

@@ -119,6 +119,23 @@ TEST(Jinja, RunawayMacroRecursionIsAnError) {
   }
 }
 
+TEST(Jinja, DeepNestingIsAnErrorNotACrash) {
+  // jinja2 stops these with RecursionError; a C++ stack must not overflow instead.
+  std::string deep = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
+  EXPECT_THROW(Template{deep}, TemplateError);
+  std::string nots = "{{ " + std::string(0, ' ');
+  for (int i = 0; i < 5000; ++i) nots += "not ";
+  EXPECT_THROW(Template{nots + "x }}"}, TemplateError);
+  json value = json::array();
+  for (int i = 0; i < 3000; ++i) value = json::array({value});
+  Template t("{{ v|length }}");
+  EXPECT_THROW(t.render(json{{"v", value}}), flashmap::Error);
+  Template grow(
+      "{% set ns = namespace(x=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}"
+      "{% endfor %}{{ ns.x }}");
+  EXPECT_THROW(grow.render(json::object()), TemplateError);
+}
+
 TEST(Jinja, OneTemplateRendersConcurrently) {
   // Render is const: threads share the parsed template.
   Template t(
