@@ -6,6 +6,7 @@
 
 #include "cli/options.h"
 #include "core/check.h"
+#include "flashmap/chat.h"
 #include "flashmap/tokenizer.h"
 
 namespace flashmap::cli {
@@ -24,8 +25,14 @@ class FolderText : public TextIO {
   }
   std::string chat(const std::string& user, const std::string& system,
                    std::optional<bool> enable_thinking) const override {
-    (void)user, (void)system, (void)enable_thinking;
-    throw Error(fmt::format("{}: chat templates are not supported yet", dir_));
+    if (!chat_) chat_ = std::make_unique<ChatTemplate>(ChatTemplate::from_dir(dir_));
+    nlohmann::ordered_json req;
+    req["messages"] = nlohmann::ordered_json::array();
+    if (!system.empty()) req["messages"].push_back({{"role", "system"}, {"content", system}});
+    req["messages"].push_back({{"role", "user"}, {"content", user}});
+    req["add_generation_prompt"] = true;
+    if (enable_thinking) req["enable_thinking"] = *enable_thinking;
+    return chat_->render(req);
   }
   std::string push(int32_t id) override { return stream_.push(id); }
   std::string flush() override { return stream_.flush(); }
@@ -34,6 +41,7 @@ class FolderText : public TextIO {
   std::string dir_;
   Tokenizer tokenizer_;
   Tokenizer::StreamDecoder stream_;
+  mutable std::unique_ptr<ChatTemplate> chat_;
 };
 
 }  // namespace
