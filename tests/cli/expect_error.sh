@@ -9,7 +9,7 @@ if [ "$rc" -ne 1 ]; then
   echo "expected exit status 1, got $rc: $err"
   exit 1
 fi
-if ! grep -qE "$pattern" <<<"$err"; then
+if ! grep -qE -e "$pattern" <<<"$err"; then
   echo "stderr does not match '$pattern': $err"
   exit 1
 fi
