@@ -1,4 +1,7 @@
 #include <algorithm>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -74,6 +77,13 @@ inline v16f load16(const void* base, int64_t i) {
 // The last n < 16 elements, zero-padded (zeros add nothing to the sums).
 template <DType D>
 inline v16f load_tail(const void* base, int64_t i, int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (D == DType::F32) {
+    // A masked load: the lanes past n read nothing and are zero.
+    return reinterpret_cast<v16f>(
+        _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), static_cast<const float*>(base) + i));
+  }
+#endif
   if constexpr (D == DType::F32) {
     float buf[kLanes] = {};
     std::memcpy(buf, static_cast<const float*>(base) + i, size_t(n) * 4);
@@ -87,13 +97,18 @@ inline v16f load_tail(const void* base, int64_t i, int64_t n) {
   }
 }
 
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
 inline float hsum(v16f v) {
-  // A fixed pairwise tree, so every dot product reduces its lanes in the same order.
-  float a[kLanes];
-  std::memcpy(a, &v, sizeof(a));
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) a[i] += a[i + w];
-  return a[0];
+  // A fixed pairwise tree (lane i + lane i+8, then +4, +2, +1), so every dot product reduces its
+  // lanes in the same order; shuffles keep it in registers.
+  const v8f s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4f s4 =
+      __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+  const float a = s4[0] + s4[2], b = s4[1] + s4[3];
+  return a + b;
 }
 
 // One MR x NR tile of y = x Wᵀ: every (row, out) pair accumulates over k in the same order,
@@ -347,7 +362,14 @@ void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head
           for (int64_t j = 0; j < n; ++j) {
             const float p = scores[size_t(j)];
             const float* vj = v + j * kv_stride + kh * head_dim;
-            for (int d = 0; d < head_dim; ++d) acc[size_t(d)] += p * vj[d];
+            float* a = acc.data();
+            int d = 0;
+            for (; d + kLanes <= head_dim; d += kLanes) {
+              v16f av = load16<DType::F32>(a, d);
+              av += p * load16<DType::F32>(vj, d);
+              std::memcpy(a + d, &av, sizeof(av));
+            }
+            for (; d < head_dim; ++d) a[d] += p * vj[d];
           }
           float* o = out + (i * n_heads + h) * head_dim;
           const float inv = 1.0f / sum;
