@@ -186,6 +186,18 @@ const std::vector<float>& FlashMapDrafter::uniform_embeds() const {
   return uniform_embeds_;
 }
 
+bool FlashMapDrafter::has_noise_factor() const {
+  if (!noise_factor_.empty()) return true;
+  if (noise_factor_failed_) return false;
+  try {
+    noise_factor();
+    return true;
+  } catch (const Error&) {
+    noise_factor_failed_ = true;
+    return false;
+  }
+}
+
 const std::vector<float>& FlashMapDrafter::noise_factor() const {
   if (noise_factor_.empty()) {
     const Weight& E = target_.embedding();
@@ -345,7 +357,11 @@ void FlashMapDrafter::draft(std::span<const Request> batch, int steps, float* lo
       state, embeds(static_cast<size_t>(N * TH));
   // The one-step draft from embedding-space noise: z ~ N(0, I_H), inputs from z·Lᵀ.
   bool embed_noise = batch.empty() ? false : batch[0].noise.kind == Noise::Embed;
-  bool draw_embed = steps == 1 && !batch.empty() && batch[0].noise.kind == Noise::Draw;
+  // A drawn one-step draft takes its noise in embedding space when EᵀE has a Cholesky factor;
+  // otherwise (vocabulary smaller than the hidden size) x0 is drawn over the vocabulary, which
+  // gives x0·E the same distribution.
+  bool draw_embed =
+      steps == 1 && !batch.empty() && batch[0].noise.kind == Noise::Draw && has_noise_factor();
   for (const auto& r : batch)
     FLASHMAP_CHECK((r.noise.kind == Noise::Embed) == embed_noise &&
                        (r.noise.kind == Noise::Draw) == (batch[0].noise.kind == Noise::Draw),

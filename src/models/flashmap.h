@@ -62,6 +62,8 @@ class FlashMapDrafter {
   // factor L [H, H] of EᵀE (computed once, lazily, in float64 with LAPACK).
   const std::vector<float>& uniform_embeds() const;
   const std::vector<float>& noise_factor() const;
+  // Whether EᵀE is positive definite, so that noise_factor() exists.
+  bool has_noise_factor() const;
 
  private:
   struct Linear {
@@ -109,6 +111,7 @@ class FlashMapDrafter {
   std::vector<Layer> layers_;
   mutable std::map<std::pair<double, double>, Modulations> time_cache_;
   mutable std::vector<float> uniform_embeds_, noise_factor_;
+  mutable bool noise_factor_failed_ = false;
 };
 
 }  // namespace flashmap

@@ -175,3 +175,19 @@ TEST(Spec, SpeculativeSamplingMatchesTargetJointDistribution) {
     EXPECT_GT(rounds_with_accept, n * 0.05);
   }
 }
+
+// A vocabulary smaller than the hidden size leaves EᵀE singular: the reference's Cholesky fails,
+// we draw one-step noise over the vocabulary instead and decode as usual.
+TEST(Spec, OneStepDraftWithSingularEmbeddingGram) {
+  const auto pair = flashmap::testing::write_random_pair("tiny-v8-h16", 8, 16, 2, 4, 78);
+  Qwen3Model target(pair.target);
+  FlashMapDrafter model(pair.draft, target);
+  EXPECT_FALSE(model.has_noise_factor());
+  FlashMapBlockDrafter d(model, 1);
+  const std::vector<int32_t> prompt = {1, 5, 2};
+  EXPECT_EQ(generate(target, &d, prompt, greedy(40)).ids,
+            generate(target, nullptr, prompt, greedy(40)).ids);
+  GenerateOptions o = greedy(20);
+  o.sampling.temperature = 1.0f;
+  EXPECT_EQ(generate(target, &d, prompt, o).ids.size(), 20u);
+}
