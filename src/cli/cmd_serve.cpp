@@ -27,6 +27,8 @@ struct ServeArgs {
   ModelOptions model;
   server::ServerOptions server;
   runtime::SchedulerOptions sched{.max_running = 8, .max_queue = 64, .spec_max_batch = 4};
+  std::string spec_policy;  // empty: adaptive, or batch when only --spec-max-batch is given
+  bool spec_max_batch_given = false;
 };
 
 void run_serve(ServeArgs& a) {
@@ -41,6 +43,12 @@ void run_serve(ServeArgs& a) {
   signal(SIGPIPE, SIG_IGN);
 
   a.model.resolve();
+  // --spec-max-batch alone keeps its old meaning (the batch policy); with another policy it
+  // would silently do nothing, so that is an error.
+  if (a.spec_policy.empty()) a.spec_policy = a.spec_max_batch_given ? "batch" : "adaptive";
+  a.sched.spec_policy = runtime::parse_spec_policy(a.spec_policy);
+  FLASHMAP_CHECK(!a.spec_max_batch_given || a.sched.spec_policy == runtime::SpecPolicyKind::Batch,
+                 "--spec-max-batch applies to --spec-policy batch, not {}", a.spec_policy);
   if (a.server.model_name.empty())
     a.server.model_name = std::filesystem::path(a.model.target).lexically_normal().filename();
   if (a.server.model_name.empty() || a.server.model_name == "target")
@@ -71,11 +79,14 @@ void run_serve(ServeArgs& a) {
   });
   std::cerr << fmt::format(
       "flashmap serve: model '{}' (target {}, {}), context {}, max running {}, max queue {}, "
-      "speculation while running <= {}\n",
+      "speculation policy {}\n",
       a.server.model_name, a.model.target,
       drafter ? fmt::format("draft {}", a.model.draft) : std::string("no draft"),
       sched.max_context(), a.sched.max_running, a.sched.max_queue,
-      a.sched.spec_max_batch == 0 ? std::string("any") : std::to_string(a.sched.spec_max_batch));
+      a.sched.spec_policy != runtime::SpecPolicyKind::Batch ? a.spec_policy
+      : a.sched.spec_max_batch == 0
+          ? std::string("batch (always)")
+          : fmt::format("batch (while running <= {})", a.sched.spec_max_batch));
   std::cerr << fmt::format("flashmap serve: listening on http://{}:{}\n", a.server.host, port);
   std::cerr.flush();
   srv.serve();
@@ -101,9 +112,19 @@ void register_cmd(CLI::App& app) {
                   "requests waiting for a slot; beyond them: 429 (default 64)");
   sub->add_option("--max-context", q.max_context,
                   "prompt + max_tokens limit (default: the target's max_position_embeddings)");
-  sub->add_option("--spec-max-batch", q.spec_max_batch,
-                  "speculate only in rounds with at most this many running sequences; above it "
-                  "drafting costs more than it saves on CPU (default 4; 0: always)");
+  sub->add_option("--spec-policy", args->spec_policy,
+                  "when rounds speculate: adaptive (measure tokens/s of speculative and plain "
+                  "rounds per batch size, pick the faster; default), always, never, or batch "
+                  "(while running sequences <= --spec-max-batch)")
+      ->check(CLI::IsMember({"adaptive", "always", "never", "batch"}));
+  sub->add_option_function<int>(
+      "--spec-max-batch",
+      [args](int n) {
+        args->sched.spec_max_batch = n;
+        args->spec_max_batch_given = true;
+      },
+      "with --spec-policy batch (implied when given alone): speculate only in rounds with at "
+      "most this many running sequences (default 4; 0: always)");
   sub->add_option("--max-body-bytes", s.max_body_bytes,
                   "largest request body; larger: 413 (default 4 MiB)");
   sub->add_option("--default-max-tokens", s.default_max_tokens,

@@ -79,17 +79,26 @@ struct Scheduler::Seq {
   bool done = false;
   std::string finish_reason;
   bool spec = false;  // drafting in the current round
+  int pinned = -1;    // sampled sequences: 1 speculate, 0 not, from their first round (-1: none)
   Proposal proposal;
   std::vector<int32_t> block;
 };
 
 Scheduler::Scheduler(const Qwen3Model& target, const Drafter* drafter, SchedulerOptions options)
-    : target_(target), drafter_(drafter), options_(options) {
+    : target_(target),
+      drafter_(drafter),
+      options_(std::move(options)),
+      policy_({.kind = options_.spec_policy,
+               .max_batch = options_.spec_max_batch,
+               .explore_min = options_.explore_min,
+               .explore_max = options_.explore_max}) {
   FLASHMAP_CHECK(options_.max_running >= 1, "max_running must be >= 1, got {}",
                  options_.max_running);
   FLASHMAP_CHECK(options_.max_queue >= 0, "max_queue must be >= 0, got {}", options_.max_queue);
-  FLASHMAP_CHECK(options_.spec_max_batch >= 0, "spec_max_batch must be >= 0, got {}",
-                 options_.spec_max_batch);
+  if (!options_.clock)
+    options_.clock = [] {
+      return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    };
   const int64_t model_ctx = target.config().max_position_embeddings;
   FLASHMAP_CHECK(options_.max_context >= 0, "max_context must be >= 0, got {}",
                  options_.max_context);
@@ -165,6 +174,11 @@ SchedulerStats Scheduler::stats() const {
   s.rounds = rounds_;
   s.speculative_rounds = spec_rounds_;
   s.acceptance_hist = acceptance_hist_;
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 2; ++b) s.policy_rounds[a][b] = policy_rounds_[a][b];
+  s.policy = options_.spec_policy;
+  s.spec_max_batch = options_.spec_max_batch;
+  s.buckets = policy_buckets_;
   return s;
 }
 
@@ -241,14 +255,22 @@ void Scheduler::round(std::vector<std::unique_ptr<Seq>>& running) {
     if (!s->done) active.push_back(s.get());
   if (active.empty()) return;
   const int64_t V = target_.config().vocab_size;
-  const bool spec_round =
-      drafter_ && (options_.spec_max_batch == 0 || int(active.size()) <= options_.spec_max_batch);
+  const int batch = int(active.size());
+  bool any_draft = false;
+  for (Seq* s : active) any_draft = any_draft || s->draft;
+  const double t0 = options_.clock();
+  SpecPolicy::Decision decision;
+  if (any_draft) decision = policy_.decide(batch);
+  // A round whose sequences all did what the policy chose times that mode; sampled sequences
+  // pinned to the other mode make it a mix of both, which estimates neither.
+  bool pure = true;
 
   std::vector<Drafter::Seq> drafts;
-  bool any_draft = false;
   for (Seq* s : active) {
-    s->spec = spec_round && s->draft;
-    any_draft = any_draft || s->draft;
+    if (s->draft && !s->req->params.sampling.greedy() && s->pinned < 0)
+      s->pinned = int(decision.preferred);
+    s->spec = s->draft && (s->pinned >= 0 ? s->pinned == 1 : decision.speculate);
+    if (s->draft && s->spec != decision.speculate) pure = false;
     if (s->spec)
       drafts.push_back(
           {s->draft.get(), s->anchor, &s->req->params.sampling, &s->rng, &s->proposal});
@@ -271,7 +293,7 @@ void Scheduler::round(std::vector<std::unique_ptr<Seq>>& running) {
   const int64_t F = int64_t(taps_.size()) * target_.config().hidden_size;
   std::vector<float> p;
   int64_t row = 0;
-  int spec_seqs = 0;
+  int spec_seqs = 0, round_tokens = 0;
   std::vector<int> committed_counts;
   for (size_t i = 0; i < active.size(); ++i) {
     Seq& s = *active[i];
@@ -302,6 +324,7 @@ void Scheduler::round(std::vector<std::unique_ptr<Seq>>& running) {
         committed = int(j) + 1;
         break;
       }
+    round_tokens += committed;
     if (s.spec) {
       ++spec_seqs;
       committed_counts.push_back(committed);
@@ -316,9 +339,15 @@ void Scheduler::round(std::vector<std::unique_ptr<Seq>>& running) {
     s.anchor = bonus;
     row += n;
   }
+  const double seconds = options_.clock() - t0;
+  if (any_draft && pure) policy_.observe(batch, decision, seconds, round_tokens);
   std::lock_guard lk(mutex_);
   ++rounds_;
   if (spec_seqs > 0) ++spec_rounds_;
+  if (any_draft) {
+    ++policy_rounds_[decision.speculate][decision.explore];
+    policy_buckets_ = policy_.buckets();
+  }
   for (int c : committed_counts)
     if (size_t(c) < acceptance_hist_.size()) ++acceptance_hist_[size_t(c)];
 }

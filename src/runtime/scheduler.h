@@ -5,11 +5,14 @@
 // running sequence in ONE Qwen3Model::forward call; sequences that do not speculate this round
 // feed just their anchor through the same forward and advance one token.
 //
-// Speculation policy under load: on CPU the verify forward's cost grows with the tokens it
-// carries, so with many sequences running, K extra tokens per sequence cost more than the
-// accepted drafts save. A round speculates only while the number of running sequences is at
-// most `spec_max_batch` (0: always); sequences keep feeding the drafter their features either
-// way, so they resume speculating as soon as the batch shrinks.
+// Whether a round speculates is SpecPolicy's call (spec_policy.h): by default it measures the
+// tokens/s of speculative and plain rounds per batch-size bucket and picks the faster, because
+// a poor drafter, or a large batch whose verify forward grows with the K extra tokens per
+// sequence, can make speculation slower than the target alone. Sequences keep feeding the
+// drafter their features in plain rounds, so they can speculate again in the next round.
+// Greedy sequences follow every round's choice (greedy output does not depend on it); sampled
+// ones keep the mode of the round they joined, so that their output for a seed is that of
+// generate() with or without the drafter rather than a load-dependent mix of the two.
 #pragma once
 
 #include <array>
@@ -18,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -27,6 +31,7 @@
 
 #include "core/check.h"
 #include "models/qwen3.h"
+#include "runtime/spec_policy.h"
 #include "spec/drafter.h"
 #include "spec/sampling.h"
 
@@ -100,13 +105,23 @@ struct SchedulerOptions {
   int max_running = 8;      // sequences decoded together
   int max_queue = 64;       // requests waiting for a slot; beyond: 429
   int64_t max_context = 0;  // prompt + max_tokens limit (0: the target's)
-  int spec_max_batch = 0;   // speculate only while running <= this (0: always)
+  int spec_max_batch = 0;   // SpecPolicyKind::Batch: speculate only while running <= this
+  SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;
+  int explore_min = 16, explore_max = 256;  // SpecPolicyOptions
+  // Seconds on a monotonic clock for timing rounds; null: steady_clock. Tests inject a fake
+  // one so that the adaptive policy's choices are deterministic.
+  std::function<double()> clock = nullptr;
 };
 
 // Counters for /metrics, read without stopping the engine.
 struct SchedulerStats {
   int running = 0, queued = 0;
   uint64_t rounds = 0, speculative_rounds = 0;
+  // Rounds with a policy decision (some sequence could draft), by [speculated][explored].
+  uint64_t policy_rounds[2][2] = {{0, 0}, {0, 0}};
+  SpecPolicyKind policy = SpecPolicyKind::Adaptive;
+  int spec_max_batch = 0;
+  std::vector<SpecPolicy::Bucket> buckets;  // the adaptive policy's estimates
   // acceptance_hist[n]: verify rounds that committed n tokens (n in 1..K+1).
   std::vector<uint64_t> acceptance_hist;
 };
@@ -153,6 +168,9 @@ class Scheduler {
   bool shutting_down_ = false, stop_ = false;
   uint64_t next_id_ = 1;
   uint64_t rounds_ = 0, spec_rounds_ = 0;
+  uint64_t policy_rounds_[2][2] = {{0, 0}, {0, 0}};
+  SpecPolicy policy_;  // engine thread only; its buckets are copied to policy_buckets_
+  std::vector<SpecPolicy::Bucket> policy_buckets_;
   std::vector<uint64_t> acceptance_hist_;
   std::thread thread_;
 };

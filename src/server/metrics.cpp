@@ -52,7 +52,7 @@ void Metrics::generation_done(const runtime::Request& req, size_t completion_tok
   e2e_.observe(seconds(em.back().first - req.submitted));
 }
 
-std::string Metrics::render(const runtime::SchedulerStats& s, int spec_max_batch) const {
+std::string Metrics::render(const runtime::SchedulerStats& s) const {
   std::lock_guard lk(mutex_);
   std::string out;
   out +=
@@ -80,9 +80,60 @@ std::string Metrics::render(const runtime::SchedulerStats& s, int spec_max_batch
       "# TYPE flashmap_rounds_total counter\nflashmap_rounds_total {}\n"
       "# HELP flashmap_speculative_rounds_total Rounds in which sequences drafted.\n"
       "# TYPE flashmap_speculative_rounds_total counter\nflashmap_speculative_rounds_total {}\n"
-      "# HELP flashmap_spec_max_batch Speculation runs while running sequences <= this (0: "
-      "always).\n# TYPE flashmap_spec_max_batch gauge\nflashmap_spec_max_batch {}\n",
-      s.queued, s.running, s.rounds, s.speculative_rounds, spec_max_batch);
+      "# HELP flashmap_spec_max_batch --spec-policy batch: speculation runs while running "
+      "sequences <= this (0: always).\n# TYPE flashmap_spec_max_batch gauge\n"
+      "flashmap_spec_max_batch {}\n",
+      s.queued, s.running, s.rounds, s.speculative_rounds, s.spec_max_batch);
+  // The speculation policy's decisions and, for the adaptive one, what it bases them on.
+  out += fmt::format(
+      "# HELP flashmap_spec_policy The speculation policy (--spec-policy).\n"
+      "# TYPE flashmap_spec_policy gauge\nflashmap_spec_policy{{policy=\"{}\"}} 1\n"
+      "# HELP flashmap_spec_policy_rounds_total Rounds in which some sequence could draft, by "
+      "the policy's choice (speculative or target) and whether it explored.\n"
+      "# TYPE flashmap_spec_policy_rounds_total counter\n",
+      runtime::spec_policy_name(s.policy));
+  for (int spec = 1; spec >= 0; --spec)
+    for (int explore = 0; explore < 2; ++explore)
+      out += fmt::format("flashmap_spec_policy_rounds_total{{mode=\"{}\",explore=\"{}\"}} {}\n",
+                         spec ? "speculative" : "target", explore ? "true" : "false",
+                         s.policy_rounds[spec][explore]);
+  std::string tps, secs, toks, samples, choice;
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    const auto& bk = s.buckets[b];
+    const auto label = runtime::SpecPolicy::bucket_label(int(b));
+    for (int spec = 1; spec >= 0; --spec) {
+      const auto& e = spec ? bk.spec : bk.plain;
+      if (e.samples == 0) continue;
+      const auto labels =
+          fmt::format("{{batch=\"{}\",mode=\"{}\"}}", label, spec ? "speculative" : "target");
+      tps += fmt::format("flashmap_spec_policy_tokens_per_second{} {}\n", labels,
+                         e.tokens_per_second());
+      secs += fmt::format("flashmap_spec_policy_round_seconds{} {}\n", labels, e.seconds);
+      toks += fmt::format("flashmap_spec_policy_round_tokens{} {}\n", labels, e.tokens);
+      samples += fmt::format("flashmap_spec_policy_samples_total{} {}\n", labels, e.samples);
+    }
+    if (bk.has_choice())
+      choice += fmt::format("flashmap_spec_policy_speculating{{batch=\"{}\"}} {}\n", label,
+                            bk.prefers_spec() ? 1 : 0);
+  }
+  out +=
+      "# HELP flashmap_spec_policy_tokens_per_second Adaptive policy: estimated committed "
+      "tokens/s of a round, by batch-size bucket and mode.\n"
+      "# TYPE flashmap_spec_policy_tokens_per_second gauge\n" +
+      tps +
+      "# HELP flashmap_spec_policy_round_seconds Adaptive policy: EWMA wall time of a round.\n"
+      "# TYPE flashmap_spec_policy_round_seconds gauge\n" +
+      secs +
+      "# HELP flashmap_spec_policy_round_tokens Adaptive policy: EWMA tokens committed by a "
+      "round (all its sequences).\n# TYPE flashmap_spec_policy_round_tokens gauge\n" +
+      toks +
+      "# HELP flashmap_spec_policy_samples_total Adaptive policy: rounds measured.\n"
+      "# TYPE flashmap_spec_policy_samples_total counter\n" +
+      samples +
+      "# HELP flashmap_spec_policy_speculating Adaptive policy: 1 where the estimates favour "
+      "speculation for the batch-size bucket, 0 where the target alone.\n"
+      "# TYPE flashmap_spec_policy_speculating gauge\n" +
+      choice;
   // Tokens committed per speculative verify of one sequence (1 .. block size + 1).
   out +=
       "# HELP flashmap_acceptance_length Tokens committed per speculative verify.\n"

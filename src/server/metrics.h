@@ -31,7 +31,7 @@ class Metrics {
   void request_done(const std::string& endpoint, int status);
   // One finished generation: token counts and its emission times (see Request::emissions).
   void generation_done(const runtime::Request& req, size_t completion_tokens);
-  std::string render(const runtime::SchedulerStats& s, int spec_max_batch) const;
+  std::string render(const runtime::SchedulerStats& s) const;
 
  private:
   mutable std::mutex mutex_;

@@ -400,8 +400,7 @@ void Server::Impl::routes() {
                     "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics.render(sched.stats(), sched.options().spec_max_batch),
-                    "text/plain; version=0.0.4");
+    res.set_content(metrics.render(sched.stats()), "text/plain; version=0.0.4");
   });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     generation(req, res, false);

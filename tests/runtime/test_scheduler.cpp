@@ -6,6 +6,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <mutex>
+#include <random>
 #include <thread>
 
 #include "models/flashmap.h"
@@ -75,7 +78,9 @@ TEST(Scheduler, BatchedGreedyEqualsGenerate) {
   }
   std::vector<GenerateResult> wants;
   for (auto& p : params) wants.push_back(reference(p, p.speculative));
-  Scheduler sched(m.target, &m.drafter, {.max_running = 8, .max_queue = 8});
+  // Always: the acceptance path matches generate()'s only if every round drafts.
+  Scheduler sched(m.target, &m.drafter,
+                  {.max_running = 8, .max_queue = 8, .spec_policy = SpecPolicyKind::Always});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -108,7 +113,7 @@ TEST(Scheduler, SeededSamplingEqualsGenerate) {
   }
   std::vector<std::vector<int32_t>> wants;
   for (auto& p : params) wants.push_back(reference(p, true).ids);
-  Scheduler sched(m.target, &m.drafter, {.max_running = 4});
+  Scheduler sched(m.target, &m.drafter, {.max_running = 4, .spec_policy = SpecPolicyKind::Always});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i)
@@ -161,7 +166,8 @@ TEST(Scheduler, SpeculationOffAboveSpecMaxBatch) {
     params.push_back(p);
     wants.push_back(reference(p, true).ids);
   }
-  Scheduler sched(m.target, &m.drafter, {.max_running = 8, .spec_max_batch = 1});
+  Scheduler sched(m.target, &m.drafter,
+                  {.max_running = 8, .spec_max_batch = 1, .spec_policy = SpecPolicyKind::Batch});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(wait_all(*reqs[i]), wants[i]);  // lossless
@@ -255,4 +261,148 @@ TEST(Scheduler, TargetAloneEqualsGenerate) {
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(wait_all(*reqs[i]), wants[i]);
+}
+
+// ---- The adaptive speculation policy, on a fake clock ----
+
+namespace {
+// Round timing the test controls: each reading advances time by `tick` (so a round without
+// drafting lasts one tick) and each drafter call adds `draft` (drafting costs that much more).
+struct FakeClock {
+  std::atomic<int64_t> now_us{0};
+  int64_t tick_us = 1000, draft_us = 1000;
+  std::function<double()> fn() {
+    return [this] { return double(now_us.fetch_add(tick_us)) * 1e-6; };
+  }
+};
+
+// Forwards to a drafter and bills the fake clock for every propose call.
+class BilledDrafter : public Drafter {
+ public:
+  BilledDrafter(const Drafter& inner, FakeClock& clock) : inner_(inner), clock_(clock) {}
+  int block_size() const override { return inner_.block_size(); }
+  std::span<const int> target_layer_ids() const override { return inner_.target_layer_ids(); }
+  std::unique_ptr<DraftState> begin() const override { return inner_.begin(); }
+  void commit(DraftState& state, const float* features, int64_t n,
+              std::span<const int32_t> tokens) const override {
+    inner_.commit(state, features, n, tokens);
+  }
+  void propose(std::span<const Seq> batch) const override {
+    clock_.now_us += clock_.draft_us;
+    inner_.propose(batch);
+  }
+
+ private:
+  const Drafter& inner_;
+  FakeClock& clock_;
+};
+
+uint64_t spec_rounds(const SchedulerStats& s) {
+  return s.policy_rounds[1][0] + s.policy_rounds[1][1];
+}
+uint64_t plain_rounds(const SchedulerStats& s) {
+  return s.policy_rounds[0][0] + s.policy_rounds[0][1];
+}
+}  // namespace
+
+TEST(AdaptivePolicy, WrongDrafterConvergesToTargetAlone) {
+  auto& m = models();
+  RequestParams p;
+  p.prompt = prompt_of(7, 5);
+  p.max_tokens = 200;
+  const auto want = reference(p, false).ids;
+  ASSERT_EQ(want.size(), 200u);
+  // The target's own continuation with every slot corrupted: acceptance length exactly 1, so a
+  // speculative round commits what a plain one does at twice its (fake) cost.
+  ScriptedDrafter wrong(4, m.target.config().vocab_size, want, 0);
+  FakeClock clock;
+  BilledDrafter drafter(wrong, clock);
+  Scheduler sched(m.target, &drafter, {.max_running = 4, .clock = clock.fn()});
+  auto r = sched.submit(p);
+  EXPECT_EQ(wait_all(*r), want);
+  const auto st = sched.stats();
+  // ~200 rounds: the first speculates (no estimate), then only explorations 16, 32, 64, 128
+  // rounds apart.
+  EXPECT_GE(spec_rounds(st), 2u) << "it must explore";
+  EXPECT_LE(spec_rounds(st), 7u);
+  EXPECT_GE(plain_rounds(st), 190u);
+  ASSERT_GE(st.buckets.size(), 1u);
+  EXPECT_TRUE(st.buckets[0].has_choice());
+  EXPECT_FALSE(st.buckets[0].prefers_spec());
+  EXPECT_NEAR(st.buckets[0].plain.tokens_per_second(), 1000.0, 1e-6);  // 1 token per 1 ms
+  EXPECT_NEAR(st.buckets[0].spec.tokens_per_second(), 500.0, 1e-6);    // 1 token per 2 ms
+}
+
+TEST(AdaptivePolicy, RightDrafterConvergesToSpeculation) {
+  auto& m = models();
+  RequestParams p;
+  p.prompt = prompt_of(7, 6);
+  p.max_tokens = 200;
+  const auto want = reference(p, false).ids;
+  ASSERT_EQ(want.size(), 200u);
+  // Always right: every round commits 5 tokens at twice the cost of a plain round's one.
+  ScriptedDrafter right(4, m.target.config().vocab_size, want, 4);
+  FakeClock clock;
+  BilledDrafter drafter(right, clock);
+  Scheduler sched(m.target, &drafter, {.max_running = 4, .clock = clock.fn()});
+  auto r = sched.submit(p);
+  EXPECT_EQ(wait_all(*r), want);
+  EXPECT_GT(r->acceptance_length(), 4.0);
+  const auto st = sched.stats();
+  // ~40 speculative rounds; plain ones: the first measurement and explorations 16, 32 apart.
+  EXPECT_GE(spec_rounds(st), 35u);
+  EXPECT_GE(plain_rounds(st), 2u) << "it must explore";
+  EXPECT_LE(plain_rounds(st), 4u);
+  ASSERT_GE(st.buckets.size(), 1u);
+  EXPECT_TRUE(st.buckets[0].prefers_spec());
+}
+
+TEST(AdaptivePolicy, OutputsEqualGenerateWhateverTheModeSequence) {
+  auto& m = models();
+  // Greedy and sampled requests under a clock that returns random round times, so that the
+  // estimates and hence the modes flip erratically.
+  std::vector<RequestParams> params;
+  for (int i = 0; i < 6; ++i) {
+    RequestParams p;
+    p.prompt = prompt_of(3 + 4 * i, 80 + i);
+    p.max_tokens = 30 + 9 * i;
+    if (i % 2 == 1) {
+      p.sampling = {0.8f, 50, 0.95f, 0.0f};
+      p.seed = 77 + uint64_t(i);
+    }
+    params.push_back(p);
+  }
+  std::vector<GenerateResult> with, without;
+  for (auto& p : params) {
+    with.push_back(reference(p, true));
+    without.push_back(reference(p, false));
+  }
+  std::mt19937_64 gen(3);
+  std::mutex gen_mutex;
+  auto random_clock = [&, t = 0.0]() mutable {
+    std::lock_guard lk(gen_mutex);
+    t += std::uniform_real_distribution<double>(1e-4, 1e-2)(gen);
+    return t;
+  };
+  Scheduler sched(m.target, &m.drafter,
+                  {.max_running = 3,
+                   .max_queue = 8,
+                   .explore_min = 2,
+                   .explore_max = 4,
+                   .clock = random_clock});
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (auto& p : params) reqs.push_back(sched.submit(p));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto got = wait_all(*reqs[i]);
+    if (params[i].sampling.greedy()) {
+      // Greedy: the same tokens whatever mode each round ran in.
+      EXPECT_EQ(got, with[i].ids) << "request " << i;
+    } else {
+      // Sampled: the mode of the round it joined, kept; so one of the two references.
+      EXPECT_TRUE(got == with[i].ids || got == without[i].ids) << "request " << i;
+    }
+  }
+  const auto st = sched.stats();
+  EXPECT_GT(spec_rounds(st), 5u);
+  EXPECT_GT(plain_rounds(st), 5u);
 }
