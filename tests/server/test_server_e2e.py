@@ -326,20 +326,51 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(m.get(key, 0), before + 1)
 
     def test_openai_client(self):
-        try:
-            import openai  # noqa: F401
-        except ImportError:
-            self.skipTest("the openai package is not installed")
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none")
+        openai = openai_module()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
+                               max_retries=0)
         r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12,
                                       temperature=0)
         self.assertEqual(r.choices[0].finish_reason, "length")
         self.assertEqual(r.usage.completion_tokens, 12)
+        # The token_ids extension survives the client's models as an extra field.
+        self.assertEqual(r.choices[0].token_ids, self.refs[0])
         pieces = list(client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12,
-                                                stream=True))
+                                                temperature=0, stream=True))
         self.assertTrue(pieces)
+        ids = [t for p in pieces for c in p.choices for t in (c.token_ids or [])]
+        self.assertEqual(ids, self.refs[0])
+        self.assertEqual([c.finish_reason for p in pieces for c in p.choices if c.finish_reason],
+                         ["length"])
         with self.assertRaises(openai.BadRequestError):
             client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=0)
+        self.assertEqual([m.id for m in client.models.list()], ["tiny"])
+
+    def test_metrics_show_the_speculation_policy(self):
+        for _ in range(3):
+            post(self.port, {"prompt": PROMPTS[2], "max_tokens": 20})
+        m = metrics(self.port)
+        self.assertEqual(m['flashmap_spec_policy{policy="adaptive"}'], 1)
+        rounds = {k: v for k, v in m.items() if k.startswith("flashmap_spec_policy_rounds_total")}
+        self.assertEqual(len(rounds), 4)
+        # Every round with a drafting-capable sequence is counted under one mode.
+        self.assertLessEqual(sum(rounds.values()), m["flashmap_rounds_total"])
+        self.assertGreater(
+            m['flashmap_spec_policy_rounds_total{mode="speculative",explore="true"}'], 0)
+        # Batch 1 has been measured both ways by now.
+        for mode in ("speculative", "target"):
+            key = f'flashmap_spec_policy_tokens_per_second{{batch="1",mode="{mode}"}}'
+            self.assertGreater(m[key], 0, key)
+        self.assertIn(m['flashmap_spec_policy_speculating{batch="1"}'], (0, 1))
+
+
+def openai_module():
+    """The official client: scripts/setup installs it, so its absence is a failure, not a skip."""
+    try:
+        import openai
+    except ImportError as e:
+        raise AssertionError("the openai package is missing: run scripts/setup") from e
+    return openai
 
 
 class LimitsTest(unittest.TestCase):
@@ -562,6 +593,43 @@ class TextTest(unittest.TestCase):
         self.assertTrue(all(c["object"] == "chat.completion.chunk" for c in chunks))
         content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
         self.assertEqual(content, msg["content"])
+
+
+    def test_openai_client_text_and_chat(self):
+        openai = openai_module()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
+                               max_retries=0)
+        whole = self.complete()["choices"][0]["text"]
+        r = client.completions.create(model="text", prompt="The quick brown fox jumps over",
+                                      max_tokens=40, temperature=0)
+        self.assertEqual(r.choices[0].text, whole)
+        self.assertEqual(r.usage.prompt_tokens, 6)
+        pieces = client.completions.create(model="text", prompt="The quick brown fox jumps over",
+                                           max_tokens=40, temperature=0, stream=True)
+        self.assertEqual("".join(c.text for p in pieces for c in p.choices), whole)
+
+        messages = [{"role": "user", "content": "Hello there"}]
+        extra = {"chat_template_kwargs": {"enable_thinking": False}}
+        status, raw = post(self.port, {"model": "text", "messages": messages, "max_tokens": 8,
+                                       "temperature": 0, **extra}, path="/v1/chat/completions")
+        if status == 400 and "unavailable" in raw["error"]["message"]:
+            self.skipTest(raw["error"]["message"])
+        self.assertEqual(status, 200, raw)
+        want = raw["choices"][0]["message"]["content"]
+        c = client.chat.completions.create(model="text", messages=messages, max_tokens=8,
+                                           temperature=0, extra_body=extra)
+        self.assertEqual(c.choices[0].message.role, "assistant")
+        self.assertEqual(c.choices[0].message.content, want)
+        self.assertEqual(c.usage.completion_tokens, 8)
+        chunks = list(client.chat.completions.create(
+            model="text", messages=messages, max_tokens=8, temperature=0, extra_body=extra,
+            stream=True, stream_options={"include_usage": True}))
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        self.assertEqual("".join(ch.choices[0].delta.content or "" for ch in chunks
+                                 if ch.choices), want)
+        self.assertEqual(chunks[-1].usage.completion_tokens, 8)
+        with self.assertRaises(openai.BadRequestError):
+            client.chat.completions.create(model="text", messages=[], max_tokens=8)
 
 
 class ShutdownTest(unittest.TestCase):
