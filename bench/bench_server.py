@@ -108,6 +108,14 @@ def scrape(host, port, name):
     return float(m.group(1)) if m else float("nan")
 
 
+def policy_rounds(host, port):
+    """(speculative, target) rounds the server's speculation policy chose so far."""
+    get = lambda mode, ex: scrape(
+        host, port, f'flashmap_spec_policy_rounds_total{{mode="{mode}",explore="{ex}"}}')
+    return (get("speculative", "false") + get("speculative", "true"),
+            get("target", "false") + get("target", "true"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,17 +152,25 @@ def main():
         levels = [int(c) for c in a.concurrency.split(",")]
         if not a.json:
             print(f"{'conc':>4} {'spec':>5} {'req/s':>7} {'out tok/s':>9} "
-                  f"{'TTFT p50/p90/p99 ms':>22} {'ITL p50/p90/p99 ms':>22} {'err':>3}")
+                  f"{'TTFT p50/p90/p99 ms':>22} {'ITL p50/p90/p99 ms':>22} {'err':>3} "
+                  f"{'drafted':>7}")
         for c in levels:
             for spec in (True, False):
+                before = policy_rounds(host, port)
                 r = run_level(host, port, a.model, c, a.requests, a.max_tokens, spec,
                               a.timeout, seed=c)
+                # Share of this level's rounds in which the policy chose to draft (nan when no
+                # sequence could: `speculative: false`).
+                after = policy_rounds(host, port)
+                ds, dp = after[0] - before[0], after[1] - before[1]
+                r["drafted_share"] = ds / (ds + dp) if ds + dp > 0 else float("nan")
                 if a.json:
                     print(json.dumps(r))
                 else:
                     print(f"{c:>4} {str(spec):>5} {r['req_per_s']:>7.1f} {r['out_tok_per_s']:>9.0f} "
                           f"{'/'.join(f'{x:.1f}' for x in r['ttft_ms']):>22} "
-                          f"{'/'.join(f'{x:.2f}' for x in r['itl_ms']):>22} {r['errors']:>3}")
+                          f"{'/'.join(f'{x:.2f}' for x in r['itl_ms']):>22} {r['errors']:>3} "
+                          f"{r['drafted_share']:>7.0%}")
         count = scrape(host, port, "flashmap_acceptance_length_count")
         total = scrape(host, port, "flashmap_acceptance_length_sum")
         if not a.json and count > 0:
