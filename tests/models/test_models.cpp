@@ -34,7 +34,7 @@ std::vector<float> run(const Qwen3Model& m, KVCache& c, std::span<const int32_t>
 
 TEST(Qwen3, VerifyPassIsBitIdenticalToStepByStep) {
   // fp32 weights, and bf16 weights (whose multi-row path widens weight tiles once).
-  for (const std::string dir : {kTarget, kA + "/target_bf16"}) {
+  for (const std::string& dir : {kTarget, kA + "/target_bf16"}) {
     SCOPED_TRACE(dir);
     Qwen3Model m(dir);
     const int64_t V = m.config().vocab_size;
@@ -53,7 +53,7 @@ TEST(Qwen3, VerifyPassIsBitIdenticalToStepByStep) {
 TEST(Qwen3, BatchOfDifferentLengthsEqualsOneByOne) {
   Qwen3Model m(kTarget);
   const int64_t V = m.config().vocab_size;
-  KVCache a = m.new_cache(), b = m.new_cache(), c = m.new_cache();
+  KVCache a = m.new_cache(), b = m.new_cache();
   run(m, a, kPrompt);
   const auto alone_b = run(m, b, kBlock);
   const auto alone_a = run(m, a, std::span(kBlock).first(3));
@@ -65,7 +65,6 @@ TEST(Qwen3, BatchOfDifferentLengthsEqualsOneByOne) {
   ASSERT_EQ(out.logits.size(), size_t(12 * V));
   EXPECT_EQ(0, std::memcmp(out.logits.data(), alone_a.data(), alone_a.size() * 4));
   EXPECT_EQ(0, std::memcmp(out.logits.data() + 3 * V, alone_b.data(), alone_b.size() * 4));
-  (void)c;
 }
 
 TEST(Qwen3, TruncateThenReforwardEqualsFresh) {
@@ -101,7 +100,6 @@ TEST(FlashMap, BatchedDraftEqualsSeparateDrafts) {
   std::vector<float> feats;
   KVCache c = m.new_cache();
   run(m, c, kPrompt, &feats, d.target_layer_ids());
-  const int64_t F = int64_t(feats.size()) / int64_t(kPrompt.size());
   auto ctx_of = [&](int64_t n) {
     DraftContext ctx = d.new_context();
     d.extend_context(ctx, feats.data(), n);
@@ -121,7 +119,6 @@ TEST(FlashMap, BatchedDraftEqualsSeparateDrafts) {
     EXPECT_EQ(0, std::memcmp(batched.data(), one.data(), one.size() * 4)) << steps;
     EXPECT_EQ(0, std::memcmp(batched.data() + K * V, two.data(), two.size() * 4)) << steps;
   }
-  (void)F;
 }
 
 TEST(FlashMap, DrafterThatDoesNotFitTheTarget) {
