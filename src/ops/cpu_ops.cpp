@@ -287,8 +287,10 @@ static std::vector<float> inv_freq(int head_dim, double theta) {
   return f;
 }
 
-void rope_half(float* x, int64_t rows, int heads, int head_dim, const int64_t* positions,
-               double theta) {
+// Rotates channel pairs (i, i + half) for rotate_half, (2i, 2i + 1) for interleaved pairs, by the
+// angles position · inv_freq[i] (fp32, as both references form them).
+static void rope(float* x, int64_t rows, int heads, int head_dim, const int64_t* positions,
+                 double theta, bool interleaved) {
   const auto freq = inv_freq(head_dim, theta);
   const int half = head_dim / 2;
   std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
@@ -301,34 +303,24 @@ void rope_half(float* x, int64_t rows, int heads, int head_dim, const int64_t* p
     for (int h = 0; h < heads; ++h) {
       float* v = x + (r * heads + h) * head_dim;
       for (int i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * c[size_t(i)] - b * s[size_t(i)];
-        v[i + half] = b * c[size_t(i)] + a * s[size_t(i)];
+        float& x1 = interleaved ? v[2 * i] : v[i];
+        float& x2 = interleaved ? v[2 * i + 1] : v[i + half];
+        const float a = x1, b = x2;
+        x1 = a * c[size_t(i)] - b * s[size_t(i)];
+        x2 = b * c[size_t(i)] + a * s[size_t(i)];
       }
     }
   }
 }
 
+void rope_half(float* x, int64_t rows, int heads, int head_dim, const int64_t* positions,
+               double theta) {
+  rope(x, rows, heads, head_dim, positions, theta, false);
+}
+
 void rope_interleaved(float* x, int64_t rows, int heads, int head_dim, const int64_t* positions,
                       double theta) {
-  const auto freq = inv_freq(head_dim, theta);
-  const int half = head_dim / 2;
-  std::vector<float> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int i = 0; i < half; ++i) {
-      const float a = float(positions[r]) * freq[size_t(i)];
-      c[size_t(i)] = std::cos(a);
-      s[size_t(i)] = std::sin(a);
-    }
-    for (int h = 0; h < heads; ++h) {
-      float* v = x + (r * heads + h) * head_dim;
-      for (int i = 0; i < half; ++i) {
-        const float a = v[2 * i], b = v[2 * i + 1];
-        v[2 * i] = a * c[size_t(i)] - b * s[size_t(i)];
-        v[2 * i + 1] = b * c[size_t(i)] + a * s[size_t(i)];
-      }
-    }
-  }
+  rope(x, rows, heads, head_dim, positions, theta, true);
 }
 
 void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head_dim,

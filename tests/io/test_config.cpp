@@ -5,9 +5,11 @@
 #include <fstream>
 
 #include "core/check.h"
+#include "error_of.h"
 #include "io/hf_config.h"
 
 using namespace flashmap;
+using flashmap::testing::error_of;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
@@ -17,15 +19,6 @@ std::string write(const std::string& name, const std::string& text) {
   auto p = fs::temp_directory_path() / ("flashmap-cfg-" + name + ".json");
   std::ofstream(p) << text;
   return p.string();
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 const char* kQwen =

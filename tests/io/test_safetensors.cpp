@@ -5,9 +5,11 @@
 #include <fstream>
 
 #include "core/check.h"
+#include "error_of.h"
 #include "io/safetensors.h"
 
 using namespace flashmap;
+using flashmap::testing::error_of;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
@@ -29,15 +31,6 @@ void write_raw(const fs::path& p, const std::string& header, size_t data_bytes) 
   out.write(reinterpret_cast<const char*>(&n), 8);
   out << header;
   out << std::string(data_bytes, '\0');
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 }  // namespace
