@@ -1,0 +1,382 @@
+// CUDA op parity, in the spirit of ggml's test-backend-ops: every device kernel against the CPU
+// fp32 op it mirrors (src/ops, the specification) on random inputs at odd shapes, compared by
+// NMSE = Σ(gpu − cpu)² / Σ cpu² with a threshold per op; indices (argmax, greedy verify) must match
+// exactly. On a machine without a usable GPU every op test skips, so ctest passes in CI.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "cuda/device.h"
+#include "cuda/gemm.h"
+#include "cuda/kernels.h"
+#include "ops/ops.h"
+#include "spec/decoder.h"
+#include "spec/sampling.h"
+
+namespace flashmap::cuda {
+namespace {
+
+// Thresholds. fp32 ops differ from the CPU only in summation order and libm ulps (~1e-7 relative
+// per element, NMSE ~1e-13); 1e-7 is ggml's fp32 default and still catches any real bug (a wrong
+// index or formula gives NMSE ~1). bf16 ops round inputs to 8 significant bits (relative error
+// 2⁻⁹), NMSE ~1e-6 per rounded operand; 5e-4 is ggml's bf16 GEMM bound.
+constexpr double kF32 = 1e-7;
+constexpr double kBF16 = 5e-4;
+const std::vector<int64_t> kRows = {1, 17, 769};
+
+double nmse(std::span<const float> got, std::span<const float> want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = double(got[i]) - double(want[i]);
+    err += d * d;
+    ref += double(want[i]) * double(want[i]);
+  }
+  return ref > 0 ? err / ref : err;
+}
+
+std::vector<float> randn(size_t n, uint64_t seed, float sd = 1.0f, float mean = 0.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(mean, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = ::flashmap::f32_to_bf16(v[i]);
+  return b;
+}
+std::vector<float> widen(const std::vector<uint16_t>& b) {
+  std::vector<float> v(b.size());
+  for (size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_f32(b[i]);
+  return v;
+}
+
+// One context for the whole binary; null (and the reason) when there is no usable GPU.
+struct Gpu {
+  std::unique_ptr<Context> ctx;
+  std::string why;
+  static Gpu& get() {
+    static Gpu g = [] {
+      Gpu r;
+      if (device_count(&r.why) > 0) r.ctx = std::make_unique<Context>("cuda");
+      return r;
+    }();
+    return g;
+  }
+};
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Gpu::get().ctx) GTEST_SKIP() << "no usable CUDA GPU: " << Gpu::get().why;
+    ctx = Gpu::get().ctx.get();
+  }
+  template <typename T>
+  DeviceBuffer<T> up(const std::vector<T>& v) {
+    return DeviceBuffer<T>(*ctx, v);
+  }
+  template <typename T>
+  std::vector<T> down(const DeviceBuffer<T>& b) {
+    ctx->sync();
+    return b.download(*ctx);
+  }
+  cudaStream_t s() { return ctx->stream(); }
+  Context* ctx = nullptr;
+  ThreadPool& pool = ThreadPool::global();
+};
+
+// --- the device context (runs everywhere) -----------------------------------------------------
+
+TEST(CudaDevice, ParsesDeviceSpecs) {
+  EXPECT_EQ(parse_device("cuda"), 0);
+  EXPECT_EQ(parse_device("cuda:3"), 3);
+  for (const char* bad : {"cpu", "cuda:", "cuda:-1", "cuda:x", "cuda:1x", "gpu:0"})
+    EXPECT_THROW(parse_device(bad), Error) << bad;
+}
+
+TEST(CudaDevice, ClearErrorWithoutUsableGpu) {
+  std::string why;
+  const int n = device_count(&why);
+  if (n == 0) {
+    // This is the dev/CI machine's case: constructing a context must say why, not crash.
+    try {
+      Context ctx("cuda");
+      FAIL() << "Context constructed without a GPU";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no usable CUDA GPU"), std::string::npos) << e.what();
+    }
+  } else {
+    try {
+      Context ctx("cuda:" + std::to_string(n));
+      FAIL() << "Context constructed for a GPU index past the last one";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// --- ops ----------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, EmbeddingBf16IsExact) {
+  const int64_t V = 1000, H = 200;
+  const auto table = to_bf16(randn(size_t(V * H), 1));
+  const Weight W{DType::BF16, table.data(), V, H};
+  for (int64_t n : kRows) {
+    std::vector<int32_t> tok(static_cast<size_t>(n));
+    std::mt19937 g(static_cast<unsigned>(n));
+    for (auto& t : tok) t = int32_t(g() % V);
+    std::vector<float> want(size_t(n * H));
+    for (int64_t i = 0; i < n; ++i) W.row_f32(tok[size_t(i)], want.data() + i * H);
+    auto dt = up(table);
+    auto dtok = up(tok);
+    DeviceBuffer<float> out(size_t(n * H));
+    embedding(dt.data(), Elem::BF16, H, dtok.data(), n, out.data(), s());
+    EXPECT_EQ(nmse(down(out), want), 0.0) << "rows " << n;  // widening bf16 is exact
+  }
+}
+
+TEST_F(CudaOps, RmsNormBothOrders) {
+  for (int64_t dim : {128, 2049}) {
+    for (int64_t rows : kRows) {
+      const auto x = randn(size_t(rows * dim), 2, 3.0f);
+      const auto w = randn(size_t(dim), 3, 0.5f, 1.0f);
+      auto dx = up(x), dw = up(w);
+      DeviceBuffer<float> dy(x.size());
+      std::vector<float> want(x.size());
+      ops::rms_norm(x.data(), w.data(), 1e-6f, rows, dim, want.data());
+      rms_norm(dx.data(), dw.data(), 1e-6f, rows, dim, dy.data(), s());
+      EXPECT_LT(nmse(down(dy), want), kF32) << "qwen3 order " << rows << "x" << dim;
+      ops::rms_norm_scale_first(x.data(), w.data(), 1e-6f, rows, dim, want.data());
+      rms_norm_scale_first(dx.data(), dw.data(), 1e-6f, rows, dim, dx.data(), s());  // in place
+      EXPECT_LT(nmse(down(dx), want), kF32) << "scale first " << rows << "x" << dim;
+    }
+  }
+}
+
+TEST_F(CudaOps, LayerNormWithAdaLN) {
+  const int64_t dim = 2048 + 33;
+  for (int64_t rows : kRows) {
+    const auto x = randn(size_t(rows * dim), 4, 2.0f, 0.7f);
+    const auto sc = randn(size_t(dim), 5, 0.3f), sh = randn(size_t(dim), 6, 0.3f);
+    std::vector<float> want(x.size());
+    ops::layer_norm(x.data(), 1e-6f, rows, dim, want.data());
+    auto dx = up(x), dsc = up(sc), dsh = up(sh);
+    DeviceBuffer<float> dy(x.size());
+    layer_norm_modulate(dx.data(), 1e-6f, rows, dim, nullptr, nullptr, dy.data(), s());
+    EXPECT_LT(nmse(down(dy), want), kF32) << "plain " << rows;
+    // The drafter's modulation, as FlashMapDrafter::forward's adaln lambda writes it.
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < dim; ++i)
+        want[size_t(r * dim + i)] =
+            want[size_t(r * dim + i)] * (1.0f + sc[size_t(i)]) + sh[size_t(i)];
+    layer_norm_modulate(dx.data(), 1e-6f, rows, dim, dsc.data(), dsh.data(), dy.data(), s());
+    EXPECT_LT(nmse(down(dy), want), kF32) << "adaln " << rows;
+  }
+}
+
+TEST_F(CudaOps, RopeBothConventions) {
+  for (int hd : {64, 128}) {
+    for (int64_t rows : kRows) {
+      const int heads = 3;
+      const auto x = randn(size_t(rows * heads * hd), 7);
+      std::vector<int64_t> pos(static_cast<size_t>(rows));
+      std::mt19937 g(static_cast<unsigned>(rows));
+      for (auto& p : pos) p = int64_t(g() % 4096);
+      auto dpos = up(pos);
+      for (bool inter : {false, true}) {
+        std::vector<float> want = x;
+        auto dx = up(x);
+        if (inter) {
+          ops::rope_interleaved(want.data(), rows, heads, hd, pos.data(), 10000.0);
+          rope_interleaved(dx.data(), rows, heads, hd, dpos.data(), 10000.0, s());
+        } else {
+          ops::rope_half(want.data(), rows, heads, hd, pos.data(), 1000000.0);
+          rope_half(dx.data(), rows, heads, hd, dpos.data(), 1000000.0, s());
+        }
+        EXPECT_LT(nmse(down(dx), want), kF32) << (inter ? "interleaved " : "half ") << rows;
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, PointwiseSwigluGeluResiduals) {
+  const int64_t dim = 3072 + 5;
+  for (int64_t rows : kRows) {
+    const int64_t n = rows * dim;
+    const auto g = randn(size_t(n), 8, 3.0f), u = randn(size_t(n), 9), y = randn(size_t(n), 10);
+    const auto gate = randn(size_t(dim), 11);
+    auto dg = up(g), du = up(u), dy = up(y), dgate = up(gate);
+    DeviceBuffer<float> out(static_cast<size_t>(n));
+    std::vector<float> want(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = ops::silu(g[size_t(i)]) * u[size_t(i)];
+    swiglu(dg.data(), du.data(), n, out.data(), s());
+    EXPECT_LT(nmse(down(out), want), kF32) << "swiglu " << rows;
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = ops::gelu(g[size_t(i)]);
+    gelu(dg.data(), n, out.data(), s());
+    EXPECT_LT(nmse(down(out), want), kF32) << "gelu " << rows;
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = g[size_t(i)] + y[size_t(i)];
+    auto dx = up(g);
+    add(dx.data(), dy.data(), n, s());
+    EXPECT_LT(nmse(down(dx), want), kF32) << "add " << rows;
+    for (int64_t i = 0; i < n; ++i)
+      want[size_t(i)] = g[size_t(i)] + gate[size_t(i % dim)] * y[size_t(i)];
+    dx = up(g);
+    gated_add(dx.data(), dgate.data(), dy.data(), rows, dim, s());
+    EXPECT_LT(nmse(down(dx), want), kF32) << "gated add " << rows;
+  }
+}
+
+TEST_F(CudaOps, SoftmaxRows) {
+  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{1, 151936}, {17, 32003}, {769, 4099}}) {
+    const auto x = randn(size_t(rows * dim), 12, 4.0f);
+    std::vector<float> want = x;
+    ops::softmax_rows(want.data(), rows, dim);
+    auto dx = up(x);
+    softmax_rows(dx.data(), rows, dim, s());
+    EXPECT_LT(nmse(down(dx), want), kF32) << rows << "x" << dim;
+  }
+}
+
+TEST_F(CudaOps, ArgmaxRowsLowestIndexOnTies) {
+  const int64_t dim = 151936 + 7;
+  for (int64_t rows : kRows) {
+    auto x = randn(size_t(rows * dim), 13);
+    std::mt19937 g(unsigned(rows) + 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      // Plant the row maximum twice (and in some rows three times): ties must pick the first.
+      const float big = 100.0f + float(r % 3);
+      for (int t = 0; t < 2 + int(r % 2); ++t) x[size_t(r * dim + int64_t(g() % dim))] = big;
+    }
+    std::vector<int32_t> want(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) want[size_t(r)] = argmax(x.data() + r * dim, dim);
+    auto dx = up(x);
+    DeviceBuffer<int32_t> out(static_cast<size_t>(rows));
+    argmax_rows(dx.data(), rows, dim, out.data(), s());
+    EXPECT_EQ(down(out), want) << rows;
+  }
+}
+
+TEST_F(CudaOps, GemmBf16Weights) {
+  // K multiple of 8 (16-byte rows for bf16 tensor-core kernels, as all real shapes are); odd N
+  // and M from 1 up. x fp32 (rounded to bf16 on the device), x bf16, y bf16, and a bias.
+  for (auto [K, N] : {std::pair<int64_t, int64_t>{1024, 1003}, {72, 4096}}) {
+    const auto w = to_bf16(randn(size_t(N * K), 14, 0.05f));
+    const Weight W{DType::BF16, w.data(), N, K};
+    const auto bias = randn(size_t(N), 15);
+    auto dw = up(w);
+    auto db = up(bias);
+    for (int64_t M : kRows) {
+      const auto x = randn(size_t(M * K), 16);
+      std::vector<float> want(size_t(M * N));
+      ops::linear(x.data(), M, W, nullptr, want.data(), pool);
+      auto dx = up(x);
+      DeviceBuffer<float> dy(size_t(M * N));
+      linear(*ctx, dx.data(), Elem::F32, M, K, dw.data(), N, nullptr, dy.data(), Elem::F32);
+      EXPECT_LT(nmse(down(dy), want), kBF16) << "x f32 M=" << M << " N=" << N << " K=" << K;
+
+      const auto xb = to_bf16(x);
+      const auto xw = widen(xb);
+      ops::linear(xw.data(), M, W, bias.data(), want.data(), pool);
+      auto dxb = up(xb);
+      linear(*ctx, dxb.data(), Elem::BF16, M, K, dw.data(), N, db.data(), dy.data(), Elem::F32);
+      EXPECT_LT(nmse(down(dy), want), kBF16) << "x bf16 + bias M=" << M;
+
+      ops::linear(xw.data(), M, W, nullptr, want.data(), pool);
+      DeviceBuffer<uint16_t> dyb(size_t(M * N));
+      linear(*ctx, dxb.data(), Elem::BF16, M, K, dw.data(), N, nullptr, dyb.data(), Elem::BF16);
+      EXPECT_LT(nmse(widen(down(dyb)), want), kBF16) << "y bf16 M=" << M;
+    }
+  }
+}
+
+// One attention case: nq queries, keys per query from key_count, KV in fp32 or bf16.
+void attention_case(CudaOps& t, Context& ctx, int64_t nq, int nh, int nkv, int hd,
+                    const std::vector<int64_t>& key_count, Elem kv, double tol,
+                    const std::string& what) {
+  const int64_t n_keys = *std::max_element(key_count.begin(), key_count.end());
+  const auto q = randn(size_t(nq * nh * hd), 17, 1.0f);
+  const auto k = randn(size_t(n_keys * nkv * hd), 18, 1.0f);
+  const auto v = randn(size_t(n_keys * nkv * hd), 19, 1.0f);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  std::vector<float> want(q.size());
+  ops::attention(q.data(), nq, nh, nkv, hd, k.data(), v.data(), key_count.data(), scale,
+                 want.data(), ThreadPool::global());
+  DeviceBuffer<float> dq(ctx, q), dout(q.size());
+  DeviceBuffer<int64_t> dkc(ctx, key_count);
+  DeviceBuffer<float> dk(ctx, k), dv(ctx, v);
+  DeviceBuffer<uint16_t> dkb(ctx, to_bf16(k)), dvb(ctx, to_bf16(v));
+  const void* kp = kv == Elem::BF16 ? static_cast<const void*>(dkb.data()) : dk.data();
+  const void* vp = kv == Elem::BF16 ? static_cast<const void*>(dvb.data()) : dv.data();
+  attention(dq.data(), nq, nh, nkv, hd, kp, vp, kv, dkc.data(), scale, dout.data(), ctx.stream());
+  ctx.sync();
+  EXPECT_LT(nmse(dout.download(ctx), want), tol) << what;
+  (void)t;
+}
+
+TEST_F(CudaOps, AttentionCausalOverKvCache) {
+  // Decode (1 query) and verify (17 queries) at the end of a cache of `past` positions; GQA 8/2.
+  for (int64_t past : {0, 16, 768}) {
+    for (int64_t nq : {1, 17}) {
+      std::vector<int64_t> kc(static_cast<size_t>(nq));
+      for (int64_t i = 0; i < nq; ++i) kc[size_t(i)] = past + i + 1;
+      const std::string what = "past " + std::to_string(past) + " nq " + std::to_string(nq);
+      // fp32 KV: only the summation order differs. bf16 KV (the device cache) vs the CPU's fp32.
+      attention_case(*this, *ctx, nq, 8, 2, 128, kc, Elem::F32, kF32, what + " f32");
+      attention_case(*this, *ctx, nq, 8, 2, 128, kc, Elem::BF16, kBF16, what + " bf16");
+    }
+  }
+}
+
+TEST_F(CudaOps, AttentionDrafterSelfAndCross) {
+  // Bidirectional self-attention over a block of 16 slots, and cross-attention of the 16 slots to
+  // contexts of 1, 17 and 769 positions (n_heads = n_kv_heads, as in FlashMapDrafter::forward).
+  const int64_t K = 16;
+  attention_case(*this, *ctx, K, 16, 16, 128, std::vector<int64_t>(size_t(K), K), Elem::F32, kF32,
+                 "self f32");
+  attention_case(*this, *ctx, K, 16, 16, 128, std::vector<int64_t>(size_t(K), K), Elem::BF16, kBF16,
+                 "self bf16");
+  for (int64_t ctx_len : kRows) {
+    attention_case(*this, *ctx, K, 16, 16, 64, std::vector<int64_t>(size_t(K), ctx_len), Elem::F32,
+                   kF32, "cross f32 " + std::to_string(ctx_len));
+    attention_case(*this, *ctx, K, 16, 16, 128, std::vector<int64_t>(size_t(K), ctx_len),
+                   Elem::BF16, kBF16, "cross bf16 " + std::to_string(ctx_len));
+  }
+}
+
+TEST_F(CudaOps, VerifyGreedyMatchesCpu) {
+  const int K = 16;
+  const int64_t V = 32003;
+  for (int agree = 0; agree <= K; ++agree) {
+    auto logits = randn(size_t((K + 1) * V), 20 + uint64_t(agree));
+    // A tie in the bonus row: the lowest index must win on both backends.
+    logits[size_t(int64_t(agree) * V + 5)] = 50.0f;
+    logits[size_t(int64_t(agree) * V + 9)] = 50.0f;
+    std::vector<int32_t> draft(static_cast<size_t>(K));
+    for (int i = 0; i < K; ++i) {
+      const int32_t am = argmax(logits.data() + int64_t(i) * V, V);
+      draft[size_t(i)] = i < agree ? am : (am + 1) % int32_t(V);
+    }
+    int32_t bonus = -1;
+    const int accepted = ::flashmap::verify_greedy(draft, logits.data(), V, bonus);
+    auto dl = up(logits);
+    auto dd = up(draft);
+    DeviceBuffer<int32_t> scratch(size_t(K + 1)), result(2);
+    verify_greedy(dl.data(), V, dd.data(), K, scratch.data(), result.data(), s());
+    const auto got = down(result);
+    EXPECT_EQ(got[0], accepted) << "agree " << agree;
+    EXPECT_EQ(got[1], bonus) << "agree " << agree;
+  }
+}
+
+}  // namespace
+}  // namespace flashmap::cuda
