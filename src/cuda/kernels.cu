@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "cuda/kernels.h"
 
@@ -56,13 +58,12 @@ __device__ float block_reduce(float v) {
   return r;
 }
 
+// One block per token (grid.x allows 2³¹ − 1 rows, so long prefills fit).
 template <typename T>
 __global__ void embedding_kernel(const T* table, int64_t dim, const int32_t* tokens, float* out) {
-  const int64_t row = blockIdx.y;
+  const int64_t row = blockIdx.x;
   const T* src = table + int64_t(tokens[row]) * dim;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < dim;
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[row * dim + i] = load(src, i);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) out[row * dim + i] = load(src, i);
 }
 
 // ScaleFirst = false: w * (x * inv) (Qwen3RMSNorm); true: x * (w * inv) (FlashMapRMSNorm). The
@@ -343,7 +344,7 @@ inline int row_threads(int64_t dim) {
 void embedding(const void* table, Elem table_type, int64_t dim, const int32_t* tokens, int64_t n,
                float* out, cudaStream_t stream) {
   if (n <= 0) return;
-  const dim3 grid(blocks_for(dim, 256), unsigned(n));
+  const unsigned grid = unsigned(n);
   if (table_type == Elem::BF16)
     embedding_kernel<<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(table), dim,
                                                tokens, out);
@@ -369,7 +370,16 @@ void layer_norm_modulate(const float* x, float eps, int64_t rows, int64_t dim, c
   layer_norm_kernel<<<unsigned(rows), row_threads(dim), 0, stream>>>(x, eps, dim, scale, shift, y);
 }
 
+// head_dim limits shared by RoPE (InvFreq holds 128 frequencies) and attention (8 dims per lane).
+static void check_head_dim(int head_dim, const char* op) {
+  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 256)
+    throw std::invalid_argument(std::string("flashmap::cuda::") + op +
+                                ": head_dim must be even and <= 256, got " +
+                                std::to_string(head_dim));
+}
+
 static InvFreq make_inv_freq(int head_dim, double theta) {
+  check_head_dim(head_dim, "rope");
   InvFreq f{};
   for (int i = 0; i < head_dim / 2 && i < 128; ++i)
     f.f[i] = 1.0f / std::pow(float(theta), float(2 * i) / float(head_dim));
@@ -422,6 +432,7 @@ void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head
                const void* v, Elem kv_type, const int64_t* key_count, float scale, float* out,
                cudaStream_t stream) {
   if (nq <= 0) return;
+  check_head_dim(head_dim, "attention");
   const unsigned grid = unsigned(nq * n_heads);
   if (kv_type == Elem::BF16)
     attention_kernel<<<grid, 32 * kAttnWarps, 0, stream>>>(
