@@ -233,6 +233,7 @@ def cmd_train(args):
         if state["elapsed"][si] >= budgets[si]:
             state["stage"] += 1
             save()
+            last_print = -1e9
             continue
         t_start = time.time()
         frac = state["elapsed"][si] / budgets[si]
@@ -289,7 +290,7 @@ def cmd_train(args):
         opt.step()
         state["step"] += 1
         state["elapsed"][si] += time.time() - t_start
-        if state["elapsed"][si] - last_print > 20 or state["step"] == 1:
+        if state["elapsed"][si] - last_print > 20:
             last_print = state["elapsed"][si]
             with torch.no_grad():
                 acc = (logits.argmax(-1) == y).float().mean(0)
@@ -375,7 +376,9 @@ def cmd_eval(args):
     target = load_target(args.target, "cpu")
     draft = AutoModel.from_pretrained(args.draft_dir, dtype=torch.float32).eval()
     tok = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
+    # held-out prompts: the last 2% of the documents (the target's validation split)
     docs = read_corpus(args.corpus)
+    docs = docs[-max(len(docs) // 50, 1):]
     gen = torch.Generator().manual_seed(args.seed)
     prompts = [tok.encode(docs[int(i)]).ids[:16] for i in torch.randint(0, len(docs), (args.prompts,), generator=gen)]
     prompts = [p for p in prompts if len(p) >= 4]

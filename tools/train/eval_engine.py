@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""tau of our engine (`flashmap generate`) on the same held-out prompts as
+`train_drafter.py eval` (same seed), 1..4 steps, mean +- 95% CI over rounds, and tau by
+position (share of rounds in which draft slot k was accepted).
+
+    python3 tools/train/eval_engine.py --flashmap build/flashmap --target T --draft D [--temperatures 0,1]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_target import read_corpus  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flashmap", required=True)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--corpus", default="/usr/share/games/fortunes")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0])
+    args = ap.parse_args()
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
+    # held-out prompts: the last 2% of the documents (the target's validation split)
+    docs = read_corpus(args.corpus)
+    docs = docs[-max(len(docs) // 50, 1):]
+    gen = torch.Generator().manual_seed(args.seed)
+    prompts = [tok.encode(docs[int(i)]).ids[:16] for i in torch.randint(0, len(docs), (args.prompts,), generator=gen)]
+    prompts = [p for p in prompts if len(p) >= 4]
+    for temp in args.temperatures:
+        for n in (1, 2, 3, 4):
+            taus, slots = [], None
+            for j, p in enumerate(prompts):
+                out = subprocess.run([args.flashmap, "generate", "--target", args.target, "--draft", args.draft,
+                                      "--steps", str(n), "--prompt-ids", ",".join(map(str, p)), "--json",
+                                      "--max-new-tokens", str(args.max_new_tokens), "--stop-ids", "none",
+                                      "--temperature", str(temp), "--seed", str(args.seed + j), "--threads", "1"],
+                                     capture_output=True, text=True, check=True)
+                r = json.loads(out.stdout)
+                taus.extend(r["acceptance_lengths"])
+                acc = r.get("accepted_at") or []
+                slots = [a + b for a, b in zip(slots, acc)] if slots else list(acc)
+            m = sum(taus) / len(taus)
+            sd = (sum((x - m) ** 2 for x in taus) / max(len(taus) - 1, 1)) ** 0.5
+            by_pos = " ".join(f"{s / len(taus):.2f}" for s in (slots or []))
+            print(f"engine tau T={temp} steps={n}: {m:.3f} +- {1.96 * sd / len(taus) ** 0.5:.3f} "
+                  f"({len(taus)} rounds); slot acceptance {by_pos}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
