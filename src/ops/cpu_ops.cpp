@@ -209,7 +209,7 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
   if (M <= 0) return;
   // Split the outputs in blocks of 16 so that each thread streams its own weight rows; tiny
   // products stay on the calling thread, where waking the pool would cost more than the work.
-  const int64_t grain = M * W.rows * W.cols < (int64_t(1) << 16) ? W.rows : 16;
+  const int64_t grain = M * W.rows * W.cols < (int64_t(1) << 20) ? W.rows : 16;
   pool.parallel_for(W.rows, grain, [&](int64_t n0, int64_t n1) {
     switch (W.dtype) {
       case DType::F32:
@@ -331,7 +331,7 @@ void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head
   if (nq <= 0) return;
   const int64_t work = nq * n_heads * key_count[nq - 1] * head_dim;
   pool.parallel_for(
-      nq * n_heads, work < (int64_t(1) << 15) ? nq * n_heads : 1, [&](int64_t b, int64_t e) {
+      nq * n_heads, work < (int64_t(1) << 18) ? nq * n_heads : 1, [&](int64_t b, int64_t e) {
         std::vector<float> scores;
         std::vector<float> acc(static_cast<size_t>(head_dim));
         for (int64_t job = b; job < e; ++job) {
