@@ -34,16 +34,9 @@ void run_generate(GenerateArgs& a) {
   opt.sampling.validate();
   FLASHMAP_CHECK(a.max_new_tokens > 0, "--max-new-tokens must be > 0, got {}", a.max_new_tokens);
 
-  Qwen3Model target(a.model.target);
-  std::unique_ptr<FlashMapDrafter> draft_model;
-  std::unique_ptr<Drafter> drafter;
-  if (!a.model.draft.empty()) {
-    draft_model = std::make_unique<FlashMapDrafter>(a.model.draft, target);
-    const int steps = a.model.steps > 0 ? a.model.steps : draft_model->config().num_steps;
-    drafter = std::make_unique<FlashMapBlockDrafter>(*draft_model, steps);
-  } else {
-    FLASHMAP_CHECK(a.model.steps == 0, "--steps needs a drafter (--draft)");
-  }
+  const Models models = load_models(a.model);
+  const Qwen3Model& target = *models.target;
+  const Drafter* drafter = models.drafter.get();
 
   auto text = TextIO::open(a.model.tokenizer);
   const std::vector<int32_t> prompt = a.prompt.ids_of(text.get());
@@ -59,7 +52,7 @@ void run_generate(GenerateArgs& a) {
     stream = std::make_unique<TextStream>(text.get());
     opt.on_tokens = [&](std::span<const int32_t> ids) { stream->write(ids); };
   }
-  const GenerateResult r = generate(target, drafter.get(), prompt, opt);
+  const GenerateResult r = generate(target, drafter, prompt, opt);
   if (stream) {
     stream->finish();
     std::cerr << fmt::format(

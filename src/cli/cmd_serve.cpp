@@ -54,22 +54,15 @@ void run_serve(ServeArgs& a) {
   if (a.server.model_name.empty() || a.server.model_name == "target")
     a.server.model_name =
         std::filesystem::path(a.model.target).lexically_normal().parent_path().filename();
-  Qwen3Model target(a.model.target);
-  std::unique_ptr<FlashMapDrafter> draft_model;
-  std::unique_ptr<Drafter> drafter;
-  if (!a.model.draft.empty()) {
-    draft_model = std::make_unique<FlashMapDrafter>(a.model.draft, target);
-    const int steps = a.model.steps > 0 ? a.model.steps : draft_model->config().num_steps;
-    drafter = std::make_unique<FlashMapBlockDrafter>(*draft_model, steps);
-  } else {
-    FLASHMAP_CHECK(a.model.steps == 0, "--steps needs a drafter (--draft)");
-  }
+  const Models models = load_models(a.model);
+  const Qwen3Model& target = *models.target;
+  const Drafter* drafter = models.drafter.get();
   std::unique_ptr<server::TextCodec> text;
   if (!a.model.tokenizer.empty()) text = server::open_text_codec(a.model.tokenizer);
   const auto eos = GenerationConfig::from_dir(a.model.target).eos_token_ids;
   a.server.eos_ids.assign(eos.begin(), eos.end());
 
-  runtime::Scheduler sched(target, drafter.get(), a.sched);
+  runtime::Scheduler sched(target, drafter, a.sched);
   server::Server srv(sched, text.get(), a.server);
   const int port = srv.bind();
   std::thread signals([&] {

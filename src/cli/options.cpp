@@ -44,6 +44,19 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
   app.add_option("--threads", m.threads, "CPU threads (default: all cores)");
 }
 
+Models load_models(const ModelOptions& m) {
+  Models out;
+  out.target = std::make_unique<Qwen3Model>(m.target);
+  if (m.draft.empty()) {
+    FLASHMAP_CHECK(m.steps == 0, "--steps needs a drafter (--draft)");
+    return out;
+  }
+  out.draft_model = std::make_unique<FlashMapDrafter>(m.draft, *out.target);
+  const int steps = m.steps > 0 ? m.steps : out.draft_model->config().num_steps;
+  out.drafter = std::make_unique<FlashMapBlockDrafter>(*out.draft_model, steps);
+  return out;
+}
+
 uint64_t SamplingOptions::resolved_seed() const {
   if (seed >= 0) return uint64_t(seed);
   return (uint64_t(std::random_device{}()) << 32) | std::random_device{}();

@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "models/flashmap.h"
+#include "models/qwen3.h"
+#include "spec/drafter.h"
 #include "spec/sampling.h"
 
 namespace flashmap::cli {
@@ -23,6 +26,14 @@ struct ModelOptions {
   void resolve();
 };
 void add_model_options(CLI::App& app, ModelOptions& m);
+
+// The target and, when --draft is given, the drafter with --steps jumps (default: its num_steps).
+struct Models {
+  std::unique_ptr<Qwen3Model> target;
+  std::unique_ptr<FlashMapDrafter> draft_model;
+  std::unique_ptr<Drafter> drafter;  // nullptr: target alone
+};
+Models load_models(const ModelOptions& m);
 
 struct SamplingOptions {
   float temperature = 0.0f;
