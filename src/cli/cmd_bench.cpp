@@ -225,7 +225,11 @@ void run_bench(BenchArgs& a) {
                alone["tokens_per_s"].get<double>(), alone["round_ms"].get<double>(),
                alone["loop_overhead_pct"].get<double>());
     json sweep = json::array();
-    for (int j = 0; j <= a.block; j += (j < 2 ? 1 : (a.block > 8 ? 3 : 2))) {
+    // 0, 1, 2, then every few slots, always ending on the full block.
+    std::vector<int> rights;
+    for (int j = 0; j < a.block; j += (j < 2 ? 1 : (a.block > 8 ? 3 : 2))) rights.push_back(j);
+    rights.push_back(a.block);
+    for (const int j : rights) {
       ScriptedDrafter d(a.block, cfg.vocab_size, script, j);
       json r = run_decode(target, &d, {prompt}, a.max_new_tokens, 1);
       r["corrupt_from"] = j;
@@ -234,8 +238,6 @@ void run_bench(BenchArgs& a) {
                  r["tokens_per_s"].get<double>() / alone["tokens_per_s"].get<double>(),
                  r["round_ms"].get<double>(), r["loop_overhead_pct"].get<double>());
       sweep.push_back(r);
-      if (j == a.block) break;
-      if (j + 3 > a.block && j < a.block) j = a.block - 3;  // end on the full block
     }
     out["scripted"] = sweep;
   } else {
