@@ -1,0 +1,118 @@
+#include "cuda/sampling.h"
+
+#include <algorithm>
+#include <climits>
+#include <vector>
+
+#include "core/check.h"
+#include "cuda/kernels.h"
+
+namespace flashmap::cuda {
+
+Sampler::Sampler(Context& ctx, int64_t vocab, int max_rows)
+    : ctx_(ctx),
+      vocab_(vocab),
+      max_rows_(max_rows),
+      state_(2),
+      keys_(size_t(vocab) * size_t(max_rows)),
+      sorted_(size_t(vocab) * size_t(max_rows)),
+      offsets_(size_t(max_rows) + 1),
+      pick_probs_(size_t(vocab)),
+      argmax_(size_t(max_rows)) {
+  FLASHMAP_CHECK(vocab > 0 && max_rows > 0, "cuda::Sampler: vocab {} and max_rows {} must be > 0",
+                 vocab, max_rows);
+  // CUB's segmented sort counts items in int; the key's low word holds the id.
+  FLASHMAP_CHECK(vocab * int64_t(max_rows) <= INT_MAX && vocab <= UINT32_MAX,
+                 "cuda::Sampler: {} rows of vocabulary {} exceed the sort's int range", max_rows,
+                 vocab);
+  std::vector<int> off(size_t(max_rows) + 1);
+  for (int r = 0; r <= max_rows; ++r) off[size_t(r)] = int(int64_t(r) * vocab);
+  offsets_.upload(ctx_, off.data(), off.size());
+  // Size CUB's storage once for the largest sort, so that later calls (and graph captures) never
+  // allocate.
+  size_t bytes = 0;
+  check(sort_keys_descending(nullptr, bytes, keys_.data(), sorted_.data(), max_rows, vocab,
+                             offsets_.data(), ctx_.stream()),
+        "cub::DeviceSegmentedRadixSort (size query)");
+  sort_temp_ =
+      DeviceBuffer<uint8_t>(std::max<size_t>(bytes, 16));  // never null: null is a size query
+  seed(0);
+}
+
+void Sampler::seed(uint64_t seed) {
+  const uint64_t s[2] = {seed, 0};
+  state_.upload(ctx_, s, 2);
+  table_ = nullptr;
+  table_size_ = 0;
+}
+
+void Sampler::use_table(const double* table, uint64_t n) {
+  const uint64_t s[2] = {0, 0};
+  state_.upload(ctx_, s, 2);
+  table_ = table;
+  table_size_ = table ? n : 0;
+}
+
+uint64_t Sampler::counter() const {
+  return state_.download(ctx_)[1];
+}
+
+void Sampler::check_rows(int rows, const char* what) const {
+  FLASHMAP_CHECK(rows >= 1 && rows <= max_rows_, "cuda::Sampler::{}: {} rows, the sampler holds {}",
+                 what, rows, max_rows_);
+}
+
+void Sampler::filtered_probs(const float* logits, int rows, const SamplingParams& p, float* probs) {
+  check_rows(rows, "filtered_probs");
+  p.validate();
+  FLASHMAP_CHECK(!p.greedy(), "cuda::Sampler::filtered_probs needs temperature > 0, got {}",
+                 p.temperature);
+  const int64_t V = vocab_;
+  cudaStream_t s = ctx_.stream();
+  const float inv_t = 1.0f / p.temperature;  // the CPU's float reciprocal
+  check(launch_softmax_temperature(logits, rows, V, inv_t, probs, s), "softmax_temperature");
+  const bool top_k = p.top_k > 0 && p.top_k < V;
+  if (!top_k && p.top_p >= 1.0f && p.min_p <= 0.0f) return;  // as the CPU: no cut, no renorm
+  check(launch_sort_keys(probs, rows, V, keys_.data(), s), "sort_keys");
+  size_t bytes = sort_temp_.size();
+  check(sort_keys_descending(sort_temp_.data(), bytes, keys_.data(), sorted_.data(), rows, V,
+                             offsets_.data(), s),
+        "cub::DeviceSegmentedRadixSort::SortKeysDescending");
+  check(launch_cut(sorted_.data(), rows, V, p.top_k, p.top_p, p.min_p, probs, s), "cut");
+}
+
+void Sampler::sample(const float* probs, int rows, int32_t* ids) {
+  check_rows(rows, "sample");
+  check(launch_sample_rows(probs, rows, vocab_, source(), ids, ctx_.stream()), "sample_rows");
+}
+
+void Sampler::pick(const float* logits, const SamplingParams& params, int32_t* id) {
+  if (params.greedy()) {
+    argmax_rows(logits, 1, vocab_, id, ctx_.stream());
+    check(cudaGetLastError(), "argmax_rows");
+    return;
+  }
+  filtered_probs(logits, 1, params, pick_probs_.data());
+  sample(pick_probs_.data(), 1, id);
+}
+
+void Sampler::verify_greedy(const float* logits, const int32_t* draft, int K, RoundResult* result) {
+  check_rows(K + 1, "verify_greedy");
+  ::flashmap::cuda::verify_greedy(logits, vocab_, draft, K, argmax_.data(),
+                                  reinterpret_cast<int32_t*>(result), ctx_.stream());
+  check(cudaGetLastError(), "verify_greedy");
+}
+
+void Sampler::verify_sampled(const float* p, const float* q, const int32_t* draft, int K,
+                             RoundResult* result) {
+  FLASHMAP_CHECK(K >= 0, "cuda::Sampler::verify_sampled: K = {}", K);
+  check(launch_verify_sampled(p, q, draft, K, vocab_, source(), reinterpret_cast<int32_t*>(result),
+                              ctx_.stream()),
+        "verify_sampled");
+}
+
+void Sampler::draw_uniforms(int64_t n, double* out) {
+  check(launch_draw_uniforms(source(), n, out, ctx_.stream()), "draw_uniforms");
+}
+
+}  // namespace flashmap::cuda

@@ -1,0 +1,77 @@
+// Launchers of the device sampling kernels (sampling.cu). They are plain functions returning the
+// CUDA status of their launches, so that this header compiles under nvcc without fmt (which nvcc
+// cannot parse); cuda::Sampler (sampling.h) owns the buffers and turns statuses into errors.
+// Every pointer is a device pointer; every launcher enqueues on `stream` and does not synchronize.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define FLASHMAP_HD __host__ __device__
+#else
+#define FLASHMAP_HD
+#endif
+
+namespace flashmap::cuda {
+
+// The device's counter-based uniform generator: number i of the stream seeded with `seed`. It is
+// SplitMix64 (Steele et al. 2014) with state mix64(seed) read at position i + 1, so draws need no
+// sequential state (any kernel can take number i), the host can compute the same numbers (tests),
+// and a stream is reproducible from its seed. 53 bits, in [0, 1), like Rng::uniform.
+FLASHMAP_HD inline uint64_t splitmix64_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+FLASHMAP_HD inline double counter_uniform(uint64_t seed, uint64_t i) {
+  const uint64_t x = splitmix64_mix(splitmix64_mix(seed) + (i + 1) * 0x9e3779b97f4a7c15ull);
+  return double(x >> 11) * 0x1.0p-53;
+}
+
+// Where the kernels take uniforms from. state[0] is the seed and state[1] the counter (the number
+// of uniforms consumed so far), both in device memory so that a captured CUDA graph stays valid
+// across seeds and rounds. Uniform number i is counter_uniform(seed, i), or table[i] in test mode
+// (table != nullptr): the host fills the table with an Rng's draws to compare decisions with the
+// CPU exactly. Past the table's end a draw is NaN (it rejects and samples nothing sensible, so a
+// test that under-sizes its table fails instead of reading out of bounds).
+struct UniformSource {
+  uint64_t* state = nullptr;
+  const double* table = nullptr;
+  uint64_t table_size = 0;
+};
+
+// Row-wise pieces of flashmap::filtered_probs (src/spec/sampling.cpp):
+// softmax of logits [rows, vocab] at 1/T = inv_t into probs (float(exp / Σexp) as on the CPU).
+cudaError_t launch_softmax_temperature(const float* logits, int64_t rows, int64_t vocab,
+                                       float inv_t, float* probs, cudaStream_t stream);
+// keys[r, i] = (bits(probs[r, i]) << 32) | (0xffffffff − i): sorted descending, larger
+// probabilities come first and equal ones keep the lower id first (the CPU's stable_sort order).
+cudaError_t launch_sort_keys(const float* probs, int64_t rows, int64_t vocab, uint64_t* keys,
+                             cudaStream_t stream);
+// CUB's segmented radix sort of the keys, descending, one segment per row (offsets [rows + 1] =
+// r · vocab). With temp == nullptr it only writes the needed temp_bytes.
+cudaError_t sort_keys_descending(void* temp, size_t& temp_bytes, const uint64_t* keys_in,
+                                 uint64_t* keys_out, int64_t rows, int64_t vocab,
+                                 const int* offsets, cudaStream_t stream);
+// The top-k / top-p / min-p cut on sorted keys and the renormalization, written back into probs
+// (every entry of each row is written: kept ones renormalized, the rest 0).
+cudaError_t launch_cut(const uint64_t* sorted, int64_t rows, int64_t vocab, int top_k, float top_p,
+                       float min_p, float* probs, cudaStream_t stream);
+
+// flashmap::sample per row of probs [rows, vocab] (row r takes uniform number counter + r), then
+// the counter advances by rows.
+cudaError_t launch_sample_rows(const float* probs, int64_t rows, int64_t vocab, UniformSource u,
+                               int32_t* out, cudaStream_t stream);
+// flashmap::verify_sampled on one block: p [K + 1, vocab], q [K, vocab], draft [K]; writes
+// result[0] = accepted, result[1] = the token after them, and advances the counter by the
+// uniforms consumed, in the CPU's order.
+cudaError_t launch_verify_sampled(const float* p, const float* q, const int32_t* draft, int K,
+                                  int64_t vocab, UniformSource u, int32_t* result,
+                                  cudaStream_t stream);
+// Writes uniforms number counter … counter + n − 1 to out and advances the counter (tests).
+cudaError_t launch_draw_uniforms(UniformSource u, int64_t n, double* out, cudaStream_t stream);
+
+}  // namespace flashmap::cuda
