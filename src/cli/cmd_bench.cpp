@@ -4,6 +4,9 @@
 //   flashmap bench --shape qwen3-0.6b      random bf16 weights at a real shape, made in memory:
 //                                          decode / verify-17 ms against measured bandwidth, and
 //                                          tokens/s as a function of acceptance length (scripted)
+//   flashmap bench --device cuda --shape qwen3-8b
+//                                          the same on the GPU (CUDA builds): random device
+//                                          weights, HBM bandwidth, decode and verify with graphs
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -18,6 +21,11 @@
 #include "models/qwen3.h"
 #include "spec/decoder.h"
 
+#ifdef FLASHMAP_WITH_CUDA
+#include "cuda/device.h"
+#include "cuda/qwen3_cuda.h"
+#endif
+
 namespace flashmap::cli {
 namespace {
 
@@ -26,7 +34,7 @@ using json = nlohmann::json;
 
 struct BenchArgs {
   ModelOptions model;
-  std::string shape, json_out;
+  std::string shape, json_out, device = "cpu";
   int reps = 3, max_new_tokens = 128, prompts = 4, context = 512, block = 16;
 };
 
@@ -111,7 +119,12 @@ std::unique_ptr<Qwen3Model> random_target(const Qwen3Config& c) {
 
 Qwen3Config shape_config(const std::string& shape) {
   Qwen3Config c;
-  if (shape == "qwen3-0.6b") {
+  if (shape == "qwen3-8b") {
+    // Qwen/Qwen3-8B's config.json (untied lm_head): the target of the goal table.
+    c.vocab_size = 151936, c.hidden_size = 4096, c.intermediate_size = 12288;
+    c.num_hidden_layers = 36, c.num_attention_heads = 32, c.num_key_value_heads = 8,
+    c.head_dim = 128;
+  } else if (shape == "qwen3-0.6b") {
     c.vocab_size = 151936, c.hidden_size = 1024, c.intermediate_size = 3072;
     c.num_hidden_layers = 28, c.num_attention_heads = 16, c.num_key_value_heads = 8,
     c.head_dim = 128;
@@ -119,7 +132,8 @@ Qwen3Config shape_config(const std::string& shape) {
     c.vocab_size = 4096, c.hidden_size = 256, c.intermediate_size = 768;
     c.num_hidden_layers = 4, c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64;
   } else {
-    throw Error(fmt::format("--shape: unknown shape '{}' (known: qwen3-0.6b, tiny)", shape));
+    throw Error(
+        fmt::format("--shape: unknown shape '{}' (known: qwen3-8b, qwen3-0.6b, tiny)", shape));
   }
   c.rope_theta = 1e6;
   return c;
@@ -160,7 +174,141 @@ json run_decode(const Qwen3Model& target, const Drafter* drafter,
           {"rounds", rounds}};
 }
 
+void write_json(const json& out, const std::string& path) {
+  if (path.empty()) return;
+  std::ofstream f(path);
+  FLASHMAP_CHECK(f.good(), "--json: cannot write {}", path);
+  f << out.dump(2) << "\n";
+}
+
+#ifdef FLASHMAP_WITH_CUDA
+// `bench --device cuda --shape S`: the target with random bf16 weights made on the device, the
+// GPU's measured read bandwidth, and decode / verify times with CUDA graphs (and without, for
+// reference), at a context of a.context tokens prefilled on the device.
+void run_bench_cuda(const BenchArgs& a) {
+  FLASHMAP_CHECK(
+      !a.shape.empty(),
+      "--device {}: bench needs --shape (qwen3-8b, qwen3-0.6b, tiny); a --target/--draft "
+      "pair on the GPU is `flashmap generate --device cuda`",
+      a.device);
+  FLASHMAP_CHECK(a.context >= 0 && a.block >= 1, "--context must be >= 0 and --block >= 1");
+  const auto cfg = shape_config(a.shape);
+  cuda::Context ctx(a.device);
+  fmt::print("# flashmap bench --device {} --shape {} on {}\n\n", a.device, a.shape, ctx.name());
+  const double gbps = cuda::measure_read_gbps(ctx);  // 2 GiB, far past the 50 MB L2
+
+  const int K = a.block;
+  auto dev = cuda::Qwen3Device::random(ctx, cfg, 1, a.context + K + 1 + 64);
+  // Bytes a decode step reads: every weight but the embedding table (one row of it).
+  const double bytes = double(dev->weight_bytes() - dev->embedding_bytes());
+
+  struct Events {
+    cudaEvent_t a = nullptr, b = nullptr;
+    Events() {
+      cuda::check(cudaEventCreate(&a), "cudaEventCreate");
+      cuda::check(cudaEventCreate(&b), "cudaEventCreate");
+    }
+    ~Events() {
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+    float ms() const {
+      float t = 0;
+      cuda::check(cudaEventElapsedTime(&t, a, b), "cudaEventElapsedTime");
+      return t;
+    }
+  } ev;
+  const cudaStream_t s = ctx.stream();
+
+  // The context: a.context random ids, prefilled eagerly (its values do not change the cost).
+  double prefill_ms = 0;
+  if (a.context > 0) {
+    std::vector<int32_t> ids(size_t(a.context));
+    Rng rng(3);
+    for (auto& t : ids) t = int32_t(rng.next() % uint64_t(cfg.vocab_size));
+    dev->reserve(std::max(a.context, K + 1), K + 1);
+    dev->forward_host(ids, cuda::Qwen3Device::Logits::None, {}, false);  // warm-up
+    dev->truncate(0);
+    cuda::check(cudaEventRecord(ev.a, s), "cudaEventRecord");
+    dev->forward_host(ids, cuda::Qwen3Device::Logits::None, {}, false);
+    cuda::check(cudaEventRecord(ev.b, s), "cudaEventRecord");
+    ctx.sync();
+    prefill_ms = ev.ms();
+  }
+  const cuda::DeviceBuffer<int32_t> step_ids(ctx, std::vector<int32_t>(size_t(K + 1), 7));
+  // ms per forward of n tokens at position a.context: batches of 10 back-to-back steps timed with
+  // events (so host launch cost counts where it is not hidden), median of a.reps batches.
+  auto time_step = [&](int n, bool graph) {
+    auto one = [&] {
+      dev->truncate(a.context);
+      dev->forward(step_ids.data(), n, cuda::Qwen3Device::Logits::All, {}, graph);
+    };
+    for (int i = 0; i < 3; ++i) one();  // warm-up; the first graph call also captures
+    ctx.sync();
+    std::vector<double> t;
+    for (int r = 0; r < std::max(a.reps, 1); ++r) {
+      cuda::check(cudaEventRecord(ev.a, s), "cudaEventRecord");
+      for (int i = 0; i < 10; ++i) one();
+      cuda::check(cudaEventRecord(ev.b, s), "cudaEventRecord");
+      ctx.sync();
+      t.push_back(ev.ms() / 10.0);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  const double decode = time_step(1, true), verify = time_step(K + 1, true);
+  const double decode_eager = time_step(1, false), verify_eager = time_step(K + 1, false);
+  FLASHMAP_ASSERT(dev->graph_launches() > 0);
+  const double eff = bytes / (decode * 1e-3) / 1e9;
+
+  json out;
+  out["device"] = a.device;
+  out["gpu"] = ctx.name();
+  out["shape"] = a.shape;
+  out["context"] = a.context;
+  out["block"] = K;
+  out["read_bandwidth_gbps"] = gbps;
+  out["weight_bytes_per_step"] = bytes;
+  out["prefill_ms"] = prefill_ms;
+  out["decode_ms"] = decode;
+  out["decode_eager_ms"] = decode_eager;
+  out[fmt::format("verify{}_ms", K + 1)] = verify;
+  out[fmt::format("verify{}_eager_ms", K + 1)] = verify_eager;
+  out["decode_effective_gbps"] = eff;
+  out["decode_fraction_of_bandwidth"] = eff / gbps;
+  out["verify_over_decode"] = verify / decode;
+  out["target_alone_tokens_per_s"] = 1000.0 / decode;
+  out["graphs_captured"] = dev->graphs_captured();  // 2 unless buffers had to regrow
+  fmt::print("| measure | value |\n|---|---|\n");
+  fmt::print("| measured read bandwidth (same run) | {:.0f} GB/s |\n", gbps);
+  fmt::print("| weights read per decode step | {:.2f} GB |\n", bytes / 1e9);
+  if (a.context > 0) fmt::print("| prefill, {} tokens | {:.1f} ms |\n", a.context, prefill_ms);
+  fmt::print(
+      "| decode, 1 token at context {} (CUDA graph) | {:.2f} ms ({:.0f} GB/s = {:.0f}% of "
+      "bandwidth; {:.0f} tokens/s) |\n",
+      a.context, decode, eff, 100 * eff / gbps, 1000.0 / decode);
+  fmt::print("| decode, without graph | {:.2f} ms |\n", decode_eager);
+  fmt::print("| verify, {} tokens (CUDA graph) | {:.2f} ms ({:.2f}x decode) |\n", K + 1, verify,
+             verify / decode);
+  fmt::print("| verify, without graph | {:.2f} ms |\n\n", verify_eager);
+  write_json(out, a.json_out);
+}
+#endif
+
 void run_bench(BenchArgs& a) {
+  if (a.device != "cpu") {
+    FLASHMAP_CHECK(a.device == "cuda" || a.device.starts_with("cuda:"),
+                   "--device: expected cpu, cuda or cuda:N, got '{}'", a.device);
+#ifdef FLASHMAP_WITH_CUDA
+    run_bench_cuda(a);
+    return;
+#else
+    throw Error(
+        fmt::format("--device {}: this flashmap binary was built without CUDA (configure with "
+                    "-DFLASHMAP_CUDA=ON on a machine with the CUDA toolkit)",
+                    a.device));
+#endif
+  }
   json out;
   out["threads"] = ThreadPool::global().size();
   std::unique_ptr<Qwen3Model> target_ptr;
@@ -278,18 +426,18 @@ void run_bench(BenchArgs& a) {
       row(fmt::format("FlashMap, {} step{}", steps, steps > 1 ? "s" : ""), r);
     }
   }
-  if (!a.json_out.empty()) {
-    std::ofstream f(a.json_out);
-    FLASHMAP_CHECK(f.good(), "--json: cannot write {}", a.json_out);
-    f << out.dump(2) << "\n";
-  }
+  write_json(out, a.json_out);
 }
 
 void register_cmd(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   auto* sub = app.add_subcommand("bench", "Measure decoding speed (target alone vs speculative)");
   add_model_options(*sub, args->model);
-  sub->add_option("--shape", args->shape, "random bf16 target at a real shape: qwen3-0.6b, tiny");
+  sub->add_option("--shape", args->shape,
+                  "random bf16 target at a real shape: qwen3-8b (meant for --device cuda), "
+                  "qwen3-0.6b, tiny");
+  sub->add_option("--device", args->device,
+                  "cpu (default) or cuda[:N] (with --shape; needs a build with the CUDA backend)");
   sub->add_option("--context", args->context, "context length for --shape decode timing (512)");
   sub->add_option("--block", args->block, "block size K for --shape (16)");
   sub->add_option("--reps", args->reps, "repetitions (median or sum; 3)");

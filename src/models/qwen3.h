@@ -35,6 +35,8 @@ class Qwen3Model {
   const Weight& embedding() const { return embed_; }
   const Weight& lm_head() const { return lm_head_; }
   int64_t weight_bytes() const;
+  // The weights as loaded (the CUDA backend uploads them from here by their checkpoint names).
+  const Checkpoint& checkpoint() const { return *ckpt_; }
 
   KVCache new_cache() const;
 
