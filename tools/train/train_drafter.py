@@ -194,7 +194,7 @@ def cmd_train(args):
     V, K = E.shape[0], args.block
     grids = draft.config.jump_grids
     opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    state = {"stage": 1, "step": 0, "elapsed": [0.0, 0.0]}
+    state = {"stage": 1, "step": 0, "elapsed": [0.0, 0.0], "stage_steps": [0, 0]}
     if os.path.exists(args.ckpt):
         ck = torch.load(args.ckpt, weights_only=False)
         if ck["config"] != draft.config.to_dict():
@@ -202,17 +202,30 @@ def cmd_train(args):
         draft.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         state = ck["state"]
+        state.setdefault("stage_steps", [0, 0])
         torch.set_rng_state(ck["rng"])
         print(f"resumed: stage {state['stage']}, step {state['step']}", flush=True)
-    gen = torch.Generator().manual_seed(args.seed + state["step"])
+    gen = torch.Generator().manual_seed(args.seed)
+    if os.path.exists(args.ckpt) and "gen" in ck:
+        gen.set_state(ck["gen"])
     sampler = TimeSampler(V)
     pos_w = torch.exp(-torch.arange(K).float() / args.pos_gamma)
     pos_w = (pos_w / pos_w.mean()).to(args.device)
     budgets = [args.stage1_minutes * 60, args.stage2_minutes * 60]
+    # --stageN-steps > 0: the stage is N steps long and its schedule follows the step count, so
+    # that a run (interrupted and resumed or not) is reproducible bit for bit; else minutes.
+    step_budgets = [args.stage1_steps, args.stage2_steps]
+    run_steps = 0
+
+    def stage_frac(si):
+        if step_budgets[si] > 0:
+            return state["stage_steps"][si] / step_budgets[si]
+        return state["elapsed"][si] / budgets[si] if budgets[si] > 0 else 1.0
 
     def save():
         torch.save({"model": draft.state_dict(), "opt": opt.state_dict(), "state": state,
-                    "rng": torch.get_rng_state(), "config": draft.config.to_dict()}, args.ckpt + ".tmp")
+                    "rng": torch.get_rng_state(), "gen": gen.get_state(), "config": draft.config.to_dict()},
+                   args.ckpt + ".tmp")
         os.replace(args.ckpt + ".tmp", args.ckpt)
 
     def path_state(y1h, s):
@@ -230,13 +243,17 @@ def cmd_train(args):
     draft.train()
     while state["stage"] <= 2:
         si = state["stage"] - 1
-        if state["elapsed"][si] >= budgets[si]:
+        if stage_frac(si) >= 1.0:
             state["stage"] += 1
             save()
             last_print = -1e9
             continue
+        if args.stop_after and run_steps >= args.stop_after:
+            save()
+            print(f"stopped after {run_steps} steps (--stop-after); rerun to resume", flush=True)
+            return
         t_start = time.time()
-        frac = state["elapsed"][si] / budgets[si]
+        frac = stage_frac(si)
         lr = args.lr * min(1.0, frac * 20 + 0.02) * (0.5 * (1 + math.cos(math.pi * frac)) * 0.9 + 0.1)
         if si == 1:
             lr *= args.stage2_lr_scale
@@ -246,6 +263,10 @@ def cmd_train(args):
         feats, toks, anchors, y = batch_samples(data, B, K, gen)
         feats, toks, anchors, y = feats.to(args.device), toks.to(args.device), anchors.to(args.device), y.to(args.device)
         y1h = F.one_hot(y, V).float()
+        # --amp: bf16 matmuls (fp32 master weights, fp32 loss); ~2x on CPUs with AVX512-BF16/AMX.
+        amp = torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16,
+                             enabled=args.amp)
+        amp.__enter__()
         if si == 0:
             # half the batch: the flow (denoiser D_{t,t}) at t uniform in tau; half: the grids'
             # jumps (s, t) trained on the data directly (their marginal), as a warm start.
@@ -261,7 +282,6 @@ def cmd_train(args):
             t[:nj] = torch.tensor([p[1] for p in pairs], device=args.device)
             x = path_state(y1h, s)
             logits = draft_forward(draft, E, W, feats, toks, anchors, embed_state(draft, x, s, t, E), s, t)
-            loss = ce(logits, y)
         else:
             # self-distillation: D_{s,t} -> w1 D_{s,u}(x) + w2 D_{u,t}(X_{s,u}(x)), u the midpoint in tau
             # (X_{s,t} = X_{u,t} o X_{s,u}); plus the data loss on a quarter of the batch.
@@ -283,12 +303,16 @@ def cmd_train(args):
                 teacher = w1 * d1 + w2 * d2
                 teacher[:n_d] = y1h[:n_d]
             logits = draft_forward(draft, E, W, feats, toks, anchors, embed_state(draft, x, s, t, E), s, t)
-            loss = ce(logits, teacher)
+        amp.__exit__(None, None, None)
+        logits = logits.float()
+        loss = ce(logits, teacher if si == 1 else y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
         state["step"] += 1
+        state["stage_steps"][si] += 1
+        run_steps += 1
         state["elapsed"][si] += time.time() - t_start
         if state["elapsed"][si] - last_print > 20:
             last_print = state["elapsed"][si]
@@ -433,7 +457,12 @@ def main():
     ap.add_argument("--pos-gamma", type=float, default=4.0)
     ap.add_argument("--stage1-minutes", type=float, default=10.0)
     ap.add_argument("--stage2-minutes", type=float, default=3.0)
+    ap.add_argument("--stage1-steps", type=int, default=0, help="> 0: stage 1 by steps, not minutes")
+    ap.add_argument("--stage2-steps", type=int, default=0, help="> 0: stage 2 by steps, not minutes")
+    ap.add_argument("--stop-after", type=int, default=0,
+                    help="stop (with a checkpoint) after this many steps of this run, as an interruption")
     ap.add_argument("--bf16", action="store_true", help="export in bfloat16")
+    ap.add_argument("--amp", action="store_true", help="train with bf16 autocast (fp32 master weights)")
     # eval
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)

@@ -91,10 +91,17 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--steps", type=int, default=100000, help="upper bound; --minutes usually stops first")
-    ap.add_argument("--minutes", type=float, default=20.0)
+    ap.add_argument("--minutes", type=float, default=20.0,
+                    help="time budget (the schedule follows elapsed time); 0: exactly --steps steps, "
+                         "scheduled by step count, reproducible bit for bit across interruptions")
+    ap.add_argument("--stop-after", type=int, default=0,
+                    help="stop (with a checkpoint) after this many steps of this run, as an interruption")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bf16", action="store_true",
+                    help="bf16 autocast for the matmuls (fp32 master weights; ~2.4x faster on CPUs with "
+                         "AVX512-BF16 or AMX, and on GPUs)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import Qwen3ForCausalLM
@@ -147,25 +154,35 @@ def main():
 
     t0, last_print, last_save = time.time() - elapsed, 0.0, time.time()
     model.train()
-    while step < total_steps and elapsed < budget:
-        frac = elapsed / budget
+    by_steps = args.minutes <= 0
+    run_steps = 0
+    while step < total_steps and (by_steps or elapsed < budget):
+        if args.stop_after and run_steps >= args.stop_after:
+            save()
+            print(f"stopped after {run_steps} steps (--stop-after); rerun to resume", flush=True)
+            return
+        frac = step / total_steps if by_steps else elapsed / budget
         for g in opt.param_groups:
             g["lr"] = lr_at(frac)
         starts = torch.randint(0, len(train) - args.seq - 1, (args.batch,))
         x = torch.stack([train[s:s + args.seq + 1] for s in starts]).to(args.device)
-        logits = model(x[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), x[:, 1:].reshape(-1))
+        with torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16,
+                            enabled=args.bf16):
+            logits = model(x[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
+        run_steps += 1
         elapsed = time.time() - t0
         if elapsed - last_print > 30:
             last_print = elapsed
             tps = step * args.batch * args.seq / max(elapsed, 1e-9)
+            eta = elapsed * (total_steps - step) / step if by_steps else budget - elapsed
             print(f"step {step} loss {loss.item():.3f} lr {lr_at(frac):.2e} {tps:.0f} tok/s "
-                  f"elapsed {elapsed / 60:.1f} min ETA {(budget - elapsed) / 60:.1f} min", flush=True)
+                  f"elapsed {elapsed / 60:.1f} min ETA {eta / 60:.1f} min", flush=True)
         if time.time() - last_save > 120:
             save()
             last_save = time.time()
