@@ -17,6 +17,10 @@
 
 namespace flashmap {
 
+namespace cuda {
+class FlashMapDevice;
+}
+
 // FlashMapCache for one sequence: per layer the cross-attention keys and values
 // [position, hidden] of the context. Positions [0, length) hold the target's features of the
 // verified tokens; position `length` is the anchor's, written by draft() and overwritten by the
@@ -66,6 +70,9 @@ class FlashMapDrafter {
   bool has_noise_factor() const;
 
  private:
+  // The CUDA backend (src/cuda/flashmap_cuda.cpp) uploads these weights once, as they are here.
+  friend class cuda::FlashMapDevice;
+
   struct Linear {
     Weight w;
     std::vector<float> b;  // empty: no bias

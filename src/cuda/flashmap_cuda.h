@@ -1,0 +1,210 @@
+// The FlashMap drafter on the GPU: FlashMapDrafter (src/models/flashmap.cpp, the specification,
+// itself mirroring modeling_flashmap.py of flashmap==0.1.0) with bf16 weights for the GEMMs (fp32
+// accumulation), fp32 activations, an fp32 device context cache and noise drawn on the device.
+//
+// A round of the decoding loop on the device:
+//   FlashMapDevice fm(gpu, cpu_drafter, target.embedding(), target.lm_head(), V, H);
+//   DeviceDraftContext ctx = fm.new_context(max_positions);
+//   fm.extend_context(ctx, d_features, n);          // target features of n verified tokens
+//   fm.draft(ctx, d_anchor, steps, noise, d_logits); // [K, V] logits of the block after the anchor
+// Everything is enqueued on the Context's stream; nothing here synchronizes except uploads at
+// construction and the first use of a jump (its time conditioning).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cuda/device.h"
+#include "io/hf_config.h"
+
+namespace flashmap {
+class FlashMapDrafter;
+}
+
+namespace flashmap::cuda {
+
+class FlashMapDevice;
+
+// FlashMapCache of one sequence on the device: per layer the cross-attention keys and values
+// [capacity, hidden] fp32. Positions [0, length) hold the target's features of the verified
+// tokens; position `length` is the anchor's, written by draft() and overwritten by the next
+// extend_context(). The length lives on the host (for bounds) and on the device (read by the draft
+// kernels, so a captured draft needs no re-capture when the context grows).
+class DeviceDraftContext {
+ public:
+  DeviceDraftContext() = default;
+  DeviceDraftContext(DeviceDraftContext&&) noexcept;
+  DeviceDraftContext& operator=(DeviceDraftContext&&) noexcept;
+  DeviceDraftContext(const DeviceDraftContext&) = delete;
+  DeviceDraftContext& operator=(const DeviceDraftContext&) = delete;
+  ~DeviceDraftContext();
+
+  int64_t length() const { return length_; }
+  // Positions it holds, the anchor's slot included: length() + 1 <= capacity().
+  int64_t capacity() const { return capacity_; }
+  // Device int64 holding length().
+  const int64_t* device_length() const { return d_length_.data(); }
+
+ private:
+  friend class FlashMapDevice;
+  void destroy_graphs();
+
+  std::vector<DeviceBuffer<float>> k_, v_;
+  DeviceBuffer<int64_t> d_length_;
+  int64_t length_ = 0, capacity_ = 0;
+  const FlashMapDevice* owner_ = nullptr;
+  // Captured drafts that write into this context: (steps, noise kind, noise data, anchor pointer,
+  // logits pointer) -> executable graph.
+  using GraphKey = std::tuple<int, int, const float*, const int32_t*, float*>;
+  std::map<GraphKey, cudaGraphExec_t> graphs_;
+};
+
+class FlashMapDevice {
+ public:
+  // How a draft starts (FlashMapDrafter::Noise on the device).
+  struct Noise {
+    enum Kind { Draw, Vocab, Embed } kind = Draw;
+    // Vocab: device [K, V] fp32 (the starting state x0); Embed: device [K, target_hidden] fp32 (z,
+    // one-step drafts only: the inputs come from z·Lᵀ).
+    const float* data = nullptr;
+    // Draw: the Philox stream (seed, counter) (philox.h). A one-step draft draws z [K,
+    // target_hidden] when the noise factor L exists (as FlashMapDrafter::draft and the reference
+    // do), otherwise x0 [K, V]. Use a new counter for every draft of a sequence.
+    uint64_t seed = 0, counter = 0;
+  };
+  // Eager: the kernels are enqueued one by one. Graph: the draft is captured once per (context,
+  // steps, noise kind, noise data, anchor pointer, logits pointer) into a CUDA graph and replayed;
+  // the context length, anchor and (seed, counter) are read from device memory on every replay.
+  enum class Exec { Eager, Graph };
+
+  // Uploads `drafter`'s weights (bf16 matrices, fp32 vectors) and its target constants (the
+  // uniform embedding, and the Cholesky factor L of EᵀE when EᵀE is positive definite). The
+  // target's embedding [vocab, target_hidden] and lm_head [vocab, target_hidden] are bf16 device
+  // tensors owned by the caller (e.g. Qwen3Device) that must outlive this object.
+  FlashMapDevice(Context& gpu, const FlashMapDrafter& drafter, const __nv_bfloat16* embedding,
+                 const __nv_bfloat16* lm_head, int64_t vocab, int64_t target_hidden);
+  // The same with the bf16 tensors as raw bits (Qwen3Device::embedding() / lm_head()).
+  FlashMapDevice(Context& gpu, const FlashMapDrafter& drafter, const uint16_t* embedding,
+                 const uint16_t* lm_head, int64_t vocab, int64_t target_hidden)
+      : FlashMapDevice(gpu, drafter, reinterpret_cast<const __nv_bfloat16*>(embedding),
+                       reinterpret_cast<const __nv_bfloat16*>(lm_head), vocab, target_hidden) {}
+  // A drafter of shape `config` with random bf16 weights (N(0, 1/fan_in)), unit norm weights, zero
+  // biases, noise_gate 1, the uniform embedding computed from `embedding` and a random
+  // well-conditioned lower-triangular L: for benchmarks at real shapes without a checkpoint.
+  static std::unique_ptr<FlashMapDevice> random(Context& gpu, const FlashMapConfig& config,
+                                                const __nv_bfloat16* embedding,
+                                                const __nv_bfloat16* lm_head, int64_t vocab,
+                                                int64_t target_hidden, uint64_t seed);
+  static std::unique_ptr<FlashMapDevice> random(Context& gpu, const FlashMapConfig& config,
+                                                const uint16_t* embedding, const uint16_t* lm_head,
+                                                int64_t vocab, int64_t target_hidden,
+                                                uint64_t seed) {
+    return random(gpu, config, reinterpret_cast<const __nv_bfloat16*>(embedding),
+                  reinterpret_cast<const __nv_bfloat16*>(lm_head), vocab, target_hidden, seed);
+  }
+  ~FlashMapDevice();
+  FlashMapDevice(const FlashMapDevice&) = delete;
+  FlashMapDevice& operator=(const FlashMapDevice&) = delete;
+
+  const FlashMapConfig& config() const { return config_; }
+  int block_size() const { return config_.block_size; }
+  int64_t vocab() const { return vocab_; }
+  int64_t target_hidden() const { return target_hidden_; }
+  // Width of a feature row for extend_context: target_layer_ids.size() · target_hidden.
+  int64_t feature_dim() const;
+  // The jump grid for `steps`; throws listing the supported step counts.
+  const std::vector<double>& grid(int steps) const;
+  bool has_noise_factor() const { return has_factor_; }
+
+  // An empty context for up to `max_positions` positions (verified tokens + the anchor).
+  DeviceDraftContext new_context(int64_t max_positions) const;
+  // Empties a context for a new sequence (its captured drafts stay valid).
+  void reset(DeviceDraftContext& ctx) const;
+  // FlashMapDrafter::extend_context: appends the target's features d_features [n, feature_dim()]
+  // (fp32, device) at the next n positions. Throws when length + n + 1 > capacity.
+  void extend_context(DeviceDraftContext& ctx, const float* d_features, int64_t n);
+
+  // FlashMapDrafter::draft for one sequence: d_logits [K, V] fp32 (device, 256-byte aligned like
+  // any cudaMalloc base: cuBLASLt's algorithm choice assumes it) for the block after the anchor.
+  // The host-anchor form checks the anchor against the vocabulary; the device form reads it from
+  // d_anchor when the draft runs (e.g. the bonus token of the last verify) and trusts it to be in
+  // [0, V).
+  void draft(DeviceDraftContext& ctx, int32_t anchor, int steps, const Noise& noise,
+             float* d_logits, Exec exec = Exec::Eager);
+  void draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps, const Noise& noise,
+             float* d_logits, Exec exec = Exec::Eager);
+
+ private:
+  struct Linear {
+    DeviceBuffer<uint16_t> w;  // [out, in] bf16
+    DeviceBuffer<float> b;     // [out] or empty
+    int64_t out = 0, in = 0;
+  };
+  struct Attn {
+    Linear q, k, v, o;
+    DeviceBuffer<float> q_norm, k_norm;
+  };
+  struct Layer {
+    Attn self_attn, cross_attn;
+    Linear fc1, fc2;
+  };
+  struct TimeEmbed {
+    Linear l1, l2;
+  };
+
+  FlashMapDevice(Context& gpu, const FlashMapConfig& config, const __nv_bfloat16* embedding,
+                 const __nv_bfloat16* lm_head, int64_t vocab, int64_t target_hidden);
+  void allocate_work();
+  void linear(const Linear& l, const float* x, int64_t rows, float* y) const;
+  void project_kv(const Attn& a, const float* x, int64_t rows, const int64_t* positions,
+                  float* keys, float* values) const;
+  // y [rows, target_hidden] = x [rows, V] · E (ops::matmul_rows), x rounded to bf16 first.
+  void embed_rows(const float* x, int64_t rows, float* y) const;
+  // The AdaLN modulations of the jump (s, t): [(3·layers + 1), 3·hidden] on the device,
+  // computed on first use (host sync) and cached.
+  const float* modulations(double s, double t);
+  void enqueue_draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps,
+                     const Noise& noise, float* d_logits);
+  void forward(const DeviceDraftContext& ctx, const float* mods);
+
+  Context& gpu_;
+  FlashMapConfig config_;
+  const uint16_t* embedding_;  // target's, bf16 [V, TH]
+  const uint16_t* lm_head_;    // target's, bf16 [V, TH]
+  int64_t vocab_, target_hidden_;
+
+  // Weights.
+  Linear fc_, anchor_proj_, x_embed_, head_, noise_factor_ /* L, no bias */;
+  DeviceBuffer<float> hidden_norm_, anchor_norm_, state_norm_, noise_norm_;
+  float noise_gate_ = 1.0f;
+  TimeEmbed time_embed_, jump_embed_;
+  // Every AdaLN linear stacked in the order of time_conditioning (per layer self, cross, mlp, then
+  // final), so the modulations of a jump are one GEMM.
+  Linear adaln_;
+  std::vector<Layer> layers_;
+  bool has_factor_ = false;
+  DeviceBuffer<float> uniform_embeds_, uniform_normed_;  // [TH]; state_norm(uniform_embeds)
+
+  std::map<std::pair<double, double>, DeviceBuffer<float>> mods_;
+
+  // Draft work buffers (one sequence: K rows).
+  DeviceBuffer<float> x_, h_, q_, k_, v_, a_, o_, m_;               // [K, D] ([K, I] for m_)
+  DeviceBuffer<float> inputs_, embeds_, post_embeds_, hidden_, z_;  // [K, TH]
+  DeviceBuffer<float> state_, work_;                                // [K, V]
+  DeviceBuffer<uint16_t> xbf_;                                      // [K, V] bf16 for embed_rows
+  DeviceBuffer<float> anchor_emb_, anchor_ctx_, anchor_k_, anchor_v_;
+  DeviceBuffer<int64_t> block_pos_, anchor_pos_, cross_counts_, self_counts_;
+  DeviceBuffer<int32_t> d_anchor_;
+  DeviceBuffer<uint64_t> d_rng_;  // (seed, counter) of the draft being enqueued
+  // extend_context work, grown on demand.
+  DeviceBuffer<float> ext_ctx_, ext_k_, ext_v_;
+  DeviceBuffer<int64_t> ext_pos_;
+};
+
+}  // namespace flashmap::cuda

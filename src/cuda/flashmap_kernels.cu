@@ -1,0 +1,202 @@
+// Kernels of the FlashMap drafter on the device (see flashmap_kernels.h for what each mirrors).
+// Grid-stride pointwise kernels like kernels.cu; the few single-thread ones write one value.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/flashmap_kernels.h"
+#include "cuda/philox.h"
+
+namespace flashmap::cuda::drafter {
+namespace {
+
+// Enough blocks to fill an H200 (132 SMs) several times, at least one.
+inline unsigned grid_for(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return b < 1 ? 1u : (b > 132 * 32 ? 132u * 32u : unsigned(b));
+}
+
+#define FLASHMAP_GRID_STRIDE(i, n)                                          \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); \
+       i += int64_t(gridDim.x) * blockDim.x)
+
+// One Philox block (four normals) per iteration, written as philox::normal numbers them.
+__global__ void philox_normal_kernel(float* out, int64_t n, const uint64_t* seed_counter,
+                                     uint64_t seed, uint64_t counter) {
+  if (seed_counter) {
+    seed = seed_counter[0];
+    counter = seed_counter[1];
+  }
+  const int64_t groups = (n + 3) / 4;
+  FLASHMAP_GRID_STRIDE(g, groups) {
+    const philox::U4 u = philox::block(seed, counter, uint64_t(g));
+    float z[4];
+    philox::box_muller(u.x, u.y, z[0], z[1]);
+    philox::box_muller(u.z, u.w, z[2], z[3]);
+    const int64_t i0 = 4 * g;
+    for (int e = 0; e < 4 && i0 + e < n; ++e) out[i0 + e] = z[e];
+  }
+}
+
+__global__ void philox_normal_bf16_kernel(__nv_bfloat16* out, int64_t n, float scale,
+                                          uint64_t seed) {
+  const int64_t groups = (n + 3) / 4;
+  FLASHMAP_GRID_STRIDE(g, groups) {
+    const philox::U4 u = philox::block(seed, 0, uint64_t(g));
+    float z[4];
+    philox::box_muller(u.x, u.y, z[0], z[1]);
+    philox::box_muller(u.z, u.w, z[2], z[3]);
+    const int64_t i0 = 4 * g;
+    for (int e = 0; e < 4 && i0 + e < n; ++e) out[i0 + e] = __float2bfloat16_rn(scale * z[e]);
+  }
+}
+
+__global__ void fill_kernel(float* out, int64_t n, float value) {
+  FLASHMAP_GRID_STRIDE(i, n) out[i] = value;
+}
+
+__global__ void unit_lower_kernel(__nv_bfloat16* L, int64_t n) {
+  FLASHMAP_GRID_STRIDE(t, n * n) {
+    const int64_t r = t / n, c = t % n;
+    if (c > r) L[t] = __float2bfloat16_rn(0.0f);
+    if (c == r) L[t] = __float2bfloat16_rn(1.0f);
+  }
+}
+
+// ops::silu: x / (1 + exp(-x)).
+__device__ __forceinline__ float silu_f(float x) {
+  return x / (1.0f + expf(-x));
+}
+
+__global__ void silu_kernel(float* x, int64_t n) {
+  FLASHMAP_GRID_STRIDE(i, n) x[i] = silu_f(x[i]);
+}
+
+__global__ void add_silu_kernel(const float* a, const float* b, int64_t n, float* out) {
+  FLASHMAP_GRID_STRIDE(i, n) out[i] = silu_f(a[i] + b[i]);
+}
+
+__global__ void mix_state_kernel(const float* posterior, int64_t posterior_stride,
+                                 const float* noise, float gate, int64_t rows, int64_t dim,
+                                 float* out) {
+  FLASHMAP_GRID_STRIDE(t, rows * dim) {
+    const int64_t r = t / dim, i = t % dim;
+    out[t] = posterior[r * posterior_stride + i] + gate * noise[t];
+  }
+}
+
+__global__ void scale_kernel(const float* x, float s, int64_t n, float* y) {
+  FLASHMAP_GRID_STRIDE(i, n) y[i] = x[i] * s;
+}
+
+__global__ void jump_update_kernel(float* state, const float* probs, float a, float w, float d,
+                                   int64_t n) {
+  FLASHMAP_GRID_STRIDE(i, n) state[i] = (state[i] * a + probs[i] * w) / d;
+}
+
+__global__ void draft_positions_kernel(const int64_t* length, int K, int64_t* block_positions,
+                                       int64_t* anchor_position, int64_t* cross_counts) {
+  const int64_t L = *length;
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    block_positions[i] = L + 1 + i;
+    cross_counts[i] = L + 1;
+  }
+  if (threadIdx.x == 0) anchor_position[0] = L;
+}
+
+__global__ void iota_kernel(int64_t* out, int64_t start, int64_t n) {
+  FLASHMAP_GRID_STRIDE(i, n) out[i] = start + i;
+}
+
+template <typename T>
+__global__ void set_value_kernel(T* p, T v) {
+  *p = v;
+}
+
+__global__ void set_pair_kernel(uint64_t* p, uint64_t a, uint64_t b) {
+  p[0] = a;
+  p[1] = b;
+}
+
+__global__ void write_row_kernel(float* base, const int64_t* row, const float* src, int64_t dim) {
+  float* dst = base + (*row) * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
+}
+
+}  // namespace
+
+void philox_normal(float* out, int64_t n, const uint64_t* seed_counter, uint64_t seed,
+                   uint64_t counter, cudaStream_t stream) {
+  if (n > 0)
+    philox_normal_kernel<<<grid_for((n + 3) / 4), 256, 0, stream>>>(out, n, seed_counter, seed,
+                                                                    counter);
+}
+
+void philox_normal_bf16(uint16_t* out, int64_t n, float scale, uint64_t seed, cudaStream_t stream) {
+  if (n > 0)
+    philox_normal_bf16_kernel<<<grid_for((n + 3) / 4), 256, 0, stream>>>(
+        reinterpret_cast<__nv_bfloat16*>(out), n, scale, seed);
+}
+
+void fill(float* out, int64_t n, float value, cudaStream_t stream) {
+  if (n > 0) fill_kernel<<<grid_for(n), 256, 0, stream>>>(out, n, value);
+}
+
+void make_unit_lower(uint16_t* L, int64_t n, cudaStream_t stream) {
+  if (n > 0)
+    unit_lower_kernel<<<grid_for(n * n), 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(L), n);
+}
+
+void silu(float* x, int64_t n, cudaStream_t stream) {
+  if (n > 0) silu_kernel<<<grid_for(n), 256, 0, stream>>>(x, n);
+}
+
+void add_silu(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream) {
+  if (n > 0) add_silu_kernel<<<grid_for(n), 256, 0, stream>>>(a, b, n, out);
+}
+
+void mix_state(const float* posterior, int64_t posterior_stride, const float* noise, float gate,
+               int64_t rows, int64_t dim, float* out, cudaStream_t stream) {
+  if (rows * dim > 0)
+    mix_state_kernel<<<grid_for(rows * dim), 256, 0, stream>>>(posterior, posterior_stride, noise,
+                                                               gate, rows, dim, out);
+}
+
+void scale(const float* x, float s, int64_t n, float* y, cudaStream_t stream) {
+  if (n > 0) scale_kernel<<<grid_for(n), 256, 0, stream>>>(x, s, n, y);
+}
+
+void jump_update(float* state, const float* probs, float a, float w, float d, int64_t n,
+                 cudaStream_t stream) {
+  if (n > 0) jump_update_kernel<<<grid_for(n), 256, 0, stream>>>(state, probs, a, w, d, n);
+}
+
+void draft_positions(const int64_t* length, int K, int64_t* block_positions,
+                     int64_t* anchor_position, int64_t* cross_counts, cudaStream_t stream) {
+  draft_positions_kernel<<<1, 128, 0, stream>>>(length, K, block_positions, anchor_position,
+                                                cross_counts);
+}
+
+void iota(int64_t* out, int64_t start, int64_t n, cudaStream_t stream) {
+  if (n > 0) iota_kernel<<<grid_for(n), 256, 0, stream>>>(out, start, n);
+}
+
+void set_value(int64_t* p, int64_t v, cudaStream_t stream) {
+  set_value_kernel<int64_t><<<1, 1, 0, stream>>>(p, v);
+}
+
+void set_value(int32_t* p, int32_t v, cudaStream_t stream) {
+  set_value_kernel<int32_t><<<1, 1, 0, stream>>>(p, v);
+}
+
+void set_pair(uint64_t* p, uint64_t a, uint64_t b, cudaStream_t stream) {
+  set_pair_kernel<<<1, 1, 0, stream>>>(p, a, b);
+}
+
+void write_row(float* base, const int64_t* row, const float* src, int64_t dim,
+               cudaStream_t stream) {
+  if (dim > 0) write_row_kernel<<<1, 256, 0, stream>>>(base, row, src, dim);
+}
+
+}  // namespace flashmap::cuda::drafter

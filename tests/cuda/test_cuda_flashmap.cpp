@@ -1,0 +1,493 @@
+// The FlashMap drafter on the GPU (src/cuda/flashmap_cuda.*) against the CPU FlashMapDrafter (the
+// specification, itself checked against the reference by `flashmap parity`) on the committed
+// fixtures, with the same given noise; the device Philox normal generator against its host copy and
+// N(0, 1); CUDA-graph replays against eager drafts; and a smoke run with timings at the default
+// drafter shape. Without a usable GPU every device test skips; the generator's host tests run.
+//
+// Tolerances. The device rounds every GEMM operand to bf16 (weights, activations, the state read
+// through E, E and lm_head themselves) and accumulates in fp32; the CPU computes in fp32 from the
+// fixtures' fp32 weights. One bf16 rounding is a relative error of at most 2⁻⁹ (NMSE ~1e-6 per
+// operand); through the ~20 GEMMs of a draft it adds up to NMSE ~3e-5 on the fixtures' logits
+// (tools/emulate_bf16_draft.py emulates exactly these roundings on the reference: 2.3e-5…3.4e-5
+// for every fixture, step count and noise kind). kNmse = 1e-3 leaves 30× margin and still fails on
+// any real bug (a wrong index, norm or time gives NMSE ~1). The same emulation flips the argmax of
+// 1 slot in 145 whose top-2 logits are 2e-3 apart, so an argmax may differ only where the CPU's
+// top-2 gap is within twice the row's largest |Δ| (the only way the error can flip it), and at
+// least 3/4 of the slots of every draft must agree exactly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "cuda/device.h"
+#include "cuda/flashmap_cuda.h"
+#include "cuda/flashmap_kernels.h"
+#include "cuda/philox.h"
+#include "io/safetensors.h"
+#include "models/flashmap.h"
+#include "models/qwen3.h"
+
+namespace flashmap::cuda {
+namespace {
+
+constexpr double kNmse = 1e-3;
+const char* const kFixtures[] = {"tests/fixtures/tiny-a", "tests/fixtures/tiny-b",
+                                 "tests/fixtures/tiny-c"};
+
+// One context for the whole binary; null (and the reason) when there is no usable GPU.
+struct Gpu {
+  std::unique_ptr<Context> ctx;
+  std::string why;
+  static Gpu& get() {
+    static Gpu g = [] {
+      Gpu r;
+      if (device_count(&r.why) > 0) r.ctx = std::make_unique<Context>("cuda");
+      return r;
+    }();
+    return g;
+  }
+};
+
+class CudaFlashMap : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Gpu::get().ctx) GTEST_SKIP() << "no usable CUDA GPU: " << Gpu::get().why;
+    gpu = Gpu::get().ctx.get();
+  }
+  Context* gpu = nullptr;
+};
+
+double nmse(std::span<const float> got, std::span<const float> want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    const double d = double(got[i]) - double(want[i]);
+    err += d * d;
+    ref += double(want[i]) * double(want[i]);
+  }
+  return ref > 0 ? err / ref : err;
+}
+
+// GPU draft logits [rows, V] against the CPU's: NMSE, then per-slot argmax as explained on top.
+void expect_logits_match(const std::vector<float>& gpu, const std::vector<float>& cpu, int64_t V,
+                         const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  const double e = nmse(gpu, cpu);
+  EXPECT_LE(e, kNmse) << what;
+  const int64_t rows = int64_t(cpu.size()) / V;
+  int64_t exact = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* c = cpu.data() + r * V;
+    const float* g = gpu.data() + r * V;
+    float max_abs = 0;
+    for (int64_t i = 0; i < V; ++i) max_abs = std::max(max_abs, std::abs(g[i] - c[i]));
+    EXPECT_TRUE(std::isfinite(max_abs)) << what << " slot " << r;
+    const int64_t ac = std::max_element(c, c + V) - c, ag = std::max_element(g, g + V) - g;
+    if (ac == ag) {
+      ++exact;
+    } else {
+      EXPECT_LE(c[ac] - c[ag], 2.0f * max_abs)
+          << what << " slot " << r << ": GPU argmax " << ag << " is not a CPU near-tie of " << ac;
+    }
+  }
+  EXPECT_GE(exact, rows - rows / 4) << what << ": argmax agreement " << exact << "/" << rows;
+  std::printf("  %-40s NMSE %.2e, argmax %lld/%lld\n", what.c_str(), e, (long long)exact,
+              (long long)rows);
+}
+
+std::vector<uint16_t> bf16_of(const Weight& w) {
+  std::vector<uint16_t> out(size_t(w.rows * w.cols));
+  std::vector<float> row(size_t(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    w.row_f32(r, row.data());
+    for (int64_t c = 0; c < w.cols; ++c)
+      out[size_t(r * w.cols + c)] = ::flashmap::f32_to_bf16(row[size_t(c)]);
+  }
+  return out;
+}
+
+// A fixture on both backends: the CPU target and drafter, the target's embedding and lm_head in
+// bf16 on the device (what Qwen3Device holds), the device drafter, and the reference's prompt,
+// features and noise from expected.safetensors.
+struct Pair {
+  std::string dir;
+  std::unique_ptr<Qwen3Model> target;
+  std::unique_ptr<FlashMapDrafter> cpu;
+  std::unique_ptr<SafetensorsFile> ref;
+  DeviceBuffer<uint16_t> E, lm;
+  std::unique_ptr<FlashMapDevice> dev;
+  std::vector<int32_t> prompt;
+  std::vector<float> features;  // [P, F]
+  DeviceBuffer<float> d_features;
+  int64_t V = 0, TH = 0, K = 0, F = 0, P = 0;
+
+  Pair(Context& gpu, const std::string& d) : dir(d) {
+    target = std::make_unique<Qwen3Model>(dir + "/target");
+    cpu = std::make_unique<FlashMapDrafter>(dir + "/draft", *target);
+    ref = std::make_unique<SafetensorsFile>(dir + "/expected.safetensors");
+    V = target->config().vocab_size;
+    TH = target->config().hidden_size;
+    K = cpu->block_size();
+    E = DeviceBuffer<uint16_t>(gpu, bf16_of(target->embedding()));
+    lm = DeviceBuffer<uint16_t>(gpu, bf16_of(target->lm_head()));
+    dev = std::make_unique<FlashMapDevice>(gpu, *cpu, E.data(), lm.data(), V, TH);
+    for (auto id : ref->get("prompt_ids").to_i64()) prompt.push_back(int32_t(id));
+    P = int64_t(prompt.size());
+    features = ref->get("target_features").to_f32();
+    F = dev->feature_dim();
+    EXPECT_EQ(int64_t(features.size()), P * F);
+    d_features = DeviceBuffer<float>(gpu, features);
+  }
+
+  std::vector<float> noise(const std::string& name) const { return ref->get(name).to_f32(); }
+
+  std::vector<float> cpu_draft(DraftContext& ctx, int32_t anchor, int steps,
+                               FlashMapDrafter::Noise noise) const {
+    std::vector<float> logits(size_t(K * V));
+    FlashMapDrafter::Request req{&ctx, anchor, noise};
+    cpu->draft({&req, 1}, steps, logits.data());
+    return logits;
+  }
+  std::vector<float> gpu_draft(Context& gpu, DeviceDraftContext& ctx, int32_t anchor, int steps,
+                               FlashMapDevice::Noise noise,
+                               FlashMapDevice::Exec exec = FlashMapDevice::Exec::Eager) const {
+    DeviceBuffer<float> logits(size_t(K * V));
+    dev->draft(ctx, anchor, steps, noise, logits.data(), exec);
+    return logits.download(gpu);  // waits for the stream
+  }
+};
+
+// --- the normal generator (host; runs everywhere) ----------------------------------------------
+
+TEST(Philox, KnownAnswerVectors) {
+  // Random123's kat_vectors for philox4x32_10.
+  using philox::U4;
+  const U4 a = philox::philox4x32_10(U4{0, 0, 0, 0}, 0, 0);
+  EXPECT_EQ(a.x, 0x6627e8d5u);
+  EXPECT_EQ(a.y, 0xe169c58du);
+  EXPECT_EQ(a.z, 0xbc57ac4cu);
+  EXPECT_EQ(a.w, 0x9b00dbd8u);
+  const U4 b = philox::philox4x32_10(U4{~0u, ~0u, ~0u, ~0u}, ~0u, ~0u);
+  EXPECT_EQ(b.x, 0x408f276du);
+  EXPECT_EQ(b.y, 0x41c83b0eu);
+  EXPECT_EQ(b.z, 0xa20bc7c6u);
+  EXPECT_EQ(b.w, 0x6d5451fdu);
+  const U4 c = philox::philox4x32_10(U4{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
+                                     0xa4093822u, 0x299f31d0u);
+  EXPECT_EQ(c.x, 0xd16cfe09u);
+  EXPECT_EQ(c.y, 0x94fdccebu);
+  EXPECT_EQ(c.z, 0x5001e420u);
+  EXPECT_EQ(c.w, 0x24126ea1u);
+}
+
+// Moments and the Kolmogorov–Smirnov distance of n draws against N(0, 1), with bounds of 5
+// standard errors (mean 1/√n, variance √(2/n), skewness √(6/n), excess kurtosis √(24/n)) and the
+// KS critical value at α = 0.001 (1.95/√n): a sound generator fails none of them with these fixed
+// seeds (checked on the host copy, which the device must equal), a biased one fails clearly.
+void expect_standard_normal(std::vector<float> x, const std::string& what) {
+  const double n = double(x.size());
+  double m = 0;
+  for (float v : x) m += v;
+  m /= n;
+  double m2 = 0, m3 = 0, m4 = 0;
+  for (float v : x) {
+    const double d = v - m;
+    m2 += d * d;
+    m3 += d * d * d;
+    m4 += d * d * d * d;
+  }
+  m2 /= n;
+  m3 /= n;
+  m4 /= n;
+  const double skew = m3 / std::pow(m2, 1.5), kurt = m4 / (m2 * m2) - 3.0;
+  EXPECT_LT(std::abs(m), 5.0 / std::sqrt(n)) << what << " mean";
+  EXPECT_LT(std::abs(m2 - 1.0), 5.0 * std::sqrt(2.0 / n)) << what << " variance";
+  EXPECT_LT(std::abs(skew), 5.0 * std::sqrt(6.0 / n)) << what << " skewness";
+  EXPECT_LT(std::abs(kurt), 5.0 * std::sqrt(24.0 / n)) << what << " excess kurtosis";
+  std::sort(x.begin(), x.end());
+  double ks = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double F = 0.5 * std::erfc(-double(x[i]) / std::sqrt(2.0));
+    ks = std::max({ks, double(i + 1) / n - F, F - double(i) / n});
+  }
+  EXPECT_LT(ks, 1.95 / std::sqrt(n)) << what << " KS distance";
+  EXPECT_TRUE(std::isfinite(x.front()) && std::isfinite(x.back())) << what;
+}
+
+std::vector<float> host_normals(uint64_t seed, uint64_t counter, int64_t n) {
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[size_t(i)] = philox::normal(seed, counter, uint64_t(i));
+  return x;
+}
+
+TEST(Philox, HostStreamIsStandardNormal) {
+  const int64_t n = (int64_t(1) << 20) + 3;
+  expect_standard_normal(host_normals(1234, 0, n), "seed 1234 counter 0");
+  expect_standard_normal(host_normals(1234, 1, n), "seed 1234 counter 1");
+  expect_standard_normal(host_normals(~0ull, 1ull << 40, n), "seed ~0 counter 2^40");
+  // Streams of neighbouring counters (successive drafts) and seeds are uncorrelated.
+  const auto a = host_normals(7, 0, n), b = host_normals(7, 1, n), c = host_normals(8, 0, n);
+  double ab = 0, ac = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ab += double(a[size_t(i)]) * b[size_t(i)];
+    ac += double(a[size_t(i)]) * c[size_t(i)];
+  }
+  EXPECT_LT(std::abs(ab / double(n)), 5.0 / std::sqrt(double(n)));
+  EXPECT_LT(std::abs(ac / double(n)), 5.0 / std::sqrt(double(n)));
+}
+
+// --- the generator on the device ----------------------------------------------------------------
+
+TEST_F(CudaFlashMap, DeviceNormalsEqualHostAndAreStandardNormal) {
+  const int64_t n = (int64_t(1) << 20) + 3;  // a partial last Philox block
+  DeviceBuffer<float> d(static_cast<size_t>(n));
+  DeviceBuffer<uint64_t> sc(2);
+  for (auto [seed, counter] :
+       {std::pair<uint64_t, uint64_t>{1234, 0}, {1234, 1}, {~0ull, 1ull << 40}}) {
+    const auto want = host_normals(seed, counter, n);
+    // By value, and read from device memory (the path a captured draft uses).
+    for (bool from_device : {false, true}) {
+      if (from_device) {
+        drafter::set_pair(sc.data(), seed, counter, gpu->stream());
+        drafter::philox_normal(d.data(), n, sc.data(), 0, 0, gpu->stream());
+      } else {
+        drafter::philox_normal(d.data(), n, nullptr, seed, counter, gpu->stream());
+      }
+      const auto got = d.download(*gpu);
+      // Same bits from Philox, same float Box-Muller; only logf/sinf/cosf may differ by an ulp or
+      // two between libm and CUDA's (max |z| ≈ 5.9, so 1e-5 absolute is ~100 ulps of headroom).
+      int64_t bad = 0, first = -1;
+      for (int64_t i = 0; i < n; ++i)
+        if (!(std::abs(got[size_t(i)] - want[size_t(i)]) <= 1e-5f)) {
+          if (first < 0) first = i;
+          ++bad;
+        }
+      EXPECT_EQ(bad, 0) << "seed " << seed << " counter " << counter << " first at " << first
+                        << ": " << (first >= 0 ? got[size_t(first)] : 0.f) << " vs "
+                        << (first >= 0 ? want[size_t(first)] : 0.f);
+      expect_standard_normal(
+          got, "device seed " + std::to_string(seed) + " counter " + std::to_string(counter));
+    }
+  }
+}
+
+// --- parity with the CPU drafter ----------------------------------------------------------------
+
+TEST_F(CudaFlashMap, GivenNoiseMatchesCpuOnFixtures) {
+  for (const char* dir : kFixtures) {
+    SCOPED_TRACE(dir);
+    Pair p(*gpu, dir);
+    const int32_t anchor = p.prompt.back();
+    auto run = [&](FlashMapDrafter::Noise cn, FlashMapDevice::Noise gn, int steps) {
+      DraftContext c = p.cpu->new_context();
+      p.cpu->extend_context(c, p.features.data(), p.P - 1);
+      DeviceDraftContext g = p.dev->new_context(p.P + 1);
+      p.dev->extend_context(g, p.d_features.data(), p.P - 1);
+      return std::make_pair(p.gpu_draft(*gpu, g, anchor, steps, gn),
+                            p.cpu_draft(c, anchor, steps, cn));
+    };
+    for (const auto& [steps, grid] : p.cpu->config().jump_grids) {
+      const std::string name = "noise_x0_steps" + std::to_string(steps);
+      if (!p.ref->contains(name)) continue;
+      const auto x0 = p.noise(name);
+      DeviceBuffer<float> d_x0(*gpu, x0);
+      const auto [got, want] = run({FlashMapDrafter::Noise::Vocab, x0.data(), nullptr},
+                                   {FlashMapDevice::Noise::Vocab, d_x0.data()}, steps);
+      expect_logits_match(got, want, p.V,
+                          std::string(dir) + " x0, " + std::to_string(steps) + " step(s)");
+    }
+    const auto z = p.noise("noise_z");
+    DeviceBuffer<float> d_z(*gpu, z);
+    const auto [got, want] = run({FlashMapDrafter::Noise::Embed, z.data(), nullptr},
+                                 {FlashMapDevice::Noise::Embed, d_z.data()}, 1);
+    expect_logits_match(got, want, p.V, std::string(dir) + " z·Lᵀ, 1 step");
+  }
+}
+
+TEST_F(CudaFlashMap, ExtendContextInRoundsThenDraftMatchesCpu) {
+  // Like the decoding loop: the context grows by the accepted tokens of each round, every draft
+  // writes the anchor's slot and the next extension overwrites it.
+  for (const char* dir : {kFixtures[0], kFixtures[1]}) {
+    SCOPED_TRACE(dir);
+    Pair p(*gpu, dir);
+    DraftContext c = p.cpu->new_context();
+    DeviceDraftContext g = p.dev->new_context(p.P + 1);
+    const std::vector<int64_t> rounds = {1, 3, 2, 4, p.P - 1 - 10};
+    ASSERT_GT(rounds.back(), 0);
+    int64_t done = 0;
+    int steps = 1;
+    for (int64_t n : rounds) {
+      p.cpu->extend_context(c, p.features.data() + done * p.F, n);
+      p.dev->extend_context(g, p.d_features.data() + done * p.F, n);
+      done += n;
+      ASSERT_EQ(g.length(), done);
+      const int32_t anchor = p.prompt[size_t(done)];
+      if (!p.cpu->config().jump_grids.count(steps)) steps = 1;
+      const auto x0 = p.noise("noise_x0_steps" + std::to_string(steps));
+      DeviceBuffer<float> d_x0(*gpu, x0);
+      const auto got =
+          p.gpu_draft(*gpu, g, anchor, steps, {FlashMapDevice::Noise::Vocab, d_x0.data()});
+      const auto want =
+          p.cpu_draft(c, anchor, steps, {FlashMapDrafter::Noise::Vocab, x0.data(), nullptr});
+      expect_logits_match(got, want, p.V,
+                          std::string(dir) + " after " + std::to_string(done) + " positions, " +
+                              std::to_string(steps) + " step(s)");
+      steps = steps % 4 + 1;
+    }
+  }
+}
+
+TEST_F(CudaFlashMap, DrawnNoiseIsTheGeneratorsStream) {
+  // A drawn draft equals the CPU drafter given the device stream (seed, counter) as noise: z
+  // [K, TH] for one step (EᵀE has a Cholesky factor on these fixtures), x0 [K, V] otherwise.
+  for (const char* dir : {kFixtures[0], kFixtures[2]}) {
+    SCOPED_TRACE(dir);
+    Pair p(*gpu, dir);
+    ASSERT_TRUE(p.cpu->has_noise_factor());
+    for (const auto& [steps, grid] : p.cpu->config().jump_grids) {
+      const uint64_t seed = 99, counter = uint64_t(steps) + 5;
+      const bool embed = steps == 1;
+      const int64_t n = embed ? p.K * p.TH : p.K * p.V;
+      DeviceBuffer<float> noise{size_t(n)};
+      drafter::philox_normal(noise.data(), n, nullptr, seed, counter, gpu->stream());
+      const auto host_noise = noise.download(*gpu);
+
+      DraftContext c = p.cpu->new_context();
+      p.cpu->extend_context(c, p.features.data(), p.P - 1);
+      DeviceDraftContext g = p.dev->new_context(p.P + 1);
+      p.dev->extend_context(g, p.d_features.data(), p.P - 1);
+      FlashMapDevice::Noise drawn;
+      drawn.seed = seed;
+      drawn.counter = counter;
+      const auto got = p.gpu_draft(*gpu, g, p.prompt.back(), steps, drawn);
+      using CN = FlashMapDrafter::Noise;
+      const auto want = p.cpu_draft(c, p.prompt.back(), steps,
+                                    {embed ? CN::Embed : CN::Vocab, host_noise.data(), nullptr});
+      expect_logits_match(got, want, p.V,
+                          std::string(dir) + " drawn, " + std::to_string(steps) + " step(s)");
+      // The same noise given on the device takes the same kernels: identical up to rounding.
+      const auto given = p.gpu_draft(
+          *gpu, g, p.prompt.back(), steps,
+          {embed ? FlashMapDevice::Noise::Embed : FlashMapDevice::Noise::Vocab, noise.data()});
+      EXPECT_LE(nmse(given, got), 1e-12);
+    }
+  }
+}
+
+TEST_F(CudaFlashMap, GraphReplayEqualsEagerAsTheContextGrows) {
+  Pair p(*gpu, kFixtures[1]);  // block 16, 3 layers, noise_gate constant
+  DeviceDraftContext g = p.dev->new_context(p.P + 1);
+  DeviceBuffer<int32_t> d_anchor(1);
+  DeviceBuffer<float> eager(size_t(p.K * p.V)), graph(size_t(p.K * p.V));
+  const auto x0 = p.noise("noise_x0_steps2");
+  DeviceBuffer<float> d_x0(*gpu, x0);
+  std::vector<float> before;
+  int64_t done = 0;
+  for (int64_t n : {int64_t(4), int64_t(3), p.P - 1 - 7}) {
+    p.dev->extend_context(g, p.d_features.data() + done * p.F, n);
+    done += n;
+    const std::vector<int32_t> anchor = {p.prompt[size_t(done)]};
+    d_anchor.upload(*gpu, anchor.data(), 1);
+    for (int steps : {1, 3, 2}) {
+      FlashMapDevice::Noise noise;  // drawn, a new counter per round and step count
+      noise.seed = 5;
+      noise.counter = uint64_t(done * 10 + steps);
+      if (steps == 2) noise = {FlashMapDevice::Noise::Vocab, d_x0.data()};
+      p.dev->draft(g, d_anchor.data(), steps, noise, eager.data(), FlashMapDevice::Exec::Eager);
+      p.dev->draft(g, d_anchor.data(), steps, noise, graph.data(), FlashMapDevice::Exec::Graph);
+      const auto e = eager.download(*gpu), r = graph.download(*gpu);
+      // The same kernels and GEMM algorithms on the same data: equal (bitwise in practice).
+      EXPECT_LE(nmse(r, e), 1e-12) << "after " << done << ", " << steps << " step(s)";
+      if (steps == 3) {
+        // The replay followed the new length, anchor and counter rather than the captured ones.
+        if (!before.empty()) {
+          EXPECT_GT(nmse(r, before), 1e-6) << "after " << done;
+        }
+        before = r;
+      }
+    }
+  }
+  // And the last one is the CPU's.
+  DraftContext c = p.cpu->new_context();
+  p.cpu->extend_context(c, p.features.data(), done);
+  const auto want = p.cpu_draft(c, p.prompt[size_t(done)], 2,
+                                {FlashMapDrafter::Noise::Vocab, x0.data(), nullptr});
+  expect_logits_match(graph.download(*gpu), want, p.V, "graph replay, 2 steps");
+}
+
+TEST_F(CudaFlashMap, ClearErrors) {
+  Pair p(*gpu, kFixtures[0]);
+  DeviceDraftContext g = p.dev->new_context(4);
+  DeviceBuffer<float> logits(size_t(p.K * p.V));
+  EXPECT_THROW(p.dev->extend_context(g, p.d_features.data(), 4), Error);  // no room for the anchor
+  p.dev->extend_context(g, p.d_features.data(), 3);
+  EXPECT_THROW(p.dev->draft(g, int32_t(p.V), 1, {}, logits.data()), Error);  // anchor past V
+  EXPECT_THROW(p.dev->draft(g, 1, 7, {}, logits.data()), Error);             // no such grid
+  DeviceBuffer<float> z(size_t(p.K * p.TH));
+  EXPECT_THROW(p.dev->draft(g, 1, 2, {FlashMapDevice::Noise::Embed, z.data()}, logits.data()),
+               Error);  // embedding-space noise is for one step
+  EXPECT_THROW(p.dev->draft(g, 1, 2, {FlashMapDevice::Noise::Vocab, nullptr}, logits.data()),
+               Error);
+  p.dev->draft(g, 1, 1, {}, logits.data());  // still usable
+  gpu->sync();
+}
+
+// --- the default shape (Qwen3-8B target, 2048-wide 6-layer drafter, block 16) ------------------
+
+TEST_F(CudaFlashMap, RandomDrafterAtDefaultShapeRunsAndTimes) {
+  FlashMapConfig c;  // the reference's defaults (hidden 2048, 6 layers, block 16, Qwen3-8B)
+  c.jump_grids = FlashMapConfig::default_jump_grids();
+  const int64_t V = c.vocab_size, TH = c.target_hidden_size, K = c.block_size;
+  DeviceBuffer<uint16_t> E(size_t(V * TH)), lm(size_t(V * TH));
+  drafter::philox_normal_bf16(E.data(), V * TH, 0.02f, 1, gpu->stream());
+  drafter::philox_normal_bf16(lm.data(), V * TH, 0.02f, 2, gpu->stream());
+  auto fm = FlashMapDevice::random(*gpu, c, E.data(), lm.data(), V, TH, 42);
+  const int64_t context = 512;
+  DeviceDraftContext ctx = fm->new_context(2048);
+  DeviceBuffer<float> feats(size_t(context * fm->feature_dim()));
+  drafter::philox_normal(feats.data(), context * fm->feature_dim(), nullptr, 3, 0, gpu->stream());
+  fm->extend_context(ctx, feats.data(), context);
+  DeviceBuffer<float> logits(size_t(K * V));
+  DeviceBuffer<int32_t> anchor(1);
+  drafter::set_value(anchor.data(), int32_t(1234), gpu->stream());
+
+  cudaEvent_t t0 = nullptr, t1 = nullptr;
+  check(cudaEventCreate(&t0), "cudaEventCreate");
+  check(cudaEventCreate(&t1), "cudaEventCreate");
+  for (int steps = 1; steps <= 4; ++steps) {
+    for (auto exec : {FlashMapDevice::Exec::Eager, FlashMapDevice::Exec::Graph}) {
+      FlashMapDevice::Noise noise;
+      noise.seed = 11;
+      fm->draft(ctx, anchor.data(), steps, noise, logits.data(), exec);  // warm-up / capture
+      const auto out = logits.download(*gpu);
+      int64_t finite = 0;
+      for (float v : out) finite += std::isfinite(v);
+      EXPECT_EQ(finite, int64_t(out.size())) << steps << " step(s)";
+      const int reps = 10;
+      check(cudaEventRecord(t0, gpu->stream()), "cudaEventRecord");
+      for (int r = 0; r < reps; ++r) {
+        noise.counter = uint64_t(r + 1);
+        fm->draft(ctx, anchor.data(), steps, noise, logits.data(), exec);
+      }
+      check(cudaEventRecord(t1, gpu->stream()), "cudaEventRecord");
+      gpu->sync();
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
+      std::printf("  default shape, context %lld, %d step(s), %s: %.3f ms per draft\n",
+                  (long long)context, steps,
+                  exec == FlashMapDevice::Exec::Eager ? "eager" : "graph", ms / reps);
+    }
+  }
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+}
+
+}  // namespace
+}  // namespace flashmap::cuda
