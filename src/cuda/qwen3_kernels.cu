@@ -1,8 +1,7 @@
-// Kernels of the Qwen3 device forward (see qwen3_kernels.h). Each mirrors a
-// step of Qwen3Model::forward (src/models/qwen3.cpp) and the ops it calls
-// (src/ops/cpu_ops.cpp), with the same fp32 formulas in the same order; what
-// differs from the CPU is only where a bf16 engine rounds (GEMM inputs, the KV
-// cache) and the summation order of reductions.
+// Kernels of the Qwen3 device forward (see qwen3_kernels.h). Each mirrors a step of
+// Qwen3Model::forward (src/models/qwen3.cpp) and the ops it calls (src/ops/cpu_ops.cpp), with the
+// same fp32 formulas in the same order; what differs from the CPU is only where a bf16 engine
+// rounds (GEMM inputs, the KV cache) and the summation order of reductions.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,34 +21,29 @@ inline unsigned grid_for(int64_t n, int threads, unsigned cap = 132u * 32u) {
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-// Sum over a block whose size is a multiple of 32 (<= 1024); every thread gets
-// the result.
+// Sum over a block whose size is a multiple of 32 (<= 1024); every thread gets the result.
 __device__ float block_sum(float v) {
   __shared__ float part[32];
   __shared__ float total;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5,
-            nw = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   v = warp_sum(v);
-  if (lane == 0)
-    part[warp] = v;
+  if (lane == 0) part[warp] = v;
   __syncthreads();
   if (warp == 0) {
     float t = lane < nw ? part[lane] : 0.0f;
     t = warp_sum(t);
-    if (lane == 0)
-      total = t;
+    if (lane == 0) total = t;
   }
   __syncthreads();
   return total;
 }
 
-__global__ void fill_positions_kernel(int64_t length, int64_t n,
-                                      int64_t *positions, int64_t *key_count) {
+__global__ void fill_positions_kernel(int64_t length, int64_t n, int64_t* positions,
+                                      int64_t* key_count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     positions[i] = length + i;
@@ -57,21 +51,19 @@ __global__ void fill_positions_kernel(int64_t length, int64_t n,
   }
 }
 
-// Qwen3Model::forward's `x += tmp` followed by ops::rms_norm (w * (x * inv),
-// that order), the result rounded to nearest-even bf16 (the GEMM input
-// cuda::linear would round it to anyway).
-__global__ void add_rms_norm_bf16_kernel(float *x, const float *delta,
-                                         const float *w, float eps, int64_t dim,
-                                         __nv_bfloat16 *y) {
-  float *xr = x + blockIdx.x * dim;
-  const float *dr = delta ? delta + blockIdx.x * dim : nullptr;
-  __nv_bfloat16 *yr = y + blockIdx.x * dim;
+// Qwen3Model::forward's `x += tmp` followed by ops::rms_norm (w * (x * inv), that order), the
+// result rounded to nearest-even bf16 (the GEMM input cuda::linear would round it to anyway).
+__global__ void add_rms_norm_bf16_kernel(float* x, const float* delta, const float* w, float eps,
+                                         int64_t dim, __nv_bfloat16* y) {
+  float* xr = x + blockIdx.x * dim;
+  const float* dr = delta ? delta + blockIdx.x * dim : nullptr;
+  __nv_bfloat16* yr = y + blockIdx.x * dim;
   float ss = 0;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     float v = xr[i];
     if (dr) {
       v += dr[i];
-      xr[i] = v; // each thread re-reads only the elements it wrote
+      xr[i] = v;  // each thread re-reads only the elements it wrote
     }
     ss = fmaf(v, v, ss);
   }
@@ -81,84 +73,71 @@ __global__ void add_rms_norm_bf16_kernel(float *x, const float *delta,
     yr[i] = __float2bfloat16_rn(w[i] * (xr[i] * inv));
 }
 
-// inv_freq by value (computed on the host with cpu_ops.cpp's formula, so both
-// backends rotate by bit-identical frequencies); head_dim <= 256.
+// inv_freq by value (computed on the host with cpu_ops.cpp's formula, so both backends rotate by
+// bit-identical frequencies); head_dim <= 256.
 struct Freq {
   float f[128];
 };
 
-// One warp per (row, head) of the q, k and v heads of a row (q heads first,
-// then k, then v).
-__global__ void qk_norm_rope_kernel(const float *qkv, int64_t n, int64_t ld,
-                                    int nh, int nkv, int hd, const float *qn,
-                                    const float *kn, float eps,
-                                    const int64_t *positions, Freq freq,
-                                    float *q_out, __nv_bfloat16 *kc,
-                                    __nv_bfloat16 *vc) {
+// One warp per (row, head) of the q, k and v heads of a row (q heads first, then k, then v).
+__global__ void qk_norm_rope_kernel(const float* qkv, int64_t n, int64_t ld, int nh, int nkv,
+                                    int hd, const float* qn, const float* kn, float eps,
+                                    const int64_t* positions, Freq freq, float* q_out,
+                                    __nv_bfloat16* kc, __nv_bfloat16* vc) {
   const int lane = threadIdx.x & 31;
   const int per_row = nh + 2 * nkv;
-  const int64_t item =
-      blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (item >= n * per_row)
-    return; // the whole warp shares `item`, so it leaves together
+  const int64_t item = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (item >= n * per_row) return;  // the whole warp shares `item`, so it leaves together
   const int64_t r = item / per_row;
   const int hh = int(item % per_row);
   const int64_t pos = positions[r];
   const int64_t q_dim = int64_t(nh) * hd, kv_dim = int64_t(nkv) * hd;
-  const float *row = qkv + r * ld;
-  if (hh >= nh + nkv) { // v: stored as computed (bf16 cache)
+  const float* row = qkv + r * ld;
+  if (hh >= nh + nkv) {  // v: stored as computed (bf16 cache)
     const int vh = hh - nh - nkv;
-    const float *src = row + q_dim + kv_dim + int64_t(vh) * hd;
-    __nv_bfloat16 *dst = vc + pos * kv_dim + int64_t(vh) * hd;
-    for (int d = lane; d < hd; d += 32)
-      dst[d] = __float2bfloat16_rn(src[d]);
+    const float* src = row + q_dim + kv_dim + int64_t(vh) * hd;
+    __nv_bfloat16* dst = vc + pos * kv_dim + int64_t(vh) * hd;
+    for (int d = lane; d < hd; d += 32) dst[d] = __float2bfloat16_rn(src[d]);
     return;
   }
   const bool is_q = hh < nh;
   const int h = is_q ? hh : hh - nh;
-  const float *src = row + (is_q ? int64_t(h) * hd : q_dim + int64_t(h) * hd);
-  const float *w = is_q ? qn : kn;
-  // ops::rms_norm over head_dim (q_norm / k_norm come before RoPE,
-  // modeling_qwen3.py).
+  const float* src = row + (is_q ? int64_t(h) * hd : q_dim + int64_t(h) * hd);
+  const float* w = is_q ? qn : kn;
+  // ops::rms_norm over head_dim (q_norm / k_norm come before RoPE, modeling_qwen3.py).
   float ss = 0;
-  for (int d = lane; d < hd; d += 32)
-    ss = fmaf(src[d], src[d], ss);
+  for (int d = lane; d < hd; d += 32) ss = fmaf(src[d], src[d], ss);
   const float var = warp_sum(ss) / float(hd);
   const float inv = 1.0f / sqrtf(var + eps);
-  // ops::rope_half: channel i pairs with i + half, angle float(position) *
-  // inv_freq[i].
+  // ops::rope_half: channel i pairs with i + half, angle float(position) * inv_freq[i].
   const int half = hd / 2;
   for (int i = lane; i < half; i += 32) {
-    const float a = w[i] * (src[i] * inv),
-                b = w[i + half] * (src[i + half] * inv);
+    const float a = w[i] * (src[i] * inv), b = w[i + half] * (src[i + half] * inv);
     const float ang = float(pos) * freq.f[i];
     const float c = cosf(ang), s = sinf(ang);
     const float o1 = a * c - b * s, o2 = b * c + a * s;
     if (is_q) {
-      float *dst = q_out + (r * nh + h) * hd;
+      float* dst = q_out + (r * nh + h) * hd;
       dst[i] = o1;
       dst[i + half] = o2;
     } else {
-      __nv_bfloat16 *dst = kc + pos * kv_dim + int64_t(h) * hd;
+      __nv_bfloat16* dst = kc + pos * kv_dim + int64_t(h) * hd;
       dst[i] = __float2bfloat16_rn(o1);
       dst[i + half] = __float2bfloat16_rn(o2);
     }
   }
 }
 
-// Split-KV attention, pass 1. Block (query·head, split) of kWarps warps; the
-// split takes keys [j0, j1) of [0, key_count[i]) in contiguous shares. Each
-// warp keeps an online softmax over every kWarps-th key of the share (lane owns
-// dims lane, lane + 32, ...), as kernels.cu's attention does; the warps are
-// merged into one unnormalized state (m, l, acc) per block.
+// Split-KV attention, pass 1. Block (query·head, split) of kWarps warps; the split takes keys [j0,
+// j1) of [0, key_count[i]) in contiguous shares. Each warp keeps an online softmax over every
+// kWarps-th key of the share (lane owns dims lane, lane + 32, ...), as kernels.cu's attention does;
+// the warps are merged into one unnormalized state (m, l, acc) per block.
 constexpr int kWarps = 4;
-constexpr int kMaxPerLane = 8; // head_dim <= 256
+constexpr int kMaxPerLane = 8;  // head_dim <= 256
 
-__global__ void attn_partial_kernel(const float *q, int nh, int nkv, int hd,
-                                    const __nv_bfloat16 *k,
-                                    const __nv_bfloat16 *v,
-                                    const int64_t *key_count, float scale,
-                                    float *pm, float *pl, float *pacc) {
+__global__ void attn_partial_kernel(const float* q, int nh, int nkv, int hd, const __nv_bfloat16* k,
+                                    const __nv_bfloat16* v, const int64_t* key_count, float scale,
+                                    float* pm, float* pl, float* pacc) {
   const int64_t qh = blockIdx.x;
   const int64_t i = qh / nh;
   const int h = int(qh % nh), kh = h / (nh / nkv);
@@ -169,7 +148,7 @@ __global__ void attn_partial_kernel(const float *q, int nh, int nkv, int hd,
   const int64_t chunk = (n + S - 1) / S;
   const int64_t j0 = split * chunk;
   const int64_t j1 = j0 + chunk < n ? j0 + chunk : n;
-  const float *qi = q + qh * hd;
+  const float* qi = q + qh * hd;
 
   float qr[kMaxPerLane], acc[kMaxPerLane];
 #pragma unroll
@@ -180,25 +159,23 @@ __global__ void attn_partial_kernel(const float *q, int nh, int nkv, int hd,
   }
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = j0 + warp; j < j1; j += kWarps) {
-    const __nv_bfloat16 *kj = k + j * kv_stride + int64_t(kh) * hd;
+    const __nv_bfloat16* kj = k + j * kv_stride + int64_t(kh) * hd;
     float s = 0;
 #pragma unroll
     for (int e = 0; e < kMaxPerLane; ++e) {
       const int d = lane + 32 * e;
-      if (d < hd)
-        s = fmaf(qr[e], __bfloat162float(kj[d]), s);
+      if (d < hd) s = fmaf(qr[e], __bfloat162float(kj[d]), s);
     }
-    s = warp_sum(s) * scale; // ops::attention: dot(q, k) * scale
+    s = warp_sum(s) * scale;  // ops::attention: dot(q, k) * scale
     const float m_new = fmaxf(m, s);
-    const float corr = expf(m - m_new); // 0 on the first key (m = -inf)
+    const float corr = expf(m - m_new);  // 0 on the first key (m = -inf)
     const float p = expf(s - m_new);
     l = l * corr + p;
-    const __nv_bfloat16 *vj = v + j * kv_stride + int64_t(kh) * hd;
+    const __nv_bfloat16* vj = v + j * kv_stride + int64_t(kh) * hd;
 #pragma unroll
     for (int e = 0; e < kMaxPerLane; ++e) {
       const int d = lane + 32 * e;
-      if (d < hd)
-        acc[e] = fmaf(p, __bfloat162float(vj[d]), acc[e] * corr);
+      if (d < hd) acc[e] = fmaf(p, __bfloat162float(vj[d]), acc[e] * corr);
     }
     m = m_new;
   }
@@ -210,54 +187,44 @@ __global__ void attn_partial_kernel(const float *q, int nh, int nkv, int hd,
     sl[warp] = l;
   }
 #pragma unroll
-  for (int e = 0; e < kMaxPerLane; ++e)
-    sacc[warp][lane + 32 * e] = acc[e];
+  for (int e = 0; e < kMaxPerLane; ++e) sacc[warp][lane + 32 * e] = acc[e];
   __syncthreads();
   float M = -INFINITY;
-  for (int w = 0; w < kWarps; ++w)
-    M = fmaxf(M, sm[w]);
+  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm[w]);
   float wgt[kWarps], L = 0;
   for (int w = 0; w < kWarps; ++w) {
-    wgt[w] = sm[w] == -INFINITY
-                 ? 0.0f
-                 : expf(sm[w] - M); // a warp that saw no key adds nothing
+    wgt[w] = sm[w] == -INFINITY ? 0.0f : expf(sm[w] - M);  // a warp that saw no key adds nothing
     L += sl[w] * wgt[w];
   }
   const int64_t slot = qh * S + split;
   if (threadIdx.x == 0) {
-    pm[slot] = M; // -inf (and L = 0) when the share is empty
+    pm[slot] = M;  // -inf (and L = 0) when the share is empty
     pl[slot] = L;
   }
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float s = 0;
-    for (int w = 0; w < kWarps; ++w)
-      s += sacc[w][d] * wgt[w];
+    for (int w = 0; w < kWarps; ++w) s += sacc[w][d] * wgt[w];
     pacc[slot * hd + d] = s;
   }
 }
 
-// Pass 2: O = Σ_s acc_s e^{m_s − M} / Σ_s l_s e^{m_s − M}, one block per
-// (query, head).
+// Pass 2: O = Σ_s acc_s e^{m_s − M} / Σ_s l_s e^{m_s − M}, one block per (query, head).
 template <typename Out>
-__global__ void attn_combine_kernel(const float *pm, const float *pl,
-                                    const float *pacc, int S, int hd,
-                                    Out *out) {
+__global__ void attn_combine_kernel(const float* pm, const float* pl, const float* pacc, int S,
+                                    int hd, Out* out) {
   const int64_t qh = blockIdx.x;
-  const float *m = pm + qh * S;
-  const float *l = pl + qh * S;
+  const float* m = pm + qh * S;
+  const float* l = pl + qh * S;
   float M = -INFINITY;
-  for (int s = 0; s < S; ++s)
-    M = fmaxf(M, m[s]);
+  for (int s = 0; s < S; ++s) M = fmaxf(M, m[s]);
   float L = 0;
   for (int s = 0; s < S; ++s)
-    if (m[s] != -INFINITY)
-      L += l[s] * expf(m[s] - M);
+    if (m[s] != -INFINITY) L += l[s] * expf(m[s] - M);
   const float inv = 1.0f / L;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0;
     for (int s = 0; s < S; ++s)
-      if (m[s] != -INFINITY)
-        o += pacc[(qh * S + s) * hd + d] * expf(m[s] - M);
+      if (m[s] != -INFINITY) o += pacc[(qh * S + s) * hd + d] * expf(m[s] - M);
     if constexpr (sizeof(Out) == 2)
       out[qh * hd + d] = __float2bfloat16_rn(o * inv);
     else
@@ -265,188 +232,158 @@ __global__ void attn_combine_kernel(const float *pm, const float *pl,
   }
 }
 
-__global__ void swiglu_bf16_kernel(const float *gu, int64_t rows, int64_t inter,
-                                   __nv_bfloat16 *y) {
+__global__ void swiglu_bf16_kernel(const float* gu, int64_t rows, int64_t inter, __nv_bfloat16* y) {
   const int64_t n = rows * inter;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n;
        t += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = t / inter, c = t % inter;
     const float g = gu[r * 2 * inter + c], u = gu[r * 2 * inter + inter + c];
-    y[t] =
-        __float2bfloat16_rn((g / (1.0f + expf(-g))) * u); // ops::silu(g) * up
+    y[t] = __float2bfloat16_rn((g / (1.0f + expf(-g))) * u);  // ops::silu(g) * up
   }
 }
 
-// SplitMix64's output function on the counter seed + (i + 1)·γ: element i of
-// the SplitMix64 stream started at `seed`, independent of the launch shape.
+// SplitMix64's output function on the counter seed + (i + 1)·γ: element i of the SplitMix64 stream
+// started at `seed`, independent of the launch shape.
 __device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
 
-__global__ void uniform_bf16_kernel(__nv_bfloat16 *w, int64_t n, float scale,
-                                    uint64_t seed) {
+__global__ void uniform_bf16_kernel(__nv_bfloat16* w, int64_t n, float scale, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t h =
-        splitmix64(seed + uint64_t(i + 1) * 0x9E3779B97F4A7C15ull);
+    const uint64_t h = splitmix64(seed + uint64_t(i + 1) * 0x9E3779B97F4A7C15ull);
     // The CPU bench's mapping: a signed 32-bit draw to [−√3, √3).
-    const float u =
-        float(int32_t(uint32_t(h >> 32))) * (1.7320508f / 2147483648.0f);
+    const float u = float(int32_t(uint32_t(h >> 32))) * (1.7320508f / 2147483648.0f);
     w[i] = __float2bfloat16_rn(u * scale);
   }
 }
 
-__global__ void fill_f32_kernel(float *x, int64_t n, float value) {
+__global__ void fill_f32_kernel(float* x, int64_t n, float value) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     x[i] = value;
 }
 
 // Four independent 16-byte loads in flight per thread per iteration.
-__global__ void read_probe_kernel(const uint4 *__restrict__ p, int64_t n,
-                                  uint32_t *sink) {
+__global__ void read_probe_kernel(const uint4* __restrict__ p, int64_t n, uint32_t* sink) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   uint32_t acc = 0;
   for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride],
-                d = p[i + 3 * stride];
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^
-           c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    const uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride], d = p[i + 3 * stride];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^
+           d.w;
   }
   for (; i < n; i += stride) {
     const uint4 a = p[i];
     acc ^= a.x ^ a.y ^ a.z ^ a.w;
   }
-  if (acc == 0x9E3779B9u)
-    sink[0] = acc; // never true for the zeroed probe buffer
+  if (acc == 0x9E3779B9u) sink[0] = acc;  // never true for the zeroed probe buffer
 }
 
-void check_head_dim(int head_dim, const char *op) {
+void check_head_dim(int head_dim, const char* op) {
   if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 256)
     throw std::invalid_argument(std::string("flashmap::cuda::") + op +
                                 ": head_dim must be even and <= 256, got " +
                                 std::to_string(head_dim));
 }
 
-} // namespace
+}  // namespace
 
-void fill_positions(int64_t length, int64_t n, int64_t *positions,
-                    int64_t *key_count, cudaStream_t stream) {
+void fill_positions(int64_t length, int64_t n, int64_t* positions, int64_t* key_count,
+                    cudaStream_t stream) {
   if (n > 0)
-    fill_positions_kernel<<<grid_for(n, 256), 256, 0, stream>>>(
-        length, n, positions, key_count);
+    fill_positions_kernel<<<grid_for(n, 256), 256, 0, stream>>>(length, n, positions, key_count);
 }
 
-void add_rms_norm_bf16(float *x, const float *delta, const float *w, float eps,
-                       int64_t rows, int64_t dim, uint16_t *y,
-                       cudaStream_t stream) {
-  if (rows <= 0)
-    return;
+void add_rms_norm_bf16(float* x, const float* delta, const float* w, float eps, int64_t rows,
+                       int64_t dim, uint16_t* y, cudaStream_t stream) {
+  if (rows <= 0) return;
   const int threads = dim >= 2048 ? 512 : (dim >= 512 ? 256 : 128);
   add_rms_norm_bf16_kernel<<<unsigned(rows), threads, 0, stream>>>(
-      x, delta, w, eps, dim, reinterpret_cast<__nv_bfloat16 *>(y));
+      x, delta, w, eps, dim, reinterpret_cast<__nv_bfloat16*>(y));
 }
 
-void qk_norm_rope_append(const float *qkv, int64_t n, int64_t ld, int n_heads,
-                         int n_kv_heads, int head_dim, const float *q_norm,
-                         const float *k_norm, float eps,
-                         const int64_t *positions, double theta, float *q_out,
-                         uint16_t *k_cache, uint16_t *v_cache,
-                         cudaStream_t stream) {
-  if (n <= 0)
-    return;
+void qk_norm_rope_append(const float* qkv, int64_t n, int64_t ld, int n_heads, int n_kv_heads,
+                         int head_dim, const float* q_norm, const float* k_norm, float eps,
+                         const int64_t* positions, double theta, float* q_out, uint16_t* k_cache,
+                         uint16_t* v_cache, cudaStream_t stream) {
+  if (n <= 0) return;
   check_head_dim(head_dim, "qk_norm_rope_append");
   Freq f{};
-  for (int i = 0; i < head_dim / 2; ++i) // cpu_ops.cpp inv_freq, in fp32
+  for (int i = 0; i < head_dim / 2; ++i)  // cpu_ops.cpp inv_freq, in fp32
     f.f[i] = 1.0f / std::pow(float(theta), float(2 * i) / float(head_dim));
   const int64_t items = n * (n_heads + 2 * n_kv_heads);
-  constexpr int kItemsPerBlock = 4; // 4 warps
-  const unsigned blocks =
-      unsigned((items + kItemsPerBlock - 1) / kItemsPerBlock);
+  constexpr int kItemsPerBlock = 4;  // 4 warps
+  const unsigned blocks = unsigned((items + kItemsPerBlock - 1) / kItemsPerBlock);
   qk_norm_rope_kernel<<<blocks, 32 * kItemsPerBlock, 0, stream>>>(
-      qkv, n, ld, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, positions,
-      f, q_out, reinterpret_cast<__nv_bfloat16 *>(k_cache),
-      reinterpret_cast<__nv_bfloat16 *>(v_cache));
+      qkv, n, ld, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, positions, f, q_out,
+      reinterpret_cast<__nv_bfloat16*>(k_cache), reinterpret_cast<__nv_bfloat16*>(v_cache));
 }
 
 int attention_splits(int64_t nq, int n_heads) {
-  // About 4096 blocks in all (the H200 has 132 SMs), at most 32 splits: decode
-  // (nq = 1, 32 heads) gets 32 splits, a 17-token verify 8, a long prefill 1.
+  // About 4096 blocks in all (the H200 has 132 SMs), at most 32 splits: decode (nq = 1, 32 heads)
+  // gets 32 splits, a 17-token verify 8, a long prefill 1.
   const int64_t qh = nq * n_heads;
-  if (qh <= 0)
-    return 1;
+  if (qh <= 0) return 1;
   const int64_t s = (4096 + qh - 1) / qh;
   return int(s < 1 ? 1 : (s > 32 ? 32 : s));
 }
 
-int64_t attention_partial_floats(int64_t nq, int n_heads, int head_dim,
-                                 int splits) {
+int64_t attention_partial_floats(int64_t nq, int n_heads, int head_dim, int splits) {
   return nq * n_heads * int64_t(splits) * (int64_t(head_dim) + 2);
 }
 
-void attention_split_kv(const float *q, int64_t nq, int n_heads, int n_kv_heads,
-                        int head_dim, const uint16_t *k_cache,
-                        const uint16_t *v_cache, const int64_t *key_count,
-                        float scale, int splits, float *partial, void *out,
-                        Elem out_type, cudaStream_t stream) {
-  if (nq <= 0)
-    return;
+void attention_split_kv(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head_dim,
+                        const uint16_t* k_cache, const uint16_t* v_cache, const int64_t* key_count,
+                        float scale, int splits, float* partial, void* out, Elem out_type,
+                        cudaStream_t stream) {
+  if (nq <= 0) return;
   check_head_dim(head_dim, "attention_split_kv");
-  if (splits < 1 || splits > 65535 || n_kv_heads <= 0 ||
-      n_heads % n_kv_heads != 0)
-    throw std::invalid_argument(
-        "flashmap::cuda::attention_split_kv: bad splits or head counts");
+  if (splits < 1 || splits > 65535 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+    throw std::invalid_argument("flashmap::cuda::attention_split_kv: bad splits or head counts");
   const int64_t slots = nq * n_heads * splits;
-  float *pm = partial;
-  float *pl = partial + slots;
-  float *pacc = partial + 2 * slots;
+  float* pm = partial;
+  float* pl = partial + slots;
+  float* pacc = partial + 2 * slots;
   const dim3 grid(unsigned(nq * n_heads), unsigned(splits));
   attn_partial_kernel<<<grid, 32 * kWarps, 0, stream>>>(
-      q, n_heads, n_kv_heads, head_dim,
-      reinterpret_cast<const __nv_bfloat16 *>(k_cache),
-      reinterpret_cast<const __nv_bfloat16 *>(v_cache), key_count, scale, pm,
-      pl, pacc);
+      q, n_heads, n_kv_heads, head_dim, reinterpret_cast<const __nv_bfloat16*>(k_cache),
+      reinterpret_cast<const __nv_bfloat16*>(v_cache), key_count, scale, pm, pl, pacc);
   const int threads = head_dim <= 128 ? 128 : 256;
   if (out_type == Elem::BF16)
     attn_combine_kernel<<<unsigned(nq * n_heads), threads, 0, stream>>>(
-        pm, pl, pacc, splits, head_dim, static_cast<__nv_bfloat16 *>(out));
+        pm, pl, pacc, splits, head_dim, static_cast<__nv_bfloat16*>(out));
   else
     attn_combine_kernel<<<unsigned(nq * n_heads), threads, 0, stream>>>(
-        pm, pl, pacc, splits, head_dim, static_cast<float *>(out));
+        pm, pl, pacc, splits, head_dim, static_cast<float*>(out));
 }
 
-void swiglu_bf16(const float *gu, int64_t rows, int64_t inter, uint16_t *y,
-                 cudaStream_t stream) {
+void swiglu_bf16(const float* gu, int64_t rows, int64_t inter, uint16_t* y, cudaStream_t stream) {
   const int64_t n = rows * inter;
   if (n > 0)
-    swiglu_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(
-        gu, rows, inter, reinterpret_cast<__nv_bfloat16 *>(y));
+    swiglu_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(gu, rows, inter,
+                                                             reinterpret_cast<__nv_bfloat16*>(y));
 }
 
-void uniform_bf16(uint16_t *w, int64_t n, float scale, uint64_t seed,
-                  cudaStream_t stream) {
+void uniform_bf16(uint16_t* w, int64_t n, float scale, uint64_t seed, cudaStream_t stream) {
   if (n > 0)
-    uniform_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(
-        reinterpret_cast<__nv_bfloat16 *>(w), n, scale, seed);
+    uniform_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(w),
+                                                              n, scale, seed);
 }
 
-void fill_f32(float *x, int64_t n, float value, cudaStream_t stream) {
-  if (n > 0)
-    fill_f32_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, value);
+void fill_f32(float* x, int64_t n, float value, cudaStream_t stream) {
+  if (n > 0) fill_f32_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, value);
 }
 
-void read_probe(const void *p, int64_t bytes, uint32_t *sink, int sm_count,
-                cudaStream_t stream) {
+void read_probe(const void* p, int64_t bytes, uint32_t* sink, int sm_count, cudaStream_t stream) {
   const int64_t n = bytes / 16;
-  if (n <= 0)
-    return;
+  if (n <= 0) return;
   // 8 blocks of 256 threads per SM: full occupancy (2048 threads) on Hopper.
   const unsigned blocks = unsigned(sm_count > 0 ? sm_count * 8 : 1024);
-  read_probe_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4 *>(p),
-                                                n, sink);
+  read_probe_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(p), n, sink);
 }
 
-} // namespace flashmap::cuda
+}  // namespace flashmap::cuda

@@ -1,27 +1,21 @@
-// The Qwen3 target on the GPU (src/cuda/qwen3_cuda.h) against the CPU
-// Qwen3Model (the specification) on the committed fixtures, plus the new
-// kernels it uses against the CPU ops they fuse. On a machine without a usable
-// GPU every test here skips, so ctest passes in CI.
+// The Qwen3 target on the GPU (src/cuda/qwen3_cuda.h) against the CPU Qwen3Model (the
+// specification) on the committed fixtures, plus the new kernels it uses against the CPU ops they
+// fuse. On a machine without a usable GPU every test here skips, so ctest passes in CI.
 //
-// Tolerances. The device engine is bf16: weights (fp32 in the fixtures) are
-// rounded to bf16 once, GEMM inputs and the KV cache are rounded to bf16,
-// everything else is fp32. A CPU emulation of exactly that rounding (the CPU
-// forward with those bf16 roundings inserted) on these fixtures gives logits
-// NMSE 1.1e-4 .. 1.4e-4 (5e-5 with the bf16 fixture weights) over 200–600
-// positions, and argmax agreement 97.8–100%: the fixtures are random models
-// whose top-2 logit margins are often tiny, so a few argmax flips are expected
-// and are not bugs. Hence:
-//   - logits and hidden-state NMSE <= 1e-3 (7x the emulated error; a wrong
-//   index, formula, RoPE
+// Tolerances. The device engine is bf16: weights (fp32 in the fixtures) are rounded to bf16 once,
+// GEMM inputs and the KV cache are rounded to bf16, everything else is fp32. A CPU emulation of
+// exactly that rounding (the CPU forward with those bf16 roundings inserted) on these fixtures
+// gives logits NMSE 1.1e-4 .. 1.4e-4 (5e-5 with the bf16 fixture weights) over 200–600 positions,
+// and argmax agreement 97.8–100%: the fixtures are random models whose top-2 logit margins are
+// often tiny, so a few argmax flips are expected and are not bugs. Hence:
+//   - logits and hidden-state NMSE <= 1e-3 (7x the emulated error; a wrong index, formula, RoPE
 //     pairing or cache position gives NMSE ~1e-1 .. 1);
-//   - no argmax flip where the CPU's top-1/top-2 margin exceeds 6x the row's
-//   RMS logit error
-//     (a flip there needs a >4-sigma error on a logit difference; the
-//     emulation's worst flip is at 2.7x), and agreement >= 95% over all
-//     positions of all fixtures (the emulation's worst is 97.8%).
-// Graph replay against the eager path, and truncate-then-reforward against a
-// fresh forward, run the same kernels on the same inputs and must be
-// bit-identical.
+//   - no argmax flip where the CPU's top-1/top-2 margin exceeds 6x the row's RMS logit error (a
+//     flip there needs a >4-sigma error on a logit difference; the emulation's worst flip is at
+//     2.7x), and agreement >= 95% over all positions of all fixtures (the emulation's worst is
+//     97.8%).
+// Graph replay against the eager path, and truncate-then-reforward against a fresh forward, run the
+// same kernels on the same inputs and must be bit-identical.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -46,22 +40,18 @@
 namespace flashmap::cuda {
 namespace {
 
-constexpr double kF32 =
-    1e-7; // fp32 kernels: summation order and libm ulps only
-constexpr double kBF16 =
-    5e-4; // one bf16 rounding of the output (NMSE ~1e-6 per rounding)
-constexpr double kModel =
-    1e-3; // whole-model logits and hidden states (see the top comment)
-constexpr double kMarginRms =
-    6; // flips allowed only below this margin / RMS error
+constexpr double kF32 = 1e-7;     // fp32 kernels: summation order and libm ulps only
+constexpr double kBF16 = 5e-4;    // one bf16 rounding of the output (NMSE ~1e-6 per rounding)
+constexpr double kModel = 1e-3;   // whole-model logits and hidden states (see the top comment)
+constexpr double kMarginRms = 6;  // flips allowed only below this margin / RMS error
 constexpr double kAgreement = 0.95;
 
 const std::vector<std::string> kTargets = {
-    "tests/fixtures/tiny-a/target",      // GQA 2:1, untied, head_dim 24
-    "tests/fixtures/tiny-a/target_bf16", // the same weights stored in bf16 (no
-                                         // weight rounding)
-    "tests/fixtures/tiny-b/target",      // MHA, tied embeddings, head_dim 16
-    "tests/fixtures/tiny-c/target",      // GQA 8:1, vocab 1536, 5 layers
+    "tests/fixtures/tiny-a/target",       // GQA 2:1, untied, head_dim 24
+    "tests/fixtures/tiny-a/target_bf16",  // the same weights stored in bf16 (no
+                                          // weight rounding)
+    "tests/fixtures/tiny-b/target",       // MHA, tied embeddings, head_dim 16
+    "tests/fixtures/tiny-c/target",       // GQA 8:1, vocab 1536, 5 layers
 };
 
 double nmse(std::span<const float> got, std::span<const float> want) {
@@ -75,47 +65,40 @@ double nmse(std::span<const float> got, std::span<const float> want) {
   return ref > 0 ? err / ref : err;
 }
 
-std::vector<float> randn(size_t n, uint64_t seed, float sd = 1.0f,
-                         float mean = 0.0f) {
+std::vector<float> randn(size_t n, uint64_t seed, float sd = 1.0f, float mean = 0.0f) {
   std::mt19937_64 g(seed);
   std::normal_distribution<float> d(mean, sd);
   std::vector<float> v(n);
-  for (auto &x : v)
-    x = d(g);
+  for (auto& x : v) x = d(g);
   return v;
 }
 
-std::vector<uint16_t> to_bf16(const std::vector<float> &v) {
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i)
-    b[i] = ::flashmap::f32_to_bf16(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) b[i] = ::flashmap::f32_to_bf16(v[i]);
   return b;
 }
-std::vector<float> widen(const std::vector<uint16_t> &b) {
+std::vector<float> widen(const std::vector<uint16_t>& b) {
   std::vector<float> v(b.size());
-  for (size_t i = 0; i < b.size(); ++i)
-    v[i] = bf16_to_f32(b[i]);
+  for (size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_f32(b[i]);
   return v;
 }
 
 std::vector<int32_t> random_ids(int vocab, size_t n, uint64_t seed) {
   std::mt19937_64 g(seed);
   std::vector<int32_t> ids(n);
-  for (auto &t : ids)
-    t = int32_t(g() % uint64_t(vocab));
+  for (auto& t : ids) t = int32_t(g() % uint64_t(vocab));
   return ids;
 }
 
-// One context for the whole binary; null (and the reason) when there is no
-// usable GPU.
+// One context for the whole binary; null (and the reason) when there is no usable GPU.
 struct Gpu {
   std::unique_ptr<Context> ctx;
   std::string why;
-  static Gpu &get() {
+  static Gpu& get() {
     static Gpu g = [] {
       Gpu r;
-      if (device_count(&r.why) > 0)
-        r.ctx = std::make_unique<Context>("cuda");
+      if (device_count(&r.why) > 0) r.ctx = std::make_unique<Context>("cuda");
       return r;
     }();
     return g;
@@ -123,61 +106,55 @@ struct Gpu {
 };
 
 class CudaQwen3 : public ::testing::Test {
-protected:
+ protected:
   void SetUp() override {
-    if (!Gpu::get().ctx)
-      GTEST_SKIP() << "no usable CUDA GPU: " << Gpu::get().why;
+    if (!Gpu::get().ctx) GTEST_SKIP() << "no usable CUDA GPU: " << Gpu::get().why;
     ctx = Gpu::get().ctx.get();
   }
-  template <typename T> DeviceBuffer<T> up(const std::vector<T> &v) {
+  template <typename T>
+  DeviceBuffer<T> up(const std::vector<T>& v) {
     return DeviceBuffer<T>(*ctx, v);
   }
-  template <typename T> std::vector<T> down(const DeviceBuffer<T> &b) {
+  template <typename T>
+  std::vector<T> down(const DeviceBuffer<T>& b) {
     ctx->sync();
     return b.download(*ctx);
   }
   // n floats at a device pointer.
-  std::vector<float> down(const float *p, int64_t n) {
+  std::vector<float> down(const float* p, int64_t n) {
     ctx->sync();
     std::vector<float> h(static_cast<size_t>(n));
-    check(cudaMemcpyAsync(h.data(), p, size_t(n) * 4, cudaMemcpyDeviceToHost,
-                          ctx->stream()),
+    check(cudaMemcpyAsync(h.data(), p, size_t(n) * 4, cudaMemcpyDeviceToHost, ctx->stream()),
           "D2H");
     ctx->sync();
     return h;
   }
   cudaStream_t s() { return ctx->stream(); }
-  Context *ctx = nullptr;
-  ThreadPool &pool = ThreadPool::global();
+  Context* ctx = nullptr;
+  ThreadPool& pool = ThreadPool::global();
 };
 using CudaQwen3Kernels = CudaQwen3;
 
-// --- kernels
-// --------------------------------------------------------------------------------------
+// --- kernels -------------------------------------------------------------------------------------
 
 TEST_F(CudaQwen3Kernels, AddRmsNormBf16) {
   for (int64_t dim : {64, 80, 4096}) {
     for (int64_t rows : {1, 17}) {
-      auto x = randn(size_t(rows * dim), 1, 2.0f),
-           d = randn(size_t(rows * dim), 2),
+      auto x = randn(size_t(rows * dim), 1, 2.0f), d = randn(size_t(rows * dim), 2),
            w = randn(size_t(dim), 3, 0.2f, 1.0f);
       std::vector<float> xs(x.size()), want(x.size());
-      for (size_t i = 0; i < x.size(); ++i)
-        xs[i] = x[i] + d[i]; // Qwen3Model: x += tmp
+      for (size_t i = 0; i < x.size(); ++i) xs[i] = x[i] + d[i];  // Qwen3Model: x += tmp
       ops::rms_norm(xs.data(), w.data(), 1e-6f, rows, dim, want.data());
       auto dx = up(x), dd = up(d), dw = up(w);
       DeviceBuffer<uint16_t> y(x.size());
-      add_rms_norm_bf16(dx.data(), dd.data(), dw.data(), 1e-6f, rows, dim,
-                        y.data(), s());
+      add_rms_norm_bf16(dx.data(), dd.data(), dw.data(), 1e-6f, rows, dim, y.data(), s());
       EXPECT_EQ(down(dx), xs) << "the residual add is one fp32 add, exact";
-      EXPECT_LE(nmse(widen(down(y)), want), kBF16)
-          << "dim " << dim << " rows " << rows;
+      EXPECT_LE(nmse(widen(down(y)), want), kBF16) << "dim " << dim << " rows " << rows;
       // Without delta it is plain rms_norm.
       std::vector<float> want0(x.size());
       ops::rms_norm(x.data(), w.data(), 1e-6f, rows, dim, want0.data());
       auto dx0 = up(x);
-      add_rms_norm_bf16(dx0.data(), nullptr, dw.data(), 1e-6f, rows, dim,
-                        y.data(), s());
+      add_rms_norm_bf16(dx0.data(), nullptr, dw.data(), 1e-6f, rows, dim, y.data(), s());
       EXPECT_LE(nmse(widen(down(y)), want0), kBF16);
       EXPECT_EQ(down(dx0), x);
     }
@@ -191,22 +168,18 @@ TEST_F(CudaQwen3Kernels, QkNormRopeAppendMatchesCpu) {
   for (const Case cs : {Case{4, 2, 24}, Case{8, 1, 16}, Case{32, 8, 128}}) {
     for (int64_t n : {1, 9}) {
       const int64_t past = 37, cap = 64;
-      const int64_t q_dim = cs.nh * cs.hd, kv_dim = cs.nkv * cs.hd,
-                    ld = q_dim + 2 * kv_dim;
+      const int64_t q_dim = cs.nh * cs.hd, kv_dim = cs.nkv * cs.hd, ld = q_dim + 2 * kv_dim;
       const double theta = 1e6;
       auto qkv = randn(size_t(n * ld), 5, 1.5f);
-      auto qn = randn(size_t(cs.hd), 6, 0.2f, 1.0f),
-           kn = randn(size_t(cs.hd), 7, 0.2f, 1.0f);
+      auto qn = randn(size_t(cs.hd), 6, 0.2f, 1.0f), kn = randn(size_t(cs.hd), 7, 0.2f, 1.0f);
       std::vector<int64_t> pos(static_cast<size_t>(n));
       std::iota(pos.begin(), pos.end(), past);
       // CPU: split, per-head rms_norm, rope_half (Qwen3Model::forward's order).
-      std::vector<float> q(size_t(n * q_dim)), k(size_t(n * kv_dim)),
-          v(size_t(n * kv_dim));
+      std::vector<float> q(size_t(n * q_dim)), k(size_t(n * kv_dim)), v(size_t(n * kv_dim));
       for (int64_t r = 0; r < n; ++r) {
         std::copy_n(qkv.data() + r * ld, q_dim, q.data() + r * q_dim);
         std::copy_n(qkv.data() + r * ld + q_dim, kv_dim, k.data() + r * kv_dim);
-        std::copy_n(qkv.data() + r * ld + q_dim + kv_dim, kv_dim,
-                    v.data() + r * kv_dim);
+        std::copy_n(qkv.data() + r * ld + q_dim + kv_dim, kv_dim, v.data() + r * kv_dim);
       }
       ops::rms_norm(q.data(), qn.data(), 1e-6f, n * cs.nh, cs.hd, q.data());
       ops::rms_norm(k.data(), kn.data(), 1e-6f, n * cs.nkv, cs.hd, k.data());
@@ -216,28 +189,24 @@ TEST_F(CudaQwen3Kernels, QkNormRopeAppendMatchesCpu) {
       auto dqkv = up(qkv), dqn = up(qn), dkn = up(kn);
       auto dpos = up(pos);
       DeviceBuffer<float> dq(q.size());
-      const uint16_t sentinel = 0x7fc1; // a NaN pattern: any stray write shows
+      const uint16_t sentinel = 0x7fc1;  // a NaN pattern: any stray write shows
       auto kc = up(std::vector<uint16_t>(size_t(cap * kv_dim), sentinel));
       auto vc = up(std::vector<uint16_t>(size_t(cap * kv_dim), sentinel));
-      qk_norm_rope_append(dqkv.data(), n, ld, cs.nh, cs.nkv, cs.hd, dqn.data(),
-                          dkn.data(), 1e-6f, dpos.data(), theta, dq.data(),
-                          kc.data(), vc.data(), s());
-      const std::string what =
-          fmt::format("heads {}/{} hd {} n {}", cs.nh, cs.nkv, cs.hd, n);
+      qk_norm_rope_append(dqkv.data(), n, ld, cs.nh, cs.nkv, cs.hd, dqn.data(), dkn.data(), 1e-6f,
+                          dpos.data(), theta, dq.data(), kc.data(), vc.data(), s());
+      const std::string what = fmt::format("heads {}/{} hd {} n {}", cs.nh, cs.nkv, cs.hd, n);
       EXPECT_LE(nmse(down(dq), q), kF32) << what;
       const auto hk = down(kc), hv = down(vc);
-      const auto rows = [&](const std::vector<uint16_t> &c) {
-        return widen(std::vector<uint16_t>(c.begin() + past * kv_dim,
-                                           c.begin() + (past + n) * kv_dim));
+      const auto rows = [&](const std::vector<uint16_t>& c) {
+        return widen(
+            std::vector<uint16_t>(c.begin() + past * kv_dim, c.begin() + (past + n) * kv_dim));
       };
       EXPECT_LE(nmse(rows(hk), k), kBF16) << what;
       EXPECT_LE(nmse(rows(hv), v), kBF16) << what;
       for (int64_t i = 0; i < cap * kv_dim; ++i)
         if (i < past * kv_dim || i >= (past + n) * kv_dim) {
-          ASSERT_EQ(hk[size_t(i)], sentinel)
-              << what << ": k cache written outside the rows";
-          ASSERT_EQ(hv[size_t(i)], sentinel)
-              << what << ": v cache written outside the rows";
+          ASSERT_EQ(hk[size_t(i)], sentinel) << what << ": k cache written outside the rows";
+          ASSERT_EQ(hv[size_t(i)], sentinel) << what << ": v cache written outside the rows";
         }
     }
   }
@@ -255,35 +224,28 @@ TEST_F(CudaQwen3Kernels, SplitKvAttentionMatchesCpu) {
         const auto kb = to_bf16(randn(size_t(n_keys * kv_dim), 12));
         const auto vb = to_bf16(randn(size_t(n_keys * kv_dim), 13));
         std::vector<int64_t> kc(static_cast<size_t>(nq));
-        for (int64_t i = 0; i < nq; ++i)
-          kc[size_t(i)] = past + i + 1; // causal
+        for (int64_t i = 0; i < nq; ++i) kc[size_t(i)] = past + i + 1;  // causal
         const float scale = 1.0f / std::sqrt(float(cs.hd));
         std::vector<float> want(q.size());
-        ops::attention(q.data(), nq, cs.nh, cs.nkv, cs.hd, widen(kb).data(),
-                       widen(vb).data(), kc.data(), scale, want.data(), pool);
+        ops::attention(q.data(), nq, cs.nh, cs.nkv, cs.hd, widen(kb).data(), widen(vb).data(),
+                       kc.data(), scale, want.data(), pool);
         auto dq = up(q);
         auto dk = up(kb), dv = up(vb);
         auto dkc = up(kc);
-        // The split count of the model, and fixed ones: 1 (no split), 3 (uneven
-        // shares), 32 (more splits than keys at past 0: empty shares must add
-        // nothing).
+        // The split count of the model, and fixed ones: 1 (no split), 3 (uneven shares), 32 (more
+        // splits than keys at past 0: empty shares must add nothing).
         for (int splits : {attention_splits(nq, cs.nh), 1, 3, 32}) {
-          DeviceBuffer<float> part(
-              size_t(attention_partial_floats(nq, cs.nh, cs.hd, splits)));
+          DeviceBuffer<float> part(size_t(attention_partial_floats(nq, cs.nh, cs.hd, splits)));
           DeviceBuffer<float> out(q.size());
-          attention_split_kv(dq.data(), nq, cs.nh, cs.nkv, cs.hd, dk.data(),
-                             dv.data(), dkc.data(), scale, splits, part.data(),
-                             out.data(), Elem::F32, s());
-          const std::string what =
-              fmt::format("heads {}/{} hd {} nq {} past {} splits {}", cs.nh,
-                          cs.nkv, cs.hd, nq, past, splits);
+          attention_split_kv(dq.data(), nq, cs.nh, cs.nkv, cs.hd, dk.data(), dv.data(), dkc.data(),
+                             scale, splits, part.data(), out.data(), Elem::F32, s());
+          const std::string what = fmt::format("heads {}/{} hd {} nq {} past {} splits {}", cs.nh,
+                                               cs.nkv, cs.hd, nq, past, splits);
           EXPECT_LE(nmse(down(out), want), kF32) << what;
           DeviceBuffer<uint16_t> outb(q.size());
-          attention_split_kv(dq.data(), nq, cs.nh, cs.nkv, cs.hd, dk.data(),
-                             dv.data(), dkc.data(), scale, splits, part.data(),
-                             outb.data(), Elem::BF16, s());
-          EXPECT_LE(nmse(widen(down(outb)), want), kBF16)
-              << what << " (bf16 out)";
+          attention_split_kv(dq.data(), nq, cs.nh, cs.nkv, cs.hd, dk.data(), dv.data(), dkc.data(),
+                             scale, splits, part.data(), outb.data(), Elem::BF16, s());
+          EXPECT_LE(nmse(widen(down(outb)), want), kBF16) << what << " (bf16 out)";
         }
       }
     }
@@ -296,8 +258,8 @@ TEST_F(CudaQwen3Kernels, SwigluBf16) {
   std::vector<float> want(size_t(rows * inter));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < inter; ++c)
-      want[size_t(r * inter + c)] = ops::silu(gu[size_t(r * 2 * inter + c)]) *
-                                    gu[size_t(r * 2 * inter + inter + c)];
+      want[size_t(r * inter + c)] =
+          ops::silu(gu[size_t(r * 2 * inter + c)]) * gu[size_t(r * 2 * inter + inter + c)];
   auto dgu = up(gu);
   DeviceBuffer<uint16_t> y(want.size());
   swiglu_bf16(dgu.data(), rows, inter, y.data(), s());
@@ -324,8 +286,7 @@ TEST_F(CudaQwen3Kernels, UniformInitAndReadProbe) {
   }
   mean /= double(n);
   var /= double(n);
-  // Unit variance times scale²; 2^20 draws put the sample variance within ~0.2%
-  // of it.
+  // Unit variance times scale²; 2^20 draws put the sample variance within ~0.2% of it.
   EXPECT_NEAR(mean, 0.0, 0.01 * scale);
   EXPECT_NEAR(var, double(scale) * scale, 0.02 * double(scale) * scale);
   EXPECT_LE(lim, 1.7321 * scale);
@@ -335,22 +296,17 @@ TEST_F(CudaQwen3Kernels, UniformInitAndReadProbe) {
   EXPECT_TRUE(std::isfinite(gbps) && gbps > 1.0) << gbps;
 }
 
-// --- the model
-// ------------------------------------------------------------------------------------
+// --- the model -----------------------------------------------------------------------------------
 
-// Argmax agreement of device logits with CPU logits, row by row, with the
-// margin rule above.
+// Argmax agreement of device logits with CPU logits, row by row, with the margin rule above.
 struct Agreement {
   int64_t rows = 0, agree = 0, unexplained = 0;
-  double worst_flip_ratio =
-      0; // the largest CPU margin / RMS error among the flips
-  void add(const float *gpu, const float *cpu, int64_t n, int64_t V,
-           const std::string &what) {
+  double worst_flip_ratio = 0;  // the largest CPU margin / RMS error among the flips
+  void add(const float* gpu, const float* cpu, int64_t n, int64_t V, const std::string& what) {
     for (int64_t r = 0; r < n; ++r) {
-      const float *g = gpu + r * V;
-      const float *c = cpu + r * V;
-      const int64_t ig = std::max_element(g, g + V) - g,
-                    ic = std::max_element(c, c + V) - c;
+      const float* g = gpu + r * V;
+      const float* c = cpu + r * V;
+      const int64_t ig = std::max_element(g, g + V) - g, ic = std::max_element(c, c + V) - c;
       ++rows;
       if (ig == ic) {
         ++agree;
@@ -360,27 +316,22 @@ struct Agreement {
       float second = -INFINITY;
       for (int64_t j = 0; j < V; ++j) {
         e2 += (double(g[j]) - c[j]) * (double(g[j]) - c[j]);
-        if (j != ic)
-          second = std::max(second, c[j]);
+        if (j != ic) second = std::max(second, c[j]);
       }
       const double ratio = (double(c[ic]) - second) / std::sqrt(e2 / double(V));
       worst_flip_ratio = std::max(worst_flip_ratio, ratio);
       if (ratio > kMarginRms) {
         ++unexplained;
-        ADD_FAILURE() << what << " row " << r << ": argmax " << ig << " vs CPU "
-                      << ic << " although the CPU margin is " << ratio
-                      << "x the RMS error";
+        ADD_FAILURE() << what << " row " << r << ": argmax " << ig << " vs CPU " << ic
+                      << " although the CPU margin is " << ratio << "x the RMS error";
       }
     }
   }
 };
 
-// Features [n, taps·H]: NMSE per tap, so a failure names the first layer that
-// goes wrong.
-void expect_features(const std::vector<float> &got,
-                     const std::vector<float> &want, int64_t n,
-                     std::span<const int> taps, int64_t H,
-                     const std::string &what) {
+// Features [n, taps·H]: NMSE per tap, so a failure names the first layer that goes wrong.
+void expect_features(const std::vector<float>& got, const std::vector<float>& want, int64_t n,
+                     std::span<const int> taps, int64_t H, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   const int64_t F = int64_t(taps.size()) * H;
   for (size_t t = 0; t < taps.size(); ++t) {
@@ -391,33 +342,29 @@ void expect_features(const std::vector<float> &got,
       w.insert(w.end(), want.begin() + r * F + int64_t(t) * H,
                want.begin() + r * F + int64_t(t + 1) * H);
     }
-    EXPECT_LE(nmse(g, w), kModel)
-        << what << ": hidden state of layer " << taps[t];
+    EXPECT_LE(nmse(g, w), kModel) << what << ": hidden state of layer " << taps[t];
   }
 }
 
 TEST_F(CudaQwen3, MatchesCpuOnFixturesPrefillDecodeVerify) {
   Agreement total;
-  for (const auto &dir : kTargets) {
+  for (const auto& dir : kTargets) {
     SCOPED_TRACE(dir);
     Qwen3Model cpu(dir);
-    const auto &c = cpu.config();
+    const auto& c = cpu.config();
     const int64_t V = c.vocab_size, H = c.hidden_size;
     Qwen3Device dev(*ctx, cpu, 1024);
-    ASSERT_EQ(dev.config().tie_word_embeddings,
-              cpu.lm_head().data == cpu.embedding().data);
+    ASSERT_EQ(dev.config().tie_word_embeddings, cpu.lm_head().data == cpu.embedding().data);
     std::vector<int> taps(size_t(c.num_hidden_layers));
-    std::iota(taps.begin(), taps.end(), 0); // every layer
+    std::iota(taps.begin(), taps.end(), 0);  // every layer
     KVCache cache = cpu.new_cache();
     Agreement agree;
     double worst = 0;
-    auto step = [&](std::span<const int32_t> toks, bool graph,
-                    const std::string &what) {
+    auto step = [&](std::span<const int32_t> toks, bool graph, const std::string& what) {
       Qwen3Model::SeqInput si{&cache, toks};
       Qwen3Model::Output ref;
       cpu.forward({&si, 1}, Qwen3Model::Logits::All, taps, ref);
-      const auto out =
-          dev.forward_host(toks, Qwen3Device::Logits::All, taps, graph);
+      const auto out = dev.forward_host(toks, Qwen3Device::Logits::All, taps, graph);
       const int64_t n = int64_t(toks.size());
       EXPECT_EQ(out.logits_rows, n);
       const auto lg = down(out.logits, n * V);
@@ -428,78 +375,65 @@ TEST_F(CudaQwen3, MatchesCpuOnFixturesPrefillDecodeVerify) {
       expect_features(ft, ref.features, n, taps, H, what);
       agree.add(lg.data(), ref.logits.data(), n, V, what);
       EXPECT_EQ(dev.length(), cache.length) << what;
-      // The CPU's greedy token: both sides get the same next input (teacher
-      // forcing), so one near-tie flip does not make the rest of the comparison
-      // diverge.
-      const float *last = ref.logits.data() + (n - 1) * V;
+      // The CPU's greedy token: both sides get the same next input (teacher forcing), so one
+      // near-tie flip does not make the rest of the comparison diverge.
+      const float* last = ref.logits.data() + (n - 1) * V;
       return int32_t(std::max_element(last, last + V) - last);
     };
-    // Prefill (eager), then decode steps through the n = 1 graph at a new
-    // position every step, then a 9-token verify through its graph, twice (the
-    // second a replay).
+    // Prefill (eager), then decode steps through the n = 1 graph at a new position every step, then
+    // a 9-token verify through its graph, twice (the second a replay).
     int32_t next = step(random_ids(c.vocab_size, 160, 1), false, "prefill 160");
     const int64_t launches0 = dev.graph_launches();
     for (int i = 0; i < 24; ++i)
-      next = step(std::vector<int32_t>{next}, true,
-                  fmt::format("decode step {}", i));
-    EXPECT_EQ(dev.graph_launches() - launches0, 23)
-        << "one eager+capture, then replays";
+      next = step(std::vector<int32_t>{next}, true, fmt::format("decode step {}", i));
+    EXPECT_EQ(dev.graph_launches() - launches0, 23) << "one eager+capture, then replays";
     for (int i = 0; i < 2; ++i) {
       auto block = random_ids(c.vocab_size, 9, 100 + uint64_t(i));
       block[0] = next;
       next = step(block, true, fmt::format("verify 9, pass {}", i));
     }
-    std::printf("%s: logits NMSE <= %.3g, argmax %lld/%lld, worst flip at "
-                "%.2fx RMS error\n",
-                dir.c_str(), worst, (long long)agree.agree,
-                (long long)agree.rows, agree.worst_flip_ratio);
+    std::printf(
+        "%s: logits NMSE <= %.3g, argmax %lld/%lld, worst flip at "
+        "%.2fx RMS error\n",
+        dir.c_str(), worst, (long long)agree.agree, (long long)agree.rows, agree.worst_flip_ratio);
     total.rows += agree.rows;
     total.agree += agree.agree;
-    total.worst_flip_ratio =
-        std::max(total.worst_flip_ratio, agree.worst_flip_ratio);
+    total.worst_flip_ratio = std::max(total.worst_flip_ratio, agree.worst_flip_ratio);
   }
-  const double rate =
-      double(total.agree) / double(std::max<int64_t>(total.rows, 1));
+  const double rate = double(total.agree) / double(std::max<int64_t>(total.rows, 1));
   RecordProperty("argmax_agreement", fmt::format("{:.4f}", rate));
-  std::printf("argmax agreement over all fixtures: %.2f%% of %lld positions\n",
-              100 * rate, (long long)total.rows);
+  std::printf("argmax agreement over all fixtures: %.2f%% of %lld positions\n", 100 * rate,
+              (long long)total.rows);
   EXPECT_GE(rate, kAgreement);
 }
 
 // Runs one forward and returns its logits and features on the host.
 struct Result {
   std::vector<float> logits, features;
-  bool operator==(const Result &o) const {
+  bool operator==(const Result& o) const {
     // Bit for bit (memcmp: NaN payloads too).
-    return logits.size() == o.logits.size() &&
-           features.size() == o.features.size() &&
-           std::memcmp(logits.data(), o.logits.data(), logits.size() * 4) ==
-               0 &&
-           std::memcmp(features.data(), o.features.data(),
-                       features.size() * 4) == 0;
+    return logits.size() == o.logits.size() && features.size() == o.features.size() &&
+           std::memcmp(logits.data(), o.logits.data(), logits.size() * 4) == 0 &&
+           std::memcmp(features.data(), o.features.data(), features.size() * 4) == 0;
   }
 };
 
 TEST_F(CudaQwen3, GraphReplayEqualsEagerBitForBit) {
-  for (const std::string dir :
-       {"tests/fixtures/tiny-a/target", "tests/fixtures/tiny-c/target"}) {
+  for (const std::string dir : {"tests/fixtures/tiny-a/target", "tests/fixtures/tiny-c/target"}) {
     SCOPED_TRACE(dir);
     Qwen3Model cpu(dir);
-    const auto &c = cpu.config();
+    const auto& c = cpu.config();
     const int64_t V = c.vocab_size, H = c.hidden_size;
     Qwen3Device dev(*ctx, cpu, 512);
     const std::vector<int> taps = {0, c.num_hidden_layers - 1};
-    auto run = [&](std::span<const int32_t> toks, Qwen3Device::Logits mode,
-                   bool graph) {
+    auto run = [&](std::span<const int32_t> toks, Qwen3Device::Logits mode, bool graph) {
       const auto out = dev.forward_host(toks, mode, taps, graph);
       Result r;
-      r.logits = out.logits ? down(out.logits, out.logits_rows * V)
-                            : std::vector<float>{};
+      r.logits = out.logits ? down(out.logits, out.logits_rows * V) : std::vector<float>{};
       r.features = down(out.features, out.n * int64_t(taps.size()) * H);
       return r;
     };
-    dev.forward_host(random_ids(c.vocab_size, 40, 2), Qwen3Device::Logits::None,
-                     {}, false);
+    dev.forward_host(random_ids(c.vocab_size, 40, 2), Qwen3Device::Logits::None, {}, false);
     const int64_t base = dev.length();
     for (int64_t n : {1, 9}) {
       for (auto mode : {Qwen3Device::Logits::All, Qwen3Device::Logits::Last}) {
@@ -507,23 +441,20 @@ TEST_F(CudaQwen3, GraphReplayEqualsEagerBitForBit) {
         // First graph call for this shape: eager, then capture.
         dev.truncate(base);
         run(toks, mode, true);
-        // Replays at other positions (the position comes from device memory)
-        // against eager runs.
+        // Replays at other positions (the position comes from device memory) against eager runs.
         for (int64_t offset : {0, 3, 17}) {
-          const std::string what = fmt::format("n {} mode {} position {}", n,
-                                               int(mode), base + offset);
+          const std::string what =
+              fmt::format("n {} mode {} position {}", n, int(mode), base + offset);
           dev.truncate(base);
           if (offset)
-            dev.forward_host(random_ids(c.vocab_size, size_t(offset), 4),
-                             Qwen3Device::Logits::None, {}, false);
+            dev.forward_host(random_ids(c.vocab_size, size_t(offset), 4), Qwen3Device::Logits::None,
+                             {}, false);
           const auto eager = run(toks, mode, false);
           dev.truncate(base + offset);
           const int64_t launches = dev.graph_launches();
           const auto graph = run(toks, mode, true);
-          EXPECT_EQ(dev.graph_launches(), launches + 1)
-              << what << ": not replayed";
-          EXPECT_TRUE(graph == eager)
-              << what << ": graph replay differs from the eager path";
+          EXPECT_EQ(dev.graph_launches(), launches + 1) << what << ": not replayed";
+          EXPECT_TRUE(graph == eager) << what << ": graph replay differs from the eager path";
           EXPECT_EQ(dev.length(), base + offset + n) << what;
         }
       }
@@ -535,22 +466,19 @@ TEST_F(CudaQwen3, GraphReplayEqualsEagerBitForBit) {
 TEST_F(CudaQwen3, TruncateThenReforwardEqualsFresh) {
   Qwen3Model cpu("tests/fixtures/tiny-a/target");
   const int64_t V = cpu.config().vocab_size;
-  const auto prompt = random_ids(int(V), 30, 5),
-             block = random_ids(int(V), 9, 6), other = random_ids(int(V), 9, 7);
+  const auto prompt = random_ids(int(V), 30, 5), block = random_ids(int(V), 9, 6),
+             other = random_ids(int(V), 9, 7);
   for (bool graph : {false, true}) {
     Qwen3Device a(*ctx, cpu, 256), b(*ctx, cpu, 256);
     a.forward_host(prompt, Qwen3Device::Logits::None, {}, false);
     a.forward_host(block, Qwen3Device::Logits::All, {}, graph);
     a.truncate(int64_t(prompt.size()));
-    const auto ra =
-        down(a.forward_host(other, Qwen3Device::Logits::All, {}, graph).logits,
-             int64_t(other.size()) * V);
+    const auto ra = down(a.forward_host(other, Qwen3Device::Logits::All, {}, graph).logits,
+                         int64_t(other.size()) * V);
     b.forward_host(prompt, Qwen3Device::Logits::None, {}, false);
-    const auto rb =
-        down(b.forward_host(other, Qwen3Device::Logits::All, {}, false).logits,
-             int64_t(other.size()) * V);
-    EXPECT_EQ(0, std::memcmp(ra.data(), rb.data(), ra.size() * 4))
-        << "graph " << graph;
+    const auto rb = down(b.forward_host(other, Qwen3Device::Logits::All, {}, false).logits,
+                         int64_t(other.size()) * V);
+    EXPECT_EQ(0, std::memcmp(ra.data(), rb.data(), ra.size() * 4)) << "graph " << graph;
   }
 }
 
@@ -559,56 +487,49 @@ TEST_F(CudaQwen3, ClearErrorsAndStillUsable) {
   const int V = cpu.config().vocab_size;
   Qwen3Device dev(*ctx, cpu, 16);
   EXPECT_EQ(dev.max_positions(), 16);
-  auto msg = [](auto &&f) {
+  auto msg = [](auto&& f) {
     try {
       f();
-    } catch (const Error &e) {
+    } catch (const Error& e) {
       return std::string(e.what());
     }
     return std::string("no error");
   };
-  EXPECT_NE(
-      msg([&] {
-        dev.forward_host(std::vector<int32_t>{1, V}, Qwen3Device::Logits::All);
-      }).find("outside the vocabulary"),
-      std::string::npos);
+  EXPECT_NE(msg([&] {
+              dev.forward_host(std::vector<int32_t>{1, V}, Qwen3Device::Logits::All);
+            }).find("outside the vocabulary"),
+            std::string::npos);
   EXPECT_NE(msg([&] {
               dev.forward_host(random_ids(V, 17, 1), Qwen3Device::Logits::All);
             }).find("exceed the device KV cache"),
             std::string::npos);
   const std::vector<int> bad_tap = {cpu.config().num_hidden_layers};
   EXPECT_NE(msg([&] {
-              dev.forward_host(random_ids(V, 2, 1), Qwen3Device::Logits::All,
-                               bad_tap);
+              dev.forward_host(random_ids(V, 2, 1), Qwen3Device::Logits::All, bad_tap);
             }).find("tap"),
             std::string::npos);
   EXPECT_NE(msg([&] { dev.truncate(1); }).find("truncate"), std::string::npos);
   EXPECT_EQ(dev.length(), 0);
-  const auto out =
-      dev.forward_host(random_ids(V, 16, 2), Qwen3Device::Logits::Last);
+  const auto out = dev.forward_host(random_ids(V, 16, 2), Qwen3Device::Logits::Last);
   EXPECT_EQ(out.logits_rows, 1);
-  for (float x : down(out.logits, V))
-    ASSERT_TRUE(std::isfinite(x));
+  for (float x : down(out.logits, V)) ASSERT_TRUE(std::isfinite(x));
   EXPECT_EQ(dev.length(), 16);
 }
 
 TEST_F(CudaQwen3, RandomWeightsAreDeterministic) {
   Qwen3Config c;
-  c.vocab_size = 4096, c.hidden_size = 256, c.intermediate_size = 768,
-  c.num_hidden_layers = 4;
-  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64,
-  c.rope_theta = 1e6;
+  c.vocab_size = 4096, c.hidden_size = 256, c.intermediate_size = 768, c.num_hidden_layers = 4;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64, c.rope_theta = 1e6;
   const auto toks = random_ids(c.vocab_size, 12, 9);
   auto logits = [&](uint64_t seed) {
     auto d = Qwen3Device::random(*ctx, c, seed, 64);
     EXPECT_NE(d->embedding(), d->lm_head()) << "untied";
-    EXPECT_EQ(d->weight_bytes() - 2 * d->embedding_bytes(),
-              int64_t(c.num_hidden_layers) * ((2 * 256 + 2 * 64) * 4 +
-                                              2 * (256 * (256 + 2 * 128) +
-                                                   256 * 256 + 3 * 768 * 256)) +
-                  256 * 4);
-    return down(d->forward_host(toks, Qwen3Device::Logits::All).logits,
-                12 * c.vocab_size);
+    EXPECT_EQ(
+        d->weight_bytes() - 2 * d->embedding_bytes(),
+        int64_t(c.num_hidden_layers) *
+                ((2 * 256 + 2 * 64) * 4 + 2 * (256 * (256 + 2 * 128) + 256 * 256 + 3 * 768 * 256)) +
+            256 * 4);
+    return down(d->forward_host(toks, Qwen3Device::Logits::All).logits, 12 * c.vocab_size);
   };
   const auto a = logits(7), b = logits(7), other = logits(8);
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
@@ -618,12 +539,11 @@ TEST_F(CudaQwen3, RandomWeightsAreDeterministic) {
     ASSERT_TRUE(std::isfinite(x));
     ss += double(x) * x;
   }
-  // Unit-variance-scaled weights keep the logits O(1): a wrong scale would give
-  // ~0 or ~1e3.
+  // Unit-variance-scaled weights keep the logits O(1): a wrong scale would give ~0 or ~1e3.
   const double rms = std::sqrt(ss / double(a.size()));
   EXPECT_GT(rms, 0.05);
   EXPECT_LT(rms, 20.0);
 }
 
-} // namespace
-} // namespace flashmap::cuda
+}  // namespace
+}  // namespace flashmap::cuda
