@@ -10,9 +10,9 @@
 #include <cstdint>
 
 #ifdef __CUDACC__
-#define FLASHMAP_HD __host__ __device__
+#define FLASHMAP_SAMPLING_HD __host__ __device__
 #else
-#define FLASHMAP_HD
+#define FLASHMAP_SAMPLING_HD
 #endif
 
 namespace flashmap::cuda {
@@ -21,12 +21,12 @@ namespace flashmap::cuda {
 // SplitMix64 (Steele et al. 2014) with state mix64(seed) read at position i + 1, so draws need no
 // sequential state (any kernel can take number i), the host can compute the same numbers (tests),
 // and a stream is reproducible from its seed. 53 bits, in [0, 1), like Rng::uniform.
-FLASHMAP_HD inline uint64_t splitmix64_mix(uint64_t z) {
+FLASHMAP_SAMPLING_HD inline uint64_t splitmix64_mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-FLASHMAP_HD inline double counter_uniform(uint64_t seed, uint64_t i) {
+FLASHMAP_SAMPLING_HD inline double counter_uniform(uint64_t seed, uint64_t i) {
   const uint64_t x = splitmix64_mix(splitmix64_mix(seed) + (i + 1) * 0x9e3779b97f4a7c15ull);
   return double(x >> 11) * 0x1.0p-53;
 }

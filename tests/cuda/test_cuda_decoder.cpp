@@ -1,0 +1,382 @@
+// The device round loop (cuda::DeviceDecoder) on the committed fixtures: greedy speculative
+// decoding equals the device's own target-alone greedy decoding (lossless) with the FlashMap
+// drafters and with a scripted drafter that takes every acceptance path; the device's greedy
+// output agrees with the CPU's as far as bf16 logits allow (agreement reported); sampled decoding
+// is reproducible from its seed and, at top_k = 1, is greedy decoding. Without a usable GPU every
+// test skips.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "cuda/decoder_cuda.h"
+#include "cuda/device.h"
+#include "cuda/flashmap_cuda.h"
+#include "cuda/qwen3_cuda.h"
+#include "models/flashmap.h"
+#include "models/qwen3.h"
+#include "spec/decoder.h"
+
+namespace flashmap::cuda {
+namespace {
+
+const std::vector<int32_t> kPrompt = {3, 141, 59, 265, 358, 979};
+const char* const kFixtures[] = {"tests/fixtures/tiny-a", "tests/fixtures/tiny-b",
+                                 "tests/fixtures/tiny-c"};
+
+// A decision of the device may differ from a reference only where the target's top two logits
+// are nearly tied: the verify pass (K + 1 rows) and a decode step (1 row) run different GEMM
+// algorithms, whose fp32 sums differ in the last bits and can move a bf16-rounded activation by
+// one bf16 ulp (2⁻⁸ relative), i.e. logits by ~1e-3 of their scale at most. A divergence at a
+// larger margin is a bug.
+constexpr double kTieMargin = 1e-2;
+// Device logits against the CPU's fp32 logits: bf16 weights and bf16 GEMM inputs through a whole
+// model. 5e-4 is the harness's bound for one bf16 GEMM; a few layers stay well under 1e-3.
+constexpr double kLogitsNmse = 1e-3;
+
+struct Gpu {
+  std::unique_ptr<Context> ctx;
+  std::string why;
+  static Gpu& get() {
+    static Gpu g = [] {
+      Gpu r;
+      if (device_count(&r.why) > 0) r.ctx = std::make_unique<Context>("cuda");
+      return r;
+    }();
+    return g;
+  }
+};
+
+// A fixture pair on the CPU and on the GPU.
+struct Pair {
+  std::unique_ptr<Qwen3Model> cpu;
+  std::unique_ptr<FlashMapDrafter> cpu_draft;
+  std::unique_ptr<Qwen3Device> target;
+  std::unique_ptr<FlashMapDevice> draft;
+  Pair(Context& ctx, const std::string& dir, int64_t max_positions = 4096) {
+    cpu = std::make_unique<Qwen3Model>(dir + "/target");
+    cpu_draft = std::make_unique<FlashMapDrafter>(dir + "/draft", *cpu);
+    target = std::make_unique<Qwen3Device>(ctx, *cpu, max_positions);
+    draft =
+        std::make_unique<FlashMapDevice>(ctx, *cpu_draft, target->embedding(), target->lm_head(),
+                                         cpu->config().vocab_size, cpu->config().hidden_size);
+  }
+};
+
+GenerateOptions greedy(int n, std::vector<int32_t> stop = {}) {
+  GenerateOptions o;
+  o.max_new_tokens = n;
+  o.stop_ids = std::move(stop);
+  return o;
+}
+
+// flashmap::ScriptedDrafter on the device: logits one-hot on script[i] for the i-th generated
+// position, every slot from `corrupt_from` on replaced by a wrong token, so that the greedy
+// acceptance length is chosen by the test. Reads no features.
+class ScriptedDeviceDrafter : public DeviceDrafter {
+ public:
+  ScriptedDeviceDrafter(Context& ctx, int K, int64_t V, std::vector<int32_t> script,
+                        int corrupt_from)
+      : ctx_(ctx), K_(K), V_(V), script_(std::move(script)), corrupt_from_(corrupt_from) {}
+  int block_size() const override { return K_; }
+  int64_t vocab() const override { return V_; }
+  std::span<const int> target_layer_ids() const override { return {}; }
+  int64_t feature_dim() const override { return 0; }
+  void begin(int64_t) override { committed_ = -1; }
+  void commit(const float*, int64_t n) override {
+    // The first commit holds the prompt; the generated tokens count from the next.
+    committed_ = committed_ < 0 ? 0 : committed_ + n;
+  }
+  void draft(const int32_t*, uint64_t, uint64_t, float* d_logits) override {
+    const int64_t next = committed_ + 1;
+    logits_.assign(size_t(K_ * V_), 0.0f);
+    for (int k = 0; k < K_; ++k) {
+      const int64_t i = next + k;
+      int32_t tok = i < int64_t(script_.size()) ? script_[size_t(i)] : 0;
+      if (k >= corrupt_from_) tok = int32_t((tok + 1 + k) % V_);
+      logits_[size_t(k * V_ + tok)] = 1.0f;
+    }
+    check(cudaMemcpyAsync(d_logits, logits_.data(), logits_.size() * sizeof(float),
+                          cudaMemcpyHostToDevice, ctx_.stream()),
+          "cudaMemcpyAsync H2D (scripted logits)");
+    ctx_.sync();  // logits_ is reused by the next draft
+  }
+
+ private:
+  Context& ctx_;
+  int K_;
+  int64_t V_;
+  std::vector<int32_t> script_;
+  int corrupt_from_;
+  int64_t committed_ = -1;
+  std::vector<float> logits_;
+};
+
+// The device target's last logits after prompt + prefix (one prefill-shaped forward).
+std::vector<float> device_logits(Qwen3Device& t, std::span<const int32_t> prompt,
+                                 std::span<const int32_t> prefix) {
+  std::vector<int32_t> seq(prompt.begin(), prompt.end());
+  seq.insert(seq.end(), prefix.begin(), prefix.end());
+  t.truncate(0);
+  const auto out = t.forward_host(seq, Qwen3Device::Logits::Last);
+  std::vector<float> host(size_t(t.config().vocab_size));
+  Context& ctx = t.context();
+  check(cudaMemcpyAsync(host.data(), out.logits, host.size() * sizeof(float),
+                        cudaMemcpyDeviceToHost, ctx.stream()),
+        "cudaMemcpyAsync D2H (logits)");
+  ctx.sync();
+  t.truncate(0);
+  return host;
+}
+
+std::vector<float> cpu_logits(const Qwen3Model& m, std::span<const int32_t> prompt,
+                              std::span<const int32_t> prefix) {
+  std::vector<int32_t> seq(prompt.begin(), prompt.end());
+  seq.insert(seq.end(), prefix.begin(), prefix.end());
+  KVCache cache = m.new_cache();
+  Qwen3Model::SeqInput in{&cache, seq};
+  Qwen3Model::Output out;
+  m.forward({&in, 1}, Qwen3Model::Logits::Last, {}, out);
+  return out.logits;
+}
+
+// Top-two margin of a logits row, relative to its largest magnitude.
+double relative_margin(const std::vector<float>& x) {
+  float a = -INFINITY, b = -INFINITY, big = 0;
+  for (float v : x) {
+    big = std::max(big, std::abs(v));
+    if (v > a) {
+      b = a;
+      a = v;
+    } else if (v > b) {
+      b = v;
+    }
+  }
+  return double(a - b) / std::max(double(big), 1e-30);
+}
+
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  return i;
+}
+
+// Device decoding `got` must equal the device reference `want` (same target, same request);
+// a divergence passes only at a near-tie of the target there (see kTieMargin), with a note.
+void expect_lossless(Qwen3Device& t, const std::vector<int32_t>& got,
+                     const std::vector<int32_t>& want, const std::string& what) {
+  const size_t i = common_prefix(got, want);
+  if (i == got.size() && i == want.size()) return;
+  ASSERT_LT(i, std::min(got.size(), want.size()))
+      << what << ": one output is a prefix of the other (" << got.size() << " vs " << want.size()
+      << " tokens)";
+  const double m = relative_margin(device_logits(t, kPrompt, {want.data(), i}));
+  EXPECT_LE(m, kTieMargin) << what << ": diverges at token " << i << " (" << got[i] << " vs "
+                           << want[i] << ") where the target's top-2 margin is " << m
+                           << " of its largest logit";
+  std::cout << "[ note ] " << what << ": diverges at token " << i << " of " << want.size()
+            << " at a near-tie (relative margin " << m << ")\n";
+}
+
+class CudaDecoder : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Gpu::get().ctx) GTEST_SKIP() << "no usable CUDA GPU: " << Gpu::get().why;
+    ctx = Gpu::get().ctx.get();
+  }
+  Context* ctx = nullptr;
+};
+
+TEST_F(CudaDecoder, GreedySpeculativeEqualsTargetAlone) {
+  for (const char* fx : kFixtures) {
+    Pair p(*ctx, fx);
+    const auto alone = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(64));
+    ASSERT_EQ(alone.ids.size(), 64u) << fx;
+    EXPECT_EQ(alone.finish_reason, "length");
+    EXPECT_EQ(alone.rounds, 63);  // the first token comes from the prefill
+    for (int steps : {1, p.cpu_draft->config().num_steps, 4}) {
+      FlashMapDeviceDrafter d(*p.draft, steps);
+      auto opt = greedy(64);
+      opt.seed = uint64_t(steps);
+      const auto r = DeviceDecoder(*p.target, &d).generate(kPrompt, opt);
+      const std::string what = fmt::format("{} steps {}", fx, steps);
+      expect_lossless(*p.target, r.ids, alone.ids, what);
+      // The stats of a speculative run: one acceptance length per round, tokens = first + Σ.
+      EXPECT_EQ(r.acceptance_lengths.size(), size_t(r.rounds)) << what;
+      int64_t sum = 0;
+      for (int a : r.acceptance_lengths) sum += a;
+      EXPECT_GE(1 + sum, int64_t(r.ids.size())) << what;
+      ASSERT_EQ(r.accepted_at.size(), size_t(d.block_size())) << what;
+      for (size_t k = 1; k < r.accepted_at.size(); ++k)
+        EXPECT_LE(r.accepted_at[k], r.accepted_at[k - 1]) << what << " slot " << k;
+      std::cout << "[ info ] " << what << ": tau " << r.acceptance_length() << " over " << r.rounds
+                << " rounds\n";
+    }
+    // Graphs replay the same kernels: eager and graph runs agree bit for bit.
+    FlashMapDeviceDrafter eager_d(*p.draft, 1, false), graph_d(*p.draft, 1, true);
+    auto opt = greedy(40);
+    opt.seed = 9;
+    const auto e = DeviceDecoder(*p.target, &eager_d, false).generate(kPrompt, opt);
+    const auto g = DeviceDecoder(*p.target, &graph_d, true).generate(kPrompt, opt);
+    EXPECT_EQ(e.ids, g.ids) << fx;
+    EXPECT_EQ(e.acceptance_lengths, g.acceptance_lengths) << fx;
+  }
+}
+
+TEST_F(CudaDecoder, ScriptedDrafterCoversEveryAcceptancePath) {
+  Pair p(*ctx, kFixtures[0]);
+  const int n = 60, K = 8;
+  const int64_t V = p.cpu->config().vocab_size;
+  const auto alone = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(n)).ids;
+  ASSERT_EQ(alone.size(), size_t(n));
+  for (int j : {0, 1, 3, K}) {
+    ScriptedDeviceDrafter d(*ctx, K, V, alone, j);
+    const auto r = DeviceDecoder(*p.target, &d).generate(kPrompt, greedy(n));
+    const std::string what = fmt::format("corrupt_from {}", j);
+    expect_lossless(*p.target, r.ids, alone, what);
+    if (r.ids != alone) continue;  // a near-tie changed the script's future: no path to check
+    // Every round but the last commits exactly the j correct drafts plus the target's token.
+    for (size_t i = 0; i + 1 < r.acceptance_lengths.size(); ++i)
+      EXPECT_EQ(r.acceptance_lengths[i], j + 1) << "round " << i << ", " << what;
+    for (int k = 0; k < K; ++k)
+      EXPECT_EQ(r.accepted_at[size_t(k)] > 0, k < j) << "slot " << k << ", " << what;
+    EXPECT_EQ(r.finish_reason, "length");
+  }
+}
+
+TEST_F(CudaDecoder, StopTokenAndOvershoot) {
+  Pair p(*ctx, kFixtures[0]);
+  const int64_t V = p.cpu->config().vocab_size;
+  const auto alone = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(60)).ids;
+  ASSERT_EQ(alone.size(), 60u);
+  // A stop token inside a fully accepted block: the output ends right after its first
+  // occurrence, as target-alone decoding with the same stop token does.
+  const int32_t stop = alone[13];
+  const size_t first = size_t(std::find(alone.begin(), alone.end(), stop) - alone.begin());
+  ScriptedDeviceDrafter full(*ctx, 8, V, alone, 8);
+  const auto r = DeviceDecoder(*p.target, &full).generate(kPrompt, greedy(60, {stop}));
+  EXPECT_EQ(r.ids, std::vector<int32_t>(alone.begin(), alone.begin() + int64_t(first) + 1));
+  EXPECT_EQ(r.finish_reason, "stop");
+  const auto r2 = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(60, {stop}));
+  EXPECT_EQ(r2.ids, r.ids);
+  EXPECT_EQ(r2.finish_reason, "stop");
+  // The last round's overshoot past max_new_tokens is cut.
+  for (int n : {1, 2, 9, 10, 17}) {
+    const auto c = DeviceDecoder(*p.target, &full).generate(kPrompt, greedy(n));
+    EXPECT_EQ(c.ids, std::vector<int32_t>(alone.begin(), alone.begin() + n)) << n;
+    EXPECT_EQ(c.finish_reason, "length") << n;
+  }
+}
+
+// The CPU engine decodes in fp32, the device with bf16 weights and GEMM inputs: greedy outputs
+// agree until the first position where the logits' difference (NMSE ≤ kLogitsNmse) can flip the
+// top two; the agreement is printed for each fixture.
+TEST_F(CudaDecoder, GreedyAgreesWithCpuWithinBf16) {
+  const int n = 64;
+  for (const char* fx : kFixtures) {
+    Pair p(*ctx, fx);
+    const auto cpu = generate(*p.cpu, nullptr, kPrompt, greedy(n)).ids;
+    const auto dev = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(n)).ids;
+    const size_t i = common_prefix(cpu, dev);
+    // Logits where they diverge (or at the end), on both engines.
+    const std::span<const int32_t> prefix(cpu.data(), std::min(i, cpu.size() - 1));
+    const auto c = cpu_logits(*p.cpu, kPrompt, prefix);
+    const auto d = device_logits(*p.target, kPrompt, prefix);
+    double err = 0, ref = 0;
+    for (size_t v = 0; v < c.size(); ++v) {
+      err += (double(d[v]) - c[v]) * (double(d[v]) - c[v]);
+      ref += double(c[v]) * c[v];
+    }
+    const double nmse = err / ref, rms = std::sqrt(err / double(c.size()));
+    EXPECT_LT(nmse, kLogitsNmse) << fx << " at token " << prefix.size();
+    std::cout << "[ info ] " << fx << ": device and CPU greedy agree on " << i << " of " << n
+              << " tokens; logits NMSE " << nmse << " there\n";
+    if (i < size_t(n)) {
+      // A flip needs the logits' error to reach the CPU's top-2 margin: with errors of rms
+      // `rms`, a margin above 8·rms is out of reach (probability < 1e-12 for Gaussian errors).
+      float a = -INFINITY, b = -INFINITY;
+      for (float v : c)
+        if (v > a) {
+          b = a;
+          a = v;
+        } else if (v > b) {
+          b = v;
+        }
+      EXPECT_LE(double(a - b), 8 * rms)
+          << fx << ": diverges at token " << i << " where the CPU's top-2 margin is " << a - b
+          << " and the logits' rms error " << rms;
+    }
+  }
+}
+
+TEST_F(CudaDecoder, SampledIsReproducibleFromTheSeed) {
+  Pair p(*ctx, kFixtures[0]);
+  FlashMapDeviceDrafter d(*p.draft, 1);
+  DeviceDecoder dec(*p.target, &d);
+  GenerateOptions o;
+  o.max_new_tokens = 40;
+  o.sampling.temperature = 1.0f;
+  o.sampling.top_p = 0.95f;
+  o.seed = 42;
+  const auto a = dec.generate(kPrompt, o);
+  const auto b = dec.generate(kPrompt, o);
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.acceptance_lengths, b.acceptance_lengths);
+  o.seed = 43;
+  EXPECT_NE(dec.generate(kPrompt, o).ids, a.ids);
+  // Eager drafts and verify passes give the same bits, hence the same run.
+  FlashMapDeviceDrafter eager(*p.draft, 1, false);
+  o.seed = 42;
+  EXPECT_EQ(DeviceDecoder(*p.target, &eager, false).generate(kPrompt, o).ids, a.ids);
+  // Target alone, sampled: reproducible too.
+  DeviceDecoder alone(*p.target, nullptr);
+  EXPECT_EQ(alone.generate(kPrompt, o).ids, alone.generate(kPrompt, o).ids);
+}
+
+// top_k = 1 leaves one token (the argmax, the lower id on ties): sampled decoding — speculative
+// with rejection sampling, or target alone — is then greedy decoding.
+TEST_F(CudaDecoder, TopK1SamplingIsGreedy) {
+  for (const char* fx : kFixtures) {
+    Pair p(*ctx, fx);
+    const auto greedy_ids = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(48)).ids;
+    GenerateOptions o = greedy(48);
+    o.sampling.temperature = 1.0f;
+    o.sampling.top_k = 1;
+    o.seed = 5;
+    FlashMapDeviceDrafter d(*p.draft, 1);
+    expect_lossless(*p.target, DeviceDecoder(*p.target, &d).generate(kPrompt, o).ids, greedy_ids,
+                    fmt::format("{} speculative top_k 1", fx));
+    expect_lossless(*p.target, DeviceDecoder(*p.target, nullptr).generate(kPrompt, o).ids,
+                    greedy_ids, fmt::format("{} alone top_k 1", fx));
+  }
+}
+
+TEST_F(CudaDecoder, BadRequestsAndCapacity) {
+  Pair p(*ctx, kFixtures[0], 32);  // a 32-position KV cache
+  FlashMapDeviceDrafter d(*p.draft, 1);
+  DeviceDecoder dec(*p.target, &d);
+  auto err = [&](std::vector<int32_t> prompt, GenerateOptions o) -> std::string {
+    try {
+      dec.generate(prompt, o);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "<no error>";
+  };
+  EXPECT_NE(err({}, greedy(5)).find("prompt is empty"), std::string::npos);
+  EXPECT_NE(err({1, 5000}, greedy(5)).find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(err({1}, greedy(0)).find("max_new_tokens must be > 0"), std::string::npos);
+  // 6 + 20 − 1 + 8 = 33 positions for the last verify pass: one more than the cache.
+  EXPECT_NE(err(kPrompt, greedy(20)).find("device KV cache"), std::string::npos);
+  // 6 + 19 − 1 + 8 = 32 fits exactly.
+  EXPECT_EQ(dec.generate(kPrompt, greedy(19)).ids.size(), 19u);
+  EXPECT_THROW({ FlashMapDeviceDrafter bad(*p.draft, 7); }, Error);  // steps not in jump_grids
+}
+
+}  // namespace
+}  // namespace flashmap::cuda
