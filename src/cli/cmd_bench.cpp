@@ -7,7 +7,9 @@
 //   flashmap bench --device cuda --shape qwen3-8b
 //                                          the same on the GPU (CUDA builds): random device
 //                                          weights, HBM bandwidth, decode and verify with graphs
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -22,7 +24,9 @@
 #include "spec/decoder.h"
 
 #ifdef FLASHMAP_WITH_CUDA
+#include "cuda/decoder_cuda.h"
 #include "cuda/device.h"
+#include "cuda/flashmap_cuda.h"
 #include "cuda/qwen3_cuda.h"
 #endif
 
@@ -198,7 +202,8 @@ void run_bench_cuda(const BenchArgs& a) {
   const double gbps = cuda::measure_read_gbps(ctx);  // 2 GiB, far past the 50 MB L2
 
   const int K = a.block;
-  auto dev = cuda::Qwen3Device::random(ctx, cfg, 1, a.context + K + 1 + 64);
+  // Room for the timed steps and for the decoding runs below (prompt = the context).
+  auto dev = cuda::Qwen3Device::random(ctx, cfg, 1, a.context + a.max_new_tokens + K + 64);
   // Bytes a decode step reads: every weight but the embedding table (one row of it).
   const double bytes = double(dev->weight_bytes() - dev->embedding_bytes());
 
@@ -222,10 +227,10 @@ void run_bench_cuda(const BenchArgs& a) {
 
   // The context: a.context random ids, prefilled eagerly (its values do not change the cost).
   double prefill_ms = 0;
+  std::vector<int32_t> ids(static_cast<size_t>(a.context));
+  Rng rng(3);
+  for (auto& t : ids) t = int32_t(rng.next() % uint64_t(cfg.vocab_size));
   if (a.context > 0) {
-    std::vector<int32_t> ids(size_t(a.context));
-    Rng rng(3);
-    for (auto& t : ids) t = int32_t(rng.next() % uint64_t(cfg.vocab_size));
     dev->reserve(std::max(a.context, K + 1), K + 1);
     dev->forward_host(ids, cuda::Qwen3Device::Logits::None, {}, false);  // warm-up
     dev->truncate(0);
@@ -291,6 +296,128 @@ void run_bench_cuda(const BenchArgs& a) {
   fmt::print("| verify, {} tokens (CUDA graph) | {:.2f} ms ({:.2f}x decode) |\n", K + 1, verify,
              verify / decode);
   fmt::print("| verify, without graph | {:.2f} ms |\n\n", verify_eager);
+  write_json(out, a.json_out);  // the target's figures stand even if the drafter part fails
+
+  // The FlashMap drafter at its default (Qwen3-8B) shape with random weights on the same GPU,
+  // conditioned on the target's features of the context: draft ms per step count, and a round
+  // estimated as draft + verify (the accept step is one small kernel and an 8-byte copy). The
+  // speedup of a round over target-alone decoding at acceptance length tau is
+  // tau · decode / round, so tau must exceed round / decode (the break-even below) to pay.
+  try {
+    FlashMapConfig dc;
+    dc.target_hidden_size = cfg.hidden_size;
+    dc.vocab_size = cfg.vocab_size;
+    dc.block_size = K;
+    dc.jump_grids = FlashMapConfig::default_jump_grids();
+    if (cfg.num_hidden_layers != 36) {  // 36: the default ids {1, 9, 17, 25, 33} of Qwen3-8B
+      dc.target_layer_ids.clear();
+      for (int i = 0; i < 5; ++i) {
+        const int l = std::min(cfg.num_hidden_layers - 1,
+                               int(std::lround(1 + i * (cfg.num_hidden_layers - 2) / 4.0)));
+        if (dc.target_layer_ids.empty() || dc.target_layer_ids.back() != l)
+          dc.target_layer_ids.push_back(l);
+      }
+    }
+    auto fm = cuda::FlashMapDevice::random(ctx, dc, dev->embedding(), dev->lm_head(),
+                                           cfg.vocab_size, cfg.hidden_size, 5);
+    auto dctx = fm->new_context(a.context + K + 64);
+    if (a.context > 0) {
+      dev->truncate(0);
+      const auto o =
+          dev->forward_host(ids, cuda::Qwen3Device::Logits::None, dc.target_layer_ids, false);
+      fm->extend_context(dctx, o.features, a.context);
+    }
+    cuda::DeviceBuffer<float> draft_logits(size_t(K) * size_t(cfg.vocab_size));
+    fmt::print(
+        "| drafter ({} layers, hidden {}, block {}) | draft ms | round ms (draft + verify) | "
+        "break-even tau |\n|---|---|---|---|\n",
+        dc.num_hidden_layers, dc.hidden_size, K);
+    json drafts = json::array();
+    for (const auto& [steps, grid] : dc.jump_grids) {
+      cuda::FlashMapDevice::Noise noise;  // drawn on the device (Philox), fixed (seed, counter)
+      noise.seed = 11;
+      auto one = [&] {
+        fm->draft(dctx, int32_t(7), steps, noise, draft_logits.data(),
+                  cuda::FlashMapDevice::Exec::Graph);
+      };
+      for (int i = 0; i < 3; ++i) one();  // warm-up; the first call also captures
+      ctx.sync();
+      std::vector<double> t;
+      for (int r = 0; r < std::max(a.reps, 1); ++r) {
+        cuda::check(cudaEventRecord(ev.a, s), "cudaEventRecord");
+        for (int i = 0; i < 10; ++i) one();
+        cuda::check(cudaEventRecord(ev.b, s), "cudaEventRecord");
+        ctx.sync();
+        t.push_back(ev.ms() / 10.0);
+      }
+      std::sort(t.begin(), t.end());
+      const double draft = t[t.size() / 2], round = draft + verify;
+      drafts.push_back({{"steps", steps},
+                        {"draft_ms", draft},
+                        {"round_ms_estimate", round},
+                        {"break_even_tau", round / decode}});
+      fmt::print("| {} step{} (CUDA graph) | {:.2f} | {:.2f} | {:.2f} |\n", steps,
+                 steps > 1 ? "s" : "", draft, round, round / decode);
+    }
+    fmt::print("\n");
+    out["drafter"] = {{"layers", dc.num_hidden_layers},
+                      {"hidden", dc.hidden_size},
+                      {"target_layer_ids", dc.target_layer_ids},
+                      {"drafts", drafts}};
+
+    // Measured rounds of the device decoding loop (DeviceDecoder, CUDA graphs), greedy, the
+    // context as the prompt. The drafter is random, so tau stays near 1: these rows measure what
+    // a round costs (draft, verify, accept, loop), not the speedup a trained drafter gives.
+    const std::vector<int32_t> prompt =
+        a.context > 0 ? ids : std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8};
+    GenerateOptions go;
+    go.max_new_tokens = a.max_new_tokens;
+    auto decode_run = [&](cuda::DeviceDrafter* d) {
+      cuda::DeviceDecoder dec(*dev, d, true);
+      dec.generate(prompt, go);  // warm-up: captures the graphs
+      const GenerateResult r = dec.generate(prompt, go);
+      const double rounds = std::max(r.rounds, 1), body = r.times.total_ms - r.times.prefill_ms;
+      const double loop = body - r.times.draft_ms - r.times.verify_ms;
+      return json{{"tokens_per_s", 1000.0 * double(r.ids.size()) / r.times.total_ms},
+                  {"tau", r.acceptance_length()},
+                  {"round_ms", body / rounds},
+                  {"draft_ms_per_round", r.times.draft_ms / rounds},
+                  {"verify_ms_per_round", r.times.verify_ms / rounds},
+                  {"accept_ms_per_round", r.times.accept_ms / rounds},
+                  {"loop_overhead_pct", 100.0 * loop / std::max(body, 1e-9)},
+                  {"prefill_ms", r.times.prefill_ms},
+                  {"tokens", r.ids.size()},
+                  {"rounds", r.rounds}};
+    };
+    const json alone = decode_run(nullptr);
+    out["loop_target_alone"] = alone;
+    fmt::print(
+        "| decoding loop ({} prompt tokens, {} new, greedy) | tau | tokens/s | speedup | round ms "
+        "| draft ms | verify ms | accept ms | loop overhead "
+        "|\n|---|---|---|---|---|---|---|---|---|\n",
+        prompt.size(), a.max_new_tokens);
+    auto row = [&](const std::string& name, const json& r) {
+      fmt::print(
+          "| {} | {:.2f} | {:.1f} | {:.2f}x | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.2f}% |\n",
+          name, r["tau"].get<double>(), r["tokens_per_s"].get<double>(),
+          r["tokens_per_s"].get<double>() / alone["tokens_per_s"].get<double>(),
+          r["round_ms"].get<double>(), r["draft_ms_per_round"].get<double>(),
+          r["verify_ms_per_round"].get<double>(), r["accept_ms_per_round"].get<double>(),
+          r["loop_overhead_pct"].get<double>());
+    };
+    row("target alone", alone);
+    for (const auto& [steps, grid] : dc.jump_grids) {
+      cuda::FlashMapDeviceDrafter d(*fm, steps, true);
+      const json r = decode_run(&d);
+      out[fmt::format("loop_flashmap_steps{}", steps)] = r;
+      row(fmt::format("random FlashMap drafter, {} step{}", steps, steps > 1 ? "s" : ""), r);
+    }
+    fmt::print("\n");
+  } catch (const std::exception& e) {
+    out["drafter_error"] = e.what();
+    write_json(out, a.json_out);
+    throw;
+  }
   write_json(out, a.json_out);
 }
 #endif
