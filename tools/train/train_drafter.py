@@ -319,10 +319,17 @@ def cmd_train(args):
             with torch.no_grad():
                 acc = (logits.argmax(-1) == y).float().mean(0)
             el = state["elapsed"][si]
+
+            def left(i):  # seconds left in stage i: by its step budget at this stage's pace, or its minutes
+                if step_budgets[i] <= 0:
+                    return max(budgets[i] - state["elapsed"][i], 0.0)
+                done = state["stage_steps"][i]
+                pace = state["elapsed"][i] / done if done else el / max(state["stage_steps"][si], 1)
+                return max(step_budgets[i] - done, 0) * pace * (2 if i > si else 1)  # stage 2 ~2x per step
             print(f"stage {si + 1} step {state['step']} loss {loss.item():.3f} acc@slot0 {acc[0]:.2f} "
                   f"acc {acc.mean():.2f} lr {lr:.1e} {B * K * 1.0 / (time.time() - t_start):.0f} tok/s "
-                  f"ETA {(budgets[si] - el) / 60:.1f} min (stage), "
-                  f"{(sum(budgets) - sum(state['elapsed'])) / 60:.1f} min (all)", flush=True)
+                  f"ETA {left(si) / 60:.1f} min (stage), "
+                  f"{sum(left(i) for i in range(si, 2)) / 60:.1f} min (all)", flush=True)
             last_print = el
         if time.time() - last_save > 60:
             save()
