@@ -1,9 +1,38 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 namespace flashmap {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls `ready` for up to ~200 µs: a few pause-instruction polls, then sched_yield() so that a
+// thread of another process sharing this core still runs. False when the caller should sleep.
+template <typename Ready>
+bool spin_until(Ready ready) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0;; ++i) {
+    if (ready()) return true;
+    if (i < 64) {
+      cpu_relax();
+      continue;
+    }
+    std::this_thread::yield();
+    if ((i & 15) == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(200))
+      return ready();
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
@@ -14,6 +43,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
+    generation_.fetch_add(1, std::memory_order_release);  // spinning workers look at this
   }
   start_cv_.notify_all();
   for (auto& w : workers_) w.join();
@@ -43,35 +73,39 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     job_ = &fn;
     job_n_ = n;
     job_chunk_ = chunk;
-    pending_ = int(workers_.size());
-    ++generation_;
+    pending_.store(int(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
   }
-  start_cv_.notify_all();
+  start_cv_.notify_all();  // no system call when no worker sleeps
   fn(0, std::min(n, chunk));
-  std::unique_lock lock(mutex_);
-  done_cv_.wait(lock, [this] { return pending_ == 0; });
-  job_ = nullptr;
+  if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    std::unique_lock lock(mutex_);
+    done_cv_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+  }
 }
 
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
+    if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
+      std::unique_lock lock(mutex_);
+      start_cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+    }
     const std::function<void(int64_t, int64_t)>* job;
     int64_t n, chunk;
     {
-      std::unique_lock lock(mutex_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      std::lock_guard lock(mutex_);
       if (stop_) return;
-      seen = generation_;
+      seen = generation_.load(std::memory_order_relaxed);
       job = job_;
       n = job_n_;
       chunk = job_chunk_;
     }
     const int64_t begin = chunk * index;
     if (begin < n) (*job)(begin, std::min(n, begin + chunk));
-    {
-      std::lock_guard lock(mutex_);
-      if (--pending_ == 0) done_cv_.notify_one();
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard lock(mutex_);  // the caller may be between its check and its wait
+      done_cv_.notify_one();
     }
   }
 }

@@ -3,6 +3,7 @@
 // depend on how many threads run (the CPU path stays deterministic and batch-invariant).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -32,12 +33,16 @@ class ThreadPool {
   void worker_loop(int index);
 
   std::vector<std::thread> workers_;
+  // A forward pass calls parallel_for a few hundred times, back to back, for tens of
+  // microseconds each; a futex wake-up per call costs about as much. So workers and the caller
+  // spin on the atomics below for a short while (kSpin polls) before sleeping on the condition
+  // variables, which only an idle pool reaches.
   std::mutex mutex_;
   std::condition_variable start_cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0, job_chunk_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
   bool stop_ = false;
 };
 

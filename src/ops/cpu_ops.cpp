@@ -208,8 +208,9 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
   if (ldy < 0) ldy = W.rows;
   if (M <= 0) return;
   // Split the outputs in blocks of 16 so that each thread streams its own weight rows; tiny
-  // products stay on the calling thread, where waking the pool would cost more than the work.
-  const int64_t grain = M * W.rows * W.cols < (int64_t(1) << 20) ? W.rows : 16;
+  // products (under ~64k multiply-adds, a few microseconds) stay on the calling thread, where
+  // handing work to the spinning pool would cost about as much as the work.
+  const int64_t grain = M * W.rows * W.cols < (int64_t(1) << 16) ? W.rows : 16;
   pool.parallel_for(W.rows, grain, [&](int64_t n0, int64_t n1) {
     switch (W.dtype) {
       case DType::F32:
