@@ -249,20 +249,57 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
   });
 }
 
-void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool) {
+namespace {
+
+// MB rows of y[:, h0:h0+16) = x · E[:, h0:h0+16), accumulated in registers over the vocabulary in
+// order (each output is the same sequential sum as a scalar loop over v would give).
+template <DType D, int MB>
+void matmul_rows_tile(const float* x, int64_t V, int64_t H, const void* E, float* y, int64_t h) {
+  v16f acc[MB] = {};
+  for (int64_t v = 0; v < V; ++v) {
+    const v16f e = load16<D>(E, v * H + h);
+    for (int i = 0; i < MB; ++i) acc[i] += x[i * V + v] * e;
+  }
+  for (int i = 0; i < MB; ++i) std::memcpy(y + i * H + h, &acc[i], sizeof(acc[i]));
+}
+
+template <DType D>
+void matmul_rows_range(const float* x, int64_t M, const Weight& E, float* y, int64_t h0,
+                       int64_t h1) {
   const int64_t V = E.rows, H = E.cols;
-  // Each thread owns a range of output columns and sums over the vocabulary in order.
-  pool.parallel_for(H, 64, [&](int64_t h0, int64_t h1) {
-    std::vector<float> row(static_cast<size_t>(h1 - h0));
-    for (int64_t m = 0; m < M; ++m) std::fill(y + m * H + h0, y + m * H + h1, 0.0f);
-    for (int64_t v = 0; v < V; ++v) {
-      for (int64_t h = h0; h < h1; ++h) row[size_t(h - h0)] = E.at(v, h);
-      for (int64_t m = 0; m < M; ++m) {
-        const float a = x[m * V + v];
-        if (a == 0.0f) continue;
-        float* out = y + m * H + h0;
-        for (int64_t h = 0; h < h1 - h0; ++h) out[h] += a * row[size_t(h)];
-      }
+  constexpr int MB = 8;
+  int64_t h = h0;
+  for (; h + kLanes <= h1; h += kLanes) {
+    int64_t m = 0;
+    for (; m + MB <= M; m += MB) matmul_rows_tile<D, MB>(x + m * V, V, H, E.data, y + m * H, h);
+    for (; m < M; ++m) matmul_rows_tile<D, 1>(x + m * V, V, H, E.data, y + m * H, h);
+  }
+  for (; h < h1; ++h)  // columns past the last multiple of 16
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0;
+      for (int64_t v = 0; v < V; ++v) acc += x[m * V + v] * E.at(v, h);
+      y[m * H + h] = acc;
+    }
+}
+
+}  // namespace
+
+void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool) {
+  // Each thread owns a range of output columns (whole 16-lane groups) and sums over the
+  // vocabulary in order.
+  pool.parallel_for(E.cols, 64, [&](int64_t h0, int64_t h1) {
+    switch (E.dtype) {
+      case DType::F32:
+        matmul_rows_range<DType::F32>(x, M, E, y, h0, h1);
+        break;
+      case DType::BF16:
+        matmul_rows_range<DType::BF16>(x, M, E, y, h0, h1);
+        break;
+      case DType::F16:
+        matmul_rows_range<DType::F16>(x, M, E, y, h0, h1);
+        break;
+      default:
+        throw InternalError("matmul_rows on an integer table");
     }
   });
 }
@@ -345,6 +382,74 @@ void rope_interleaved(float* x, int64_t rows, int heads, int head_dim, const int
   rope(x, rows, heads, head_dim, positions, theta, true);
 }
 
+namespace {
+
+// hsum() of four vectors at once: the same pairwise tree per vector (lane i + lane i+8, then +4,
+// +2, +1), so each result is bit-identical to hsum() of that vector, with a quarter of the
+// shuffles.
+inline v4f hsum4(v16f a0, v16f a1, v16f a2, v16f a3) {
+  const v16f t0 =
+      __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+      __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  const v16f t1 =
+      __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+      __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  // Lanes 4v..4v+3 hold vector v's s4 (its lanes 0-3 plus 4-7 after the first fold).
+  const v16f u =
+      __builtin_shufflevector(t0, t1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+      __builtin_shufflevector(t0, t1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  // hsum's a = s4[0] + s4[2], b = s4[1] + s4[3], then a + b.
+  const v8f w = __builtin_shufflevector(u, u, 0, 1, 4, 5, 8, 9, 12, 13) +
+                __builtin_shufflevector(u, u, 2, 3, 6, 7, 10, 11, 14, 15);
+  return __builtin_shufflevector(w, w, 0, 2, 4, 6) + __builtin_shufflevector(w, w, 1, 3, 5, 7);
+}
+
+// One (query, head) of attention with head_dim = 16·NV: q and the output accumulator stay in
+// registers; scores of four keys share one reduction (hsum4). The arithmetic per score and the
+// order of the value sum are those of the generic path below, so both give the same bits.
+template <int NV>
+void attend_one(const float* qi, const float* k, const float* v, int64_t kv_stride, int64_t n,
+                float scale, float* scores, float* o) {
+  v16f qv[NV];
+  for (int c = 0; c < NV; ++c) qv[c] = load16<DType::F32>(qi, c * kLanes);
+  float mx = -INFINITY;
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    v16f a[4] = {};
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < NV; ++c)
+        a[r] += qv[c] * load16<DType::F32>(k + (j + r) * kv_stride, c * kLanes);
+    const v4f d = hsum4(a[0], a[1], a[2], a[3]);
+    for (int r = 0; r < 4; ++r) {
+      scores[j + r] = d[r] * scale;
+      mx = std::max(mx, scores[j + r]);
+    }
+  }
+  for (; j < n; ++j) {
+    v16f a = {};
+    for (int c = 0; c < NV; ++c) a += qv[c] * load16<DType::F32>(k + j * kv_stride, c * kLanes);
+    scores[j] = hsum(a) * scale;
+    mx = std::max(mx, scores[j]);
+  }
+  float sum = 0;
+  for (j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - mx);
+    sum += scores[j];
+  }
+  v16f acc[NV] = {};
+  for (j = 0; j < n; ++j) {
+    const float p = scores[j];
+    for (int c = 0; c < NV; ++c) acc[c] += p * load16<DType::F32>(v + j * kv_stride, c * kLanes);
+  }
+  const float inv = 1.0f / sum;
+  for (int c = 0; c < NV; ++c) {
+    const v16f r = acc[c] * inv;
+    std::memcpy(o + c * kLanes, &r, sizeof(r));
+  }
+}
+
+}  // namespace
+
 void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head_dim,
                const float* k, const float* v, const int64_t* key_count, float scale, float* out,
                ThreadPool& pool) {
@@ -352,44 +457,59 @@ void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head
   const int64_t kv_stride = int64_t(n_kv_heads) * head_dim;
   if (nq <= 0) return;
   const int64_t work = nq * n_heads * key_count[nq - 1] * head_dim;
-  pool.parallel_for(
-      nq * n_heads, work < (int64_t(1) << 18) ? nq * n_heads : 1, [&](int64_t b, int64_t e) {
-        std::vector<float> scores;
-        std::vector<float> acc(static_cast<size_t>(head_dim));
-        for (int64_t job = b; job < e; ++job) {
-          const int64_t i = job / n_heads;
-          const int h = int(job % n_heads), kh = h / group;
-          const float* qi = q + (i * n_heads + h) * head_dim;
-          const int64_t n = key_count[i];
-          scores.resize(size_t(n));
-          float mx = -INFINITY;
-          for (int64_t j = 0; j < n; ++j) {
-            scores[size_t(j)] = dot(qi, k + j * kv_stride + kh * head_dim, head_dim) * scale;
-            mx = std::max(mx, scores[size_t(j)]);
-          }
-          float sum = 0;
-          for (int64_t j = 0; j < n; ++j) {
-            scores[size_t(j)] = std::exp(scores[size_t(j)] - mx);
-            sum += scores[size_t(j)];
-          }
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          for (int64_t j = 0; j < n; ++j) {
-            const float p = scores[size_t(j)];
-            const float* vj = v + j * kv_stride + kh * head_dim;
-            float* a = acc.data();
-            int d = 0;
-            for (; d + kLanes <= head_dim; d += kLanes) {
-              v16f av = load16<DType::F32>(a, d);
-              av += p * load16<DType::F32>(vj, d);
-              std::memcpy(a + d, &av, sizeof(av));
-            }
-            for (; d < head_dim; ++d) a[d] += p * vj[d];
-          }
-          float* o = out + (i * n_heads + h) * head_dim;
-          const float inv = 1.0f / sum;
-          for (int d = 0; d < head_dim; ++d) o[d] = acc[size_t(d)] * inv;
-        }
-      });
+  pool.parallel_for(nq * n_heads, work < (int64_t(1) << 18) ? nq * n_heads : 1,
+                    [&](int64_t b, int64_t e) {
+                      std::vector<float> scores;
+                      std::vector<float> acc(static_cast<size_t>(head_dim));
+                      for (int64_t job = b; job < e; ++job) {
+                        const int64_t i = job / n_heads;
+                        const int h = int(job % n_heads), kh = h / group;
+                        const float* qi = q + (i * n_heads + h) * head_dim;
+                        const int64_t n = key_count[i];
+                        scores.resize(size_t(n));
+                        float* o = out + (i * n_heads + h) * head_dim;
+                        const float* kh0 = k + kh * head_dim;
+                        const float* vh0 = v + kh * head_dim;
+                        switch (head_dim) {
+                          case 32:
+                            attend_one<2>(qi, kh0, vh0, kv_stride, n, scale, scores.data(), o);
+                            continue;
+                          case 64:
+                            attend_one<4>(qi, kh0, vh0, kv_stride, n, scale, scores.data(), o);
+                            continue;
+                          case 128:
+                            attend_one<8>(qi, kh0, vh0, kv_stride, n, scale, scores.data(), o);
+                            continue;
+                          default:
+                            break;
+                        }
+                        float mx = -INFINITY;
+                        for (int64_t j = 0; j < n; ++j) {
+                          scores[size_t(j)] = dot(qi, kh0 + j * kv_stride, head_dim) * scale;
+                          mx = std::max(mx, scores[size_t(j)]);
+                        }
+                        float sum = 0;
+                        for (int64_t j = 0; j < n; ++j) {
+                          scores[size_t(j)] = std::exp(scores[size_t(j)] - mx);
+                          sum += scores[size_t(j)];
+                        }
+                        std::fill(acc.begin(), acc.end(), 0.0f);
+                        for (int64_t j = 0; j < n; ++j) {
+                          const float p = scores[size_t(j)];
+                          const float* vj = vh0 + j * kv_stride;
+                          float* a = acc.data();
+                          int d = 0;
+                          for (; d + kLanes <= head_dim; d += kLanes) {
+                            v16f av = load16<DType::F32>(a, d);
+                            av += p * load16<DType::F32>(vj, d);
+                            std::memcpy(a + d, &av, sizeof(av));
+                          }
+                          for (; d < head_dim; ++d) a[d] += p * vj[d];
+                        }
+                        const float inv = 1.0f / sum;
+                        for (int d = 0; d < head_dim; ++d) o[d] = acc[size_t(d)] * inv;
+                      }
+                    });
 }
 
 void softmax_rows(float* x, int64_t rows, int64_t dim) {
