@@ -35,7 +35,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   // A forward pass calls parallel_for a few hundred times, back to back, for tens of
   // microseconds each; a futex wake-up per call costs about as much. So workers and the caller
-  // spin on the atomics below for a short while (kSpin polls) before sleeping on the condition
+  // spin on the atomics below for up to ~200 µs before sleeping on the condition
   // variables, which only an idle pool reaches.
   std::mutex mutex_;
   std::condition_variable start_cv_, done_cv_;
