@@ -54,7 +54,10 @@ std::unique_ptr<TextIO> TextIO::open(const std::string& dir) {
 }
 
 void add_prompt_options(CLI::App& app, PromptOptions& p) {
-  app.add_option("--prompt-ids", p.ids_text, "prompt as comma-separated token ids");
+  app.add_option("--prompt-ids", p.ids_text,
+                 "prompt as comma-separated token ids (default: the text \"" +
+                     std::string(kDefaultPrompt) +
+                     "\" where the target has a tokenizer, else 1..8)");
   app.add_option("--prompt", p.text, "prompt as text (needs tokenizer files)");
   app.add_option("--chat", p.chat,
                  "a user message, rendered with the checkpoint's chat template (needs "
@@ -74,6 +77,8 @@ std::vector<int32_t> PromptOptions::ids_of(TextIO* io) const {
                    "tokenizer.json, give --tokenizer DIR");
     return io->encode(chat.empty() ? text : io->chat(chat, system, enable_thinking));
   }
+  if (ids_text.empty() && io != nullptr)
+    return io->encode(kDefaultPrompt);  // readable output for the README's first command
   return parse_ids(ids_text.empty() ? "1,2,3,4,5,6,7,8" : ids_text, "--prompt-ids");
 }
 

@@ -27,6 +27,9 @@ class TextIO {
   virtual std::string flush() = 0;
 };
 
+// The prompt when none is given and the target has a tokenizer (else the ids 1..8).
+inline constexpr const char* kDefaultPrompt = "The secret of a happy life is";
+
 struct PromptOptions {
   std::string ids_text, text, chat, system;
   std::optional<bool> enable_thinking;
