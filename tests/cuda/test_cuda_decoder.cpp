@@ -18,6 +18,7 @@
 #include "cuda/device.h"
 #include "cuda/flashmap_cuda.h"
 #include "cuda/qwen3_cuda.h"
+#include "gpu_test.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "spec/decoder.h"
@@ -39,18 +40,7 @@ constexpr double kTieMargin = 1e-2;
 // model. 5e-4 is the harness's bound for one bf16 GEMM; a few layers stay well under 1e-3.
 constexpr double kLogitsNmse = 1e-3;
 
-struct Gpu {
-  std::unique_ptr<Context> ctx;
-  std::string why;
-  static Gpu& get() {
-    static Gpu g = [] {
-      Gpu r;
-      if (device_count(&r.why) > 0) r.ctx = std::make_unique<Context>("cuda");
-      return r;
-    }();
-    return g;
-  }
-};
+using test::Gpu;  // one context per binary (gpu_test.h)
 
 // A fixture pair on the CPU and on the GPU.
 struct Pair {

@@ -30,6 +30,7 @@
 #include "cuda/flashmap_cuda.h"
 #include "cuda/flashmap_kernels.h"
 #include "cuda/philox.h"
+#include "gpu_test.h"
 #include "io/safetensors.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
@@ -41,19 +42,7 @@ constexpr double kNmse = 1e-3;
 const char* const kFixtures[] = {"tests/fixtures/tiny-a", "tests/fixtures/tiny-b",
                                  "tests/fixtures/tiny-c"};
 
-// One context for the whole binary; null (and the reason) when there is no usable GPU.
-struct Gpu {
-  std::unique_ptr<Context> ctx;
-  std::string why;
-  static Gpu& get() {
-    static Gpu g = [] {
-      Gpu r;
-      if (device_count(&r.why) > 0) r.ctx = std::make_unique<Context>("cuda");
-      return r;
-    }();
-    return g;
-  }
-};
+using test::Gpu;  // one context per binary (gpu_test.h)
 
 class CudaFlashMap : public ::testing::Test {
  protected:

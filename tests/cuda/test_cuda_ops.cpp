@@ -16,6 +16,7 @@
 #include "cuda/device.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
+#include "gpu_test.h"
 #include "ops/ops.h"
 #include "spec/decoder.h"
 #include "spec/sampling.h"
@@ -61,19 +62,7 @@ std::vector<float> widen(const std::vector<uint16_t>& b) {
   return v;
 }
 
-// One context for the whole binary; null (and the reason) when there is no usable GPU.
-struct Gpu {
-  std::unique_ptr<Context> ctx;
-  std::string why;
-  static Gpu& get() {
-    static Gpu g = [] {
-      Gpu r;
-      if (device_count(&r.why) > 0) r.ctx = std::make_unique<Context>("cuda");
-      return r;
-    }();
-    return g;
-  }
-};
+using test::Gpu;  // one context per binary (gpu_test.h)
 
 class CudaOps : public ::testing::Test {
  protected:

@@ -34,6 +34,7 @@
 #include "cuda/device.h"
 #include "cuda/qwen3_cuda.h"
 #include "cuda/qwen3_kernels.h"
+#include "gpu_test.h"
 #include "models/qwen3.h"
 #include "ops/ops.h"
 
@@ -91,19 +92,7 @@ std::vector<int32_t> random_ids(int vocab, size_t n, uint64_t seed) {
   return ids;
 }
 
-// One context for the whole binary; null (and the reason) when there is no usable GPU.
-struct Gpu {
-  std::unique_ptr<Context> ctx;
-  std::string why;
-  static Gpu& get() {
-    static Gpu g = [] {
-      Gpu r;
-      if (device_count(&r.why) > 0) r.ctx = std::make_unique<Context>("cuda");
-      return r;
-    }();
-    return g;
-  }
-};
+using test::Gpu;  // one context per binary (gpu_test.h)
 
 class CudaQwen3 : public ::testing::Test {
  protected:

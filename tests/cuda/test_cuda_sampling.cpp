@@ -22,6 +22,7 @@
 #include "core/rng.h"
 #include "cuda/device.h"
 #include "cuda/sampling.h"
+#include "gpu_test.h"
 #include "spec/decoder.h"
 #include "spec/sampling.h"
 
@@ -59,18 +60,7 @@ std::vector<float> grid_logits(int64_t V, uint64_t seed, float span) {
 }
 
 // One context for the binary; null (and the reason) without a usable GPU.
-struct Gpu {
-  std::unique_ptr<Context> ctx;
-  std::string why;
-  static Gpu& get() {
-    static Gpu g = [] {
-      Gpu r;
-      if (device_count(&r.why) > 0) r.ctx = std::make_unique<Context>("cuda");
-      return r;
-    }();
-    return g;
-  }
-};
+using test::Gpu;  // one context per binary (gpu_test.h)
 
 class CudaSampling : public ::testing::Test {
  protected:
