@@ -26,27 +26,13 @@ std::vector<uint16_t> to_bf16(const Weight& w) {
   return out;
 }
 
-// RAII for the cuBLASLt descriptors of one embed_rows call (as in gemm.cpp).
-struct LtDesc {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtDesc() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
-
 // y [M, H] fp32 = x [M, V] bf16 · E [V, H] bf16, all row-major: ops::matmul_rows (a state read
 // through the embedding) without a transposed copy of E. In cuBLASLt's column-major terms
 // yᵀ [H, M] = E' [H, V] · x' [V, M] with E' = E viewed column-major (ld H), x' = x (ld V), no
 // transposes.
 void matmul_rows_bf16(Context& gpu, const uint16_t* x, int64_t M, int64_t V, const uint16_t* E,
                       int64_t H, float* y) {
-  LtDesc d;
+  LtDescriptors d;
   check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
   const cublasOperation_t n = CUBLAS_OP_N;
   check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &n, sizeof(n)),

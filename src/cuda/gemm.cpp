@@ -7,21 +7,6 @@ cudaDataType_t lt_type(Elem e) {
   return e == Elem::BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-// RAII for the cuBLASLt descriptors of one call. Caching them (and the chosen algorithm) per
-// shape is future work: it matters once rounds are captured into CUDA graphs.
-struct Desc {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~Desc() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
-
 }  // namespace
 
 void linear(Context& ctx, const void* x, Elem x_type, int64_t M, int64_t K, const uint16_t* W,
@@ -48,7 +33,7 @@ void linear(Context& ctx, const void* x, Elem x_type, int64_t M, int64_t K, cons
 
   // Row-major y[M, N] = x[M, K] · W[N, K]ᵀ is column-major yᵀ[N, M] = W'ᵀ · x' with
   // W' = W viewed as column-major [K, N] and x' = x as column-major [K, M].
-  Desc d;
+  LtDescriptors d;
   check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),

@@ -8,6 +8,24 @@
 
 namespace flashmap::cuda {
 
+// RAII for the cuBLASLt descriptors of one matmul call (gemm.cpp, the drafter's state·E).
+// Caching them (and the chosen algorithm) per shape is future work.
+struct LtDescriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  LtDescriptors() = default;
+  LtDescriptors(const LtDescriptors&) = delete;
+  LtDescriptors& operator=(const LtDescriptors&) = delete;
+  ~LtDescriptors() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
 // x [M, K] (row stride ldx, default K) in x_type; W [N, K] bf16 (nn.Linear layout, row-major);
 // y [M, N] (row stride ldy, default N) in y_type; bias [N] fp32 or nullptr (fp32 y only).
 // Products are bf16 × bf16 accumulated in fp32 (CUBLAS_COMPUTE_32F): fp32 activations are first

@@ -2,9 +2,16 @@
 // on a machine without a usable GPU, where every device test skips.
 #pragma once
 
-#include <memory>
-#include <string>
+#include <gtest/gtest.h>
 
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
 #include "cuda/device.h"
 
 namespace flashmap::cuda::test {
@@ -21,5 +28,38 @@ struct Gpu {
     return g;
   }
 };
+
+// Normalized mean squared error Σ(got − want)² / Σwant², the parity measure of every test here
+// (as ggml's test-backend-ops); the sizes must match.
+inline double nmse(std::span<const float> got, std::span<const float> want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    const double d = double(got[i]) - double(want[i]);
+    err += d * d;
+    ref += double(want[i]) * double(want[i]);
+  }
+  return ref > 0 ? err / ref : err;
+}
+
+inline std::vector<float> randn(size_t n, uint64_t seed, float sd = 1.0f, float mean = 0.0f) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(mean, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+inline std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = ::flashmap::f32_to_bf16(v[i]);
+  return b;
+}
+
+inline std::vector<float> widen(const std::vector<uint16_t>& b) {
+  std::vector<float> v(b.size());
+  for (size_t i = 0; i < b.size(); ++i) v[i] = ::flashmap::bf16_to_f32(b[i]);
+  return v;
+}
 
 }  // namespace flashmap::cuda::test

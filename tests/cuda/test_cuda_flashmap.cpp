@@ -43,6 +43,7 @@ const char* const kFixtures[] = {"tests/fixtures/tiny-a", "tests/fixtures/tiny-b
                                  "tests/fixtures/tiny-c"};
 
 using test::Gpu;  // one context per binary (gpu_test.h)
+using test::nmse;
 
 class CudaFlashMap : public ::testing::Test {
  protected:
@@ -52,17 +53,6 @@ class CudaFlashMap : public ::testing::Test {
   }
   Context* gpu = nullptr;
 };
-
-double nmse(std::span<const float> got, std::span<const float> want) {
-  EXPECT_EQ(got.size(), want.size());
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-    const double d = double(got[i]) - double(want[i]);
-    err += d * d;
-    ref += double(want[i]) * double(want[i]);
-  }
-  return ref > 0 ? err / ref : err;
-}
 
 // GPU draft logits [rows, V] against the CPU's: NMSE, then per-slot argmax as explained on top.
 void expect_logits_match(const std::vector<float>& gpu, const std::vector<float>& cpu, int64_t V,

@@ -55,36 +55,6 @@ const std::vector<std::string> kTargets = {
     "tests/fixtures/tiny-c/target",       // GQA 8:1, vocab 1536, 5 layers
 };
 
-double nmse(std::span<const float> got, std::span<const float> want) {
-  EXPECT_EQ(got.size(), want.size());
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-    const double d = double(got[i]) - double(want[i]);
-    err += d * d;
-    ref += double(want[i]) * double(want[i]);
-  }
-  return ref > 0 ? err / ref : err;
-}
-
-std::vector<float> randn(size_t n, uint64_t seed, float sd = 1.0f, float mean = 0.0f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(mean, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = ::flashmap::f32_to_bf16(v[i]);
-  return b;
-}
-std::vector<float> widen(const std::vector<uint16_t>& b) {
-  std::vector<float> v(b.size());
-  for (size_t i = 0; i < b.size(); ++i) v[i] = bf16_to_f32(b[i]);
-  return v;
-}
-
 std::vector<int32_t> random_ids(int vocab, size_t n, uint64_t seed) {
   std::mt19937_64 g(seed);
   std::vector<int32_t> ids(n);
@@ -93,6 +63,10 @@ std::vector<int32_t> random_ids(int vocab, size_t n, uint64_t seed) {
 }
 
 using test::Gpu;  // one context per binary (gpu_test.h)
+using test::nmse;
+using test::randn;
+using test::to_bf16;
+using test::widen;
 
 class CudaQwen3 : public ::testing::Test {
  protected:

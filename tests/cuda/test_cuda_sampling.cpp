@@ -36,16 +36,6 @@ using ::flashmap::testing::chi_square;
 // ~1e-14. 1e-7 is the fp32 bound of the op harness (tests/cuda/test_cuda_ops.cpp).
 constexpr double kF32 = 1e-7;
 
-double nmse(std::span<const float> got, std::span<const float> want) {
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double d = double(got[i]) - double(want[i]);
-    err += d * d;
-    ref += double(want[i]) * double(want[i]);
-  }
-  return ref > 0 ? err / ref : err;
-}
-
 // Logits on a shuffled grid: distinct values spaced `step` apart, so that neighbouring
 // probabilities differ by a factor e^(step/T) − 1 ≥ 1e-4 — far above the ~1e-7 ulp-level
 // differences between device and CPU — and a cut-off never hinges on a near-tie the two could
@@ -59,8 +49,8 @@ std::vector<float> grid_logits(int64_t V, uint64_t seed, float span) {
   return x;
 }
 
-// One context for the binary; null (and the reason) without a usable GPU.
 using test::Gpu;  // one context per binary (gpu_test.h)
+using test::nmse;
 
 class CudaSampling : public ::testing::Test {
  protected:
