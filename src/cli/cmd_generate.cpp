@@ -87,6 +87,7 @@ void run_generate(GenerateArgs& a) {
   opt.max_new_tokens = a.max_new_tokens;
   opt.sampling = a.sampling.params();
   opt.seed = a.sampling.resolved_seed();
+  opt.seeded = a.sampling.seed >= 0;
   opt.sampling.validate();
   FLASHMAP_CHECK(a.max_new_tokens > 0, "--max-new-tokens must be > 0, got {}", a.max_new_tokens);
   const std::unique_ptr<DeviceContext> gpu = open_device(a.device);
@@ -96,6 +97,8 @@ void run_generate(GenerateArgs& a) {
   const Drafter* drafter = models.drafter.get();
 
   auto text = TextIO::open(a.model.tokenizer);
+  // Ids past the tokenizer's are the embedding's padding: never sampled.
+  if (text) models.target->set_sampled_vocab(text->vocab_size());
   const std::vector<int32_t> prompt = a.prompt.ids_of(text.get());
   if (a.stop_ids.empty()) {
     // Stop on the generation config's eos ids, as spec_generate does by default.
@@ -142,7 +145,7 @@ void run_generate(GenerateArgs& a) {
                      {"accept", r.times.accept_ms},
                      {"total", r.times.total_ms}};
   j["tokens_per_second"] = 1000.0 * double(r.ids.size()) / std::max(r.times.total_ms, 1e-9);
-  std::cout << j.dump() << "\n";
+  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
 }
 
 void register_cmd(CLI::App& app) {

@@ -12,6 +12,14 @@
 namespace flashmap::cli {
 namespace {
 
+std::string lossy_push(Tokenizer::StreamDecoder& d, int32_t id) {
+  try {
+    return d.push(id);
+  } catch (const Error&) {
+    return d.flush() + "\xEF\xBF\xBD";
+  }
+}
+
 class FolderText : public TextIO {
  public:
   explicit FolderText(const std::string& dir)
@@ -20,8 +28,16 @@ class FolderText : public TextIO {
   std::vector<int32_t> encode(const std::string& text) const override {
     return tokenizer_.encode(text);
   }
+  // Ids the tokenizer does not know (a hole in its table) show as U+FFFD, as in the server.
   std::string decode(std::span<const int32_t> ids) const override {
-    return tokenizer_.decode(ids, /*skip_special_tokens=*/true);
+    try {
+      return tokenizer_.decode(ids, /*skip_special_tokens=*/true);
+    } catch (const Error&) {
+      Tokenizer::StreamDecoder d(tokenizer_, true);
+      std::string out;
+      for (int32_t id : ids) out += lossy_push(d, id);
+      return out + d.flush();
+    }
   }
   std::string chat(const std::string& user, const std::string& system,
                    std::optional<bool> enable_thinking) const override {
@@ -34,8 +50,9 @@ class FolderText : public TextIO {
     if (enable_thinking) req["enable_thinking"] = *enable_thinking;
     return chat_->render(req);
   }
-  std::string push(int32_t id) override { return stream_.push(id); }
+  std::string push(int32_t id) override { return lossy_push(stream_, id); }
   std::string flush() override { return stream_.flush(); }
+  int64_t vocab_size() const override { return int64_t(tokenizer_.vocab_size()); }
 
  private:
   std::string dir_;

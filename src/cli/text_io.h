@@ -25,6 +25,8 @@ class TextIO {
   // Streams ids as text without splitting UTF-8 characters.
   virtual std::string push(int32_t id) = 0;
   virtual std::string flush() = 0;
+  // Largest id the tokenizer knows + 1.
+  virtual int64_t vocab_size() const = 0;
 };
 
 // The prompt when none is given and the target has a tokenizer (else the ids 1..8).

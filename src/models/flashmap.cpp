@@ -417,6 +417,9 @@ void FlashMapDrafter::draft(std::span<const Request> batch, int steps, float* lo
       for (size_t i = 0; i < state.size(); ++i) state[i] = (state[i] * a + probs[i] * w) / d;
     }
   }
+  // Only the returned distributions drop the target's padding ids; the jumps above run as the
+  // reference's do.
+  target_.mask_padding(logits, N);
 }
 
 }  // namespace flashmap

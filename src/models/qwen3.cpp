@@ -1,7 +1,9 @@
 #include "models/qwen3.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "core/check.h"
 
@@ -80,6 +82,23 @@ void Qwen3Model::logits_of(const float* hidden, int64_t n, float* logits) const 
   std::vector<float> normed(static_cast<size_t>(n * H));
   ops::rms_norm(hidden, final_norm_.data(), float(config_.rms_norm_eps), n, H, normed.data());
   ops::linear(normed.data(), n, lm_head_, nullptr, logits, *pool_);
+  mask_padding(logits, n);
+}
+
+void Qwen3Model::set_sampled_vocab(int64_t n) {
+  FLASHMAP_CHECK(n >= 1 && n <= config_.vocab_size,
+                 "the tokenizer knows {} ids but the target's vocab_size is {} ({}/config.json): "
+                 "they do not belong together",
+                 n, config_.vocab_size, dir_.empty() ? std::string("<memory>") : dir_);
+  sampled_vocab_ = n;
+}
+
+void Qwen3Model::mask_padding(float* logits, int64_t rows) const {
+  const int64_t V = config_.vocab_size;
+  if (sampled_vocab_ <= 0 || sampled_vocab_ >= V) return;
+  for (int64_t r = 0; r < rows; ++r)
+    std::fill(logits + r * V + sampled_vocab_, logits + (r + 1) * V,
+              -std::numeric_limits<float>::infinity());
 }
 
 void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,

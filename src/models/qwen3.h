@@ -58,6 +58,14 @@ class Qwen3Model {
   // The logits of rows of final hidden states [n, hidden] (final norm, then lm_head).
   void logits_of(const float* hidden, int64_t n, float* logits) const;
 
+  // Checkpoints pad the embedding past the tokenizer's ids (Qwen3: 151,936 rows, 151,669 ids);
+  // with a limit set, ids at and past it get logit −inf in every logits this model and the
+  // drafters reading its lm_head return, so they are never sampled. The mask is part of the
+  // model's distribution, so speculative decoding stays lossless. Default: the whole vocabulary.
+  void set_sampled_vocab(int64_t n);
+  int64_t sampled_vocab() const { return sampled_vocab_; }
+  void mask_padding(float* logits, int64_t rows) const;
+
  private:
   struct Layer {
     std::vector<float> input_norm, post_norm, q_norm, k_norm;
@@ -71,6 +79,7 @@ class Qwen3Model {
   Weight embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
+  int64_t sampled_vocab_ = 0;
 };
 
 }  // namespace flashmap

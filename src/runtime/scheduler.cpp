@@ -73,13 +73,12 @@ struct Scheduler::Seq {
   std::shared_ptr<Request> req;
   KVCache cache;
   std::unique_ptr<DraftState> draft;  // null: the request does not speculate
-  Rng rng;
+  SeqSampler sampler;
   int32_t anchor = 0;
   size_t generated = 0;
   bool done = false;
   std::string finish_reason;
-  bool spec = false;  // drafting in the current round
-  int pinned = -1;    // sampled sequences: 1 speculate, 0 not, from their first round (-1: none)
+  int room = 0;  // drafts verified in the current round (0: none)
   Proposal proposal;
   std::vector<int32_t> block;
 };
@@ -145,7 +144,7 @@ std::shared_ptr<Request> Scheduler::submit(RequestParams params) {
                                             options_.max_queue));
     req = std::make_shared<Request>(next_id_++, std::move(params));
     seq->req = req;
-    seq->rng = Rng(req->params.seed);
+    seq->sampler = SeqSampler(req->params.sampling, req->params.seed, req->params.seeded);
     queue_.push_back(std::move(seq));
     ++in_flight_;
   }
@@ -206,16 +205,6 @@ bool Scheduler::emit(Seq& s, std::vector<int32_t> fresh, int committed_in_round)
   return true;
 }
 
-namespace {
-int32_t pick(const float* logits, int64_t V, const SamplingParams& sp, Rng& rng,
-             std::vector<float>& probs) {
-  if (sp.greedy()) return argmax(logits, V);
-  probs.resize(size_t(V));
-  filtered_probs(logits, V, sp, probs.data());
-  return sample(probs, rng);
-}
-}  // namespace
-
 void Scheduler::prefill(std::vector<Seq*>& fresh) {
   if (fresh.empty()) return;
   const int64_t V = target_.config().vocab_size;
@@ -233,13 +222,12 @@ void Scheduler::prefill(std::vector<Seq*>& fresh) {
   target_.forward(in, Qwen3Model::Logits::Last,
                   any_draft ? std::span<const int>(taps_) : std::span<const int>{}, out);
   const int64_t F = int64_t(taps_.size()) * target_.config().hidden_size;
-  std::vector<float> probs;
   int64_t row = 0;
   for (size_t i = 0; i < fresh.size(); ++i) {
     Seq& s = *fresh[i];
     const auto& prompt = s.req->params.prompt;
     const int32_t first =
-        pick(out.logits.data() + int64_t(i) * V, V, s.req->params.sampling, s.rng, probs);
+        s.sampler.pick(out.logits.data() + int64_t(i) * V, V, int64_t(prompt.size()));
     if (s.draft)
       drafter_->commit(*s.draft, out.features.empty() ? nullptr : out.features.data() + row * F,
                        int64_t(prompt.size()), prompt);
@@ -261,19 +249,18 @@ void Scheduler::round(std::vector<std::unique_ptr<Seq>>& running) {
   const double t0 = options_.clock();
   SpecPolicy::Decision decision;
   if (any_draft) decision = policy_.decide(batch);
-  // A round whose sequences all did what the policy chose times that mode; sampled sequences
-  // pinned to the other mode make it a mix of both, which estimates neither.
-  bool pure = true;
+  const int64_t max_positions = target_.config().max_position_embeddings;
+  const int K = drafter_ ? drafter_->block_size() : 0;
 
   std::vector<Drafter::Seq> drafts;
   for (Seq* s : active) {
-    if (s->draft && !s->req->params.sampling.greedy() && s->pinned < 0)
-      s->pinned = int(decision.preferred);
-    s->spec = s->draft && (s->pinned >= 0 ? s->pinned == 1 : decision.speculate);
-    if (s->draft && s->spec != decision.speculate) pure = false;
-    if (s->spec)
-      drafts.push_back(
-          {s->draft.get(), s->anchor, &s->req->params.sampling, &s->rng, &s->proposal});
+    // Near the end of the context or of max_tokens the block shrinks (to nothing: a plain step).
+    s->room = s->draft && decision.speculate
+                  ? block_room(K, s->cache.length, std::min(max_positions, max_context_),
+                               int64_t(s->req->params.max_tokens) - int64_t(s->generated))
+                  : 0;
+    if (s->room > 0)
+      drafts.push_back({s->draft.get(), s->anchor, s->cache.length + 1, &s->sampler, &s->proposal});
   }
   if (!drafts.empty()) drafter_->propose(drafts);
 
@@ -281,8 +268,8 @@ void Scheduler::round(std::vector<std::unique_ptr<Seq>>& running) {
   std::vector<int64_t> anchor_pos;
   for (Seq* s : active) {
     s->block.assign(1, s->anchor);
-    if (s->spec)
-      s->block.insert(s->block.end(), s->proposal.tokens.begin(), s->proposal.tokens.end());
+    s->block.insert(s->block.end(), s->proposal.tokens.begin(),
+                    s->proposal.tokens.begin() + s->room);
     anchor_pos.push_back(s->cache.length);
     in.push_back({&s->cache, s->block});
   }
@@ -291,30 +278,17 @@ void Scheduler::round(std::vector<std::unique_ptr<Seq>>& running) {
                   any_draft ? std::span<const int>(taps_) : std::span<const int>{}, out);
 
   const int64_t F = int64_t(taps_.size()) * target_.config().hidden_size;
-  std::vector<float> p;
   int64_t row = 0;
   int spec_seqs = 0, round_tokens = 0;
   std::vector<int> committed_counts;
   for (size_t i = 0; i < active.size(); ++i) {
     Seq& s = *active[i];
-    const auto& sp = s.req->params.sampling;
     const float* logits = out.logits.data() + row * V;
     const int n = int(s.block.size());
-    int accepted = 0;
     int32_t bonus = 0;
-    if (s.spec) {
-      const int K = n - 1;
-      if (sp.greedy()) {
-        accepted = verify_greedy(s.proposal.tokens, logits, V, bonus);
-      } else {
-        p.resize(size_t(n) * size_t(V));
-        for (int k = 0; k <= K; ++k) filtered_probs(logits + k * V, V, sp, p.data() + k * V);
-        accepted =
-            verify_sampled(s.proposal.tokens, p.data(), s.proposal.probs.data(), V, s.rng, bonus);
-      }
-    } else {
-      bonus = pick(logits, V, sp, s.rng, p);
-    }
+    const int accepted = verify_block(
+        s.sampler, std::span<const int32_t>(s.block).subspan(1), logits,
+        s.proposal.probs.empty() ? nullptr : s.proposal.probs.data(), V, anchor_pos[i] + 1, bonus);
     std::vector<int32_t> fresh(s.block.begin() + 1, s.block.begin() + 1 + accepted);
     fresh.push_back(bonus);
     int committed = int(fresh.size());
@@ -325,7 +299,7 @@ void Scheduler::round(std::vector<std::unique_ptr<Seq>>& running) {
         break;
       }
     round_tokens += committed;
-    if (s.spec) {
+    if (s.room > 0) {
       ++spec_seqs;
       committed_counts.push_back(committed);
     }
@@ -340,7 +314,7 @@ void Scheduler::round(std::vector<std::unique_ptr<Seq>>& running) {
     row += n;
   }
   const double seconds = options_.clock() - t0;
-  if (any_draft && pure) policy_.observe(batch, decision, seconds, round_tokens);
+  if (any_draft) policy_.observe(batch, decision, seconds, round_tokens);
   std::lock_guard lk(mutex_);
   ++rounds_;
   if (spec_seqs > 0) ++spec_rounds_;

@@ -10,9 +10,9 @@
 // a poor drafter, or a large batch whose verify forward grows with the K extra tokens per
 // sequence, can make speculation slower than the target alone. Sequences keep feeding the
 // drafter their features in plain rounds, so they can speculate again in the next round.
-// Greedy sequences follow every round's choice (greedy output does not depend on it); sampled
-// ones keep the mode of the round they joined, so that their output for a seed is that of
-// generate() with or without the drafter rather than a load-dependent mix of the two.
+// Every sequence follows each round's choice: greedy and seeded output do not depend on it
+// (seeded draws are keyed by (seed, position), spec/sampling.h), so a request with a seed gives
+// the same tokens alone, in any batch, with speculation on or off.
 #pragma once
 
 #include <array>
@@ -52,6 +52,7 @@ struct RequestParams {
   int max_tokens = 16;
   SamplingParams sampling;
   uint64_t seed = 0;
+  bool seeded = false;  // the client chose the seed: keyed draws (GenerateOptions::seeded)
   std::vector<int32_t> stop_ids;
   bool speculative = true;  // false: this request never drafts
 };

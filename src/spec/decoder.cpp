@@ -78,23 +78,47 @@ int verify_sampled(std::span<const int32_t> draft, const float* p, const float* 
   return accepted;
 }
 
+int verify_keyed(std::span<const int32_t> draft, const float* logits, int64_t V,
+                 const SamplingParams& sp, uint64_t seed, int64_t first_position,
+                 std::vector<float>& probs, int32_t& bonus) {
+  probs.resize(size_t(V));
+  for (int k = 0;; ++k) {
+    filtered_probs(logits + k * V, V, sp, probs.data());
+    const int32_t t = sample_keyed(probs, seed, first_position + k);
+    if (k == int(draft.size()) || draft[size_t(k)] != t) {
+      bonus = t;
+      return k;
+    }
+  }
+}
+
+int verify_block(SeqSampler& s, std::span<const int32_t> draft, const float* logits, const float* q,
+                 int64_t V, int64_t first_position, int32_t& bonus) {
+  if (s.params.greedy()) return verify_greedy(draft, logits, V, bonus);
+  if (s.keyed())
+    return verify_keyed(draft, logits, V, s.params, s.seed, first_position, s.scratch, bonus);
+  const size_t n = draft.size();
+  s.scratch.resize((n + 1) * size_t(V));
+  for (size_t k = 0; k <= n; ++k)
+    filtered_probs(logits + int64_t(k) * V, V, s.params, s.scratch.data() + int64_t(k) * V);
+  return verify_sampled(draft, s.scratch.data(), q, V, s.rng, bonus);
+}
+
+int block_room(int K, int64_t cache_length, int64_t max_positions, int64_t remaining) {
+  const int64_t by_context = max_positions - cache_length - 1;
+  return int(std::max<int64_t>(0, std::min({int64_t(K), by_context, remaining - 1})));
+}
+
 GenerateResult generate(const Qwen3Model& target, const Drafter* drafter,
                         std::span<const int32_t> prompt, const GenerateOptions& opt) {
   validate_request(target, prompt, opt);
   const auto t_start = Clock::now();
   const int64_t V = target.config().vocab_size;
-  const SamplingParams& sp = opt.sampling;
-  Rng rng(opt.seed);
+  const int64_t max_positions = target.config().max_position_embeddings;
+  SeqSampler sampler(opt.sampling, opt.seed, opt.seeded);
   GenerateResult res;
   auto is_stop = [&](int32_t t) {
     return std::find(opt.stop_ids.begin(), opt.stop_ids.end(), t) != opt.stop_ids.end();
-  };
-  std::vector<float> probs;
-  auto pick = [&](const float* logits) {
-    if (sp.greedy()) return argmax(logits, V);
-    probs.resize(size_t(V));
-    filtered_probs(logits, V, sp, probs.data());
-    return sample(probs, rng);
   };
   // Emits new tokens, cut at a stop token and at max_new_tokens; returns false when done.
   auto emit = [&](std::vector<int32_t> fresh) {
@@ -130,7 +154,7 @@ GenerateResult generate(const Qwen3Model& target, const Drafter* drafter,
     target.forward({&seq, 1}, Qwen3Model::Logits::Last, taps, out);
     res.times.prefill_ms = ms_since(t0);
   }
-  int32_t first = pick(out.logits.data());
+  int32_t first = sampler.pick(out.logits.data(), V, int64_t(prompt.size()));
   std::unique_ptr<DraftState> state;
   if (drafter) {
     state = drafter->begin();
@@ -142,49 +166,35 @@ GenerateResult generate(const Qwen3Model& target, const Drafter* drafter,
   if (drafter) res.accepted_at.assign(size_t(K), 0);
   Proposal proposal;
   std::vector<int32_t> block;
-  std::vector<float> p;
 
   while (going) {
     ++res.rounds;
-    if (!drafter) {
-      // Target alone: one token per forward pass.
-      auto t0 = Clock::now();
-      Qwen3Model::SeqInput seq{&cache, {&anchor, 1}};
-      target.forward({&seq, 1}, Qwen3Model::Logits::Last, {}, out);
-      res.times.verify_ms += ms_since(t0);
-      t0 = Clock::now();
-      anchor = pick(out.logits.data());
-      res.acceptance_lengths.push_back(1);
-      going = emit({anchor});
-      res.times.accept_ms += ms_since(t0);
-      continue;
-    }
-    auto t0 = Clock::now();
-    Drafter::Seq ds{state.get(), anchor, &sp, &rng, &proposal};
-    drafter->propose({&ds, 1});
-    res.times.draft_ms += ms_since(t0);
-
-    t0 = Clock::now();
     const int64_t anchor_pos = cache.length;
+    const int room = block_room(K, anchor_pos, max_positions,
+                                int64_t(opt.max_new_tokens) - int64_t(res.ids.size()));
+    auto t0 = Clock::now();
+    if (room > 0) {
+      Drafter::Seq ds{state.get(), anchor, anchor_pos + 1, &sampler, &proposal};
+      drafter->propose({&ds, 1});
+      res.times.draft_ms += ms_since(t0);
+      t0 = Clock::now();
+    }
     block.assign(1, anchor);
-    block.insert(block.end(), proposal.tokens.begin(), proposal.tokens.end());
+    block.insert(block.end(), proposal.tokens.begin(), proposal.tokens.begin() + room);
     Qwen3Model::SeqInput seq{&cache, block};
-    target.forward({&seq, 1}, Qwen3Model::Logits::All, taps, out);
+    // A round without drafts still feeds the drafter's taps, so that it can draft next round.
+    target.forward({&seq, 1}, room > 0 ? Qwen3Model::Logits::All : Qwen3Model::Logits::Last, taps,
+                   out);
     res.times.verify_ms += ms_since(t0);
 
     t0 = Clock::now();
     int32_t bonus = 0;
-    int accepted;
-    if (sp.greedy()) {
-      accepted = verify_greedy(proposal.tokens, out.logits.data(), V, bonus);
-    } else {
-      p.resize(size_t((K + 1) * V));
-      for (int k = 0; k <= K; ++k)
-        filtered_probs(out.logits.data() + k * V, V, sp, p.data() + k * V);
-      accepted = verify_sampled(proposal.tokens, p.data(), proposal.probs.data(), V, rng, bonus);
-    }
+    const std::span<const int32_t> draft = std::span<const int32_t>(block).subspan(1);
+    const int accepted = verify_block(sampler, draft, out.logits.data(),
+                                      proposal.probs.empty() ? nullptr : proposal.probs.data(), V,
+                                      anchor_pos + 1, bonus);
     for (int k = 0; k < accepted; ++k) ++res.accepted_at[size_t(k)];
-    std::vector<int32_t> fresh(proposal.tokens.begin(), proposal.tokens.begin() + accepted);
+    std::vector<int32_t> fresh(draft.begin(), draft.begin() + accepted);
     fresh.push_back(bonus);
     size_t committed = fresh.size();
     for (size_t i = 0; i < fresh.size(); ++i)
@@ -196,7 +206,7 @@ GenerateResult generate(const Qwen3Model& target, const Drafter* drafter,
     going = emit(fresh);
     // Keep the anchor and the accepted drafts; the bonus token is the next anchor.
     cache.truncate(anchor_pos + accepted + 1);
-    if (going) {
+    if (going && drafter) {
       drafter->commit(*state, out.features.data(), accepted + 1,
                       std::span<const int32_t>(block).first(size_t(accepted) + 1));
     }

@@ -18,6 +18,9 @@ struct GenerateOptions {
   int max_new_tokens = 256;
   SamplingParams sampling;
   uint64_t seed = 0;
+  // The caller chose the seed: draws are keyed by (seed, position) (sample_keyed), so the
+  // output is that of target-alone decoding with the same seed, whatever the drafter does.
+  bool seeded = false;
   std::vector<int32_t> stop_ids;
   // Called with the tokens each round commits (after stop-token truncation and the
   // max_new_tokens cut), as they are accepted.
@@ -58,5 +61,23 @@ int verify_greedy(std::span<const int32_t> draft, const float* target_logits, in
 // bonus comes from p. p: filtered target distributions [K + 1, V]; q: [K, V].
 int verify_sampled(std::span<const int32_t> draft, const float* p, const float* q, int64_t vocab,
                    Rng& rng, int32_t& bonus);
+// Seeded sampling: the longest prefix equal to the target's keyed draws at positions
+// first_position, first_position + 1, ... (sample_keyed of the filtered target_logits rows);
+// the bonus is the target's keyed draw after them. Only the rows it needs are filtered.
+int verify_keyed(std::span<const int32_t> draft, const float* target_logits, int64_t vocab,
+                 const SamplingParams& params, uint64_t seed, int64_t first_position,
+                 std::vector<float>& scratch, int32_t& bonus);
+// One sequence's acceptance in a round, in its sampler's mode: draft [n] with q [n, V]
+// (rejection sampling only; its rows past n are not read), target logits [n + 1, V];
+// first_position: the sequence position of draft[0].
+int verify_block(SeqSampler& sampler, std::span<const int32_t> draft, const float* target_logits,
+                 const float* q, int64_t vocab, int64_t first_position, int32_t& bonus);
+
+// How many of a drafter's K tokens a round can verify: the block is cut so that no position
+// runs past the context (max_positions, counting the anchor at cache_length) and no draft is
+// verified that could not be emitted (`remaining` tokens left, the bonus among them). Cutting a
+// block is lossless: each slot's acceptance depends on the slots before it only. 0: the round
+// runs without drafting.
+int block_room(int K, int64_t cache_length, int64_t max_positions, int64_t remaining);
 
 }  // namespace flashmap

@@ -35,7 +35,7 @@ void FlashMapBlockDrafter::propose(std::span<const Seq> batch) const {
   for (const auto& s : batch)
     reqs.push_back({&static_cast<FlashMapState*>(s.state)->ctx,
                     s.anchor,
-                    {FlashMapDrafter::Noise::Draw, nullptr, s.rng}});
+                    {FlashMapDrafter::Noise::Draw, nullptr, &s.sampler->rng}});
   std::vector<float> logits(batch.size() * size_t(K * V));
   model_.draft(reqs, steps_, logits.data());
   // Given the noise, the block's tokens are independent draws from softmax(logits), one per slot.
@@ -44,15 +44,25 @@ void FlashMapBlockDrafter::propose(std::span<const Seq> batch) const {
     Proposal& out = *s.out;
     out.tokens.resize(size_t(K));
     const float* lg = logits.data() + int64_t(b) * K * V;
-    if (s.params->greedy()) {
+    const SeqSampler& sp = *s.sampler;
+    if (sp.params.greedy()) {
       out.probs.clear();
       for (int64_t k = 0; k < K; ++k) out.tokens[size_t(k)] = argmax(lg + k * V, V);
+    } else if (sp.keyed()) {
+      // The same keyed noise the target's draws at these positions use: the coupling that
+      // makes a draft equal to the target's token as often as q and p agree.
+      out.probs.clear();
+      std::vector<float> q(static_cast<size_t>(V));
+      for (int64_t k = 0; k < K; ++k) {
+        filtered_probs(lg + k * V, V, sp.params, q.data());
+        out.tokens[size_t(k)] = sample_keyed(q, sp.seed, s.position + k);
+      }
     } else {
       out.probs.resize(size_t(K * V));
       for (int64_t k = 0; k < K; ++k) {
         float* q = out.probs.data() + k * V;
-        filtered_probs(lg + k * V, V, *s.params, q);
-        out.tokens[size_t(k)] = sample({q, size_t(V)}, *s.rng);
+        filtered_probs(lg + k * V, V, sp.params, q);
+        out.tokens[size_t(k)] = sample({q, size_t(V)}, s.sampler->rng);
       }
     }
   }
@@ -91,7 +101,7 @@ void ScriptedDrafter::propose(std::span<const Seq> batch) const {
       out.tokens[size_t(k)] = tok;
     }
     out.probs.clear();
-    if (!s.params->greedy()) {
+    if (!s.sampler->params.greedy() && !s.sampler->keyed()) {
       out.probs.assign(size_t(block_size_ * vocab_), 0.0f);
       for (int k = 0; k < block_size_; ++k)
         out.probs[size_t(k * vocab_ + out.tokens[size_t(k)])] = 1.0f;

@@ -20,7 +20,7 @@ struct DraftState {
 
 struct Proposal {
   std::vector<int32_t> tokens;  // [K]
-  std::vector<float> probs;     // [K, V] filtered q, or empty when greedy
+  std::vector<float> probs;     // [K, V] filtered q for rejection sampling; empty otherwise
 };
 
 class Drafter {
@@ -37,8 +37,8 @@ class Drafter {
   struct Seq {
     DraftState* state;
     int32_t anchor;
-    const SamplingParams* params;
-    Rng* rng;
+    int64_t position;     // the sequence position of the block's first slot (the anchor's + 1)
+    SeqSampler* sampler;  // how the sequence samples: params, seed, noise generator
     Proposal* out;
   };
   virtual void propose(std::span<const Seq> batch) const = 0;

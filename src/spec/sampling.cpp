@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "core/splitmix.h"
 
 namespace flashmap {
 
@@ -73,6 +74,29 @@ int32_t sample(std::span<const float> probs, Rng& rng) {
     if (u < acc) return int32_t(i);
   }
   return last_positive;  // rounding left u just past the total
+}
+
+int32_t sample_keyed(std::span<const float> probs, uint64_t seed, int64_t position) {
+  const uint64_t key = position_key(seed, position);
+  int32_t best = -1;
+  double best_key = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (!(probs[i] > 0.0f)) continue;
+    const double k = -std::log(keyed_uniform(key, int64_t(i))) / double(probs[i]);
+    if (best < 0 || k < best_key) {
+      best = int32_t(i);
+      best_key = k;
+    }
+  }
+  FLASHMAP_CHECK(best >= 0, "sample_keyed: the distribution has no positive entry");
+  return best;
+}
+
+int32_t SeqSampler::pick(const float* logits, int64_t V, int64_t position) {
+  if (params.greedy()) return argmax(logits, V);
+  scratch.resize(size_t(V));
+  filtered_probs(logits, V, params, scratch.data());
+  return keyed() ? sample_keyed(scratch, seed, position) : sample(scratch, rng);
 }
 
 }  // namespace flashmap

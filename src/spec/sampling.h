@@ -32,4 +32,33 @@ int32_t argmax(const float* x, int64_t n);
 // A draw from probs (which sum to ~1), by inverse CDF with one uniform number.
 int32_t sample(std::span<const float> probs, Rng& rng);
 
+// Seeded sampling: the draw for token `position` of a sequence, a function of (probs, seed,
+// position) alone. Gumbel-max in its exponential-race form: argmin over ids with p > 0 of
+// E_id / p_id, E_id = −log u(seed, position, id) ~ Exp(1) independently per id, which picks id
+// with probability p_id exactly. Because the draw depends on nothing else, a seeded request's
+// output is the same in any batch, with or without speculation: the target's token at each
+// position is fixed by the prefix, a draft is kept only when it equals it, and a drafter that
+// proposes with the same noise (sample_keyed of its own q) matches it as often as the two
+// distributions allow under this coupling.
+int32_t sample_keyed(std::span<const float> probs, uint64_t seed, int64_t position);
+
+// How one sequence draws its tokens, in every loop that decodes it: greedy, seeded (keyed by
+// (seed, position): reproducible whatever the batch, the drafts or the speculation policy did),
+// or unseeded (rejection sampling over a per-sequence generator, which accepts drafts at the
+// highest rate any verification can: min(p, q) summed).
+struct SeqSampler {
+  SamplingParams params;
+  uint64_t seed = 0;
+  bool seeded = false;
+  Rng rng;                     // unseeded draws, and the drafter's noise
+  std::vector<float> scratch;  // one row of filtered probabilities
+
+  SeqSampler() = default;
+  SeqSampler(const SamplingParams& p, uint64_t seed, bool seeded)
+      : params(p), seed(seed), seeded(seeded), rng(seed) {}
+  bool keyed() const { return seeded && !params.greedy(); }
+  // The token at sequence position `position` from its logits [V].
+  int32_t pick(const float* logits, int64_t V, int64_t position);
+};
+
 }  // namespace flashmap

@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "../spec/random_models.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "runtime/scheduler.h"
@@ -61,6 +62,7 @@ GenerateResult reference(const RequestParams& p, bool with_drafter) {
   o.max_new_tokens = p.max_tokens;
   o.sampling = p.sampling;
   o.seed = p.seed;
+  o.seeded = p.seeded;
   o.stop_ids = p.stop_ids;
   return generate(models().target, with_drafter ? &models().drafter : nullptr, p.prompt, o);
 }
@@ -109,6 +111,7 @@ TEST(Scheduler, SeededSamplingEqualsGenerate) {
     p.max_tokens = 24;
     p.sampling = {0.8f, 50, 0.95f, 0.0f};
     p.seed = 1000 + uint64_t(i);
+    p.seeded = true;
     params.push_back(p);
   }
   std::vector<std::vector<int32_t>> wants;
@@ -369,6 +372,7 @@ TEST(AdaptivePolicy, OutputsEqualGenerateWhateverTheModeSequence) {
     if (i % 2 == 1) {
       p.sampling = {0.8f, 50, 0.95f, 0.0f};
       p.seed = 77 + uint64_t(i);
+      p.seeded = true;
     }
     params.push_back(p);
   }
@@ -394,15 +398,52 @@ TEST(AdaptivePolicy, OutputsEqualGenerateWhateverTheModeSequence) {
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) {
     const auto got = wait_all(*reqs[i]);
-    if (params[i].sampling.greedy()) {
-      // Greedy: the same tokens whatever mode each round ran in.
-      EXPECT_EQ(got, with[i].ids) << "request " << i;
-    } else {
-      // Sampled: the mode of the round it joined, kept; so one of the two references.
-      EXPECT_TRUE(got == with[i].ids || got == without[i].ids) << "request " << i;
-    }
+    // Greedy and seeded: the same tokens whatever mode each round ran in, equal to generate()
+    // with and without the drafter.
+    EXPECT_EQ(got, with[i].ids) << "request " << i;
+    EXPECT_EQ(got, without[i].ids) << "request " << i;
   }
   const auto st = sched.stats();
   EXPECT_GT(spec_rounds(st), 5u);
   EXPECT_GT(plain_rounds(st), 5u);
+}
+
+// Requests that run to the last position of the target's context, with speculation forced:
+// every round near the end verifies a shorter block, and each finishes with "length" as
+// generate() does (before, the verify pass ran past max_position_embeddings and failed).
+TEST(Scheduler, GenerationToTheEndOfTheContext) {
+  const auto pair = flashmap::testing::write_random_pair("sched-ctx40", 64, 32, 2, 6, 17, 40);
+  Qwen3Model target(pair.target);
+  FlashMapDrafter model(pair.draft, target);
+  FlashMapBlockDrafter drafter(model, 1);
+  std::vector<RequestParams> params;
+  for (int i = 0; i < 6; ++i) {
+    RequestParams p;
+    for (int j = 0; j < 1 + 7 * i; ++j) p.prompt.push_back(int32_t((j * 13 + i) % 64));
+    p.max_tokens = 40 - int(p.prompt.size());
+    if (i % 2) {
+      p.sampling.temperature = 1.0f;
+      p.seed = 100 + uint64_t(i);
+      p.seeded = true;
+    }
+    params.push_back(p);
+  }
+  std::vector<std::vector<int32_t>> wants;
+  for (const auto& p : params) {
+    GenerateOptions o;
+    o.max_new_tokens = p.max_tokens;
+    o.sampling = p.sampling;
+    o.seed = p.seed;
+    o.seeded = p.seeded;
+    wants.push_back(generate(target, nullptr, p.prompt, o).ids);
+  }
+  Scheduler sched(target, &drafter, {.max_running = 4, .spec_policy = SpecPolicyKind::Always});
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (const auto& p : params) reqs.push_back(sched.submit(p));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::string reason;
+    EXPECT_EQ(wait_all(*reqs[i], &reason), wants[i]) << "request " << i;
+    EXPECT_EQ(reason, "length");
+  }
+  EXPECT_GT(sched.stats().speculative_rounds, 0u);
 }

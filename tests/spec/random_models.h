@@ -18,7 +18,7 @@ struct RandomPair {
 };
 
 inline RandomPair write_random_pair(const std::string& name, int vocab, int hidden, int layers,
-                                    int block, uint64_t seed) {
+                                    int block, uint64_t seed, int max_positions = 4096) {
   namespace fs = std::filesystem;
   const fs::path root = fs::temp_directory_path() / ("flashmap-" + name);
   fs::remove_all(root);
@@ -60,7 +60,7 @@ inline RandomPair write_random_pair(const std::string& name, int vocab, int hidd
                        {"hidden_size", hidden},       {"intermediate_size", inter},
                        {"num_hidden_layers", layers}, {"num_attention_heads", heads},
                        {"num_key_value_heads", kv},   {"head_dim", hd},
-                       {"rope_theta", 10000.0},       {"max_position_embeddings", 4096}};
+                       {"rope_theta", 10000.0},       {"max_position_embeddings", max_positions}};
   std::ofstream(root / "target/config.json") << tc.dump(2);
 
   tensors.clear();

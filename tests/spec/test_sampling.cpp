@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/check.h"
 #include "spec/decoder.h"
@@ -87,4 +88,38 @@ TEST(Sampling, BadParameters) {
   EXPECT_THROW((SamplingParams{1.0f, 0, 1.5f, 0.0f}.validate()), Error);
   EXPECT_THROW((SamplingParams{1.0f, -2, 1.0f, 0.0f}.validate()), Error);
   EXPECT_THROW((SamplingParams{1.0f, 0, 1.0f, 2.0f}.validate()), Error);
+}
+
+// Seeded sampling (issue 11): the exponential race picks each id with its probability, from the
+// (seed, position) key alone.
+TEST(KeyedSampling, IsDistributedAsProbs) {
+  const std::vector<float> probs = {0.3f, 0.0f, 0.05f, 0.25f, 0.001f, 0.199f, 0.2f, 0.0f};
+  std::vector<double> counts(probs.size(), 0.0), expected(probs.begin(), probs.end());
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) counts[size_t(sample_keyed(probs, 7, i))] += 1;
+  const auto chi = flashmap::testing::chi_square(counts, expected);
+  EXPECT_TRUE(chi.pass()) << chi.statistic << " > " << chi.critical << " " << chi.impossible;
+  // Other seeds at one position: the same distribution.
+  std::fill(counts.begin(), counts.end(), 0.0);
+  for (int i = 0; i < n; ++i) counts[size_t(sample_keyed(probs, uint64_t(i) * 7919, 5))] += 1;
+  const auto chi2 = flashmap::testing::chi_square(counts, expected);
+  EXPECT_TRUE(chi2.pass()) << chi2.statistic << " > " << chi2.critical << " " << chi2.impossible;
+}
+
+TEST(KeyedSampling, IsAFunctionOfSeedAndPositionAlone) {
+  std::vector<float> probs(1000);
+  for (size_t i = 0; i < probs.size(); ++i) probs[i] = 1.0f / 1000.0f;
+  std::vector<int32_t> a, b;
+  for (int pos = 0; pos < 200; ++pos) a.push_back(sample_keyed(probs, 42, pos));
+  for (int pos = 199; pos >= 0; --pos) b.insert(b.begin(), sample_keyed(probs, 42, pos));
+  EXPECT_EQ(a, b);  // no hidden state: any order, any thread
+  std::set<int32_t> distinct(a.begin(), a.end());
+  EXPECT_GT(distinct.size(), 150u);  // uniform over 1000: ~181 distinct of 200 draws
+  int same = 0;
+  for (int pos = 0; pos < 200; ++pos) same += sample_keyed(probs, 43, pos) == a[size_t(pos)];
+  EXPECT_LT(same, 5);  // another seed: another sequence
+  // A certain outcome is drawn whatever the key.
+  std::vector<float> one(10, 0.0f);
+  one[6] = 1.0f;
+  for (int pos = 0; pos < 50; ++pos) EXPECT_EQ(sample_keyed(one, uint64_t(pos), pos), 6);
 }

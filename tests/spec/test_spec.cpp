@@ -156,23 +156,31 @@ TEST(Spec, SpeculativeSamplingMatchesTargetJointDistribution) {
           exact[size_t(t1 * V + t2)] = double(p1[size_t(t1)]) * p2[size_t(t2)];
       }
     }
-    std::vector<double> counts(size_t(V * V), 0.0);
-    GenerateOptions o;
-    o.max_new_tokens = 2;
-    o.sampling = sp;
-    const int n = 40000;
-    double rounds_with_accept = 0;
-    for (int i = 0; i < n; ++i) {
-      o.seed = uint64_t(i) * 7919 + 1;
-      const auto r = generate(target, &d, prompt, o);
-      counts[size_t(r.ids[0] * V + r.ids[1])] += 1;
-      rounds_with_accept += r.accepted_at[0] > 0;
+    // Both verifications: rejection sampling (unseeded requests) and keyed draws (seeded ones,
+    // over many seeds).
+    for (bool seeded : {false, true}) {
+      std::vector<double> counts(size_t(V * V), 0.0);
+      GenerateOptions o;
+      // Three tokens, so that the round after the first verifies a draft for the second (a round
+      // verifies no draft it could not emit).
+      o.max_new_tokens = 3;
+      o.sampling = sp;
+      o.seeded = seeded;
+      const int n = 40000;
+      double rounds_with_accept = 0;
+      for (int i = 0; i < n; ++i) {
+        o.seed = uint64_t(i) * 7919 + 1;
+        const auto r = generate(target, &d, prompt, o);
+        counts[size_t(r.ids[0] * V + r.ids[1])] += 1;
+        rounds_with_accept += r.accepted_at[0] > 0;
+      }
+      const auto chi = flashmap::testing::chi_square(counts, exact);
+      EXPECT_TRUE(chi.pass()) << "seeded=" << seeded << " T=" << sp.temperature
+                              << " top_k=" << sp.top_k << " chi2 " << chi.statistic << " > "
+                              << chi.critical << " " << chi.impossible;
+      // The drafter's proposals are accepted often enough for the accept path to be exercised.
+      EXPECT_GT(rounds_with_accept, n * 0.05) << "seeded=" << seeded;
     }
-    const auto chi = flashmap::testing::chi_square(counts, exact);
-    EXPECT_TRUE(chi.pass()) << "T=" << sp.temperature << " top_k=" << sp.top_k << " chi2 "
-                            << chi.statistic << " > " << chi.critical << " " << chi.impossible;
-    // The drafter's proposals are accepted often enough for the accept path to be exercised.
-    EXPECT_GT(rounds_with_accept, n * 0.05);
   }
 }
 
@@ -190,4 +198,107 @@ TEST(Spec, OneStepDraftWithSingularEmbeddingGram) {
   GenerateOptions o = greedy(20);
   o.sampling.temperature = 1.0f;
   EXPECT_EQ(generate(target, &d, prompt, o).ids.size(), 20u);
+}
+
+// Seeded sampling: a request's tokens are a function of (prompt, parameters, seed), so decoding
+// with any drafter gives exactly what the target alone gives for the same seed.
+TEST(Spec, SeededSamplingEqualsTargetAlone) {
+  Qwen3Model target(kA + "/target");
+  FlashMapDrafter model(kA + "/draft", target);
+  FlashMapBlockDrafter one(model, 1), two(model, 2);
+  for (SamplingParams sp :
+       {SamplingParams{1.0f, 0, 1.0f, 0.0f}, SamplingParams{0.7f, 20, 1.0f, 0.0f},
+        SamplingParams{0.9f, 0, 0.9f, 0.0f}, SamplingParams{1.3f, 0, 1.0f, 0.05f}}) {
+    for (uint64_t seed : {1u, 2u, 99u}) {
+      GenerateOptions o;
+      o.max_new_tokens = 80;
+      o.sampling = sp;
+      o.seed = seed;
+      o.seeded = true;
+      const auto alone = generate(target, nullptr, kPrompt, o);
+      ScriptedDrafter half(8, target.config().vocab_size, alone.ids, 4);
+      for (const Drafter* d : {static_cast<const Drafter*>(&one), static_cast<const Drafter*>(&two),
+                               static_cast<const Drafter*>(&half)}) {
+        const auto r = generate(target, d, kPrompt, o);
+        EXPECT_EQ(r.ids, alone.ids) << "T=" << sp.temperature << " seed " << seed;
+      }
+      // The scripted drafter proposes the right tokens in its first four slots: keyed
+      // verification keeps them.
+      EXPECT_GE(generate(target, &half, kPrompt, o).acceptance_length(), 3.0);
+    }
+  }
+}
+
+// Near the end of the context a round verifies fewer drafts (none in the last position): the
+// request finishes with "length" at exactly max_position_embeddings, losslessly.
+TEST(Spec, BlockShrinksAtTheEndOfTheContext) {
+  const auto pair = flashmap::testing::write_random_pair("ctx32", 64, 32, 2, 6, 91, 32);
+  Qwen3Model target(pair.target);
+  FlashMapDrafter model(pair.draft, target);
+  FlashMapBlockDrafter d(model, 1);
+  for (int prompt_len : {1, 5, 20, 31}) {
+    std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
+    for (int i = 0; i < prompt_len; ++i) prompt[size_t(i)] = (i * 7 + 3) % 64;
+    auto o = greedy(32 - prompt_len);
+    const auto alone = generate(target, nullptr, prompt, o);
+    const auto spec = generate(target, &d, prompt, o);
+    EXPECT_EQ(spec.ids, alone.ids) << prompt_len;
+    EXPECT_EQ(spec.finish_reason, "length");
+    o.sampling.temperature = 1.0f;
+    o.seeded = true;
+    o.seed = 5;
+    EXPECT_EQ(generate(target, &d, prompt, o).ids, generate(target, nullptr, prompt, o).ids);
+    o.seeded = false;
+    EXPECT_EQ(generate(target, &d, prompt, o).ids.size(), size_t(32 - prompt_len));
+  }
+  EXPECT_EQ(block_room(6, 10, 32, 100), 6);
+  EXPECT_EQ(block_room(6, 28, 32, 100), 3);  // anchor at 28, drafts at 29, 30, 31
+  EXPECT_EQ(block_room(6, 31, 32, 100), 0);
+  EXPECT_EQ(block_room(6, 10, 32, 3), 2);  // 3 tokens left: 2 drafts + the bonus
+  EXPECT_EQ(block_room(6, 10, 32, 1), 0);
+}
+
+// Ids past the tokenizer's (the embedding's padding rows) are never drawn, by the target or the
+// drafter, even at a temperature that makes sampling nearly uniform.
+TEST(Spec, PaddingIdsAreNeverSampled) {
+  Qwen3Model target(kA + "/target");
+  FlashMapDrafter model(kA + "/draft", target);
+  FlashMapBlockDrafter d(model, 1);
+  const int64_t V = target.config().vocab_size, known = V - 24;
+  GenerateOptions o;
+  o.max_new_tokens = 400;
+  o.sampling.temperature = 5.0f;
+  o.seed = 3;
+  int64_t unmasked_max = 0;
+  for (bool seeded : {false, true}) {
+    o.seeded = seeded;
+    for (const auto& id : generate(target, &d, kPrompt, o).ids)
+      unmasked_max = std::max<int64_t>(unmasked_max, id);
+  }
+  ASSERT_GE(unmasked_max, known);  // without the mask they do come up
+  target.set_sampled_vocab(known);
+  for (bool seeded : {false, true}) {
+    o.seeded = seeded;
+    for (const Drafter* dr :
+         {static_cast<const Drafter*>(&d), static_cast<const Drafter*>(nullptr)})
+      for (const auto& id : generate(target, dr, kPrompt, o).ids) ASSERT_LT(id, known);
+  }
+  // The drafter's own proposals too.
+  auto state = d.begin();
+  Qwen3Model::Output out;
+  KVCache cache = target.new_cache();
+  Qwen3Model::SeqInput seq{&cache, kPrompt};
+  target.forward({&seq, 1}, Qwen3Model::Logits::Last, d.target_layer_ids(), out);
+  d.commit(*state, out.features.data(), int64_t(kPrompt.size()), kPrompt);
+  SeqSampler sampler(o.sampling, 11, false);
+  Proposal p;
+  for (int i = 0; i < 50; ++i) {
+    Drafter::Seq s{state.get(), 5, int64_t(kPrompt.size()) + 1, &sampler, &p};
+    d.propose({&s, 1});
+    for (int32_t t : p.tokens) ASSERT_LT(t, known);
+    for (int64_t k = 0; k < d.block_size(); ++k)
+      for (int64_t v = known; v < V; ++v) ASSERT_EQ(p.probs[size_t(k * V + v)], 0.0f);
+  }
+  EXPECT_THROW(target.set_sampled_vocab(V + 1), Error);
+  EXPECT_THROW(target.set_sampled_vocab(0), Error);
 }
