@@ -59,6 +59,8 @@ void run_serve(ServeArgs& a) {
   const Drafter* drafter = models.drafter.get();
   std::unique_ptr<server::TextCodec> text;
   if (!a.model.tokenizer.empty()) text = server::open_text_codec(a.model.tokenizer);
+  // Ids past the tokenizer's are the embedding's padding: never sampled.
+  if (text) models.target->set_sampled_vocab(text->vocab_size());
   const auto eos = GenerationConfig::from_dir(a.model.target).eos_token_ids;
   a.server.eos_ids.assign(eos.begin(), eos.end());
 
@@ -122,6 +124,20 @@ void register_cmd(CLI::App& app) {
                   "largest request body; larger: 413 (default 4 MiB)");
   sub->add_option("--default-max-tokens", s.default_max_tokens,
                   "max_tokens of /v1/completions requests that give none (default 16)");
+  sub->add_option("--max-connections", s.max_connections,
+                  "connections held at once; past it a new client evicts the one that has "
+                  "waited longest for its request to arrive (default 512)")
+      ->check(CLI::Range(1, 4096));
+  sub->add_option_function<double>(
+         "--request-timeout",
+         [args](double sec) { args->server.request_timeout_ms = int(sec * 1000); },
+         "seconds from a request's first byte to its last, and for each write of a response "
+         "(default 10)")
+      ->check(CLI::Range(0.1, 3600.0));
+  sub->add_option_function<double>(
+         "--idle-timeout", [args](double sec) { args->server.idle_timeout_ms = int(sec * 1000); },
+         "seconds a kept-alive connection may wait for its next request (default 5)")
+      ->check(CLI::Range(0.1, 3600.0));
   sub->callback([args] { run_serve(*args); });
 }
 

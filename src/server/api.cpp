@@ -43,6 +43,10 @@ json error_body(const std::string& message, const std::string& type, const std::
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
+std::string dump_json(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 bool valid_utf8(std::string_view s) {
   size_t i = 0;
   const size_t n = s.size();
@@ -131,14 +135,15 @@ std::optional<int64_t> get_int(const json& body, const char* key) {
     const double d = v->get<double>();
     if (std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9e15) return int64_t(d);
   }
-  bad(key, fmt::format("'{}' must be an integer, got {}", key, v->dump()), "invalid_type");
+  bad(key, fmt::format("'{}' must be an integer, got {}", key, dump_json(*v)), "invalid_type");
 }
 
 std::vector<int32_t> get_ids(const json& v, const char* key) {
   std::vector<int32_t> ids;
   for (const auto& x : v) {
     if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
-      bad(key, fmt::format("'{}' must hold non-negative integer token ids, got {}", key, x.dump()),
+      bad(key,
+          fmt::format("'{}' must hold non-negative integer token ids, got {}", key, dump_json(x)),
           "invalid_type");
     ids.push_back(int32_t(x.get<int64_t>()));
   }

@@ -26,6 +26,10 @@ class ApiError : public Error {
 // {"error": {"message", "type", "param", "code"}} (param and code null when empty).
 nlohmann::json error_body(const std::string& message, const std::string& type,
                           const std::string& param = {}, const std::string& code = {});
+// JSON text for the wire. Strings that came from outside (paths, headers, generated text) may
+// hold invalid UTF-8, on which nlohmann's dump() throws; here such bytes become U+FFFD.
+std::string dump_json(const nlohmann::json& j);
+
 // The type OpenAI gives a status: invalid_request_error, authentication_error, ...
 std::string error_type_for(int status);
 

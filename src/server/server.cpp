@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "server/api.h"
+#include "server/http_front.h"
 #include "server/metrics.h"
 
 namespace flashmap::server {
@@ -33,8 +34,79 @@ void send_error(httplib::Response& res, int status, const std::string& message,
                 const std::string& type = {}) {
   res.status = status;
   res.set_content(
-      error_body(message, type.empty() ? error_type_for(status) : type, param, code).dump(),
+      dump_json(error_body(message, type.empty() ? error_type_for(status) : type, param, code)),
       "application/json");
+}
+
+// Text from outside (a path) for a log line or an error message: bounded, control bytes escaped.
+std::string printable(std::string_view s, size_t limit = 200) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < limit; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", c);
+    else
+      out += char(c);
+  }
+  if (s.size() > limit) out += "...";
+  return out;
+}
+
+// Holds one count of the handlers still writing, however the handler leaves.
+class ActiveGuard {
+ public:
+  explicit ActiveGuard(std::atomic<int>& n) : n_(&n) { ++*n_; }
+  ~ActiveGuard() { release(); }
+  ActiveGuard(const ActiveGuard&) = delete;
+  ActiveGuard& operator=(const ActiveGuard&) = delete;
+  void release() {
+    if (n_) --*n_;
+    n_ = nullptr;
+  }
+
+ private:
+  std::atomic<int>* n_;
+};
+
+std::string render_front(const FrontStats& f) {
+  std::string out =
+      "# HELP flashmap_http_connections_open Connections held by the HTTP front.\n"
+      "# TYPE flashmap_http_connections_open gauge\n";
+  out += fmt::format("flashmap_http_connections_open {}\n", f.open);
+  out +=
+      "# HELP flashmap_http_connections_total Connections accepted.\n"
+      "# TYPE flashmap_http_connections_total counter\n";
+  out += fmt::format("flashmap_http_connections_total {}\n", f.connections);
+  out +=
+      "# HELP flashmap_http_refused_total Connections the HTTP front closed or refused, by "
+      "reason.\n# TYPE flashmap_http_refused_total counter\n";
+  const std::pair<const char*, uint64_t> rows[] = {{"idle_timeout", f.timed_out_idle},
+                                                   {"request_timeout", f.timed_out_request},
+                                                   {"evicted", f.evicted},
+                                                   {"connection_limit", f.refused_busy},
+                                                   {"head_too_large", f.refused_head},
+                                                   {"body_too_large", f.refused_body},
+                                                   {"malformed", f.refused_malformed}};
+  for (const auto& [reason, n] : rows)
+    out += fmt::format("flashmap_http_refused_total{{reason=\"{}\"}} {}\n", reason, n);
+  return out;
+}
+
+FrontOptions front_options(const ServerOptions& o, const runtime::Scheduler& sched) {
+  FrontOptions f;
+  // A streaming response holds its worker for its whole life: every admitted request needs
+  // one, plus a few for /health, /metrics and the requests that will be refused.
+  f.workers = o.http_threads > 0 ? o.http_threads
+                                 : sched.options().max_running + sched.options().max_queue + 8;
+  f.max_body_bytes = o.max_body_bytes;
+  f.max_connections = o.max_connections;
+  f.request_timeout = std::chrono::milliseconds(o.request_timeout_ms);
+  f.idle_timeout = std::chrono::milliseconds(o.idle_timeout_ms);
+  f.write_timeout = std::chrono::milliseconds(o.request_timeout_ms);
+  f.error_body = [](int status, const std::string& message, const std::string& code) {
+    return dump_json(error_body(message, error_type_for(status), {}, code));
+  };
+  return f;
 }
 
 // The client's view of a generation: ids as they arrive, detokenized, with stop strings cut.
@@ -73,7 +145,7 @@ struct Server::Impl {
   runtime::Scheduler& sched;
   const TextCodec* text;
   ServerOptions opt;
-  httplib::Server http;
+  HttpFront http;
   Metrics metrics;
   std::atomic<uint64_t> next_rid{1};
   std::atomic<bool> draining{false};
@@ -81,7 +153,7 @@ struct Server::Impl {
   std::mutex log_mutex;
 
   Impl(runtime::Scheduler& s, const TextCodec* t, ServerOptions o)
-      : sched(s), text(t), opt(std::move(o)) {}
+      : sched(s), text(t), opt(std::move(o)), http(front_options(opt, sched)) {}
 
   void log(const std::string& line) {
     std::lock_guard lk(log_mutex);
@@ -150,6 +222,7 @@ runtime::RequestParams Server::Impl::build(const GenerationRequest& g) {
   p.sampling = g.sampling;
   p.seed = g.seed ? *g.seed
                   : (uint64_t(std::random_device{}()) << 32) | uint64_t(std::random_device{}());
+  p.seeded = g.seed.has_value();
   p.stop_ids = opt.eos_ids;
   p.stop_ids.insert(p.stop_ids.end(), g.stop_token_ids.begin(), g.stop_token_ids.end());
   p.speculative = g.speculative;
@@ -198,28 +271,31 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
   auto api_reason = [](const std::string& r) { return r == "length" ? "length" : "stop"; };
 
   if (!g.stream) {
-    ++active;
+    ActiveGuard guard(active);
     std::string reason;
     size_t seen = 0;
-    for (;;) {
-      auto u = req->wait(seen, std::chrono::milliseconds(1000));
-      seen += u.tokens.size();
-      std::vector<int32_t> ids;
-      out->feed(u.tokens, ids);
-      if (out->stop.stopped()) {
-        req->cancel();  // leaves at the next round boundary
-        reason = "stop";
-        break;
-      }
-      if (u.finished) {
-        if (u.finish_reason == "error") {
-          --active;
-          return fail(500, "generation failed: " + u.error, {}, {}, "server_error");
+    try {
+      for (;;) {
+        auto u = req->wait(seen, std::chrono::milliseconds(1000));
+        seen += u.tokens.size();
+        std::vector<int32_t> ids;
+        out->feed(u.tokens, ids);
+        if (out->stop.stopped()) {
+          req->cancel();  // leaves at the next round boundary
+          reason = "stop";
+          break;
         }
-        out->finish();
-        reason = api_reason(u.finish_reason);
-        break;
+        if (u.finished) {
+          if (u.finish_reason == "error")
+            return fail(500, "generation failed: " + u.error, {}, {}, "server_error");
+          out->finish();
+          reason = api_reason(u.finish_reason);
+          break;
+        }
       }
+    } catch (const std::exception& e) {
+      req->cancel();
+      return fail(500, fmt::format("generation failed: {}", e.what()), {}, {}, "server_error");
     }
     json choice = {{"index", 0}, {"finish_reason", reason}, {"logprobs", nullptr}};
     if (chat) {
@@ -235,9 +311,8 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
                  {"choices", json::array({choice})},
                  {"usage", usage(*req, *out)},
                  {"acceptance_length", req->acceptance_length()}};
-    res.set_content(body.dump(), "application/json");
+    res.set_content(dump_json(body), "application/json");
     finished(rid, path, *req, *out, reason, false);
-    --active;
     return;
   }
 
@@ -250,7 +325,8 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
   };
   auto st = std::make_shared<StreamState>();
   const bool include_usage = g.include_usage;
-  ++active;
+  // Released by the provider's releaser, which httplib calls however the response ends.
+  auto guard = std::make_shared<ActiveGuard>(active);
   res.set_header("Cache-Control", "no-cache");
   auto chunk = [=, this](const json& delta_or_text, const std::vector<int32_t>& ids,
                          const char* finish) {
@@ -269,72 +345,89 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
               {"model", opt.model_name},
               {"choices", json::array({choice})}};
     if (include_usage) c["usage"] = nullptr;
-    return "data: " + c.dump() + "\n\n";
+    return "data: " + dump_json(c) + "\n\n";
   };
   res.set_chunked_content_provider(
       "text/event-stream",
       [=, this](size_t, httplib::DataSink& sink) -> bool {
-        if (st->done) {
-          sink.done();
+        // httplib lets an exception from here escape its worker: none may leave.
+        try {
+          if (st->done) {
+            sink.done();
+            return true;
+          }
+          auto write = [&](const std::string& s) {
+            st->last_write = Clock::now();
+            if (sink.write(s.data(), s.size())) return true;
+            req->cancel();
+            return false;
+          };
+          std::string buf;
+          if (!st->started && chat)
+            buf += chunk({{"role", "assistant"}, {"content", ""}}, {}, nullptr);
+          st->started = true;
+          auto u = req->wait(st->seen, std::chrono::milliseconds(250));
+          st->seen += u.tokens.size();
+          std::vector<int32_t> ids;
+          std::string piece = out->feed(u.tokens, ids);
+          std::string reason;
+          if (out->stop.stopped()) {
+            req->cancel();
+            reason = "stop";
+          } else if (u.finished) {
+            if (u.finish_reason == "error") {
+              buf += "data: " +
+                     dump_json(error_body("generation failed: " + u.error, "server_error")) +
+                     "\n\n";
+              reason = "error";
+            } else {
+              piece += out->finish();
+              reason = api_reason(u.finish_reason);
+            }
+          }
+          if (!piece.empty() || !ids.empty())
+            buf += chunk(chat ? json{{"content", piece}} : json(piece), ids, nullptr);
+          if (!reason.empty()) {
+            if (reason != "error")
+              buf += chunk(chat ? json::object() : json(""), {}, reason.c_str());
+            if (include_usage && reason != "error") {
+              json c = {{"id", id},
+                        {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                        {"created", created},
+                        {"model", opt.model_name},
+                        {"choices", json::array()},
+                        {"usage", usage(*req, *out)},
+                        {"acceptance_length", req->acceptance_length()}};
+              buf += "data: " + dump_json(c) + "\n\n";
+            }
+            buf += "data: [DONE]\n\n";
+            st->done = true;
+            if (!write(buf)) return false;
+            if (!st->logged) {
+              st->logged = true;
+              finished(rid, path, *req, *out, reason, true);
+            }
+            sink.done();
+            return true;
+          }
+          if (!buf.empty()) return write(buf);
+          // Nothing new: a comment line now and then finds a client that has gone away.
+          if (Clock::now() - st->last_write > std::chrono::milliseconds(500))
+            return write(": keep-alive\n\n");
           return true;
-        }
-        auto write = [&](const std::string& s) {
-          st->last_write = Clock::now();
-          if (sink.write(s.data(), s.size())) return true;
+        } catch (const std::exception& e) {
           req->cancel();
+          if (!st->done) {
+            st->done = true;
+            const std::string tail =
+                "data: " +
+                dump_json(
+                    error_body(fmt::format("generation failed: {}", e.what()), "server_error")) +
+                "\n\ndata: [DONE]\n\n";
+            sink.write(tail.data(), tail.size());
+          }
           return false;
-        };
-        std::string buf;
-        if (!st->started && chat)
-          buf += chunk({{"role", "assistant"}, {"content", ""}}, {}, nullptr);
-        st->started = true;
-        auto u = req->wait(st->seen, std::chrono::milliseconds(250));
-        st->seen += u.tokens.size();
-        std::vector<int32_t> ids;
-        std::string piece = out->feed(u.tokens, ids);
-        std::string reason;
-        if (out->stop.stopped()) {
-          req->cancel();
-          reason = "stop";
-        } else if (u.finished) {
-          if (u.finish_reason == "error") {
-            buf += "data: " + error_body("generation failed: " + u.error, "server_error").dump() +
-                   "\n\n";
-            reason = "error";
-          } else {
-            piece += out->finish();
-            reason = api_reason(u.finish_reason);
-          }
         }
-        if (!piece.empty() || !ids.empty())
-          buf += chunk(chat ? json{{"content", piece}} : json(piece), ids, nullptr);
-        if (!reason.empty()) {
-          if (reason != "error") buf += chunk(chat ? json::object() : json(""), {}, reason.c_str());
-          if (include_usage && reason != "error") {
-            json c = {{"id", id},
-                      {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                      {"created", created},
-                      {"model", opt.model_name},
-                      {"choices", json::array()},
-                      {"usage", usage(*req, *out)},
-                      {"acceptance_length", req->acceptance_length()}};
-            buf += "data: " + c.dump() + "\n\n";
-          }
-          buf += "data: [DONE]\n\n";
-          st->done = true;
-          if (!write(buf)) return false;
-          if (!st->logged) {
-            st->logged = true;
-            finished(rid, path, *req, *out, reason, true);
-          }
-          sink.done();
-          return true;
-        }
-        if (!buf.empty()) return write(buf);
-        // Nothing new: a comment line now and then finds a client that has gone away.
-        if (Clock::now() - st->last_write > std::chrono::milliseconds(500))
-          return write(": keep-alive\n\n");
-        return true;
       },
       [=, this](bool success) {
         if (!success || !st->done) {
@@ -347,7 +440,7 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
                             path, out->ids.size()));
           }
         }
-        --active;
+        guard->release();
       });
 }
 
@@ -362,19 +455,39 @@ void Server::Impl::routes() {
                "invalid_api_key");
     return httplib::Server::HandlerResponse::Handled;
   });
-  http.set_error_handler(httplib::Server::HandlerWithResponse(
-      [this](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        if (res.status == 404)
-          send_error(res, 404, fmt::format("unknown endpoint: {} {}", req.method, req.path), {},
-                     "unknown_url");
-        else if (res.status == 413)
-          send_error(res, 413, fmt::format("the request body exceeds {} bytes", opt.max_body_bytes),
-                     {}, "request_too_large");
-        else
-          send_error(res, res.status, fmt::format("HTTP error {}", res.status));
-        return httplib::Server::HandlerResponse::Handled;
-      }));
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                     httplib::Response& res) {
+    // httplib calls this outside its exception guard: it must not throw.
+    try {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      if (res.status == 404)
+        send_error(
+            res, 404,
+            fmt::format("unknown endpoint: {} {}", printable(req.method), printable(req.path)), {},
+            "unknown_url");
+      else if (res.status == 413)
+        send_error(res, 413, fmt::format("the request body exceeds {} bytes", opt.max_body_bytes),
+                   {}, "request_too_large");
+      else
+        send_error(res, res.status, fmt::format("HTTP error {}", res.status));
+      return httplib::Server::HandlerResponse::Handled;
+    } catch (...) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+  }));
+  http.set_exception_handler(
+      [this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        log(fmt::format("- {} {} 500 internal error: {}", printable(req.method),
+                        printable(req.path), printable(what, 500)));
+        send_error(res, 500, "internal server error", {}, {}, "server_error");
+      });
   http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     // Generations log and count themselves when they end (streams end after this call).
     if (req.method == "POST" &&
@@ -383,7 +496,7 @@ void Server::Impl::routes() {
     const bool known = req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models";
     metrics.request_done(known ? req.path : "other", res.status);
     if (req.path != "/metrics" && req.path != "/health")
-      log(fmt::format("- {} {} {}", req.method, req.path, res.status));
+      log(fmt::format("- {} {} {}", printable(req.method), printable(req.path), res.status));
   });
 
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -396,11 +509,12 @@ void Server::Impl::routes() {
               {"created", unix_now()},
               {"owned_by", "flashmap"},
               {"max_model_len", sched.max_context()}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(),
+    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({m})}}),
                     "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics.render(sched.stats()), "text/plain; version=0.0.4");
+    res.set_content(metrics.render(sched.stats()) + render_front(http.stats()),
+                    "text/plain; version=0.0.4");
   });
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     generation(req, res, false);
@@ -412,13 +526,6 @@ void Server::Impl::routes() {
 
 Server::Server(runtime::Scheduler& scheduler, const TextCodec* text, ServerOptions options)
     : impl_(std::make_unique<Impl>(scheduler, text, std::move(options))) {
-  const auto& o = impl_->opt;
-  const int threads = o.http_threads > 0
-                          ? o.http_threads
-                          : scheduler.options().max_running + scheduler.options().max_queue + 8;
-  // A streaming response holds its handler thread for its whole life: every admitted request
-  // needs one, plus a few for /health, /metrics and the requests that will be refused.
-  impl_->http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   impl_->routes();
 }
 
@@ -438,6 +545,7 @@ int Server::bind() {
 }
 
 void Server::serve() {
+  impl_->http.start();
   impl_->http.listen_after_bind();
 }
 
@@ -449,6 +557,7 @@ void Server::stop() {
   // The engine is done; wait for the handlers to write their last bytes.
   while (s.active.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   s.http.stop();
+  s.http.shutdown();
 }
 
 }  // namespace flashmap::server

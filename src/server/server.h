@@ -30,6 +30,8 @@ class TextCodec {
     virtual std::string flush() = 0;
   };
   virtual std::unique_ptr<Stream> stream() const = 0;
+  // Largest id the tokenizer knows + 1: the model must not sample past it (padding rows).
+  virtual int64_t vocab_size() const = 0;
 };
 
 struct ServerOptions {
@@ -41,6 +43,11 @@ struct ServerOptions {
   int default_max_tokens = 16;   // /v1/completions without max_tokens (OpenAI's default)
   std::vector<int32_t> eos_ids;  // always stop tokens (the target's generation_config eos)
   int http_threads = 0;          // 0: enough for every running and queued request
+  // The HTTP front's bounds (http_front.h): connections held at once, the time from a request's
+  // first byte to its last (and for each write of a response), a kept-alive connection's wait.
+  int max_connections = 512;
+  int request_timeout_ms = 10000;
+  int idle_timeout_ms = 5000;
 };
 
 class Server {

@@ -19,7 +19,15 @@ namespace {
 class HfStream : public TextCodec::Stream {
  public:
   explicit HfStream(const Tokenizer& tok) : dec_(tok, /*skip_special_tokens=*/true) {}
-  std::string push(int32_t id) override { return dec_.push(id); }
+  // An id the tokenizer does not know (padding rows of the embedding, or a client's stop id) is
+  // shown as U+FFFD rather than failing a response that is already streaming.
+  std::string push(int32_t id) override {
+    try {
+      return dec_.push(id);
+    } catch (const Error&) {
+      return dec_.flush() + "\xEF\xBF\xBD";
+    }
+  }
   std::string flush() override { return dec_.flush(); }
 
  private:
@@ -49,6 +57,9 @@ class HfTextCodec : public TextCodec {
 #endif
     (void)request;
     throw Error(fmt::format("chat completions are unavailable: {}", chat_error_));
+  }
+  int64_t vocab_size() const override {
+    return int64_t(tok_.vocab_size());
   }
   std::unique_ptr<Stream> stream() const override {
     return std::make_unique<HfStream>(tok_);
