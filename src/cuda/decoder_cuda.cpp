@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "core/check.h"
 #include "cuda/flashmap_cuda.h"
@@ -148,13 +149,13 @@ void DeviceDecoder::validate(std::span<const int32_t> prompt, const GenerateOpti
                  "prompt ({} tokens) + max_new_tokens ({}) exceeds the target's context of {} "
                  "positions",
                  P, o.max_new_tokens, tc.max_position_embeddings);
-  // Before a round the cache holds the prompt and all generated tokens but the anchor
-  // (P + g − 1, g < max_new_tokens); the verify pass appends the anchor and K drafts.
-  const int64_t need = P + o.max_new_tokens - 1 + K_;
+  // A round verifies no draft it could not emit nor past the cache (flashmap::block_room), so
+  // the cache holds at most the prompt and every generated token but the last.
+  const int64_t need = P + o.max_new_tokens - 1;
   FLASHMAP_CHECK(need <= target_.max_positions(),
-                 "prompt ({} tokens) + max_new_tokens ({}) - 1 + block ({}) = {} positions exceed "
-                 "the device KV cache of {} positions",
-                 P, o.max_new_tokens, K_, need, target_.max_positions());
+                 "prompt ({} tokens) + max_new_tokens ({}) - 1 = {} positions exceed the device KV "
+                 "cache of {} positions",
+                 P, o.max_new_tokens, need, target_.max_positions());
 }
 
 GenerateResult DeviceDecoder::generate(std::span<const int32_t> prompt,
@@ -208,6 +209,16 @@ GenerateResult DeviceDecoder::generate(std::span<const int32_t> prompt,
   RoundResult* d_result = reinterpret_cast<RoundResult*>(d_round);
   const int K = K_;
   const int64_t V = V_;
+  const bool keyed = opt.seeded && !sp.greedy();
+  // Padding ids past the tokenizer's (Qwen3Model::mask_padding), on every logits sampled from.
+  const int64_t known = target_.sampled_vocab();
+  auto mask = [&](const float* logits, int64_t rows) {
+    if (known > 0 && known < V) {
+      fill_columns(const_cast<float*>(logits), rows, V, known,
+                   -std::numeric_limits<float>::infinity(), s);
+      check(cudaGetLastError(), "fill_columns (padding ids)");
+    }
+  };
 
   // A fresh sequence: empty cache and context, the sampler's stream from the seed.
   target_.truncate(0);
@@ -219,7 +230,8 @@ GenerateResult DeviceDecoder::generate(std::span<const int32_t> prompt,
     ev.record(Events::Start, s);
     const auto out = target_.forward_host(prompt, Qwen3Device::Logits::Last, taps_, false);
     ev.record(Events::Verified, s);
-    sampler_->pick(out.logits, sp, d_block);
+    mask(out.logits, 1);
+    sampler_->pick_keyed(out.logits, sp, opt.seed, int64_t(prompt.size()), d_block);
     if (drafter_) drafter_->commit(out.features, int64_t(prompt.size()));
     fetch(3);
     res.times.prefill_ms = ev.ms(Events::Start, Events::Verified);
@@ -230,18 +242,26 @@ GenerateResult DeviceDecoder::generate(std::span<const int32_t> prompt,
 
   while (going) {
     ++res.rounds;
-    if (!drafter_) {
-      // Target alone: one token per forward pass; the pick overwrites the anchor in place (the
-      // forward has already copied it into its own input buffer).
+    const int64_t anchor_pos = target_.length();
+    const int room = block_room(K, anchor_pos, target_.max_positions(),
+                                int64_t(opt.max_new_tokens) - int64_t(res.ids.size()));
+    if (room == 0) {
+      // Target alone (or a drafter's round with no room: its taps still feed the drafter): one
+      // token per forward pass; the pick overwrites the anchor in place (the forward has already
+      // copied it into its own input buffer).
       ev.record(Events::Start, s);
-      const auto out = target_.forward(d_block, 1, Qwen3Device::Logits::Last, {}, graphs_);
+      const auto out =
+          target_.forward(d_block, 1, Qwen3Device::Logits::Last,
+                          drafter_ ? std::span<const int>(taps_) : std::span<const int>{}, graphs_);
       ev.record(Events::Verified, s);
-      sampler_->pick(out.logits, sp, d_block);
+      mask(out.logits, 1);
+      sampler_->pick_keyed(out.logits, sp, opt.seed, anchor_pos + 1, d_block);
       fetch(3);
       const auto t0 = Clock::now();
       res.times.verify_ms += ev.ms(Events::Start, Events::Verified);
       res.acceptance_lengths.push_back(1);
       going = emit({host_round_[2]});
+      if (going && drafter_) drafter_->commit(out.features, 1);
       res.times.accept_ms += ev.ms(Events::Verified, Events::Fetched) + ms_since(t0);
       continue;
     }
@@ -251,26 +271,35 @@ GenerateResult DeviceDecoder::generate(std::span<const int32_t> prompt,
     // q (kept for the verification), as FlashMapBlockDrafter::propose does.
     ev.record(Events::Start, s);
     drafter_->draft(d_block, opt.seed, uint64_t(res.rounds), draft_logits_.data());
+    mask(draft_logits_.data(), K);
     if (sp.greedy()) {
       argmax_rows(draft_logits_.data(), K, V, d_block + 1, s);
       check(cudaGetLastError(), "argmax_rows (draft)");
     } else {
       sampler_->filtered_probs(draft_logits_.data(), K, sp, q_.data());
-      sampler_->sample(q_.data(), K, d_block + 1);
+      if (keyed)
+        sampler_->sample_keyed(q_.data(), K, opt.seed, anchor_pos + 1, d_block + 1);
+      else
+        sampler_->sample(q_.data(), K, d_block + 1);
     }
     ev.record(Events::Drafted, s);
 
-    // Verify: anchor + block in one target forward (features of every row for the commit).
-    const int64_t anchor_pos = target_.length();
-    const auto out = target_.forward(d_block, K + 1, Qwen3Device::Logits::All, taps_, graphs_);
+    // Verify: anchor + block in one target forward (features of every row for the commit); a
+    // block cut near the end runs eagerly (graphs are kept for the full size).
+    const auto out =
+        target_.forward(d_block, room + 1, Qwen3Device::Logits::All, taps_, graphs_ && room == K);
     ev.record(Events::Verified, s);
+    mask(out.logits, room + 1);
 
     // Accept on the device, then the round's one copy to the host.
     if (sp.greedy()) {
-      sampler_->verify_greedy(out.logits, d_block + 1, K, d_result);
+      sampler_->verify_greedy(out.logits, d_block + 1, room, d_result);
     } else {
-      sampler_->filtered_probs(out.logits, K + 1, sp, p_.data());
-      sampler_->verify_sampled(p_.data(), q_.data(), d_block + 1, K, d_result);
+      sampler_->filtered_probs(out.logits, room + 1, sp, p_.data());
+      if (keyed)
+        sampler_->verify_keyed(p_.data(), d_block + 1, room, opt.seed, anchor_pos + 1, d_result);
+      else
+        sampler_->verify_sampled(p_.data(), q_.data(), d_block + 1, room, d_result);
     }
     fetch(size_t(K) + 3);
     const auto t0 = Clock::now();
@@ -280,7 +309,7 @@ GenerateResult DeviceDecoder::generate(std::span<const int32_t> prompt,
 
     const int accepted = host_round_[0];
     const int32_t bonus = host_round_[1];
-    FLASHMAP_ASSERT(accepted >= 0 && accepted <= K && bonus >= 0 && bonus < V);
+    FLASHMAP_ASSERT(accepted >= 0 && accepted <= room && bonus >= 0 && bonus < V);
     for (int k = 0; k < accepted; ++k) ++res.accepted_at[size_t(k)];
     std::vector<int32_t> fresh(host_round_ + 3, host_round_ + 3 + accepted);
     fresh.push_back(bonus);

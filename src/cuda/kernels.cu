@@ -315,6 +315,14 @@ __global__ void attention_kernel(const float* q, int n_heads, int n_kv_heads, in
   }
 }
 
+__global__ void fill_columns_kernel(float* x, int64_t rows, int64_t cols, int64_t from,
+                                    float value) {
+  const int64_t w = cols - from, n = rows * w;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[(i / w) * cols + from + i % w] = value;
+}
+
 __global__ void f32_to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -448,6 +456,13 @@ void verify_greedy(const float* logits, int64_t vocab, const int32_t* draft, int
                    int32_t* argmax_scratch, int32_t* result, cudaStream_t stream) {
   argmax_rows(logits, int64_t(K) + 1, vocab, argmax_scratch, stream);
   verify_greedy_kernel<<<1, 1, 0, stream>>>(argmax_scratch, draft, K, result);
+}
+
+void fill_columns(float* x, int64_t rows, int64_t cols, int64_t from, float value,
+                  cudaStream_t stream) {
+  if (rows > 0 && from < cols)
+    fill_columns_kernel<<<pointwise_grid(rows * (cols - from)), 256, 0, stream>>>(x, rows, cols,
+                                                                                  from, value);
 }
 
 void f32_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {

@@ -66,6 +66,11 @@ void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head
 void verify_greedy(const float* logits, int64_t vocab, const int32_t* draft, int K,
                    int32_t* argmax_scratch, int32_t* result, cudaStream_t stream);
 
+// x[r, from:cols) = value for every row: the padding ids' logits set to −inf
+// (Qwen3Model::mask_padding).
+void fill_columns(float* x, int64_t rows, int64_t cols, int64_t from, float value,
+                  cudaStream_t stream);
+
 // Conversions and the GEMM epilogue used by cuda::linear.
 void f32_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
 // Rows of a [rows, cols] matrix with row stride ld get bias[cols] added.

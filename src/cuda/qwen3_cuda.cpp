@@ -127,6 +127,7 @@ Qwen3Device::Qwen3Device(Context& ctx, const Qwen3Model& model, int64_t max_posi
     : Qwen3Device(ctx, model.config(), max_positions) {
   // Tied exactly when the CPU model shares the table (Qwen3Model::load_weights' rule).
   config_.tie_word_embeddings = model.lm_head().data == model.embedding().data;
+  sampled_vocab_ = model.sampled_vocab();
   allocate_weights();
   const auto& c = config_;
   const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;

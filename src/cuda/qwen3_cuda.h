@@ -54,6 +54,9 @@ class Qwen3Device {
   // The KV cache: positions [0, length) hold the sequence so far.
   int64_t length() const { return length_; }
   int64_t max_positions() const { return max_positions_; }
+  // Qwen3Model::sampled_vocab of the model it was uploaded from (0: every id may be sampled); the
+  // decoding loop masks logits past it.
+  int64_t sampled_vocab() const { return sampled_vocab_; }
   // Drops every position from n on (the rejected drafts of a verify pass); 0 <= n <= length.
   void truncate(int64_t n);
 
@@ -110,7 +113,7 @@ class Qwen3Device {
 
   Context& ctx_;
   Qwen3Config config_;
-  int64_t max_positions_ = 0, length_ = 0, weight_bytes_ = 0;
+  int64_t max_positions_ = 0, length_ = 0, weight_bytes_ = 0, sampled_vocab_ = 0;
   std::vector<void*> owned_;
   uint16_t *embed_ = nullptr, *lm_head_ = nullptr;
   float* final_norm_ = nullptr;

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/splitmix.h"
 #include "cuda/qwen3_kernels.h"
 
 namespace flashmap::cuda {
@@ -242,17 +243,10 @@ __global__ void swiglu_bf16_kernel(const float* gu, int64_t rows, int64_t inter,
   }
 }
 
-// SplitMix64's output function on the counter seed + (i + 1)·γ: element i of the SplitMix64 stream
-// started at `seed`, independent of the launch shape.
-__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 __global__ void uniform_bf16_kernel(__nv_bfloat16* w, int64_t n, float scale, uint64_t seed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
+    // Element i of the SplitMix64 stream started at `seed`, independent of the launch shape.
     const uint64_t h = splitmix64(seed + uint64_t(i + 1) * 0x9E3779B97F4A7C15ull);
     // The CPU bench's mapping: a signed 32-bit draw to [−√3, √3).
     const float u = float(int32_t(uint32_t(h >> 32))) * (1.7320508f / 2147483648.0f);

@@ -96,6 +96,27 @@ void Sampler::pick(const float* logits, const SamplingParams& params, int32_t* i
   sample(pick_probs_.data(), 1, id);
 }
 
+void Sampler::sample_keyed(const float* probs, int rows, uint64_t seed, int64_t first_position,
+                           int32_t* ids) {
+  check(launch_sample_keyed_rows(probs, rows, vocab_, seed, first_position, ids, ctx_.stream()),
+        "sample_keyed");
+}
+
+void Sampler::pick_keyed(const float* logits, const SamplingParams& params, uint64_t seed,
+                         int64_t position, int32_t* id) {
+  if (params.greedy()) return pick(logits, params, id);
+  filtered_probs(logits, 1, params, pick_probs_.data());
+  sample_keyed(pick_probs_.data(), 1, seed, position, id);
+}
+
+void Sampler::verify_keyed(const float* p, const int32_t* draft, int K, uint64_t seed,
+                           int64_t first_position, RoundResult* result) {
+  FLASHMAP_CHECK(K >= 0, "cuda::Sampler::verify_keyed: K = {}", K);
+  check(launch_verify_keyed(p, draft, K, vocab_, seed, first_position,
+                            reinterpret_cast<int32_t*>(result), ctx_.stream()),
+        "verify_keyed");
+}
+
 void Sampler::verify_greedy(const float* logits, const int32_t* draft, int K, RoundResult* result) {
   check_rows(K + 1, "verify_greedy");
   ::flashmap::cuda::verify_greedy(logits, vocab_, draft, K, argmax_.data(),

@@ -130,6 +130,29 @@ __device__ int64_t block_first(const Chunk& ch, const Val& val, const Pred& pred
   return block_reduce(found, MinOp{}, int64_t(INT64_MAX));
 }
 
+// flashmap::sample_keyed on one block: the lowest id among those with the smallest
+// −log u(key, id) / p (ids with p <= 0 skipped), 0 when none is positive. The keys are the CPU's
+// up to CUDA's double log (within 1 ulp of the correctly rounded value, as glibc's): a decision
+// can differ only when two ids' keys fall within an ulp of each other.
+__device__ int32_t block_sample_keyed(int64_t n, const float* row, uint64_t key) {
+  const double inf = __longlong_as_double(0x7ff0000000000000ll);
+  double best = inf;
+  int64_t idx = INT64_MAX;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float p = row[i];
+    if (!(p > 0.0f)) continue;
+    const double k = -log(keyed_uniform(key, i)) / double(p);
+    if (k < best) {  // strict: each thread keeps its lowest id among equal keys
+      best = k;
+      idx = i;
+    }
+  }
+  const double m = block_reduce(best, MinOp{}, inf);
+  const int64_t mine = best == m ? idx : int64_t(INT64_MAX);
+  const int64_t found = block_reduce(mine, MinOp{}, int64_t(INT64_MAX));
+  return found == INT64_MAX ? 0 : int32_t(found);
+}
+
 // flashmap::sample on one block: u = uniform · Σ val; the first positive entry whose running sum
 // exceeds u; past the end (rounding) the last positive entry; 0 when none is positive.
 template <typename Val>
@@ -294,6 +317,31 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    sample_keyed_rows_kernel(const float* probs, int64_t V, uint64_t seed, int64_t first_position,
+                             int32_t* out) {
+  const int32_t tok = block_sample_keyed(V, probs + blockIdx.x * V,
+                                         position_key(seed, first_position + blockIdx.x));
+  if (threadIdx.x == 0) out[blockIdx.x] = tok;
+}
+
+// flashmap::verify_keyed: the target's keyed draw at each slot, until one differs from the draft
+// (every thread computes the same draws, so the loop is uniform across the block).
+__global__ void __launch_bounds__(kThreads)
+    verify_keyed_kernel(const float* p, const int32_t* draft, int K, int64_t V, uint64_t seed,
+                        int64_t first_position, int32_t* result) {
+  int k = 0;
+  int32_t t = 0;
+  for (;; ++k) {
+    t = block_sample_keyed(V, p + int64_t(k) * V, position_key(seed, first_position + k));
+    if (k == K || draft[k] != t) break;
+  }
+  if (threadIdx.x == 0) {
+    result[0] = k;
+    result[1] = t;
+  }
+}
+
 unsigned pointwise_grid(int64_t n) {
   const int64_t blocks = (n + 255) / 256;
   return unsigned(blocks < 65535 ? blocks : 65535);
@@ -345,6 +393,21 @@ cudaError_t launch_verify_sampled(const float* p, const float* q, const int32_t*
                                   int64_t vocab, UniformSource u, int32_t* result,
                                   cudaStream_t stream) {
   verify_sampled_kernel<<<1, kThreads, 0, stream>>>(p, q, draft, K, vocab, u, result);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sample_keyed_rows(const float* probs, int64_t rows, int64_t vocab, uint64_t seed,
+                                     int64_t first_position, int32_t* out, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  sample_keyed_rows_kernel<<<unsigned(rows), kThreads, 0, stream>>>(probs, vocab, seed,
+                                                                    first_position, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_verify_keyed(const float* p, const int32_t* draft, int K, int64_t vocab,
+                                uint64_t seed, int64_t first_position, int32_t* result,
+                                cudaStream_t stream) {
+  verify_keyed_kernel<<<1, kThreads, 0, stream>>>(p, draft, K, vocab, seed, first_position, result);
   return cudaGetLastError();
 }
 

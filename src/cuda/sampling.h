@@ -50,6 +50,16 @@ class Sampler {
   // The CPU decoder's pick(): argmax when greedy, else one draw from the filtered distribution
   // of logits [V] (through an internal buffer). Writes one id.
   void pick(const float* logits, const SamplingParams& params, int32_t* id);
+  // Keyed draws (flashmap::sample_keyed): row r of probs [rows, V] is the draw for position
+  // first_position + r under `seed` → ids[rows]. Uses no uniforms of the generator.
+  void sample_keyed(const float* probs, int rows, uint64_t seed, int64_t first_position,
+                    int32_t* ids);
+  // pick() for a seeded request: the keyed draw at `position` from logits [V].
+  void pick_keyed(const float* logits, const SamplingParams& params, uint64_t seed,
+                  int64_t position, int32_t* id);
+  // flashmap::verify_keyed: filtered p [K + 1, V], draft [K] at positions first_position …
+  void verify_keyed(const float* p, const int32_t* draft, int K, uint64_t seed,
+                    int64_t first_position, RoundResult* result);
   // flashmap::verify_greedy: logits [K + 1, V], draft [K] → result (device).
   void verify_greedy(const float* logits, const int32_t* draft, int K, RoundResult* result);
   // flashmap::verify_sampled: filtered p [K + 1, V], filtered q [K, V], draft [K] → result; the

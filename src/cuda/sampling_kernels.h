@@ -9,11 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define FLASHMAP_SAMPLING_HD __host__ __device__
-#else
-#define FLASHMAP_SAMPLING_HD
-#endif
+#include "core/splitmix.h"
 
 namespace flashmap::cuda {
 
@@ -21,13 +17,8 @@ namespace flashmap::cuda {
 // SplitMix64 (Steele et al. 2014) with state mix64(seed) read at position i + 1, so draws need no
 // sequential state (any kernel can take number i), the host can compute the same numbers (tests),
 // and a stream is reproducible from its seed. 53 bits, in [0, 1), like Rng::uniform.
-FLASHMAP_SAMPLING_HD inline uint64_t splitmix64_mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-FLASHMAP_SAMPLING_HD inline double counter_uniform(uint64_t seed, uint64_t i) {
-  const uint64_t x = splitmix64_mix(splitmix64_mix(seed) + (i + 1) * 0x9e3779b97f4a7c15ull);
+FLASHMAP_HD inline double counter_uniform(uint64_t seed, uint64_t i) {
+  const uint64_t x = splitmix64(splitmix64(seed) + (i + 1) * 0x9e3779b97f4a7c15ull);
   return double(x >> 11) * 0x1.0p-53;
 }
 
@@ -71,6 +62,15 @@ cudaError_t launch_sample_rows(const float* probs, int64_t rows, int64_t vocab, 
 cudaError_t launch_verify_sampled(const float* p, const float* q, const int32_t* draft, int K,
                                   int64_t vocab, UniformSource u, int32_t* result,
                                   cudaStream_t stream);
+// flashmap::sample_keyed per row of probs [rows, vocab]: row r is the draw for sequence position
+// first_position + r under `seed`. Reads and advances no counter: keyed draws have no state.
+cudaError_t launch_sample_keyed_rows(const float* probs, int64_t rows, int64_t vocab, uint64_t seed,
+                                     int64_t first_position, int32_t* out, cudaStream_t stream);
+// flashmap::verify_keyed on one block: filtered p [K + 1, vocab], draft [K] at positions
+// first_position …; writes result[0] = accepted, result[1] = the target's keyed draw after them.
+cudaError_t launch_verify_keyed(const float* p, const int32_t* draft, int K, int64_t vocab,
+                                uint64_t seed, int64_t first_position, int32_t* result,
+                                cudaStream_t stream);
 // Writes uniforms number counter … counter + n − 1 to out and advances the counter (tests).
 cudaError_t launch_draw_uniforms(UniformSource u, int64_t n, double* out, cudaStream_t stream);
 

@@ -48,8 +48,10 @@ struct Pair {
   std::unique_ptr<FlashMapDrafter> cpu_draft;
   std::unique_ptr<Qwen3Device> target;
   std::unique_ptr<FlashMapDevice> draft;
-  Pair(Context& ctx, const std::string& dir, int64_t max_positions = 4096) {
+  Pair(Context& ctx, const std::string& dir, int64_t max_positions = 4096,
+       int64_t sampled_vocab = 0) {
     cpu = std::make_unique<Qwen3Model>(dir + "/target");
+    if (sampled_vocab > 0) cpu->set_sampled_vocab(sampled_vocab);
     cpu_draft = std::make_unique<FlashMapDrafter>(dir + "/draft", *cpu);
     target = std::make_unique<Qwen3Device>(ctx, *cpu, max_positions);
     draft =
@@ -361,11 +363,55 @@ TEST_F(CudaDecoder, BadRequestsAndCapacity) {
   EXPECT_NE(err({}, greedy(5)).find("prompt is empty"), std::string::npos);
   EXPECT_NE(err({1, 5000}, greedy(5)).find("outside the vocabulary"), std::string::npos);
   EXPECT_NE(err({1}, greedy(0)).find("max_new_tokens must be > 0"), std::string::npos);
-  // 6 + 20 − 1 + 8 = 33 positions for the last verify pass: one more than the cache.
-  EXPECT_NE(err(kPrompt, greedy(20)).find("device KV cache"), std::string::npos);
-  // 6 + 19 − 1 + 8 = 32 fits exactly.
-  EXPECT_EQ(dec.generate(kPrompt, greedy(19)).ids.size(), 19u);
+  // Blocks shrink near the end, so the cache needs prompt + max_new_tokens − 1 positions:
+  // 6 + 28 − 1 = 33 is one more than the cache, 6 + 27 − 1 = 32 fits exactly (greedy and seeded,
+  // speculating to the last position).
+  EXPECT_NE(err(kPrompt, greedy(28)).find("device KV cache"), std::string::npos);
+  const auto full = dec.generate(kPrompt, greedy(27));
+  EXPECT_EQ(full.ids.size(), 27u);
+  EXPECT_EQ(full.finish_reason, "length");
+  auto o = greedy(27);
+  o.sampling.temperature = 1.0f;
+  o.seed = 8;
+  o.seeded = true;
+  EXPECT_EQ(dec.generate(kPrompt, o).ids.size(), 27u);
   EXPECT_THROW({ FlashMapDeviceDrafter bad(*p.draft, 7); }, Error);  // steps not in jump_grids
+}
+
+// Seeded sampling on the device: draws keyed by (seed, position), so speculative decoding gives
+// exactly the target-alone tokens for the seed (up to a near-tie of keys, which the kernels and
+// the CPU order alike except within an ulp of log).
+TEST_F(CudaDecoder, SeededSpeculativeEqualsTargetAlone) {
+  for (const char* fx : kFixtures) {
+    Pair p(*ctx, fx);
+    FlashMapDeviceDrafter d(*p.draft, 1);
+    for (SamplingParams sp :
+         {SamplingParams{1.0f, 0, 1.0f, 0.0f}, SamplingParams{0.7f, 20, 0.9f, 0.0f}}) {
+      GenerateOptions o = greedy(64);
+      o.sampling = sp;
+      o.seed = 17;
+      o.seeded = true;
+      const auto alone = DeviceDecoder(*p.target, nullptr).generate(kPrompt, o);
+      const auto spec = DeviceDecoder(*p.target, &d).generate(kPrompt, o);
+      EXPECT_EQ(spec.ids, alone.ids) << fx << " T=" << sp.temperature;
+    }
+  }
+}
+
+// Padding ids (past the tokenizer's size) are never drawn on the device either.
+TEST_F(CudaDecoder, PaddingIdsAreNeverSampled) {
+  const int64_t known = 1000;  // the fixtures' vocabulary is 1024
+  Pair p(*ctx, kFixtures[0], 4096, known);
+  FlashMapDeviceDrafter d(*p.draft, 1);
+  GenerateOptions o = greedy(300);
+  o.sampling.temperature = 5.0f;
+  for (bool seeded : {false, true}) {
+    o.seeded = seeded;
+    o.seed = 4;
+    for (DeviceDrafter* dr :
+         {static_cast<DeviceDrafter*>(&d), static_cast<DeviceDrafter*>(nullptr)})
+      for (int32_t id : DeviceDecoder(*p.target, dr).generate(kPrompt, o).ids) ASSERT_LT(id, known);
+  }
 }
 
 }  // namespace

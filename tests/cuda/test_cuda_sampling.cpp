@@ -541,5 +541,58 @@ TEST_F(CudaSampling, ChiSquareOfDeviceRejectionSampling) {
     }
 }
 
+// Keyed draws (seeded sampling) against flashmap::sample_keyed and verify_keyed on the same
+// probabilities: the same ids (the keys differ at most by an ulp of log, which cannot reorder
+// keys that far apart on these rows).
+TEST_F(CudaSampling, KeyedDrawsEqualCpu) {
+  const int64_t V = 5000;
+  const int rows = 9;
+  std::vector<float> probs(size_t(rows) * V);
+  std::mt19937_64 g(12);
+  for (int r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      // Some zeros (never drawn), the rest spread over four orders of magnitude.
+      const float x = (g() % 7 == 0) ? 0.0f : std::exp(float(g() % 10000) / 1000.0f);
+      probs[size_t(r * V + i)] = x;
+      sum += x;
+    }
+    for (int64_t i = 0; i < V; ++i)
+      probs[size_t(r * V + i)] = float(probs[size_t(r * V + i)] / sum);
+  }
+  auto d_probs = up(probs);
+  DeviceBuffer<int32_t> d_ids(static_cast<size_t>(rows));
+  Sampler sampler(*ctx, V, rows);
+  for (uint64_t seed : {1ull, 77ull, 123456789ull}) {
+    sampler.sample_keyed(d_probs.data(), rows, seed, 40, d_ids.data());
+    const auto got = down(d_ids);
+    for (int r = 0; r < rows; ++r)
+      EXPECT_EQ(got[size_t(r)], sample_keyed({probs.data() + r * V, size_t(V)}, seed, 40 + r))
+          << "row " << r << " seed " << seed;
+    // verify_keyed: a draft equal to the CPU's draws for the first 5 slots, then wrong.
+    const int K = rows - 1;
+    std::vector<int32_t> draft(static_cast<size_t>(K));
+    for (int k = 0; k < K; ++k)
+      draft[size_t(k)] = sample_keyed({probs.data() + k * V, size_t(V)}, seed, 40 + k);
+    draft[5] = (draft[5] + 1) % int32_t(V);
+    auto d_draft = up(draft);
+    DeviceBuffer<int32_t> d_result(2);
+    sampler.verify_keyed(d_probs.data(), d_draft.data(), K, seed, 40,
+                         reinterpret_cast<RoundResult*>(d_result.data()));
+    const auto res = down(d_result);
+    std::vector<float> scratch;
+    int32_t bonus = -1;
+    // The CPU function takes logits; log(probs) filtered at T = 1 gives back probs.
+    std::vector<float> logits(probs.size());
+    for (size_t i = 0; i < probs.size(); ++i)
+      logits[i] = probs[i] > 0 ? std::log(probs[i]) : -INFINITY;
+    const int want = verify_keyed(draft, logits.data(), V, SamplingParams{1.0f, 0, 1.0f, 0.0f},
+                                  seed, 40, scratch, bonus);
+    EXPECT_EQ(want, 5);
+    EXPECT_EQ(res[0], want);
+    EXPECT_EQ(res[1], bonus);
+  }
+}
+
 }  // namespace
 }  // namespace flashmap::cuda
