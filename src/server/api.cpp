@@ -79,6 +79,28 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
+bool json_nests_deeper_than(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 namespace {
 
 [[noreturn]] void bad(const std::string& param, const std::string& message,
@@ -256,12 +278,20 @@ GenerationRequest parse_generation_request(const json& body, bool chat,
     } else {
       bad("stop", "'stop' must be a string or a list of strings", "invalid_type");
     }
-    for (const auto& s : r.stop)
+    for (const auto& s : r.stop) {
       if (s.empty()) bad("stop", "stop strings must not be empty");
+      // Every token is matched against every stop string's prefixes.
+      if (s.size() > kMaxStopBytes)
+        bad("stop",
+            fmt::format("stop strings are at most {} bytes, got {}", kMaxStopBytes, s.size()));
+    }
   }
   if (const json* st = field(body, "stop_token_ids")) {
     if (!st->is_array())
       bad("stop_token_ids", "'stop_token_ids' must be an array of token ids", "invalid_type");
+    if (st->size() > kMaxStopTokenIds)
+      bad("stop_token_ids", fmt::format("'stop_token_ids' holds at most {} ids, got {}",
+                                        kMaxStopTokenIds, st->size()));
     r.stop_token_ids = get_ids(*st, "stop_token_ids");
   }
   r.stream = get_bool(body, "stream").value_or(false);

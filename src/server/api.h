@@ -33,6 +33,15 @@ std::string dump_json(const nlohmann::json& j);
 // The type OpenAI gives a status: invalid_request_error, authentication_error, ...
 std::string error_type_for(int status);
 
+// Whether JSON text nests arrays and objects deeper than `limit` (brackets inside strings do not
+// count). Checked before parsing a request: nlohmann's values copy and destroy recursively, so a
+// 100,000-deep body would overflow the stack of whichever handler touched it.
+bool json_nests_deeper_than(std::string_view text, int limit);
+inline constexpr int kMaxJsonDepth = 64;
+// Bounds on what a request may ask the engine to check on every token.
+inline constexpr size_t kMaxStopBytes = 512;
+inline constexpr size_t kMaxStopTokenIds = 256;
+
 // True when `s` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
 bool valid_utf8(std::string_view s);
 

@@ -391,8 +391,13 @@ void HttpFront::poll_loop() {
             std::lock_guard lk(mutex_);
             ++stats_.evicted;
           }
-          refuse(*oldest, 503, "connection dropped: the server is at its connection limit",
-                 "too_many_connections");
+          // A kept-alive connection between requests just closes (an answer would be read as
+          // the reply to its next request); a request in progress hears why.
+          if (oldest->started)
+            refuse(*oldest, 503, "connection dropped: the server is at its connection limit",
+                   "too_many_connections");
+          else
+            close_conn(*oldest);
           waiting_.erase(oldest);
         } else {
           {

@@ -244,6 +244,11 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
   try {
     if (draining) return fail(503, "the server is shutting down");
     if (!valid_utf8(hreq.body)) return fail(400, "the request body is not valid UTF-8");
+    if (json_nests_deeper_than(hreq.body, kMaxJsonDepth))
+      return fail(400,
+                  fmt::format("the request body nests arrays or objects deeper than {} levels",
+                              kMaxJsonDepth),
+                  {}, "invalid_json");
     json body;
     try {
       body = json::parse(hreq.body);

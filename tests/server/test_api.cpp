@@ -64,3 +64,31 @@ TEST(ParseRequest, FieldsAndErrors) {
   EXPECT_EQ(status_of(R"({"messages":[{"content":"no role"}]})", true), 400);
   EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":"hi"}]})", true), 200);
 }
+
+TEST(ParseRequest, BoundsOnWhatEveryTokenIsCheckedAgainst) {
+  auto status_of = [](const json& body) {
+    try {
+      parse_generation_request(body, false, "m");
+    } catch (const ApiError& e) {
+      return e.status;
+    }
+    return 200;
+  };
+  EXPECT_EQ(status_of({{"prompt", "hi"}, {"stop", std::string(kMaxStopBytes, 'x')}}), 200);
+  EXPECT_EQ(status_of({{"prompt", "hi"}, {"stop", std::string(kMaxStopBytes + 1, 'x')}}), 400);
+  EXPECT_EQ(
+      status_of({{"prompt", "hi"}, {"stop_token_ids", std::vector<int>(kMaxStopTokenIds, 1)}}),
+      200);
+  EXPECT_EQ(
+      status_of({{"prompt", "hi"}, {"stop_token_ids", std::vector<int>(kMaxStopTokenIds + 1, 1)}}),
+      400);
+}
+
+TEST(JsonDepth, CountsBracketsOutsideStrings) {
+  EXPECT_FALSE(json_nests_deeper_than(R"({"a":[[1]]})", 3));
+  EXPECT_TRUE(json_nests_deeper_than(R"({"a":[[1]]})", 2));
+  // Brackets in strings, escaped quotes included, do not count.
+  EXPECT_FALSE(json_nests_deeper_than(R"({"a":"[[[[\"[[[[", "b":"\\"})", 1));
+  EXPECT_TRUE(json_nests_deeper_than(std::string(100000, '['), kMaxJsonDepth));
+  EXPECT_FALSE(json_nests_deeper_than(std::string(kMaxJsonDepth, '['), kMaxJsonDepth));
+}
