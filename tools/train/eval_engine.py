@@ -3,7 +3,12 @@
 `train_drafter.py eval` (same seed), 1..4 steps, mean +- 95% CI over rounds, and tau by
 position (share of rounds in which draft slot k was accepted).
 
-    python3 tools/train/eval_engine.py --flashmap build/flashmap --target T --draft D [--temperatures 0,1]
+    python3 tools/train/eval_engine.py --flashmap build/flashmap --target T --draft D [--temperatures 0,1] [--keyed]
+
+At T > 0 the engine verifies by rejection sampling (as the reference does) unless the request
+is seeded; --keyed passes a seed per prompt, measuring the keyed verification of seeded requests
+instead (src/spec/sampling.h). Without it the runs are unseeded, so T > 0 figures vary a little
+from run to run.
 """
 import argparse
 import json
@@ -27,6 +32,7 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0])
+    ap.add_argument("--keyed", action="store_true", help="seeded requests (keyed verification)")
     args = ap.parse_args()
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
@@ -43,7 +49,8 @@ def main():
                 out = subprocess.run([args.flashmap, "generate", "--target", args.target, "--draft", args.draft,
                                       "--steps", str(n), "--prompt-ids", ",".join(map(str, p)), "--json",
                                       "--max-new-tokens", str(args.max_new_tokens), "--stop-ids", "none",
-                                      "--temperature", str(temp), "--seed", str(args.seed + j), "--threads", "1"],
+                                      "--temperature", str(temp), "--threads", "1"]
+                                     + (["--seed", str(args.seed + j)] if args.keyed else []),
                                      capture_output=True, text=True, check=True)
                 r = json.loads(out.stdout)
                 taus.extend(r["acceptance_lengths"])
