@@ -1,28 +1,42 @@
 #include "io/hf_config.h"
 
+#include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "io/files.h"
 
 namespace flashmap {
 
 using json = nlohmann::json;
 
 static json read_json(const std::string& path) {
-  std::ifstream in(path);
-  FLASHMAP_CHECK(in.good(), "{}: cannot open", path);
+  const std::string text = read_regular_file(path, kMaxConfigFileBytes);
+  check_json_depth(text, path);
+  json j;
   try {
-    json j = json::parse(in);
-    FLASHMAP_CHECK(j.is_object(), "{}: not a JSON object", path);
-    return j;
+    j = json::parse(text);
   } catch (const json::exception& e) {
     throw Error(fmt::format("{}: not valid JSON ({})", path, e.what()));
   }
+  FLASHMAP_CHECK(j.is_object(), "{}: not a JSON object", path);
+  return j;
 }
 
 namespace {
+
+// Upper bounds of the size fields, each several times the largest released model's, so that a
+// config cannot ask for absurd buffers before its weights are read, and sizes computed from a few
+// of them (weight shapes, caches, logits) stay far from int64 overflow.
+constexpr int kMaxVocab = 1 << 22;         // 4M tokens (the largest vocabularies: ~262k)
+constexpr int kMaxHidden = 1 << 16;        // hidden sizes (largest: ~25k)
+constexpr int kMaxIntermediate = 1 << 18;  // MLP widths (largest dense: ~53k)
+constexpr int kMaxLayers = 1024;           // (largest: ~126)
+constexpr int kMaxHeads = 1024;            // attention heads (largest: 128)
+constexpr int kMaxHeadDim = 1024;          // (largest: 256)
+constexpr int kMaxPositions = 1 << 24;     // context length (largest: ~10M)
+constexpr int kMaxSteps = 1024;            // drafter jumps (the reference's grids: 1..4)
 
 // Reads fields of one config file with errors that name the file and the field.
 struct Fields {
@@ -31,26 +45,33 @@ struct Fields {
 
   bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
 
-  int integer(const char* key, int lo = 1) const {
+  // A required integer in [lo, hi].
+  int integer(const char* key, int lo, int hi) const {
     FLASHMAP_CHECK(has(key), "{}: missing field '{}'", path, key);
-    return integer_or(key, 0, lo);
+    return integer_or(key, 0, lo, hi);
   }
-  int integer_or(const char* key, int fallback, int lo = 1) const {
+  // An optional integer in [lo, hi]; `fallback` when absent or null (checked by the caller).
+  int integer_or(const char* key, int fallback, int lo, int hi) const {
     if (!has(key)) return fallback;
     const auto& v = j[key];
     FLASHMAP_CHECK(v.is_number_integer(), "{}: field '{}' must be an integer, got {}", path, key,
                    v.dump());
+    // Unsigned JSON numbers above INT64_MAX would wrap in get<int64_t>().
+    FLASHMAP_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(hi),
+                   "{}: field '{}' = {} is out of range [{}, {}]", path, key, v.dump(), lo, hi);
     const auto x = v.get<int64_t>();
-    FLASHMAP_CHECK(x >= lo && x <= (int64_t(1) << 31) - 1, "{}: field '{}' = {} is out of range",
-                   path, key, x);
+    FLASHMAP_CHECK(x >= lo && x <= hi, "{}: field '{}' = {} is out of range [{}, {}]", path, key, x,
+                   lo, hi);
     return int(x);
   }
-  double number_or(const char* key, double fallback, bool positive = true) const {
+  // An optional finite number > 0 (scales, epsilons, RoPE bases).
+  double number_or(const char* key, double fallback) const {
     if (!has(key)) return fallback;
     const auto& v = j[key];
     FLASHMAP_CHECK(v.is_number(), "{}: field '{}' must be a number, got {}", path, key, v.dump());
     const double x = v.get<double>();
-    FLASHMAP_CHECK(!positive || x > 0, "{}: field '{}' must be positive, got {}", path, key, x);
+    FLASHMAP_CHECK(std::isfinite(x) && x > 0, "{}: field '{}' must be a finite number > 0, got {}",
+                   path, key, v.dump());
     return x;
   }
   bool boolean_or(const char* key, bool fallback) const {
@@ -67,6 +88,43 @@ struct Fields {
   }
 };
 
+// Sliding-window attention is not implemented, and running a model that slides with full
+// attention would silently compute something else, so such configs are refused. transformers'
+// Qwen3Config makes layer i slide when use_sliding_window keeps sliding_window and
+// i >= max_window_layers, unless layer_types names each layer's kind; a window at least as long
+// as the context never slides.
+void check_sliding_window(const Fields& f, const Qwen3Config& c) {
+  const std::string& path = f.path;
+  const bool use = f.boolean_or("use_sliding_window", false);
+  const int window = f.integer_or("sliding_window", 0, 1, INT32_MAX);  // 0: none
+  const bool slides = use && window > 0 && window < c.max_position_embeddings;
+  if (f.has("layer_types")) {
+    const auto& types = f.j["layer_types"];
+    FLASHMAP_CHECK(types.is_array() && types.size() == size_t(c.num_hidden_layers),
+                   "{}: field 'layer_types' must list the kind of each of the {} layers", path,
+                   c.num_hidden_layers);
+    for (size_t i = 0; i < types.size(); ++i) {
+      const auto& t = types[i];
+      FLASHMAP_CHECK(t.is_string() && (t == "full_attention" || t == "sliding_attention"),
+                     "{}: field 'layer_types' has {} at layer {}: only \"full_attention\" is "
+                     "supported",
+                     path, t.dump(), i);
+      FLASHMAP_CHECK(t == "full_attention" || (use && window >= c.max_position_embeddings),
+                     "{}: field 'layer_types' has \"sliding_attention\" at layer {}: "
+                     "sliding-window attention is not supported",
+                     path, i);
+    }
+    return;
+  }
+  if (!slides) return;
+  const int first = f.integer_or("max_window_layers", 28, 0, INT32_MAX);
+  FLASHMAP_CHECK(first >= c.num_hidden_layers,
+                 "{}: field 'use_sliding_window' is true with sliding_window {} < "
+                 "max_position_embeddings {} (layers {}..{} slide): sliding-window attention is "
+                 "not supported",
+                 path, window, c.max_position_embeddings, first, c.num_hidden_layers - 1);
+}
+
 }  // namespace
 
 Qwen3Config Qwen3Config::from_file(const std::string& path) {
@@ -76,15 +134,20 @@ Qwen3Config Qwen3Config::from_file(const std::string& path) {
   FLASHMAP_CHECK(type == "qwen3", "{}: model_type is '{}', this engine runs 'qwen3' targets", path,
                  type);
   Qwen3Config c;
-  c.vocab_size = f.integer("vocab_size");
-  c.hidden_size = f.integer("hidden_size");
-  c.intermediate_size = f.integer("intermediate_size");
-  c.num_hidden_layers = f.integer("num_hidden_layers");
-  c.num_attention_heads = f.integer("num_attention_heads");
-  c.num_key_value_heads = f.integer_or("num_key_value_heads", c.num_attention_heads);
-  c.head_dim = f.integer_or("head_dim", c.hidden_size / c.num_attention_heads);
+  c.vocab_size = f.integer("vocab_size", 1, kMaxVocab);
+  c.hidden_size = f.integer("hidden_size", 1, kMaxHidden);
+  c.intermediate_size = f.integer("intermediate_size", 1, kMaxIntermediate);
+  c.num_hidden_layers = f.integer("num_hidden_layers", 1, kMaxLayers);
+  c.num_attention_heads = f.integer("num_attention_heads", 1, kMaxHeads);
+  c.num_key_value_heads =
+      f.integer_or("num_key_value_heads", c.num_attention_heads, 1, c.num_attention_heads);
+  c.head_dim = f.integer_or("head_dim", c.hidden_size / c.num_attention_heads, 1, kMaxHeadDim);
+  FLASHMAP_CHECK(c.head_dim >= 1 && c.head_dim <= kMaxHeadDim,
+                 "{}: head_dim (hidden_size {} / num_attention_heads {}) = {} is out of range [1, "
+                 "{}]; give head_dim",
+                 path, c.hidden_size, c.num_attention_heads, c.head_dim, kMaxHeadDim);
   c.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
-  c.max_position_embeddings = f.integer_or("max_position_embeddings", 40960);
+  c.max_position_embeddings = f.integer_or("max_position_embeddings", 40960, 1, kMaxPositions);
   c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
   c.attention_bias = f.boolean_or("attention_bias", false);
   c.name_or_path = f.string_or("_name_or_path", "");
@@ -106,10 +169,7 @@ Qwen3Config Qwen3Config::from_file(const std::string& path) {
         rs.is_null() || (rs.is_object() && rs.value("rope_type", "default") == "default"),
         "{}: rope_scaling {} is not supported", path, rs.dump());
   }
-  FLASHMAP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
-                 "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", path,
-                 c.num_attention_heads, c.num_key_value_heads);
-  FLASHMAP_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} must be even for RoPE", path, c.head_dim);
+  check_sliding_window(f, c);
   FLASHMAP_CHECK(!c.attention_bias, "{}: attention_bias true is not supported", path);
   const std::string act = f.string_or("hidden_act", "silu");
   FLASHMAP_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (only 'silu')", path, act);
@@ -131,26 +191,32 @@ FlashMapConfig FlashMapConfig::from_file(const std::string& path) {
   FLASHMAP_CHECK(type == "flashmap", "{}: model_type is '{}', expected 'flashmap'", path, type);
   FlashMapConfig c;
   c.target_model = f.string_or("target_model", c.target_model);
-  c.target_hidden_size = f.integer_or("target_hidden_size", c.target_hidden_size);
-  c.vocab_size = f.integer_or("vocab_size", c.vocab_size);
+  c.target_hidden_size = f.integer_or("target_hidden_size", c.target_hidden_size, 1, kMaxHidden);
+  c.vocab_size = f.integer_or("vocab_size", c.vocab_size, 1, kMaxVocab);
   if (f.has("target_layer_ids")) {
     const auto& ids = j["target_layer_ids"];
-    FLASHMAP_CHECK(ids.is_array() && !ids.empty(),
-                   "{}: field 'target_layer_ids' must be a non-empty list of integers", path);
+    FLASHMAP_CHECK(ids.is_array() && !ids.empty() && ids.size() <= size_t(kMaxLayers),
+                   "{}: field 'target_layer_ids' must be a list of 1 to {} layer indices", path,
+                   kMaxLayers);
     c.target_layer_ids.clear();
     for (auto& v : ids) {
-      FLASHMAP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0,
-                     "{}: field 'target_layer_ids' has a bad entry {}", path, v.dump());
-      c.target_layer_ids.push_back(v.get<int>());
+      // Checked as JSON numbers: get<int>() would wrap 2^40 to 0.
+      FLASHMAP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                         (v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(kMaxLayers)
+                                                 : v.get<int64_t>() < kMaxLayers),
+                     "{}: field 'target_layer_ids' has a bad entry {} (expected a layer index in "
+                     "[0, {}))",
+                     path, v.dump(), kMaxLayers);
+      c.target_layer_ids.push_back(int(v.get<int64_t>()));
     }
   }
-  c.block_size = f.integer_or("block_size", c.block_size);
-  c.hidden_size = f.integer_or("hidden_size", c.hidden_size);
-  c.num_hidden_layers = f.integer_or("num_hidden_layers", c.num_hidden_layers);
-  c.num_attention_heads = f.integer_or("num_attention_heads", c.num_attention_heads);
-  c.intermediate_size = f.integer_or("intermediate_size", c.intermediate_size);
-  c.cond_dim = f.integer_or("cond_dim", c.cond_dim);
-  c.time_embed_dim = f.integer_or("time_embed_dim", c.time_embed_dim);
+  c.block_size = f.integer_or("block_size", c.block_size, 1, kMaxBlockSize);
+  c.hidden_size = f.integer_or("hidden_size", c.hidden_size, 1, kMaxHidden);
+  c.num_hidden_layers = f.integer_or("num_hidden_layers", c.num_hidden_layers, 1, kMaxLayers);
+  c.num_attention_heads = f.integer_or("num_attention_heads", c.num_attention_heads, 1, kMaxHeads);
+  c.intermediate_size = f.integer_or("intermediate_size", c.intermediate_size, 1, kMaxIntermediate);
+  c.cond_dim = f.integer_or("cond_dim", c.cond_dim, 1, kMaxHidden);
+  c.time_embed_dim = f.integer_or("time_embed_dim", c.time_embed_dim, 1, kMaxHidden);
   c.time_scale = f.number_or("time_scale", c.time_scale);
   c.rope_theta = f.number_or("rope_theta", c.rope_theta);
   c.rms_norm_eps = f.number_or("rms_norm_eps", c.rms_norm_eps);
@@ -161,7 +227,7 @@ FlashMapConfig FlashMapConfig::from_file(const std::string& path) {
                  "{}: field 'noise_gate' must be \"jump\" or \"constant\", got \"{}\"", path,
                  c.noise_gate);
   c.time_schedule = f.string_or("time_schedule", c.time_schedule);
-  c.num_steps = f.integer_or("num_steps", c.num_steps);
+  c.num_steps = f.integer_or("num_steps", c.num_steps, 1, kMaxSteps);
   FLASHMAP_CHECK(c.hidden_size % c.num_attention_heads == 0 && c.head_dim() % 2 == 0,
                  "{}: hidden_size {} must split into num_attention_heads {} heads of even size",
                  path, c.hidden_size, c.num_attention_heads);
@@ -175,11 +241,12 @@ FlashMapConfig FlashMapConfig::from_file(const std::string& path) {
       try {
         size_t used = 0;
         steps = std::stoi(key, &used);
-        FLASHMAP_CHECK(used == key.size(), "");
+        FLASHMAP_CHECK(used == key.size() && steps >= 1 && steps <= kMaxSteps, "");
       } catch (...) {
-        throw Error(fmt::format("{}: jump_grids key '{}' is not a number of steps", path, key));
+        throw Error(fmt::format("{}: jump_grids key '{}' is not a number of steps in [1, {}]", path,
+                                key, kMaxSteps));
       }
-      FLASHMAP_CHECK(steps >= 1 && times.is_array() && times.size() == size_t(steps) + 1,
+      FLASHMAP_CHECK(times.is_array() && times.size() == size_t(steps) + 1,
                      "{}: jump_grids['{}'] must list {} times", path, key, steps + 1);
       std::vector<double> ts;
       for (auto& t : times) {
@@ -202,19 +269,26 @@ FlashMapConfig FlashMapConfig::from_file(const std::string& path) {
 GenerationConfig GenerationConfig::from_dir(const std::string& dir) {
   GenerationConfig g;
   const auto path = (std::filesystem::path(dir) / "generation_config.json").string();
-  if (!std::filesystem::exists(path)) return g;
+  std::error_code ec;  // a FIFO or a dangling link is present, and refused by read_json
+  if (std::filesystem::symlink_status(path, ec).type() == std::filesystem::file_type::not_found)
+    return g;
   const json j = read_json(path);
   if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
     const auto& e = j["eos_token_id"];
+    // A token id in [0, 2^31): get<int>() would wrap larger ones into other ids.
+    auto id_of = [&](const json& v) {
+      FLASHMAP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                         (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT32_MAX)
+                                                 : v.get<int64_t>() <= INT32_MAX),
+                     "{}: field 'eos_token_id' has a bad entry {} (expected a token id)", path,
+                     v.dump());
+      return int(v.get<int64_t>());
+    };
     if (e.is_number_integer()) {
-      g.eos_token_ids.push_back(e.get<int>());
+      g.eos_token_ids.push_back(id_of(e));
     } else {
       FLASHMAP_CHECK(e.is_array(), "{}: field 'eos_token_id' must be an integer or a list", path);
-      for (auto& v : e) {
-        FLASHMAP_CHECK(v.is_number_integer(), "{}: field 'eos_token_id' has a bad entry {}", path,
-                       v.dump());
-        g.eos_token_ids.push_back(v.get<int>());
-      }
+      for (auto& v : e) g.eos_token_ids.push_back(id_of(v));
     }
   }
   return g;

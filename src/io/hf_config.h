@@ -1,5 +1,7 @@
 // Typed views of the Hugging Face config files the engine reads. Every field is checked for
-// presence and type; a bad one throws flashmap::Error naming the file and the field.
+// presence, type and range (sizes have upper bounds, so that nothing sized from them can overflow
+// or ask for absurd memory before the weights are checked); a bad one throws flashmap::Error
+// naming the file and the field.
 #pragma once
 
 #include <map>
@@ -7,6 +9,10 @@
 #include <vector>
 
 namespace flashmap {
+
+// Largest drafter block (K tokens proposed per round; the reference's default is 16): K·vocab
+// logits and K+1-token verify passes are allocated per round.
+inline constexpr int kMaxBlockSize = 1024;
 
 // transformers' Qwen3Config (model_type "qwen3").
 struct Qwen3Config {

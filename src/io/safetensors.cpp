@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/check.h"
+#include "io/files.h"
 
 namespace flashmap {
 
@@ -74,9 +76,13 @@ static DType parse_dtype(const std::string& s, const std::string& file, const st
                   file, name, s));
 }
 
+// The safetensors format's own bound on the header (MAX_HEADER_SIZE of the reference crate): a
+// header is a few hundred bytes per tensor, and parsing one builds a JSON tree several times its
+// size.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  FLASHMAP_CHECK(fd >= 0, "{}: cannot open ({})", path, std::strerror(errno));
+  const int fd = open_regular_file(path);  // a FIFO or device here would block or never end
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
@@ -101,6 +107,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                    "{}: header length {} runs past the end of the file ({} bytes): truncated or "
                    "not a safetensors file",
                    path, header_len, size_);
+    FLASHMAP_CHECK(header_len <= kMaxHeaderBytes,
+                   "{}: header length {} is over the safetensors limit of {} bytes", path,
+                   header_len, kMaxHeaderBytes);
+    check_json_depth(std::string_view(reinterpret_cast<const char*>(bytes) + 8, header_len),
+                     path + ": header");
     json header;
     try {
       header = json::parse(bytes + 8, bytes + 8 + header_len);
@@ -221,15 +232,20 @@ void write_safetensors(const std::string& path, const std::vector<TensorData>& t
 }
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
-  FLASHMAP_CHECK(fs::is_directory(dir), "{}: not a directory", dir);
+  std::error_code ec;
+  FLASHMAP_CHECK(fs::is_directory(dir, ec), "{}: not a directory", dir);
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
-  std::vector<std::string> shards;
+  std::vector<std::string> shards;  // in order of first mention
+  std::set<std::string> seen;       // a linear search per tensor is quadratic in a huge index
   std::map<std::string, std::string> weight_map;
-  if (fs::exists(index_path)) {
+  // symlink_status: a dangling link or a FIFO named like the index is refused when read, not
+  // taken for an absent index.
+  if (fs::symlink_status(index_path, ec).type() != fs::file_type::not_found) {
     json index;
-    std::ifstream in(index_path);
+    const std::string text = read_regular_file(index_path.string(), kMaxConfigFileBytes);
+    check_json_depth(text, index_path.string());
     try {
-      index = json::parse(in);
+      index = json::parse(text);
     } catch (const json::exception& e) {
       throw Error(fmt::format("{}: not valid JSON ({})", index_path.string(), e.what()));
     }
@@ -244,12 +260,12 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
                      "{}: weight_map['{}'] = '{}' is not a file in the folder", index_path.string(),
                      name, f);
       weight_map[name] = f;
-      if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
+      if (seen.insert(f).second) shards.push_back(f);
     }
   } else {
     const fs::path single = fs::path(dir) / "model.safetensors";
-    FLASHMAP_CHECK(fs::exists(single), "{}: no model.safetensors or model.safetensors.index.json",
-                   dir);
+    FLASHMAP_CHECK(fs::symlink_status(single, ec).type() != fs::file_type::not_found,
+                   "{}: no model.safetensors or model.safetensors.index.json", dir);
     shards.push_back("model.safetensors");
   }
   for (auto& shard : shards) {

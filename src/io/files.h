@@ -1,0 +1,41 @@
+// Reading the files of model and tokenizer folders, and JSON from anywhere, without trusting them.
+// Those files are found by name (config.json, model.safetensors, tokenizer.json, ...), so anything
+// but a regular file there is a mistake or an attack: a FIFO blocks open() forever, a device reads
+// forever, a directory fails late and obscurely. JSON is parsed iteratively by nlohmann::json, but
+// dumped, compared and walked recursively, so 100k levels of '[' overflow the stack later on.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace flashmap {
+
+// Deepest nesting of arrays and objects accepted in JSON input. Configs and tokenizers nest a few
+// levels; chat requests with tool schemas a dozen or two.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Largest config-like JSON file read whole (config.json, generation_config.json,
+// model.safetensors.index.json, tokenizer_config.json, chat templates): real ones are kilobytes.
+inline constexpr size_t kMaxConfigFileBytes = size_t(64) << 20;
+
+// Throws flashmap::Error "WHAT: JSON nested deeper than 64 levels" when `text` nests arrays and
+// objects deeper than kMaxJsonDepth (brackets inside strings do not count). Linear, allocates
+// nothing; call it before parsing.
+void check_json_depth(std::string_view text, const std::string& what);
+
+// Opens `path` read-only if it is a regular file, else throws flashmap::Error naming it
+// ("PATH: cannot open (No such file or directory)", "PATH: not a regular file (a FIFO)"). stat()
+// comes first, since opening a FIFO would block; the descriptor is checked again with fstat()
+// in case the file was swapped in between. The caller closes the descriptor.
+int open_regular_file(const std::string& path);
+
+// The whole of the regular file `path`; a file larger than `max_bytes` is refused before it is
+// read ("PATH: N bytes, more than the M this file may have").
+std::string read_regular_file(const std::string& path, size_t max_bytes);
+
+// A file named on the command line: a regular file, or a pipe or terminal (process substitution,
+// /dev/stdin), read to its end; more than `max_bytes` is refused, and so is a directory.
+std::string read_input_file(const std::string& path, size_t max_bytes);
+
+}  // namespace flashmap
