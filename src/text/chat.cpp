@@ -3,10 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "core/check.h"
+#include "io/files.h"
 #include "text/jinja.h"
 
 namespace flashmap {
@@ -34,12 +33,16 @@ struct ChatTemplate::Impl {
 
 namespace {
 
+// A file of the tokenizer folder: regular (a FIFO would block the read), of a sane size.
 std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  FLASHMAP_CHECK(in, "cannot open {}", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_regular_file(path.string(), kMaxConfigFileBytes);
+}
+
+// Whether the folder has an entry by this name: a FIFO or a dangling link counts, and is refused
+// by read_file rather than silently skipped.
+bool present(const fs::path& path) {
+  std::error_code ec;
+  return fs::symlink_status(path, ec).type() != fs::file_type::not_found;
 }
 
 // transformers reads chat_template.jinja in text mode, which turns \r\n and \r into \n.
@@ -58,8 +61,10 @@ std::string universal_newlines(std::string s) {
 }
 
 nlohmann::ordered_json read_json(const fs::path& path) {
+  const std::string text = read_file(path);
+  check_json_depth(text, path.string());
   try {
-    return nlohmann::ordered_json::parse(read_file(path));
+    return nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("{}: invalid JSON: {}", path.string(), e.what()));
   }
@@ -180,25 +185,28 @@ ChatTemplate::ChatTemplate(std::string source,
                       {"chat template"})) {}
 
 ChatTemplate ChatTemplate::from_dir(const fs::path& dir) {
-  if (!fs::is_directory(dir))
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
     throw Error(fmt::format("tokenizer folder {} does not exist", dir.string()));
   fs::path config_path = dir / "tokenizer_config.json";
   nlohmann::ordered_json config = nlohmann::ordered_json::object();
-  if (fs::exists(config_path)) config = read_json(config_path);
+  if (present(config_path)) config = read_json(config_path);
   std::vector<std::pair<std::string, std::string>> sources;
   std::vector<std::string> labels;
   // A chat_template.jinja (and the extra named templates beside it) replaces whatever
   // tokenizer_config.json holds.
   fs::path jinja_path = dir / "chat_template.jinja";
-  if (fs::exists(jinja_path)) {
+  if (present(jinja_path)) {
     sources.emplace_back("default", universal_newlines(read_file(jinja_path)));
     labels.push_back(jinja_path.string());
   }
   fs::path extra_dir = dir / "additional_chat_templates";
-  if (fs::is_directory(extra_dir)) {
+  if (fs::is_directory(extra_dir, ec)) {
     std::vector<fs::path> files;
-    for (const auto& e : fs::directory_iterator(extra_dir))
-      if (e.path().extension() == ".jinja") files.push_back(e.path());
+    for (auto it = fs::directory_iterator(extra_dir, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec))
+      if (it->path().extension() == ".jinja") files.push_back(it->path());
+    FLASHMAP_CHECK(!ec, "{}: cannot list ({})", extra_dir.string(), ec.message());
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
       sources.emplace_back(f.stem().string(), universal_newlines(read_file(f)));
@@ -239,10 +247,12 @@ ChatTemplate ChatTemplate::from_dir(const fs::path& dir) {
 
 ChatTemplate ChatTemplate::from_file(const fs::path& template_file, const fs::path& tokenizer_dir) {
   std::vector<std::pair<std::string, std::string>> tokens;
-  if (!tokenizer_dir.empty() && fs::exists(tokenizer_dir / "tokenizer_config.json"))
+  if (!tokenizer_dir.empty() && present(tokenizer_dir / "tokenizer_config.json"))
     tokens = special_tokens_of(read_json(tokenizer_dir / "tokenizer_config.json"));
-  return ChatTemplate(make_impl({{"default", universal_newlines(read_file(template_file))}},
-                                std::move(tokens), {template_file.string()}));
+  // Named by the user: a pipe (process substitution) is fine too.
+  const std::string source = read_input_file(template_file.string(), kMaxConfigFileBytes);
+  return ChatTemplate(make_impl({{"default", universal_newlines(source)}}, std::move(tokens),
+                                {template_file.string()}));
 }
 
 const std::string& ChatTemplate::source() const {

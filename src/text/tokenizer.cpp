@@ -15,12 +15,11 @@
 #include <atomic>
 #include <cctype>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <unordered_map>
 
 #include "core/check.h"
+#include "io/files.h"
 #include "text/unicode.h"
 
 namespace flashmap {
@@ -401,6 +400,9 @@ constexpr std::string_view kGpt2Pattern =
 
 constexpr size_t kMaxSplitDepth = 16;
 
+// Largest tokenizer.json read (real ones: 2-35 MB).
+constexpr size_t kMaxTokenizerFileBytes = size_t{1} << 30;
+
 // Everything an encode call on one thread reuses between words.
 struct Scratch {
   uint64_t owner = 0;
@@ -593,10 +595,18 @@ std::optional<std::string> byte_level_to_bytes(std::string_view token) {
   return out;
 }
 
+// Token ids index tables sized max id + 1, so an id far past the number of tokens would make a
+// small file allocate gigabytes: ids stay below kMaxTokenId (64 times the largest vocabularies),
+// and build() also checks that they are dense enough.
+constexpr int64_t kMaxTokenId = int64_t{1} << 24;
+
 int32_t json_id(const JsonCtx& cx, const json& j, std::string_view field) {
   if (!j.is_number_integer()) cx.fail(field, "expected an integer id");
+  if (j.is_number_unsigned() && j.get<uint64_t>() >= uint64_t(kMaxTokenId))
+    cx.fail(field, fmt::format("id {} out of range [0, {})", j.dump(), kMaxTokenId));
   const int64_t id = j.get<int64_t>();
-  if (id < 0 || id >= (int64_t{1} << 30)) cx.fail(field, fmt::format("id {} out of range", id));
+  if (id < 0 || id >= kMaxTokenId)
+    cx.fail(field, fmt::format("id {} out of range [0, {})", id, kMaxTokenId));
   return static_cast<int32_t>(id);
 }
 
@@ -656,6 +666,11 @@ std::shared_ptr<Tokenizer::Impl> build(const JsonCtx& cx, const json& root) {
   }
 
   // --- id tables
+  // Real vocabularies are dense (a few reserved holes at most); allow plenty of slack.
+  const size_t listed = m->model_vocab.size() + m->added.size();
+  if (max_id >= 0 && size_t(max_id) >= 2 * listed + 1024)
+    cx.fail("model.vocab",
+            fmt::format("token id {} is far beyond the {} tokens listed", max_id, listed));
   const size_t n = static_cast<size_t>(max_id + 1);
   m->token_text.assign(n, std::string());
   m->assigned.assign(n, 0);
@@ -1063,13 +1078,12 @@ void Tokenizer::Impl::bpe_merge_long(Scratch& sc) const {
 // Public API
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open tokenizer file '{}'", path));
-  std::stringstream buf;
-  buf << in.rdbuf();
+  // Refuses a FIFO (which would block) or a device; "PATH: cannot open (...)" when missing.
+  const std::string text = read_regular_file(path, kMaxTokenizerFileBytes);
+  check_json_depth(text, fmt::format("tokenizer file '{}'", path));
   json root;
   try {
-    root = json::parse(buf.str());
+    root = json::parse(text);
   } catch (const json::exception& e) {
     throw Error(fmt::format("tokenizer file '{}' is not valid JSON: {}", path, e.what()));
   }
