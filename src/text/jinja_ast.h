@@ -49,6 +49,7 @@ struct Context {
 
 struct Expr {
   int line = 0;
+  int depth = 1;  // of the tree under this node (the parser bounds it; evaluation recurses it)
   virtual ~Expr() = default;
   virtual Value eval(Context& ctx) const = 0;
 };

@@ -642,13 +642,40 @@ class Parser {
     return body;
   }
 
-  // Nesting guard: the parser and the evaluator recurse once per level, and Python would stop
-  // with a RecursionError long before a C++ stack overflows.
-  struct DepthGuard {
+  // Nesting guards: the parser, the evaluator and the tree's destructors recurse once per level,
+  // and Python would stop with a RecursionError long before a C++ stack overflows. Blocks,
+  // parentheses, brackets and unary operators make the parser recurse (DepthGuard). Chains
+  // (x|f|g, a.b[c](d), x is t, a + b - c, a and b, ...) are parsed in loops but build a tree as
+  // deep as the chain is long, so every expression node also records the depth of the tree under
+  // it (adopt), and no tree may be deeper than kMaxNesting either.
+  [[noreturn]] static void too_deep(int line) {
+    syntax_error(line, fmt::format("template nested too deeply (more than {} levels of blocks, "
+                                   "brackets, operators, filters, tests, attributes or calls)",
+                                   kMaxNesting));
+  }
+  // `parent` gets `child` (may be null) as a subexpression.
+  static void adopt(Expr& parent, const Expr* child) {
+    if (!child || child->depth < parent.depth) return;
+    parent.depth = child->depth + 1;
+    if (parent.depth > kMaxNesting) too_deep(parent.line);
+  }
+  static void adopt(Expr& parent, const ArgList& args) {
+    for (const auto& e : args.pos) adopt(parent, e.get());
+    for (const auto& [k, e] : args.kw) adopt(parent, e.get());
+    adopt(parent, args.star.get());
+    adopt(parent, args.starstar.get());
+  }
+
+  class DepthGuard {
+   public:
     explicit DepthGuard(Parser& p) : p_(p) {
-      if (++p_.depth_ > kMaxNesting) syntax_error(p_.cur().line, "template nested too deeply");
+      if (++p_.depth_ > kMaxNesting) too_deep(p_.cur().line);
     }
     ~DepthGuard() { --p_.depth_; }
+    DepthGuard(const DepthGuard&) = delete;
+    DepthGuard& operator=(const DepthGuard&) = delete;
+
+   private:
     Parser& p_;
   };
   static constexpr int kMaxNesting = 250;
@@ -868,6 +895,7 @@ class Parser {
 
   // Assignment targets: names, tuples of them (for/set/with), and ns.attr (set).
   Target parse_target_primary(bool with_namespace) {
+    DepthGuard guard(*this);  // for ((((a)))) in ...
     const Token& t = cur();
     if (t.type == Tok::Op && t.text == "(") {
       next();
@@ -950,6 +978,7 @@ class Parser {
         fail_at(cur(), fmt::format("Expected an expression, got '{}'", describe(cur())));
     }
     auto t = node<ListExpr>(line);
+    for (const auto& a : args) adopt(*t, a.get());
     t->items = std::move(args);
     t->tuple = true;
     return t;
@@ -958,6 +987,7 @@ class Parser {
   ExprPtr parse_expression() { return parse_condexpr(); }
 
   ExprPtr parse_condexpr() {
+    DepthGuard guard(*this);  // `a if b else c if d else ...` recurses through else
     int line = cur().line;
     ExprPtr expr1 = parse_or();
     while (skip_name("if")) {
@@ -968,6 +998,9 @@ class Parser {
       if (skip_name("else")) expr3 = parse_condexpr();
       soft_ = saved_soft;
       auto c = node<CondExpr>(line);
+      adopt(*c, expr1.get());
+      adopt(*c, expr2.get());
+      adopt(*c, expr3.get());
       c->test = std::move(expr2);
       c->then = std::move(expr1);
       c->otherwise = std::move(expr3);
@@ -979,6 +1012,8 @@ class Parser {
 
   ExprPtr binary(BinOp op, ExprPtr l, ExprPtr r, int line) {
     auto b = node<BinaryExpr>(line);
+    adopt(*b, l.get());
+    adopt(*b, r.get());
     b->op = op;
     b->left = std::move(l);
     b->right = std::move(r);
@@ -1012,6 +1047,7 @@ class Parser {
       auto u = node<UnaryExpr>(line);
       u->op = UnaryOp::Not;
       u->operand = parse_not();
+      adopt(*u, u->operand.get());
       return u;
     }
     return parse_compare();
@@ -1051,6 +1087,8 @@ class Parser {
     }
     if (ops.empty()) return expr;
     auto c = node<CompareExpr>(line);
+    adopt(*c, expr.get());
+    for (const auto& [op, e] : ops) adopt(*c, e.get());
     c->first = std::move(expr);
     c->ops = std::move(ops);
     return c;
@@ -1074,6 +1112,7 @@ class Parser {
     while (skip_op("~")) args.push_back(parse_math2());
     if (args.size() == 1) return std::move(args[0]);
     auto c = node<ConcatExpr>(line);
+    for (const auto& a : args) adopt(*c, a.get());
     c->parts = std::move(args);
     return c;
   }
@@ -1119,6 +1158,7 @@ class Parser {
       auto u = node<UnaryExpr>(line);
       u->op = op;
       u->operand = parse_unary(false);
+      adopt(*u, u->operand.get());
       n = std::move(u);
     } else {
       n = parse_primary();
@@ -1186,6 +1226,7 @@ class Parser {
         if (!l->items.empty()) expect_op(",");
         if (is_op("]")) break;
         l->items.push_back(parse_expression());
+        adopt(*l, l->items.back().get());
       }
       expect_op("]");
       return l;
@@ -1199,6 +1240,8 @@ class Parser {
         ExprPtr key = parse_expression();
         expect_op(":");
         d->items.emplace_back(std::move(key), parse_expression());
+        adopt(*d, d->items.back().first.get());
+        adopt(*d, d->items.back().second.get());
       }
       expect_op("}");
       return d;
@@ -1237,12 +1280,14 @@ class Parser {
       const Token& a = next();
       if (a.type == Tok::Name) {
         auto g = node<GetAttrExpr>(line);
+        adopt(*g, n.get());
         g->obj = std::move(n);
         g->name = a.text;
         return g;
       }
       if (a.type != Tok::Int) fail_at(a, "expected name or number");
       auto g = node<GetItemExpr>(line);
+      adopt(*g, n.get());
       g->obj = std::move(n);
       g->key = constant(Value(a.ival), a.line);
       return g;
@@ -1254,15 +1299,18 @@ class Parser {
     }
     expect_op("]");
     auto g = node<GetItemExpr>(line);
+    adopt(*g, n.get());
     g->obj = std::move(n);
     if (args.size() == 1) {
       g->key = std::move(args[0]);
     } else {
       auto tup = node<ListExpr>(line);
       tup->tuple = true;
+      for (const auto& a : args) adopt(*tup, a.get());
       tup->items = std::move(args);
       g->key = std::move(tup);
     }
+    adopt(*g, g->key.get());
     return g;
   }
 
@@ -1283,6 +1331,9 @@ class Parser {
     if (skip_op(":")) {
       if (!is_op("]") && !is_op(",")) s->step = parse_expression();
     }
+    adopt(*s, s->start.get());
+    adopt(*s, s->stop.get());
+    adopt(*s, s->step.get());
     return s;
   }
 
@@ -1328,6 +1379,8 @@ class Parser {
     c->callee = std::move(n);
     c->method = dynamic_cast<const GetAttrExpr*>(c->callee.get());
     c->args = parse_call_args();
+    adopt(*c, c->callee.get());
+    adopt(*c, c->args);
     return c;
   }
 
@@ -1351,6 +1404,8 @@ class Parser {
       // conditional expressions, where it defers the error to the moment they run.
       if (!f->fn && !soft_) syntax_error(line, fmt::format("No filter named '{}'.", f->name));
       if (is_op("(")) f->args = parse_call_args();
+      adopt(*f, n.get());
+      adopt(*f, f->args);
       f->input = std::move(n);
       n = std::move(f);
       start_inline = false;
@@ -1375,10 +1430,13 @@ class Parser {
       ExprPtr arg = parse_postfix(parse_primary());
       t->args.pos.push_back(std::move(arg));
     }
+    adopt(*t, n.get());
+    adopt(*t, t->args);
     t->input = std::move(n);
     if (!negated) return t;
     auto u = node<UnaryExpr>(line);
     u->op = UnaryOp::Not;
+    adopt(*u, t.get());
     u->operand = std::move(t);
     return u;
   }
