@@ -278,6 +278,7 @@ const std::vector<std::pair<std::string, std::string>>& ChatTemplate::special_to
 }
 
 std::string ChatTemplate::render(const nlohmann::ordered_json& request) const {
+  jinja::RenderScope limits;  // the request's values count towards the render's limits
   try {
     return render_impl(request);
   } catch (const jinja::RenderError& e) {  // from converting the request's JSON

@@ -15,6 +15,7 @@ TemplateError::TemplateError(const std::string& template_name, int line, std::st
       syntax_(syntax) {}
 
 Template::Template(std::string_view source, std::string name) {
+  RenderScope limits;  // string literals are values too
   try {
     data_ = parse_template(source, name);
   } catch (const RenderError& e) {
@@ -27,7 +28,9 @@ const std::string& Template::name() const {
 }
 
 std::string Template::render(const std::vector<std::pair<std::string, Value>>& vars) const {
+  RenderScope limits;
   Context ctx;
+  ctx.stack_base = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
   ctx.tpl = data_.get();
   ctx.root = std::make_shared<Scope>();
   for (const auto& [k, v] : vars) {
@@ -48,6 +51,7 @@ std::string Template::render(const std::vector<std::pair<std::string, Value>>& v
 
 std::string Template::render(const nlohmann::ordered_json& vars) const {
   if (!vars.is_object()) throw Error("template variables must be a JSON object");
+  RenderScope limits;  // converting the variables counts towards the render
   std::vector<std::pair<std::string, Value>> converted;
   converted.reserve(vars.size());
   try {

@@ -1,6 +1,7 @@
 // Syntax tree of a parsed template and the state of one render. Internal to src/text/jinja*.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -42,6 +43,7 @@ struct Context {
   std::shared_ptr<Scope> scope;
   std::string* out = nullptr;
   int depth = 0;  // nested macro calls, to stop runaway recursion like Python's recursion limit
+  uintptr_t stack_base = 0;  // an address near the top of the render's stack (0: unknown)
 };
 
 // ---------------------------------------------------------------------------------------------

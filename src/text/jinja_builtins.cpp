@@ -109,9 +109,10 @@ std::string py_strip(std::string_view s, const Value* chars, bool left, bool rig
     if (!chars->is_string())
       fail(fmt::format("strip arg must be None or str, not {}", type_name(*chars)));
     set = utf8::to_codepoints(chars->str());
+    std::sort(set.begin(), set.end());  // a long `chars` must not make stripping quadratic
   }
   auto strippable = [&](uint32_t c) {
-    return ws ? utf8::is_space(c) : std::find(set.begin(), set.end(), c) != set.end();
+    return ws ? utf8::is_space(c) : std::binary_search(set.begin(), set.end(), c);
   };
   size_t begin = 0, end = s.size();
   if (left) {
@@ -139,10 +140,20 @@ ValueList py_split(const std::string& s, const Value* sep_v, int64_t maxsplit, b
     if (!sep_v->is_string()) fail(fmt::format("must be str or None, not {}", type_name(*sep_v)));
     const std::string& sep = sep_v->str();
     if (sep.empty()) fail("empty separator");
+    if (from_right && sep.size() > 32) {
+      // Splitting from the right is splitting the reversed text from the left; for long
+      // separators that keeps every search linear (see rfind_text).
+      std::string rs(s.rbegin(), s.rend());
+      const Value rsep(std::string(sep.rbegin(), sep.rend()));
+      ValueList parts = py_split(rs, &rsep, maxsplit, false);
+      std::reverse(parts.begin(), parts.end());
+      for (auto& part : parts) part = Value(std::string(part.str().rbegin(), part.str().rend()));
+      return parts;
+    }
     if (!from_right) {
       size_t start = 0;
       while (maxsplit != 0) {
-        size_t p = s.find(sep, start);
+        size_t p = find_text(s, sep, start);
         if (p == std::string::npos) break;
         out.emplace_back(s.substr(start, p - start));
         start = p + sep.size();
@@ -209,6 +220,10 @@ std::vector<std::string> py_splitlines(const std::string& s, bool keepends) {
   auto cps = utf8::to_codepoints(s);
   size_t i = 0, n = cps.size();
   while (i < n) {
+    // 64 MiB of newlines would be 64M strings (2 GiB) before any Value counted them.
+    if (out.size() >= limits::kMaxItems)
+      fail(fmt::format("text of more than {} lines exceeds the limit of {} items per value",
+                       limits::kMaxItems, limits::kMaxItems));
     size_t j = i;
     while (j < n && !is_line_break(cps[j])) ++j;
     size_t eol = j;
@@ -238,6 +253,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
         return out;
       }
       out += repl;
+      check_string_size(out.size(), "replace()'s result");
       ++done;
       if (pos == s.size()) break;
       size_t q = pos;
@@ -250,10 +266,11 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
   size_t start = 0;
   int64_t done = 0;
   while (count < 0 || done < count) {
-    size_t p = s.find(old, start);
+    size_t p = find_text(s, old, start);
     if (p == std::string::npos) break;
     out.append(s, start, p - start);
     out += repl;
+    check_string_size(out.size(), "replace()'s result");
     start = p + old.size();
     ++done;
   }
@@ -298,9 +315,11 @@ int64_t need_int(const Value& v, const char* what) {
   fail(fmt::format("'{}' object cannot be interpreted as an integer ({})", type_name(v), what));
 }
 
-// Widths and repeat counts come from templates; Python would run out of memory on absurd ones.
-int64_t bounded(int64_t n) {
-  if (n > (int64_t(1) << 28)) fail("result too large");
+// Widths, precisions and indents come from templates; Python would run out of memory on absurd
+// ones, we stop at the size of a value.
+int64_t bounded(int64_t n, const char* what = "a width") {
+  if (n > int64_t(limits::kMaxStringBytes))
+    fail(fmt::format("{} of {} exceeds the limit of 64 MiB per value", what, n));
   return n;
 }
 
@@ -452,18 +471,20 @@ Spec parse_spec(const std::string& s) {
     sp.zero = true;
     ++i;
   }
-  if (i < cps.size() && cps[i] >= '0' && cps[i] <= '9') {
-    sp.width = 0;
+  // Digits saturate, then the whole number is checked (and named in the error) at once.
+  auto number = [&] {
+    int64_t n = 0;
     while (i < cps.size() && cps[i] >= '0' && cps[i] <= '9')
-      sp.width = bounded(sp.width * 10 + (cps[i++] - '0'));
-  }
+      n = std::min<int64_t>(n * 10 + (cps[i++] - '0'), int64_t(1) << 40);
+    return n;
+  };
+  if (i < cps.size() && cps[i] >= '0' && cps[i] <= '9') sp.width = bounded(number());
   if (i < cps.size() && (cps[i] == ',' || cps[i] == '_')) sp.grouping = char(cps[i++]);
   if (i < cps.size() && cps[i] == '.') {
     ++i;
     sp.precision = 0;
     if (i >= cps.size() || cps[i] < '0' || cps[i] > '9') fail("Format specifier missing precision");
-    while (i < cps.size() && cps[i] >= '0' && cps[i] <= '9')
-      sp.precision = bounded(sp.precision * 10 + (cps[i++] - '0'));
+    sp.precision = bounded(number(), "a precision");
   }
   if (i < cps.size()) sp.type = char(cps[i++]);
   if (i != cps.size()) fail(fmt::format("Invalid format specifier '{}'", s));
@@ -487,6 +508,7 @@ std::string pad(std::string body, const Spec& sp, char default_align, size_t sig
   size_t n = size_t(sp.width) - len;
   char align = sp.align ? sp.align : (sp.zero ? '=' : default_align);
   uint32_t fill = sp.align ? sp.fill : (sp.zero ? '0' : sp.fill);
+  check_string_size(body.size() + n * 4, "a padded string");  // a fill character is <= 4 bytes
   std::string f;
   for (size_t i = 0; i < n; ++i) utf8::encode(f, fill);
   auto fill_n = [&](size_t k) {
@@ -552,6 +574,7 @@ std::string format_value(const Value& v, const std::string& spec_text) {
         if (sp.alt) sign += "0X";
         break;
       case 'c': {
+        if (i < 0 || i > 0x10FFFF) fail("%c arg not in range(0x110000)");
         std::string c;
         utf8::encode(c, uint32_t(i));
         return pad(c, sp, '<', 0);
@@ -610,6 +633,12 @@ class NamespaceObject : public Object {
   std::string repr() const override {
     return "<Namespace " + jinja::repr(Value::dict(attrs)) + ">";
   }
+  void release_values(std::vector<Value>& out) override {
+    for (auto& [k, v] : attrs.items) {
+      out.push_back(std::move(k));
+      out.push_back(std::move(v));
+    }
+  }
   // transformers' TemplateNamespace refuses underscore names, which reach CPython internals.
   static void check_name(std::string_view name) {
     if (!name.empty() && name[0] == '_')
@@ -654,6 +683,9 @@ class JoinerObject : public Object {
 class CyclerObject : public Object {
  public:
   explicit CyclerObject(ValueList items) : items_(std::move(items)) {}
+  void release_values(std::vector<Value>& out) override {
+    for (Value& v : items_) out.push_back(std::move(v));
+  }
   std::string_view type_name() const override { return "Cycler"; }
   Value getattr(std::string_view name) const override {
     if (name == "current") return items_[pos_];
@@ -697,11 +729,12 @@ Value g_range(Context&, CallArgs& args) {
   }
   if (step == 0) fail("range() arg 3 must not be zero");
   ValueList out;
-  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-    // jinja2's sandbox caps ranges at MAX_RANGE.
+  for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+    // jinja2's sandbox caps ranges at MAX_RANGE, before anything large is built.
     if (out.size() >= 100000)
       fail("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     out.emplace_back(i);
+    if (__builtin_add_overflow(i, step, &i)) break;  // past INT64_MAX: nothing more in range
   }
   return Value::list(std::move(out));
 }
@@ -752,6 +785,7 @@ Value g_strftime_now(Context&, CallArgs& args) {
   std::time_t now = std::time(nullptr);
   std::tm tm{};
   localtime_r(&now, &tm);
+  check_string_size(256 + f.size() * 8, "strftime_now()'s buffer");
   std::string buf(256 + f.size() * 8, '\0');
   size_t n = std::strftime(buf.data(), buf.size(), f.c_str(), &tm);
   buf.resize(n);
@@ -824,6 +858,9 @@ Value f_batch(Context&, const Value& v, CallArgs& a) {
     if (!p[0]) fail("batch() missing required argument 'linecount'");
     int64_t n = need_int(*p[0], "batch");
     if (n <= 0) fail("batch() linecount must be positive");
+    if (p[1] && !p[1]->is_none() && uint64_t(n) > limits::kMaxItems)  // padded up to n items
+      fail(fmt::format("batch() of {} items exceeds the limit of {} items per value", n,
+                       limits::kMaxItems));
     ValueList cur;
     for (auto& item : iterate(v)) {
       if (int64_t(cur.size()) == n) {
@@ -947,8 +984,9 @@ Value f_indent(Context&, const Value& v, CallArgs& a) {
   if (p[0] && p[0]->is_string())
     ind = p[0]->str();
   else
-    ind = std::string(size_t(std::max<int64_t>(0, bounded(p[0] ? need_int(*p[0], "indent") : 4))),
-                      ' ');
+    ind = std::string(
+        size_t(std::max<int64_t>(0, bounded(p[0] ? need_int(*p[0], "indent") : 4, "an indent"))),
+        ' ');
   bool first = p[1] && truthy(*p[1]);
   bool blank = p[2] && truthy(*p[2]);
   // do_indent does `s += "\n"` on its input unconverted, so only strings get through.
@@ -958,6 +996,7 @@ Value f_indent(Context&, const Value& v, CallArgs& a) {
   // jinja2 appends "\n" before splitlines() so a trailing newline survives.
   std::string s = v.str() + "\n";
   std::vector<std::string> lines = py_splitlines(s, false);
+  check_string_size(s.size() + (lines.size() + 1) * ind.size(), "indent()'s result");
   std::string rv;
   if (blank) {
     for (size_t i = 0; i < lines.size(); ++i) {
@@ -1016,6 +1055,7 @@ Value f_join(Context&, const Value& v, CallArgs& a) {
     if (!first) out += sep;
     first = false;
     append_str(out, p[1] && !p[1]->is_none() ? attr_path(item, *p[1]) : item);
+    check_string_size(out.size(), "join()'s result");  // 2M copies of one 64 MiB string...
   }
   return Value(std::move(out));
 }
@@ -1087,7 +1127,10 @@ Value f_round(Context&, const Value& v, CallArgs& a) {
     if (!v.is_float()) {
       if (prec >= 0) return Value(v.as_int());
       double q = std::nearbyint(double(v.as_int()) / std::pow(10.0, double(-prec)));
-      return Value(int64_t(q * std::pow(10.0, double(-prec))));
+      const double r = q * std::pow(10.0, double(-prec));
+      // round(5, -400) is 0 in Python; inf * 0 must not reach a (UB) conversion.
+      if (!(std::fabs(r) < 9.2e18)) return Value(int64_t(0));
+      return Value(int64_t(r));
     }
     double d = v.as_float();
     if (!std::isfinite(d)) return Value(d);
@@ -1285,7 +1328,8 @@ Value f_tojson(Context&, const Value& v, CallArgs& a) {
     if (p[1]->is_string())
       o.indent = p[1]->str();
     else
-      o.indent = std::string(size_t(std::max<int64_t>(0, bounded(need_int(*p[1], "indent")))), ' ');
+      o.indent = std::string(
+          size_t(std::max<int64_t>(0, bounded(need_int(*p[1], "indent"), "an indent"))), ' ');
     o.item_sep = ",";
   }
   if (p[2] && !p[2]->is_none()) {
@@ -1310,8 +1354,10 @@ Value f_truncate(Context&, const Value& v, CallArgs& a) {
   std::string end = p[2] ? to_str(*p[2]) : "...";
   int64_t leeway = p[3] && !p[3]->is_none() ? need_int(*p[3], "truncate") : 5;
   // do_truncate measures its input with len() unconverted.
+  int64_t room;  // length + leeway, both from the template: saturate rather than overflow
+  if (__builtin_add_overflow(length, leeway, &room)) room = leeway > 0 ? INT64_MAX : INT64_MIN;
   if (!v.is_string()) {
-    if (int64_t(py_len(v)) <= length + leeway) return v;
+    if (int64_t(py_len(v)) <= room) return v;
     fail(fmt::format("cannot truncate a {}", type_name(v)));
   }
   std::string s = v.str();
@@ -1319,7 +1365,7 @@ Value f_truncate(Context&, const Value& v, CallArgs& a) {
   int64_t end_len = int64_t(utf8::length(end));
   if (length < end_len) fail(fmt::format("expected length >= {}, got {}", end_len, length));
   if (leeway < 0) fail(fmt::format("expected leeway >= 0, got {}", leeway));
-  if (int64_t(cps.size()) <= length + leeway) return Value(s);
+  if (int64_t(cps.size()) <= room) return Value(s);
   size_t keep = size_t(length - end_len);
   std::string head = utf8::from_codepoints(cps, 0, keep);
   if (killwords) return Value(head + end);
@@ -1336,6 +1382,7 @@ Value f_unique(Context&, const Value& v, CallArgs& a) {
       Value k = ignore_case(p[1] && !p[1]->is_none() ? attr_path(item, *p[1]) : item, cs);
       check_hashable(k);  // jinja2 keeps the seen keys in a set
       bool dup = false;
+      tick(1 + seen.size() / 1024);  // quadratic in the number of distinct items
       for (const auto& s : seen)
         if (equal(s, k)) dup = true;
       if (!dup) {
@@ -1668,12 +1715,12 @@ Value str_method(Context& ctx, const std::string& s, std::string_view name, Call
     if (name == "count") {
       if (sub.empty()) return Value(int64_t(utf8::length(hay)) + 1);
       int64_t n = 0;
-      for (size_t pos = hay.find(sub); pos != std::string_view::npos;
-           pos = hay.find(sub, pos + sub.size()))
+      for (size_t pos = find_text(hay, sub); pos != std::string_view::npos;
+           pos = find_text(hay, sub, pos + sub.size()))
         ++n;
       return Value(n);
     }
-    size_t pos = name[0] == 'r' ? hay.rfind(sub) : hay.find(sub);
+    size_t pos = name[0] == 'r' ? rfind_text(hay, sub) : find_text(hay, sub);
     if (pos == std::string_view::npos) {
       if (name == "index" || name == "rindex") fail("substring not found");
       return Value(int64_t(-1));
@@ -1690,6 +1737,7 @@ Value str_method(Context& ctx, const std::string& s, std::string_view name, Call
         fail(fmt::format("sequence item {}: expected str instance, {} found", i, type_name(item)));
       if (i++) out += s;
       out += item.str();
+      check_string_size(out.size(), "join()'s result");
     }
     return Value(std::move(out));
   }
@@ -1709,7 +1757,7 @@ Value str_method(Context& ctx, const std::string& s, std::string_view name, Call
     if (!p[0]) fail(fmt::format("{}() takes exactly one argument (0 given)", name));
     const std::string& sep = need_str(*p[0], "partition()");
     if (sep.empty()) fail("empty separator");
-    size_t pos = name == "partition" ? s.find(sep) : s.rfind(sep);
+    size_t pos = name == "partition" ? find_text(s, sep) : rfind_text(s, sep);
     if (pos == std::string::npos)
       return name == "partition" ? Value::tuple({Value(s), Value(""), Value("")})
                                  : Value::tuple({Value(""), Value(""), Value(s)});
@@ -1723,6 +1771,7 @@ Value str_method(Context& ctx, const std::string& s, std::string_view name, Call
     if (len >= width) return Value(s);
     std::string fill = p[1] ? need_str(*p[1], "fillchar") : " ";
     size_t n = size_t(width - len);
+    check_string_size(s.size() + n * std::max<size_t>(fill.size(), 1), "a padded string");
     auto rep = [&](size_t k) {
       std::string r;
       for (size_t i = 0; i < k; ++i) r += fill;
@@ -1984,14 +2033,19 @@ Value percent_format(const std::string& f, const Value& args) {
         int64_t n;
         if (v.is_int() || v.is_bool())
           n = v.as_int();
-        else if (v.is_float() && conv != 'o' && conv != 'x' && conv != 'X' && conv != 'c')
+        else if (v.is_float() && conv != 'o' && conv != 'x' && conv != 'X' && conv != 'c' &&
+                 std::fabs(v.as_float()) < 9.2e18)  // larger would be a UB conversion
           n = int64_t(v.as_float());
+        else if (v.is_float() && conv != 'o' && conv != 'x' && conv != 'X' && conv != 'c')
+          fail(fmt::format("%{} format: {} is too large (Python would switch to a big integer)",
+                           conv, format_float(v.as_float())));
         else
           fail(fmt::format(
               "%{} format: {} is required, not {}", conv,
               conv == 'd' || conv == 'i' || conv == 'u' ? "a real number" : "an integer",
               type_name(v)));
         if (conv == 'c') {
+          if (n < 0 || n > 0x10FFFF) fail("%c arg not in range(0x110000)");
           utf8::encode(body, uint32_t(n));
           zero = false;
           break;
@@ -2028,6 +2082,7 @@ Value percent_format(const std::string& f, const Value& args) {
       }
     }
     out += body;
+    check_string_size(out.size(), "a formatted string");
   }
   if (!mapping_like && next < list.size() && !used_mapping)
     fail("not all arguments converted during string formatting");
@@ -2036,7 +2091,8 @@ Value percent_format(const std::string& f, const Value& args) {
 
 namespace {
 
-std::string format_fields(const std::string& f, const CallArgs& args) {
+// `nesting`: str.format allows one level of fields nested in a spec ('{:{}}'), as Python does.
+std::string format_fields(const std::string& f, const CallArgs& args, int nesting = 0) {
   std::string out;
   size_t auto_index = 0;
   bool used_auto = false, used_manual = false;
@@ -2137,8 +2193,12 @@ std::string format_fields(const std::string& f, const CallArgs& args) {
       v = Value(to_str(v));
     else if (conv)
       fail(fmt::format("Unknown conversion specifier {}", conv));
-    if (spec.find('{') != std::string::npos) spec = format_fields(spec, args);
+    if (spec.find('{') != std::string::npos) {
+      if (nesting >= 1) fail("Max string recursion exceeded");
+      spec = format_fields(spec, args, nesting + 1);
+    }
     out += format_value(v, spec);
+    check_string_size(out.size(), "a formatted string");
   }
   return out;
 }

@@ -10,7 +10,24 @@
 namespace flashmap::jinja {
 namespace {
 
-constexpr int kMaxDepth = 200;  // nested macro calls; Python would hit its recursion limit
+// Nested macro calls stop at limits::kMaxCallDepth, as Python's recursion limit stops jinja2,
+// and at limits::kMaxStackBytes of C stack: a call nested inside a 250-level expression in each
+// macro uses far more stack per call than a plain one.
+void check_call_depth(const Context& ctx, const char* what) {
+  if (ctx.depth >= limits::kMaxCallDepth)
+    fail(fmt::format("maximum recursion depth exceeded in {} (limit: {} nested calls)", what,
+                     limits::kMaxCallDepth));
+  const auto here = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  if (ctx.stack_base > here && ctx.stack_base - here > limits::kMaxStackBytes)  // grows down
+    fail(fmt::format("maximum recursion depth exceeded in {} (limit: {} KiB of stack)", what,
+                     limits::kMaxStackBytes >> 10));
+}
+
+void check_output(const std::string& out) {
+  if (out.size() > limits::kMaxOutputBytes)
+    fail(fmt::format("the rendered text exceeds the limit of {} MiB per render",
+                     limits::kMaxOutputBytes >> 20));
+}
 
 // Attaches a statement's line to an error raised below it unless a deeper statement (in a macro
 // body) already did. jinja2 reports the line of the statement or `{{ }}` expression that failed,
@@ -78,7 +95,7 @@ class MacroObject : public Object {
   }
 
   Value call(Context& ctx, CallArgs& args) override {
-    if (ctx.depth >= kMaxDepth) fail("maximum recursion depth exceeded in macro call");
+    check_call_depth(ctx, "macro call");
     std::shared_ptr<Scope> parent = scope_.lock();
     if (!parent) parent = ctx.root;
     auto scope = std::make_shared<Scope>(parent);
@@ -155,6 +172,12 @@ class LoopObject : public Object {
       : items_(std::move(items)), depth_(depth), stmt_(stmt) {}
   size_t index0 = 0;
 
+  void release_values(std::vector<Value>& out) override {
+    if (items_ && items_.use_count() == 1)
+      for (Value& v : const_cast<ValueList&>(*items_)) out.push_back(std::move(v));
+    out.push_back(std::move(last_));
+  }
+
   std::string_view type_name() const override { return "LoopContext"; }
   bool callable() const override { return true; }
   std::string repr() const override {
@@ -206,7 +229,7 @@ class LoopObject : public Object {
     std::string buf;
     std::string* saved = ctx.out;
     ctx.out = &buf;
-    if (ctx.depth >= kMaxDepth) fail("maximum recursion depth exceeded in recursive loop");
+    check_call_depth(ctx, "recursive loop");
     ++ctx.depth;
     stmt_->run(ctx, args.pos[0], depth_ + 1);
     --ctx.depth;
@@ -226,6 +249,7 @@ class LoopObject : public Object {
 class BoundMethod : public Object {
  public:
   BoundMethod(Value self, std::string name) : self_(std::move(self)), name_(std::move(name)) {}
+  void release_values(std::vector<Value>& out) override { out.push_back(std::move(self_)); }
   std::string_view type_name() const override { return "builtin_function_or_method"; }
   bool callable() const override { return true; }
   std::string repr() const override {
@@ -280,26 +304,28 @@ Value slice(const Value& obj, const Value& start_v, const Value& stop_v, const V
   };
   int64_t start = adjust(start_v, step < 0 ? len - 1 : 0);
   int64_t stop = adjust(stop_v, step < 0 ? -1 : len);
-  std::vector<int64_t> idx;
-  if (step > 0)
-    for (int64_t i = start; i < stop; i += step) idx.push_back(i);
-  else
-    for (int64_t i = start; i > stop; i += step) idx.push_back(i);
+  // Python's slice length; the indices are start + k·step (not materialised: a slice of a 64 MiB
+  // string would need 512 MiB of them). |step| may be huge, so no start + count·step overflows.
+  const uint64_t count =
+      step > 0
+          ? (start < stop ? uint64_t(stop - start - 1) / uint64_t(step) + 1 : 0)
+          : (start > stop ? uint64_t(start - stop - 1) / (uint64_t(0) - uint64_t(step)) + 1 : 0);
+  auto index = [&](uint64_t k) { return size_t(start + int64_t(k) * step); };
   if (obj.is_string()) {
     const std::string& s = obj.str();
-    if (ascii && step == 1) return Value(s.substr(size_t(start), idx.size()));
+    if (ascii && step == 1) return Value(s.substr(size_t(start), size_t(count)));
     std::string out;
-    for (int64_t i : idx) {
+    for (uint64_t k = 0; k < count; ++k) {
       if (ascii)
-        out.push_back(s[size_t(i)]);
+        out.push_back(s[index(k)]);
       else
-        utf8::encode(out, cps[size_t(i)]);
+        utf8::encode(out, cps[index(k)]);
     }
     return Value(std::move(out));
   }
   ValueList out;
-  out.reserve(idx.size());
-  for (int64_t i : idx) out.push_back(obj.items()[size_t(i)]);
+  out.reserve(size_t(count));
+  for (uint64_t k = 0; k < count; ++k) out.push_back(obj.items()[index(k)]);
   return obj.is_tuple() ? Value::tuple(std::move(out)) : Value::list(std::move(out));
 }
 
@@ -332,8 +358,13 @@ Value repeat(const Value& seq, int64_t n) {
   size_t unit = seq.is_string() ? seq.str().size() : seq.items().size();
   if (n <= 0 || unit == 0)
     return seq.is_string() ? Value("") : seq.is_tuple() ? Value::tuple({}) : Value::list({});
-  if (unit > (size_t(1) << 28) / size_t(n) + 0 || size_t(n) > (size_t(1) << 28))
-    fail("repetition result too large");
+  // Checked before anything is allocated: 'x' * 10**12 must not try.
+  if (seq.is_string() && uint64_t(n) > limits::kMaxStringBytes / unit)
+    fail(fmt::format(
+        "repeating a string of {} bytes {} times exceeds the limit of 64 MiB per value", unit, n));
+  if (!seq.is_string() && uint64_t(n) > limits::kMaxItems / unit)
+    fail(fmt::format("repeating a {} of {} items {} times exceeds the limit of {} items per value",
+                     type_name(seq), unit, n, limits::kMaxItems));
   if (seq.is_string()) {
     std::string out;
     out.reserve(unit * size_t(n));
@@ -441,6 +472,10 @@ Value binary_op(BinOp op, const Value& a, const Value& b) {
       if (ints) {
         int64_t x = a.as_int(), y = b.as_int();
         if (y == 0) fail("integer division or modulo by zero");
+        if (x == INT64_MIN && y == -1) {  // the one quotient that overflows (SIGFPE on x86)
+          if (op == BinOp::Mod) return Value(int64_t(0));
+          int_overflow();
+        }
         int64_t q = x / y, r = x % y;
         if (r != 0 && ((r < 0) != (y < 0))) {  // Python floors toward negative infinity
           q -= 1;
@@ -495,7 +530,7 @@ bool contains(const Value& container, const Value& item) {
     case Kind::String:
       if (!item.is_string())
         fail(fmt::format("'in <string>' requires string as left operand, not {}", type_name(item)));
-      return container.str().find(item.str()) != std::string::npos;
+      return find_text(container.str(), item.str()) != std::string::npos;
     case Kind::List:
     case Kind::Tuple:
       for (const auto& v : container.items())
@@ -595,6 +630,7 @@ Value call_value(Context& ctx, const Value& fn, CallArgs& args) {
 // Expressions
 
 CallArgs ArgList::eval(Context& ctx) const {
+  tick();
   CallArgs a;
   a.pos.reserve(pos.size());
   for (const auto& e : pos) a.pos.push_back(e->eval(ctx));
@@ -646,6 +682,7 @@ Value SliceExpr::eval(Context&) const {
 }
 
 Value GetItemExpr::eval(Context& ctx) const {
+  tick();
   Value o = obj->eval(ctx);
   if (const auto* s = dynamic_cast<const SliceExpr*>(key.get())) {
     Value start = s->start ? s->start->eval(ctx) : Value::none();
@@ -724,6 +761,7 @@ Value UnaryExpr::eval(Context& ctx) const {
 }
 
 Value BinaryExpr::eval(Context& ctx) const {
+  tick();
   Value l = left->eval(ctx);
   if (op == BinOp::And) return truthy(l) ? right->eval(ctx) : l;
   if (op == BinOp::Or) return truthy(l) ? l : right->eval(ctx);
@@ -732,12 +770,17 @@ Value BinaryExpr::eval(Context& ctx) const {
 }
 
 Value ConcatExpr::eval(Context& ctx) const {
+  tick();
   std::string out;
-  for (const auto& p : parts) append_str(out, p->eval(ctx));
+  for (const auto& p : parts) {
+    append_str(out, p->eval(ctx));
+    check_string_size(out.size(), "a string");
+  }
   return Value(std::move(out));
 }
 
 Value CompareExpr::eval(Context& ctx) const {
+  tick();
   Value l = first->eval(ctx);
   for (const auto& [op, e] : ops) {
     Value r = e->eval(ctx);
@@ -787,7 +830,9 @@ Flow exec_body(const Body& body, Context& ctx) {
   for (const auto& s : body) {
     Flow f;
     try {
+      tick();
       f = s->exec(ctx);
+      check_output(*ctx.out);  // each statement adds at most one value or block
     } catch (RenderError& e) {
       if (e.line == 0) e.line = s->line;
       throw;
@@ -863,6 +908,7 @@ void ForStmt::run(Context& ctx, const Value& iterable, int depth) const {
     ctx.scope = scope;
     ValueList kept;
     for (auto& item : items) {
+      count_iterations();
       scope->vars.clear();
       assign(ctx, target, item, *scope);
       if (truthy(filter->eval(ctx))) kept.push_back(std::move(item));
@@ -889,6 +935,7 @@ void ForStmt::run(Context& ctx, const Value& iterable, int depth) const {
   }
   std::shared_ptr<Scope> scope;
   for (size_t i = 0; i < list.size(); ++i) {
+    at_line(line, [] { count_iterations(); });
     // Every iteration gets a fresh frame: a `set` in one iteration is gone in the next.
     if (!scope || scope.use_count() > 1)
       scope = std::make_shared<Scope>(saved);

@@ -4,13 +4,115 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 
 namespace flashmap::jinja {
 
 void fail(std::string message) {
   throw RenderError{std::move(message), 0, false};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits of one render
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::atomic<double> g_render_seconds{10.0};
+
+// What the render running on this thread has used (t_active: one is running).
+struct RenderState {
+  size_t built = 0;  // bytes of strings and list slots
+  int64_t iterations = 0;
+  size_t work = 0;  // since the clock was last read
+  Clock::time_point deadline;
+};
+thread_local RenderState t_render;
+thread_local bool t_active = false;
+
+// Reading the clock costs ~20 ns; an expression ~50 ns to (on 64 MiB strings) tens of ms.
+constexpr size_t kWorkPerClockRead = 64;
+
+// A string or list slot also costs its allocation; count that, so that a million one-character
+// strings are not free.
+constexpr size_t kAllocationBytes = 64;
+
+void charge(size_t bytes) {
+  if (!t_active) return;
+  t_render.built += bytes;
+  if (t_render.built > limits::kMaxBuiltBytes)
+    fail("the template built more than 1 GiB of strings and lists (the limit per render)");
+}
+
+void check_items(size_t n, const char* what) {
+  if (n > limits::kMaxItems)
+    fail(fmt::format("{} of {} items exceeds the limit of {} items per value", what, n,
+                     limits::kMaxItems));
+}
+
+// Recursive walks over values (repr, json, ==, <, hash) nest once per level; a value nested
+// deeper than limits::kMaxValueDepth (or a namespace that holds itself) stops them with Python's
+// RecursionError instead of overflowing the stack.
+thread_local int t_walk_depth = 0;
+class WalkGuard {
+ public:
+  explicit WalkGuard(const char* message) {
+    if (++t_walk_depth > limits::kMaxValueDepth) {
+      --t_walk_depth;
+      fail(message);
+    }
+  }
+  ~WalkGuard() { --t_walk_depth; }
+  WalkGuard(const WalkGuard&) = delete;
+  WalkGuard& operator=(const WalkGuard&) = delete;
+};
+
+}  // namespace
+
+void set_render_time_limit(double seconds) {
+  g_render_seconds = seconds;
+}
+
+RenderScope::RenderScope() {
+  if (t_active) return;
+  owner_ = true;
+  t_active = true;
+  t_render = RenderState{};
+  t_render.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(g_render_seconds.load()));
+}
+
+RenderScope::~RenderScope() {
+  if (owner_) t_active = false;
+}
+
+void check_string_size(size_t bytes, const char* what) {
+  if (bytes > limits::kMaxStringBytes)
+    fail(fmt::format("{} of {} bytes exceeds the limit of 64 MiB per value", what, bytes));
+}
+
+void count_iterations(int64_t n) {
+  if (!t_active) return;
+  t_render.iterations += n;
+  if (t_render.iterations > limits::kMaxIterations)
+    fail(
+        fmt::format("more than {} loop iterations (the limit per render)", limits::kMaxIterations));
+  tick(size_t(n));
+}
+
+void tick(size_t work) {
+  if (!t_active) return;
+  t_render.work += work;
+  if (t_render.work < kWorkPerClockRead) return;
+  t_render.work = 0;
+  if (Clock::now() > t_render.deadline)
+    fail(fmt::format("rendering took more than {} s (the limit per render)",
+                     g_render_seconds.load()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -30,6 +132,7 @@ const Value* Dict::find(const Value& key) const {
 }
 
 void Dict::set(Value key, Value value) {
+  tick(1 + items.size() / 1024);  // a linear scan: building a dict this way is quadratic
   for (auto& [k, v] : items) {
     if (equal(k, key)) {
       v = std::move(value);
@@ -64,6 +167,8 @@ void Object::setattr(std::string_view, Value) {
   fail("cannot assign attribute on non-namespace object");
 }
 
+void Object::release_values(std::vector<Value>&) {}
+
 std::string Object::repr() const {
   return fmt::format("<{} object>", type_name());
 }
@@ -72,7 +177,60 @@ std::string Object::repr() const {
 // Value
 
 Value::Value(std::string s) : kind_(Kind::String), i_(0) {
+  check_string_size(s.size(), "a string");
+  charge(s.size() + kAllocationBytes);
+  tick(s.size() >> 16);  // building a large string took a while
   p_ = std::make_shared<std::string>(std::move(s));
+}
+
+namespace {
+
+// Children waiting to be destroyed by the loop of the outermost Value::release_children on this
+// thread (null: none is running).
+thread_local std::vector<Value>* t_released = nullptr;
+
+void take_container(std::vector<Value>& out, Value& v) {
+  if (v.kind() >= Kind::List) out.push_back(std::move(v));
+}
+
+}  // namespace
+
+void Value::release_children() noexcept {
+  std::vector<Value> queue;
+  const bool outer = t_released == nullptr;
+  std::vector<Value>& out = outer ? queue : *t_released;
+  try {
+    // Only containers move: strings and numbers are destroyed in place without recursing.
+    switch (kind_) {
+      case Kind::List:
+      case Kind::Tuple:
+        for (Value& v : *static_cast<ValueList*>(p_.get())) take_container(out, v);
+        break;
+      case Kind::Generator:
+        for (Value& v : static_cast<GeneratorState*>(p_.get())->items) take_container(out, v);
+        break;
+      case Kind::Dict:
+        for (auto& [k, v] : static_cast<Dict*>(p_.get())->items) {
+          take_container(out, k);
+          take_container(out, v);
+        }
+        break;
+      case Kind::Object:
+        static_cast<Object*>(p_.get())->release_values(out);
+        break;
+      default:
+        break;
+    }
+  } catch (...) {
+    // Out of memory for the queue: what was not moved is destroyed by recursion, as before.
+  }
+  if (!outer) return;
+  t_released = &queue;
+  while (!queue.empty()) {
+    Value v = std::move(queue.back());
+    queue.pop_back();
+  }  // each v's own children join the queue as it is destroyed
+  t_released = nullptr;
 }
 
 Value Value::none() {
@@ -100,6 +258,8 @@ Value Value::dict_view(ValueList items, View view) {
 }
 
 Value Value::list(ValueList items) {
+  check_items(items.size(), "a list");
+  charge(items.size() * sizeof(Value) + kAllocationBytes);
   Value v;
   v.kind_ = Kind::List;
   v.p_ = std::make_shared<ValueList>(std::move(items));
@@ -107,6 +267,8 @@ Value Value::list(ValueList items) {
 }
 
 Value Value::tuple(ValueList items) {
+  check_items(items.size(), "a tuple");
+  charge(items.size() * sizeof(Value) + kAllocationBytes);
   Value v;
   v.kind_ = Kind::Tuple;
   v.p_ = std::make_shared<ValueList>(std::move(items));
@@ -114,6 +276,8 @@ Value Value::tuple(ValueList items) {
 }
 
 Value Value::dict(Dict d) {
+  check_items(d.size(), "a dict");
+  charge(d.size() * 2 * sizeof(Value) + kAllocationBytes);
   Value v;
   v.kind_ = Kind::Dict;
   v.p_ = std::make_shared<Dict>(std::move(d));
@@ -121,6 +285,8 @@ Value Value::dict(Dict d) {
 }
 
 Value Value::generator(ValueList items) {
+  check_items(items.size(), "a generator");
+  charge(items.size() * sizeof(Value) + kAllocationBytes);
   Value v;
   v.kind_ = Kind::Generator;
   auto state = std::make_shared<GeneratorState>();
@@ -157,8 +323,10 @@ void throw_undefined(const Value& v) {
 void check_hashable(const Value& v) {
   if (v.is_list() || v.is_dict() || (v.is_object() && v.object()->is_namespace()))
     fail(fmt::format("unhashable type: '{}'", type_name(v)));
-  if (v.is_tuple())
+  if (v.is_tuple()) {
+    WalkGuard guard("maximum recursion depth exceeded while calling a Python object");
     for (const auto& e : v.items()) check_hashable(e);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -179,6 +347,28 @@ Params::Params(const CallArgs& args, std::string_view fn,
     if (bound_[i]) fail(fmt::format("{}() got multiple values for argument '{}'", fn, key));
     bound_[i] = &value;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Substring search
+
+size_t find_text(std::string_view hay, std::string_view needle, size_t from) {
+  if (from > hay.size()) return std::string_view::npos;
+  if (needle.empty()) return from;
+  tick(1 + (hay.size() - from) / 65536);  // large searches take their share of the clock
+  // glibc's memmem: two-way (linear) for long needles, a shift table for short ones.
+  const void* p = memmem(hay.data() + from, hay.size() - from, needle.data(), needle.size());
+  return p ? size_t(static_cast<const char*>(p) - hay.data()) : std::string_view::npos;
+}
+
+size_t rfind_text(std::string_view hay, std::string_view needle) {
+  // Short needles: std's backward scan costs at most needle.size() per position.
+  if (needle.size() <= 32) return hay.rfind(needle);
+  if (needle.size() > hay.size()) return std::string_view::npos;
+  // Long ones: the first match in the reversed text is the last one.
+  std::string rh(hay.rbegin(), hay.rend()), rn(needle.rbegin(), needle.rend());
+  const size_t p = find_text(rh, rn);
+  return p == std::string_view::npos ? p : hay.size() - p - needle.size();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -426,10 +616,10 @@ void repr_string(std::string& out, const std::string& s) {
 }
 
 // Python raises RecursionError on absurdly deep values; so do we rather than overflow the stack.
-constexpr int kMaxValueDepth = 1000;
-
-void append_repr(std::string& out, const Value& v, bool sort_dicts = false, int depth = 0) {
-  if (depth > kMaxValueDepth) fail("maximum recursion depth exceeded while getting the repr");
+void append_repr(std::string& out, const Value& v, bool sort_dicts = false) {
+  WalkGuard guard("maximum recursion depth exceeded while getting the repr");
+  // A list can hold the same 64 MiB string a million times: check as the text grows.
+  check_string_size(out.size(), "text");
   switch (v.kind()) {
     case Kind::Undefined:
       out += "Undefined";
@@ -450,7 +640,7 @@ void append_repr(std::string& out, const Value& v, bool sort_dicts = false, int 
       const auto& items = v.items();
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) out += ", ";
-        append_repr(out, items[i], sort_dicts, depth + 1);
+        append_repr(out, items[i], sort_dicts);
       }
       if (tuple && items.size() == 1) out.push_back(',');
       out.push_back(tuple ? ')' : ']');
@@ -469,9 +659,9 @@ void append_repr(std::string& out, const Value& v, bool sort_dicts = false, int 
       for (const auto* kv : entries) {
         if (!first) out += ", ";
         first = false;
-        append_repr(out, kv->first, sort_dicts, depth + 1);
+        append_repr(out, kv->first, sort_dicts);
         out += ": ";
-        append_repr(out, kv->second, sort_dicts, depth + 1);
+        append_repr(out, kv->second, sort_dicts);
       }
       out.push_back('}');
       return;
@@ -551,6 +741,8 @@ bool equal(const Value& a, const Value& b) {
     case Kind::List:
     case Kind::Tuple: {
       if (a.view() != b.view()) return false;
+      if (a.identity() == b.identity()) return true;
+      WalkGuard guard("maximum recursion depth exceeded in comparison");
       const auto& x = a.items();
       const auto& y = b.items();
       if (x.size() != y.size()) return false;
@@ -562,6 +754,7 @@ bool equal(const Value& a, const Value& b) {
       const auto& x = a.dict();
       const auto& y = b.dict();
       if (x.size() != y.size()) return false;
+      WalkGuard guard("maximum recursion depth exceeded in comparison");
       for (const auto& [k, v] : x.items) {
         const Value* other = y.find(k);
         if (!other || !equal(v, *other)) return false;
@@ -591,6 +784,7 @@ int compare(const Value& a, const Value& b, std::string_view op) {
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
   if (((a.is_list() && b.is_list()) || (a.is_tuple() && b.is_tuple())) && a.view() == b.view()) {
+    WalkGuard guard("maximum recursion depth exceeded in comparison");
     const auto& x = a.items();
     const auto& y = b.items();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i)
@@ -608,6 +802,7 @@ ValueList iterate(const Value& v) {
     case Kind::String: {
       ValueList out;
       const std::string& s = v.str();
+      check_items(utf8::length(s), "a string iterated as a list");
       for (size_t pos = 0; pos < s.size();) {
         size_t start = pos;
         utf8::decode(s, pos);
@@ -732,12 +927,15 @@ std::string json_key(const Value& k) {
 }
 
 void newline_indent(std::string& out, const JsonOptions& o, int level) {
+  // indent (up to 64 MiB) times the level: check before writing, not after.
+  check_string_size(out.size() + 1 + size_t(level) * o.indent.size(), "tojson's output");
   out.push_back('\n');
   for (int i = 0; i < level; ++i) out += o.indent;
 }
 
 void dump(std::string& out, const Value& v, const JsonOptions& o, int level) {
-  if (level > 1000) fail("maximum recursion depth exceeded while encoding a JSON object");
+  WalkGuard guard("maximum recursion depth exceeded while encoding a JSON object");
+  check_string_size(out.size(), "tojson's output");  // as it grows, as in append_repr
   switch (v.kind()) {
     case Kind::None:
       out += "null";

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,6 +27,55 @@ struct RenderError {
 };
 
 [[noreturn]] void fail(std::string message);
+
+// Limits of one render. jinja2 runs chat templates with Python's recursion limit and the
+// sandbox's MAX_RANGE only; here the templates and the values they get also come from requests
+// (the server renders the messages a client sends, and a request may carry its own
+// chat_template), so a runaway template must stop with an error naming the limit, not crash,
+// hang or take the machine's memory. Legitimate chat templates stay orders of magnitude below.
+namespace limits {
+// One string (bytes), and one list, tuple or dict (items: 2M slots of 32 bytes are 64 MiB).
+inline constexpr size_t kMaxStringBytes = size_t(64) << 20;
+inline constexpr size_t kMaxItems = size_t(1) << 21;
+// The text one render produces (and each macro's or block's output within it).
+inline constexpr size_t kMaxOutputBytes = size_t(64) << 20;
+// Bytes of strings and lists built over one render: bounds its memory (everything alive was
+// built) and the work of quadratic templates (a string grown by appending in a loop).
+inline constexpr size_t kMaxBuiltBytes = size_t(1) << 30;
+// Loop iterations over one render (two nested range(100000) loops would run 10^10).
+inline constexpr int64_t kMaxIterations = 10'000'000;
+// Nested macro calls (and recursive loop() calls), and the C stack they may use between them.
+inline constexpr int kMaxCallDepth = 200;
+inline constexpr size_t kMaxStackBytes = size_t(1) << 20;
+// Nesting of lists, dicts and namespaces walked by repr, tojson, ==, < and hashing.
+inline constexpr int kMaxValueDepth = 1000;
+}  // namespace limits
+
+// Seconds one render may run: the last resort for a template that stays within every limit above
+// and still loops over huge values for hours. Process-wide, default 10 s; tests lower it.
+void set_render_time_limit(double seconds);
+
+// Active on this thread while Template::render runs (nesting is harmless): counts what the render
+// builds, iterates and spends against the limits above.
+class RenderScope {
+ public:
+  RenderScope();
+  ~RenderScope();
+  RenderScope(const RenderScope&) = delete;
+  RenderScope& operator=(const RenderScope&) = delete;
+
+ private:
+  bool owner_ = false;
+};
+
+// Raises "<what> of N bytes exceeds the limit of 64 MiB per value" when a result would be larger
+// than limits::kMaxStringBytes; builtins call it before building results whose size a template
+// chooses (widths, repeat counts, indents).
+void check_string_size(size_t bytes, const char* what);
+// Counts `n` loop iterations against limits::kMaxIterations.
+void count_iterations(int64_t n = 1);
+// Accounts `work` units (about one expression each) and now and then checks the render's time.
+void tick(size_t work = 1);
 
 enum class Kind : uint8_t {
   Undefined,  // jinja2.Undefined: prints as "", is falsy, iterates as empty, fails on most use
@@ -73,6 +123,9 @@ class Object : public std::enable_shared_from_this<Object> {
   virtual std::string repr() const;
   virtual bool is_namespace() const { return false; }
   virtual void setattr(std::string_view name, Value value);  // only namespaces allow it
+  // Moves the values the object holds into `out` when its last owner lets go of it (see
+  // ~Value); the object is about to be destroyed.
+  virtual void release_values(std::vector<Value>& out);
 };
 
 // Python generators are lazy: an error in their body surfaces only when iteration reaches it.
@@ -97,6 +150,35 @@ class Value {
   Value(std::string s);
   Value(std::string_view s) : Value(std::string(s)) {}
   Value(const char* s) : Value(std::string(s)) {}
+
+  // Values nest (a list of lists, a namespace holding a dict...), and a template can nest them a
+  // million deep in a loop; destroying such a value by plain recursion would overflow the stack.
+  // So the last owner of a container hands its children to a queue that one loop drains.
+  ~Value() {
+    if (p_ && kind_ >= Kind::List && p_.use_count() == 1) release_children();
+  }
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  // Through a temporary, so that the old value goes through ~Value.
+  Value& operator=(const Value& other) {
+    Value tmp(other);
+    swap(tmp);
+    return *this;
+  }
+  Value& operator=(Value&& other) noexcept {
+    Value tmp(std::move(other));
+    swap(tmp);
+    return *this;
+  }
+  void swap(Value& other) noexcept {
+    std::swap(kind_, other.kind_);
+    std::swap(tag_, other.tag_);
+    unsigned char raw[sizeof(i_)];  // the union, whichever member is active
+    std::memcpy(raw, &i_, sizeof raw);
+    std::memcpy(&i_, &other.i_, sizeof raw);
+    std::memcpy(&other.i_, raw, sizeof raw);
+    p_.swap(other.p_);
+  }
 
   static Value none();
   // An undefined value; `hint` is the UndefinedError message raised when it is used.
@@ -148,6 +230,8 @@ class Value {
   std::string undefined_hint() const;
 
  private:
+  void release_children() noexcept;
+
   Kind kind_;
   uint8_t tag_ = 0;  // String: 1 = Markup; List: a View
   union {
@@ -209,6 +293,12 @@ struct JsonOptions {
 // json.dumps(v, ...) with Python's spacing and escaping.
 std::string json_dumps(const Value& v, const JsonOptions& opts);
 Value from_json(const nlohmann::ordered_json& j, int depth = 0);
+
+// Substring search in linear time, where std::string::find and rfind take up to n·m steps on
+// adversarial text (one `in` on two 64 MiB strings must not stall a render): the first
+// occurrence at or after `from`, and the last one; npos when there is none.
+size_t find_text(std::string_view hay, std::string_view needle, size_t from = 0);
+size_t rfind_text(std::string_view hay, std::string_view needle);
 
 // UTF-8 helpers: Python strings index by code point.
 namespace utf8 {
