@@ -19,6 +19,7 @@
 #include "cli/options.h"
 #include "core/check.h"
 #include "core/rng.h"
+#include "io/hf_config.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "spec/decoder.h"
@@ -197,6 +198,12 @@ void run_bench_cuda(const BenchArgs& a) {
       a.device);
   FLASHMAP_CHECK(a.context >= 0 && a.block >= 1, "--context must be >= 0 and --block >= 1");
   const auto cfg = shape_config(a.shape);
+  // The device cache holds the context, the decoding runs' new tokens and a block of room.
+  FLASHMAP_CHECK(
+      int64_t(a.context) + a.max_new_tokens + a.block + 64 <= cfg.max_position_embeddings,
+      "--context {} + --max-new-tokens {} (+ --block {} + 64 positions of room) exceeds "
+      "the {} positions of shape {}",
+      a.context, a.max_new_tokens, a.block, cfg.max_position_embeddings, a.shape);
   cuda::Context ctx(a.device);
   fmt::print("# flashmap bench --device {} --shape {} on {}\n\n", a.device, a.shape, ctx.name());
   const double gbps = cuda::measure_read_gbps(ctx);  // 2 GiB, far past the 50 MB L2
@@ -442,6 +449,18 @@ void run_bench(BenchArgs& a) {
   std::unique_ptr<FlashMapDrafter> draft_model;
   if (!a.shape.empty()) {
     const auto cfg = shape_config(a.shape);
+    // The timed steps run a.block + 1 tokens at position a.context, in a cache of context + 64.
+    FLASHMAP_CHECK(int64_t(a.context) + a.block + 64 <= cfg.max_position_embeddings,
+                   "--context {} (+ --block {} + 64 positions of room) exceeds the {} positions "
+                   "of shape {}",
+                   a.context, a.block, cfg.max_position_embeddings, a.shape);
+    FLASHMAP_CHECK(8 + int64_t(a.max_new_tokens) + a.block + 1 <= cfg.max_position_embeddings,
+                   "--max-new-tokens {} (after an 8-token prompt, + --block {} + 1) exceeds the {} "
+                   "positions of shape {}",
+                   a.max_new_tokens, a.block, cfg.max_position_embeddings, a.shape);
+    FLASHMAP_CHECK(a.model.steps == 0 && a.model.draft.empty() && a.model.target.empty(),
+                   "--shape makes its own target and scripted drafter: drop --target, --draft "
+                   "and --steps");
     fmt::print("# flashmap bench --shape {} ({} threads)\n\n", a.shape,
                ThreadPool::global().size());
     const double gbps = measure_read_gbps();
@@ -521,6 +540,7 @@ void run_bench(BenchArgs& a) {
     const Qwen3Model& target = *target_ptr;
     FLASHMAP_CHECK(!a.model.draft.empty(), "bench needs a drafter (--draft) or --shape");
     draft_model = std::make_unique<FlashMapDrafter>(a.model.draft, target);
+    if (a.model.steps > 0) draft_model->grid(a.model.steps);  // throws unless in jump_grids
     const int V = target.config().vocab_size;
     std::vector<std::vector<int32_t>> prompts;
     Rng rng(7);
@@ -560,17 +580,30 @@ void register_cmd(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   auto* sub = app.add_subcommand("bench", "Measure decoding speed (target alone vs speculative)");
   add_model_options(*sub, args->model);
-  sub->add_option("--shape", args->shape,
-                  "random bf16 target at a real shape: qwen3-8b (meant for --device cuda), "
-                  "qwen3-0.6b, tiny");
+  // Ranges: --reps 0 would take the median of nothing, --context -1 truncate a cache to -1, and
+  // huge counts allocate before anything runs; the context is also held to the shape's
+  // max_position_embeddings in run_bench.
+  auto* shape = sub->add_option("--shape", args->shape,
+                                "random bf16 target at a real shape: qwen3-8b (meant for --device "
+                                "cuda), qwen3-0.6b, tiny")
+                    ->check(non_empty());
   sub->add_option("--device", args->device,
                   "cpu (default) or cuda[:N] (with --shape; needs a build with the CUDA backend)");
-  sub->add_option("--context", args->context, "context length for --shape decode timing (512)");
-  sub->add_option("--block", args->block, "block size K for --shape (16)");
-  sub->add_option("--reps", args->reps, "repetitions (median or sum; 3)");
-  sub->add_option("--prompts", args->prompts, "number of random prompts (4)");
-  sub->add_option("--max-new-tokens", args->max_new_tokens, "tokens per prompt (128)");
-  sub->add_option("--json", args->json_out, "also write the figures as JSON to this file");
+  sub->add_option("--context", args->context, "context length for --shape decode timing (512)")
+      ->check(CLI::Range(0, INT32_MAX))
+      ->needs(shape);
+  sub->add_option("--block", args->block, "block size K for --shape (16)")
+      ->check(CLI::Range(1, kMaxBlockSize))
+      ->needs(shape);
+  sub->add_option("--reps", args->reps, "repetitions (median or sum; 3)")
+      ->check(CLI::Range(1, 100000));
+  sub->add_option("--prompts", args->prompts, "number of random prompts (4)")
+      ->check(CLI::Range(1, 100000))
+      ->excludes(shape);
+  sub->add_option("--max-new-tokens", args->max_new_tokens, "tokens per prompt (128)")
+      ->check(CLI::Range(1, INT32_MAX));
+  sub->add_option("--json", args->json_out, "also write the figures as JSON to this file")
+      ->check(non_empty());
   sub->callback([args] { run_bench(*args); });
 }
 

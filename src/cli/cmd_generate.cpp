@@ -158,7 +158,8 @@ void register_cmd(CLI::App& app) {
   sub->add_option("--max-new-tokens", args->max_new_tokens, "tokens to generate (default 64)");
   sub->add_option("--stop-ids", args->stop_ids,
                   "comma-separated stop token ids (default: the target's generation_config eos "
-                  "ids; 'none' for none)");
+                  "ids; 'none' for none)")
+      ->check(non_empty("give ids, or 'none' for no stop ids"));
   sub->add_flag("--json", args->json, "print one JSON object (ids, text, acceptance, timings)");
   sub->add_option("--device", args->device,
                   "cpu (default) or cuda[:N]: decode on that GPU (needs a build with the CUDA "

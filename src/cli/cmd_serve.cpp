@@ -43,6 +43,18 @@ void run_serve(ServeArgs& a) {
   signal(SIGPIPE, SIG_IGN);
 
   a.model.resolve();
+  // Checked against the target's config before its weights load.
+  {
+    const auto tc = Qwen3Config::from_file(a.model.target + "/config.json");
+    const int64_t context =
+        a.sched.max_context > 0 ? a.sched.max_context : int64_t(tc.max_position_embeddings);
+    FLASHMAP_CHECK(a.sched.max_context <= tc.max_position_embeddings,
+                   "--max-context {} exceeds the target's max_position_embeddings {}",
+                   a.sched.max_context, tc.max_position_embeddings);
+    FLASHMAP_CHECK(a.server.default_max_tokens < context,
+                   "--default-max-tokens {} leaves no room for a prompt in a context of {} tokens",
+                   a.server.default_max_tokens, context);
+  }
   // --spec-max-batch alone keeps its old meaning (the batch policy); with another policy it
   // would silently do nothing, so that is an error.
   if (a.spec_policy.empty()) a.spec_policy = a.spec_max_batch_given ? "batch" : "adaptive";
@@ -97,33 +109,47 @@ void register_cmd(CLI::App& app) {
   auto& s = args->server;
   auto& q = args->sched;
   s.model_name.clear();  // default: from the target folder
-  sub->add_option("--host", s.host, "address to bind (default 127.0.0.1)");
-  sub->add_option("--port", s.port, "port (default 8000; 0: any free port)");
+  // Every value is checked here, before any model loads: an out-of-range port would bind another
+  // one (70000 is 4464 to the kernel), an empty name or key would quietly mean the default or no
+  // authentication, and each running or queued request gets an HTTP thread.
+  sub->add_option("--host", s.host, "address to bind (default 127.0.0.1)")->check(non_empty());
+  sub->add_option("--port", s.port, "port (default 8000; 0: any free port)")
+      ->check(CLI::Range(0, 65535));
   sub->add_option("--served-model-name", s.model_name,
-                  "the model name clients use (default: the target folder's name)");
-  sub->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
-  sub->add_option("--max-running", q.max_running, "sequences decoded together (default 8)");
+                  "the model name clients use (default: the target folder's name)")
+      ->check(non_empty());
+  sub->add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1/*")
+      ->check(non_empty());
+  sub->add_option("--max-running", q.max_running, "sequences decoded together (default 8)")
+      ->check(CLI::Range(1, 1024));
   sub->add_option("--max-queue", q.max_queue,
-                  "requests waiting for a slot; beyond them: 429 (default 64)");
+                  "requests waiting for a slot; beyond them: 429 (default 64)")
+      ->check(CLI::Range(0, 4096));
   sub->add_option("--max-context", q.max_context,
-                  "prompt + max_tokens limit (default: the target's max_position_embeddings)");
+                  "prompt + max_tokens limit (default: the target's max_position_embeddings)")
+      ->check(CLI::Range(int64_t(1), int64_t(INT32_MAX)));
   sub->add_option("--spec-policy", args->spec_policy,
                   "when rounds speculate: adaptive (measure tokens/s of speculative and plain "
                   "rounds per batch size, pick the faster; default), always, never, or batch "
                   "(while running sequences <= --spec-max-batch)")
       ->check(CLI::IsMember({"adaptive", "always", "never", "batch"}));
   sub->add_option_function<int>(
-      "--spec-max-batch",
-      [args](int n) {
-        args->sched.spec_max_batch = n;
-        args->spec_max_batch_given = true;
-      },
-      "with --spec-policy batch (implied when given alone): speculate only in rounds with at "
-      "most this many running sequences (default 4; 0: always)");
-  sub->add_option("--max-body-bytes", s.max_body_bytes,
-                  "largest request body; larger: 413 (default 4 MiB)");
+         "--spec-max-batch",
+         [args](int n) {
+           args->sched.spec_max_batch = n;
+           args->spec_max_batch_given = true;
+         },
+         "with --spec-policy batch (implied when given alone): speculate only in rounds with at "
+         "most this many running sequences (default 4; 0: always)")
+      ->check(CLI::Range(0, 1024));
+  // Read as a signed number: as size_t, "-1" would convert to 2^64 - 1.
+  sub->add_option_function<int64_t>(
+         "--max-body-bytes", [args](int64_t n) { args->server.max_body_bytes = size_t(n); },
+         "largest request body; larger: 413 (default 4 MiB)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   sub->add_option("--default-max-tokens", s.default_max_tokens,
-                  "max_tokens of /v1/completions requests that give none (default 16)");
+                  "max_tokens of /v1/completions requests that give none (default 16)")
+      ->check(CLI::Range(1, INT32_MAX));
   sub->add_option("--max-connections", s.max_connections,
                   "connections held at once; past it a new client evicts the one that has "
                   "waited longest for its request to arrive (default 512)")

@@ -20,28 +20,42 @@ std::string default_draft_dir() {
 }
 
 void ModelOptions::resolve() {
+  std::error_code ec;  // an unreadable folder is reported when it is read, not thrown here
   if (target.empty()) {
     target = default_target_dir();
     if (draft.empty() && !no_draft) draft = default_draft_dir();
-    if (tokenizer.empty() && std::filesystem::exists(target + "/tokenizer.json"))
+    if (tokenizer.empty() && std::filesystem::exists(target + "/tokenizer.json", ec))
       tokenizer = target;
   }
   if (no_draft) draft.clear();
-  if (tokenizer.empty() && std::filesystem::exists(target + "/tokenizer.json")) tokenizer = target;
+  if (tokenizer.empty() && std::filesystem::exists(target + "/tokenizer.json", ec))
+    tokenizer = target;
   if (threads > 0) setenv("FLASHMAP_THREADS", std::to_string(threads).c_str(), 1);
+}
+
+CLI::Validator non_empty(const std::string& message) {
+  return CLI::Validator(
+      [message](std::string& value) { return value.empty() ? message : std::string(); }, "");
 }
 
 void add_model_options(CLI::App& app, ModelOptions& m) {
   app.add_option("--target", m.target,
                  "target model folder (Hugging Face, model_type qwen3); "
-                 "default: the built-in pair in models/default");
-  app.add_option("--draft", m.draft, "FlashMap drafter folder (model_type flashmap)");
-  app.add_flag("--no-draft", m.no_draft, "decode with the target alone");
-  app.add_option("--tokenizer", m.tokenizer, "folder with tokenizer.json (default: the target's)");
+                 "default: the built-in pair in models/default")
+      ->check(non_empty());
+  auto* draft = app.add_option("--draft", m.draft, "FlashMap drafter folder (model_type flashmap)")
+                    ->check(non_empty());
+  app.add_flag("--no-draft", m.no_draft, "decode with the target alone")->excludes(draft);
+  app.add_option("--tokenizer", m.tokenizer, "folder with tokenizer.json (default: the target's)")
+      ->check(non_empty());
+  // Given: >= 1 (0 and below would quietly mean the default); membership in the drafter's
+  // jump_grids is checked when it is loaded.
   app.add_option("--steps", m.steps,
                  "jumps per draft (one of the drafter's jump_grids; default: "
-                 "its num_steps)");
-  app.add_option("--threads", m.threads, "CPU threads (default: all cores)");
+                 "its num_steps)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--threads", m.threads, "CPU threads (default: all cores)")
+      ->check(CLI::Range(1, kMaxThreads));
 }
 
 Models load_models(const ModelOptions& m) {
@@ -67,7 +81,8 @@ void add_sampling_options(CLI::App& app, SamplingOptions& s) {
   app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0: off)");
   app.add_option("--top-p", s.top_p, "nucleus sampling mass in (0, 1]");
   app.add_option("--min-p", s.min_p, "drop tokens below min_p times the top probability");
-  app.add_option("--seed", s.seed, "random seed (default: random)");
+  app.add_option("--seed", s.seed, "random seed (default: random)")
+      ->check(CLI::Range(int64_t(0), INT64_MAX));
 }
 
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {

@@ -46,6 +46,14 @@ struct SamplingOptions {
 };
 void add_sampling_options(CLI::App& app, SamplingOptions& s);
 
+// Options that name a folder, a file, a name or text must not be given empty: most would fall
+// back to their default without a word ("--target ''" to the built-in pair). A CLI11 validator:
+// "--target: must not be empty", exit status 1.
+CLI::Validator non_empty(const std::string& message = "must not be empty");
+
+// Thread counts past this are a typo, and each thread has a stack to map.
+inline constexpr int kMaxThreads = 1024;
+
 // "1,2,3" -> ids; throws flashmap::Error naming `what` on a bad entry.
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what);
 

@@ -65,21 +65,27 @@ class FolderText : public TextIO {
 
 std::unique_ptr<TextIO> TextIO::open(const std::string& dir) {
   if (dir.empty()) return nullptr;
-  FLASHMAP_CHECK(std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"),
+  std::error_code ec;
+  FLASHMAP_CHECK(std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json", ec),
                  "{}: no tokenizer.json (give --tokenizer DIR)", dir);
   return std::make_unique<FolderText>(dir);
 }
 
 void add_prompt_options(CLI::App& app, PromptOptions& p) {
+  // Given empty, each would fall back to the default prompt: refused at parse time, so that
+  // below "given" and "non-empty" are the same.
+  const auto empty_prompt = non_empty("the prompt is empty");
   app.add_option("--prompt-ids", p.ids_text,
                  "prompt as comma-separated token ids (default: the text \"" +
                      std::string(kDefaultPrompt) +
-                     "\" where the target has a tokenizer, else 1..8)");
-  app.add_option("--prompt", p.text, "prompt as text (needs tokenizer files)");
+                     "\" where the target has a tokenizer, else 1..8)")
+      ->check(empty_prompt);
+  app.add_option("--prompt", p.text, "prompt as text (needs tokenizer files)")->check(empty_prompt);
   app.add_option("--chat", p.chat,
                  "a user message, rendered with the checkpoint's chat template (needs "
-                 "tokenizer_config.json)");
-  app.add_option("--system", p.system, "system message for --chat");
+                 "tokenizer_config.json)")
+      ->check(empty_prompt);
+  app.add_option("--system", p.system, "system message for --chat")->check(non_empty());
   app.add_flag("--enable-thinking,!--no-enable-thinking", p.enable_thinking,
                "the template's enable_thinking switch for --chat (default: the template's)");
 }
