@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "core/check.h"
+#include "io/files.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "spec/decoder.h"
@@ -77,12 +78,17 @@ struct Report {
   }
 };
 
-void run_parity(const std::string& dir) {
+void run_parity_checked(const std::string& dir) {
   const fs::path root(dir);
-  FLASHMAP_CHECK(fs::is_directory(root), "{}: not a fixture folder", dir);
-  std::ifstream jf(root / "expected.json");
-  FLASHMAP_CHECK(jf.good(), "{}: missing expected.json", dir);
-  const auto expected = nlohmann::json::parse(jf);
+  std::error_code ec;
+  FLASHMAP_CHECK(fs::is_directory(root, ec), "{}: not a fixture folder", dir);
+  const std::string expected_path = (root / "expected.json").string();
+  FLASHMAP_CHECK(fs::symlink_status(expected_path, ec).type() != fs::file_type::not_found,
+                 "{}: missing expected.json", dir);
+  const std::string expected_text = read_regular_file(expected_path, kMaxConfigFileBytes);
+  check_json_depth(expected_text, expected_path);
+  const auto expected = nlohmann::json::parse(expected_text);
+  FLASHMAP_CHECK(expected.is_object(), "{}: not a JSON object", expected_path);
   SafetensorsFile ref((root / "expected.safetensors").string());
 
   Qwen3Model target((root / "target").string());
@@ -92,7 +98,10 @@ void run_parity(const std::string& dir) {
   const int64_t TH = target.config().hidden_size;
 
   std::vector<int32_t> prompt;
-  for (auto id : ref.get("prompt_ids").to_i64()) prompt.push_back(int32_t(id));
+  for (auto id : ref.get("prompt_ids").to_i64()) {
+    FLASHMAP_CHECK(id >= 0 && id <= INT32_MAX, "{}: prompt_ids has {}, not a token id", dir, id);
+    prompt.push_back(int32_t(id));
+  }
   const int64_t P = int64_t(prompt.size());
   FLASHMAP_CHECK(P == expected.value("prompt_len", P), "{}: prompt_len disagrees with prompt_ids",
                  dir);
@@ -125,10 +134,15 @@ void run_parity(const std::string& dir) {
     const auto name = fmt::format("draft_logits_steps{}", steps);
     if (!ref.contains(name)) continue;
     const auto x0 = ref.get(fmt::format("noise_x0_steps{}", steps)).to_f32();
+    // The drafter reads K·V noise values: a shorter tensor would be read past its end.
+    FLASHMAP_CHECK(int64_t(x0.size()) == K * V, "{}: noise_x0_steps{} has {} values, expected {}",
+                   dir, steps, x0.size(), K * V);
     report.floats(name, ref.get(name),
                   draft_with({FlashMapDrafter::Noise::Vocab, x0.data(), nullptr}, steps), V);
   }
   const auto z = ref.get("noise_z").to_f32();
+  FLASHMAP_CHECK(int64_t(z.size()) == K * TH, "{}: noise_z has {} values, expected {}", dir,
+                 z.size(), K * TH);
   report.floats("draft_logits_z", ref.get("draft_logits_z"),
                 draft_with({FlashMapDrafter::Noise::Embed, z.data(), nullptr}, 1), V);
 
@@ -136,13 +150,13 @@ void run_parity(const std::string& dir) {
   // sharded copy of the target.
   for (const char* extra : {"target_bf16", "target_sharded"}) {
     const fs::path sub = root / extra;
-    if (!fs::is_directory(sub)) continue;
+    if (!fs::is_directory(sub, ec)) continue;
     Qwen3Model copy(sub.string());
     KVCache c2 = copy.new_cache();
     Qwen3Model::SeqInput s2{&c2, prompt};
     Qwen3Model::Output o2;
     copy.forward({&s2, 1}, Qwen3Model::Logits::All, {}, o2);
-    const bool own = fs::exists(sub / "expected.safetensors");
+    const bool own = fs::exists(sub / "expected.safetensors", ec);
     SafetensorsFile sub_ref(own ? (sub / "expected.safetensors").string()
                                 : (root / "expected.safetensors").string());
     report.floats(std::string(extra) + "/target_logits", sub_ref.get("target_logits"), o2.logits,
@@ -167,11 +181,21 @@ void run_parity(const std::string& dir) {
   fmt::print("parity ok\n");
 }
 
+void run_parity(const std::string& dir) {
+  try {
+    run_parity_checked(dir);
+  } catch (const nlohmann::json::exception& e) {  // expected.json lacks a field or has bad JSON
+    throw Error(fmt::format("{}/expected.json: {}", dir, e.what()));
+  }
+}
+
 void register_cmd(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "parity", "Check this engine against a fixture folder made with the reference package");
   auto dir = std::make_shared<std::string>();
-  sub->add_option("dir", *dir, "fixture folder (tools/make_fixtures.py)")->required();
+  sub->add_option("dir", *dir, "fixture folder (tools/make_fixtures.py)")
+      ->required()
+      ->check(non_empty());
   sub->callback([dir] { run_parity(*dir); });
 }
 

@@ -6,14 +6,17 @@
 //                                                               one JSON array of ids per line out
 //   flashmap tokenize --tokenizer DIR --decode --text "[9707]"  -> "Hello"
 //   flashmap tokenize --tokenizer DIR --decode --jsonl ids.jsonl [--skip-special-tokens]
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "core/check.h"
 #include "flashmap/tokenizer.h"
+#include "io/files.h"
 
 namespace flashmap::cli {
 namespace {
@@ -28,6 +31,7 @@ struct TokenizeOptions {
 using json = nlohmann::json;
 
 std::vector<int32_t> parse_ids(const std::string& s, const std::string& where) {
+  check_json_depth(s, where);  // "[[[[...]]]]" would overflow the stack when printed back
   json j;
   try {
     j = json::parse(s);
@@ -45,6 +49,7 @@ std::vector<int32_t> parse_ids(const std::string& s, const std::string& where) {
 }
 
 std::string parse_text(const std::string& s, const std::string& where) {
+  check_json_depth(s, where);
   json j;
   try {
     j = json::parse(s);
@@ -76,6 +81,10 @@ void run(const TokenizeOptions& o) {
   std::ifstream file;
   std::istream* in = &std::cin;
   if (o.jsonl != "-") {
+    // A directory opens as a stream that reads nothing: it would print nothing and succeed.
+    std::error_code ec;
+    FLASHMAP_CHECK(!std::filesystem::is_directory(o.jsonl, ec),
+                   "cannot read --jsonl file '{}': it is a directory", o.jsonl);
     file.open(o.jsonl, std::ios::binary);
     FLASHMAP_CHECK(file, "cannot open --jsonl file '{}'", o.jsonl);
     in = &file;
@@ -99,16 +108,20 @@ void run(const TokenizeOptions& o) {
 void register_tokenize(CLI::App& app) {
   auto o = std::make_shared<TokenizeOptions>();
   CLI::App* cmd = app.add_subcommand("tokenize", "Encode text to token ids, or decode ids to text");
-  cmd->add_option("--tokenizer", o->dir, "Folder with tokenizer.json")->required();
+  cmd->add_option("--tokenizer", o->dir, "Folder with tokenizer.json")
+      ->required()
+      ->check(non_empty());
   CLI::Option* text = cmd->add_option(
       "--text", o->text, "Text to encode (with --decode: a JSON array of ids, e.g. \"[1,2,3]\")");
   CLI::Option* jsonl =
       cmd->add_option("--jsonl", o->jsonl,
                       "File ('-' for stdin) with one JSON string per line (with --decode: one JSON "
-                      "array of ids per line); prints one result per line");
-  cmd->add_flag("--decode", o->decode, "Decode ids to text instead of encoding");
+                      "array of ids per line); prints one result per line")
+          ->check(non_empty());
+  auto* decode = cmd->add_flag("--decode", o->decode, "Decode ids to text instead of encoding");
   cmd->add_flag("--skip-special-tokens", o->skip_special,
-                "With --decode, drop special tokens such as <|im_end|>");
+                "With --decode, drop special tokens such as <|im_end|>")
+      ->needs(decode);
   cmd->callback([o, text, jsonl] {
     o->has_text = text->count() > 0;
     o->has_jsonl = jsonl->count() > 0;
