@@ -165,9 +165,10 @@ Qwen3Config Qwen3Config::from_file(const std::string& path) {
   }
   if (f.has("rope_scaling")) {
     const auto& rs = j["rope_scaling"];
-    FLASHMAP_CHECK(
-        rs.is_null() || (rs.is_object() && rs.value("rope_type", "default") == "default"),
-        "{}: rope_scaling {} is not supported", path, rs.dump());
+    // Not rs.value("rope_type", ...): a non-string rope_type would throw json's type_error.
+    const bool plain =
+        rs.is_object() && (!rs.contains("rope_type") || rs["rope_type"] == "default");
+    FLASHMAP_CHECK(rs.is_null() || plain, "{}: rope_scaling {} is not supported", path, rs.dump());
   }
   check_sliding_window(f, c);
   FLASHMAP_CHECK(!c.attention_bias, "{}: attention_bias true is not supported", path);

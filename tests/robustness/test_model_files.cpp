@@ -120,6 +120,11 @@ TEST(ModelFiles, TargetSizesAreBounded) {
             "PATH: field 'rope_theta' must be a finite number > 0, got -10000.0");
   EXPECT_EQ(qwen3_error({{"rms_norm_eps", 0}}),
             "PATH: field 'rms_norm_eps' must be a finite number > 0, got 0");
+  // A mistyped field is an error naming it, never json's own exception ("internal error").
+  EXPECT_EQ(qwen3_error({{"rope_scaling", {{"rope_type", 5}}}}),
+            "PATH: rope_scaling {\"rope_type\":5} is not supported");
+  EXPECT_EQ(qwen3_error({{"vocab_size", "1024"}}),
+            "PATH: field 'vocab_size' must be an integer, got \"1024\"");
 }
 
 TEST(ModelFiles, InfiniteNumbersAreRefused) {
