@@ -202,6 +202,13 @@ const std::vector<float>& FlashMapDrafter::noise_factor() const {
   if (noise_factor_.empty()) {
     const Weight& E = target_.embedding();
     const int H = int(E.cols);
+    // EᵀE has rank at most V, so it is singular with fewer tokens than dimensions; and the H² of
+    // Gram matrix and factor would be allocated from a config whose embedding file stays tiny
+    // (V = 1, H = 65536: 48 GB). Refused before allocating.
+    FLASHMAP_CHECK(E.rows >= E.cols,
+                   "{}: the target's vocabulary ({} tokens) is smaller than its hidden size {}, "
+                   "so EᵀE is singular and one-step noise cannot be drawn in embedding space",
+                   target_.dir(), E.rows, E.cols);
     std::vector<double> gram(static_cast<size_t>(H) * static_cast<size_t>(H), 0.0);
     const int64_t chunk = 16384;
     std::vector<float> rows(static_cast<size_t>(std::min<int64_t>(chunk, E.rows) * H)),

@@ -13,6 +13,9 @@
 #include "flashmap/tokenizer.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "models/flashmap.h"
+#include "models/qwen3.h"
+#include "spec/random_models.h"
 
 namespace {
 
@@ -244,6 +247,20 @@ TEST(ModelFiles, TokenizerIdsAreBounded) {
   EXPECT_EQ(error_of([&] { Tokenizer::from_dir(d.string()); }),
             "tokenizer file '" + (d / "tokenizer.json").string() +
                 "': JSON nested deeper than 64 levels");
+}
+
+TEST(ModelFiles, EmbeddingNoiseNeedsAVocabularyAsLargeAsTheHiddenSize) {
+  // The Gram matrix EᵀE is H x H whatever V is: with V < H it is singular, and allocating it for
+  // a tiny embedding file with a huge hidden size is refused before it happens.
+  const auto pair = flashmap::testing::write_random_pair(
+      "robustness-small-vocab-" + std::to_string(::getpid()), 16, 64, 2, 4, 1);
+  Qwen3Model target(pair.target);
+  FlashMapDrafter drafter(pair.draft, target);
+  EXPECT_EQ(error_of([&] { drafter.noise_factor(); }),
+            pair.target +
+                ": the target's vocabulary (16 tokens) is smaller than its hidden size 64, so EᵀE "
+                "is singular and one-step noise cannot be drawn in embedding space");
+  EXPECT_FALSE(drafter.has_noise_factor());
 }
 
 }  // namespace
