@@ -170,6 +170,10 @@ Qwen3Config Qwen3Config::from_file(const std::string& path) {
         rs.is_object() && (!rs.contains("rope_type") || rs["rope_type"] == "default");
     FLASHMAP_CHECK(rs.is_null() || plain, "{}: rope_scaling {} is not supported", path, rs.dump());
   }
+  FLASHMAP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
+                 "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", path,
+                 c.num_attention_heads, c.num_key_value_heads);
+  FLASHMAP_CHECK(c.head_dim % 2 == 0, "{}: head_dim {} must be even for RoPE", path, c.head_dim);
   check_sliding_window(f, c);
   FLASHMAP_CHECK(!c.attention_bias, "{}: attention_bias true is not supported", path);
   const std::string act = f.string_or("hidden_act", "silu");

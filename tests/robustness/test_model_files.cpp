@@ -110,6 +110,9 @@ TEST(ModelFiles, TargetSizesAreBounded) {
             "PATH: field 'num_attention_heads' = -4 is out of range [1, 1024]");
   EXPECT_EQ(qwen3_error({{"num_key_value_heads", 8}}),
             "PATH: field 'num_key_value_heads' = 8 is out of range [1, 4]");
+  EXPECT_EQ(qwen3_error({{"num_key_value_heads", 3}}),
+            "PATH: num_attention_heads 4 is not a multiple of num_key_value_heads 3");
+  EXPECT_EQ(qwen3_error({{"head_dim", 25}}), "PATH: head_dim 25 must be even for RoPE");
   EXPECT_EQ(qwen3_error({{"head_dim", 4096}}),
             "PATH: field 'head_dim' = 4096 is out of range [1, 1024]");
   EXPECT_EQ(qwen3_error({{"head_dim", nullptr}, {"hidden_size", 2}}),
