@@ -4,7 +4,7 @@
     python3 bench/seeded_tau.py build/flashmap [--target T --draft D] [--temperatures 1,0.7]
 
 Seeded requests (`--seed`) draw every token keyed by (seed, position) and keep a draft only when
-it equals the target's keyed draw (src/spec/sampling.h: sample_keyed), which makes their output
+it equals the target's keyed draw (src/specdec/sampling.h: sample_keyed), which makes their output
 independent of batching and speculation; unseeded requests use rejection sampling, which accepts
 a draft with probability min(1, p/q) and so keeps the most drafts any verification can. This
 prints tau (tokens per verify pass, mean +- 95% CI over rounds) for both on the same prompts, and

@@ -1,5 +1,7 @@
 // `flashmap parity DIR`: recomputes every tensor of a fixture folder (tools/make_fixtures.py,
 // outputs of flashmap==0.1.0 in fp32) with this engine and compares them.
+#include <flashmap/engine.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -12,7 +14,7 @@
 #include "io/files.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
-#include "spec/decoder.h"
+#include "specdec/proposer.h"
 
 namespace flashmap::cli {
 namespace fs = std::filesystem;
@@ -92,7 +94,7 @@ void run_parity_checked(const std::string& dir) {
   SafetensorsFile ref((root / "expected.safetensors").string());
 
   Qwen3Model target((root / "target").string());
-  FlashMapDrafter drafter((root / "draft").string(), target);
+  FlashMapModel drafter((root / "draft").string(), target);
   const auto& dc = drafter.config();
   const int64_t V = target.config().vocab_size, K = dc.block_size;
   const int64_t TH = target.config().hidden_size;
@@ -122,11 +124,11 @@ void run_parity_checked(const std::string& dir) {
   report.floats("uniform_embeds", ref.get("uniform_embeds"), drafter.uniform_embeds());
   report.floats("noise_factor", ref.get("noise_factor"), drafter.noise_factor());
 
-  auto draft_with = [&](FlashMapDrafter::Noise noise, int steps) {
+  auto draft_with = [&](FlashMapModel::Noise noise, int steps) {
     DraftContext ctx = drafter.new_context();
     drafter.extend_context(ctx, features.data(), P - 1);
     std::vector<float> logits(size_t(K * V));
-    FlashMapDrafter::Request req{&ctx, prompt.back(), noise};
+    FlashMapModel::Request req{&ctx, prompt.back(), noise};
     drafter.draft({&req, 1}, steps, logits.data());
     return logits;
   };
@@ -138,13 +140,13 @@ void run_parity_checked(const std::string& dir) {
     FLASHMAP_CHECK(int64_t(x0.size()) == K * V, "{}: noise_x0_steps{} has {} values, expected {}",
                    dir, steps, x0.size(), K * V);
     report.floats(name, ref.get(name),
-                  draft_with({FlashMapDrafter::Noise::Vocab, x0.data(), nullptr}, steps), V);
+                  draft_with({FlashMapModel::Noise::Vocab, x0.data(), nullptr}, steps), V);
   }
   const auto z = ref.get("noise_z").to_f32();
   FLASHMAP_CHECK(int64_t(z.size()) == K * TH, "{}: noise_z has {} values, expected {}", dir,
                  z.size(), K * TH);
   report.floats("draft_logits_z", ref.get("draft_logits_z"),
-                draft_with({FlashMapDrafter::Noise::Embed, z.data(), nullptr}, 1), V);
+                draft_with({FlashMapModel::Noise::Embed, z.data(), nullptr}, 1), V);
 
   // Loading checks: a bf16 copy (reference logits from the same bf16 weights in fp32) and a
   // sharded copy of the target.
@@ -170,7 +172,7 @@ void run_parity_checked(const std::string& dir) {
     GenerateOptions opt;
     opt.max_new_tokens = n;
     report.ids("greedy_ids", ref.get("greedy_ids"), generate(target, nullptr, prompt, opt).ids);
-    FlashMapBlockDrafter block(drafter, dc.num_steps);
+    FlashMapProposer block(drafter, dc.num_steps);
     report.ids("spec_ids", ref.get("spec_ids"), generate(target, &block, prompt, opt).ids);
     opt.stop_ids = {expected.at("stop_token").get<int32_t>()};
     report.ids("spec_ids_stop", ref.get("spec_ids_stop"),

@@ -1,5 +1,5 @@
 // `flashmap serve`: an OpenAI-compatible HTTP server with continuous batching and speculative
-// decoding (src/runtime, src/server).
+// decoding (src/engine, src/server).
 #include <signal.h>
 
 #include <chrono>
@@ -12,9 +12,6 @@
 #include "cli/options.h"
 #include "core/check.h"
 #include "io/hf_config.h"
-#include "models/flashmap.h"
-#include "models/qwen3.h"
-#include "runtime/scheduler.h"
 #include "server/server.h"
 #include "server/text_codec.h"
 
@@ -26,7 +23,9 @@ volatile sig_atomic_t g_stop_requested = 0;
 struct ServeArgs {
   ModelOptions model;
   server::ServerOptions server;
-  runtime::SchedulerOptions sched{.max_running = 8, .max_queue = 64, .spec_max_batch = 4};
+  // The serving fields of EngineOptions (max_running, max_queue, max_context, the policy); the
+  // models and the device come from `model`.
+  EngineOptions sched{.max_running = 8, .max_queue = 64, .spec_max_batch = 4};
   std::string spec_policy;  // empty: adaptive, or batch when only --spec-max-batch is given
   bool spec_max_batch_given = false;
 };
@@ -43,6 +42,7 @@ void run_serve(ServeArgs& a) {
   signal(SIGPIPE, SIG_IGN);
 
   a.model.resolve();
+  check_device(a.model.device);  // before anything loads
   // Checked against the target's config before its weights load.
   {
     const auto tc = Qwen3Config::from_file(a.model.target + "/config.json");
@@ -58,26 +58,29 @@ void run_serve(ServeArgs& a) {
   // --spec-max-batch alone keeps its old meaning (the batch policy); with another policy it
   // would silently do nothing, so that is an error.
   if (a.spec_policy.empty()) a.spec_policy = a.spec_max_batch_given ? "batch" : "adaptive";
-  a.sched.spec_policy = runtime::parse_spec_policy(a.spec_policy);
-  FLASHMAP_CHECK(!a.spec_max_batch_given || a.sched.spec_policy == runtime::SpecPolicyKind::Batch,
+  a.sched.spec_policy = engine::parse_spec_policy(a.spec_policy);
+  FLASHMAP_CHECK(!a.spec_max_batch_given || a.sched.spec_policy == SpecPolicyKind::Batch,
                  "--spec-max-batch applies to --spec-policy batch, not {}", a.spec_policy);
   if (a.server.model_name.empty())
     a.server.model_name = std::filesystem::path(a.model.target).lexically_normal().filename();
   if (a.server.model_name.empty() || a.server.model_name == "target")
     a.server.model_name =
         std::filesystem::path(a.model.target).lexically_normal().parent_path().filename();
-  const Models models = load_models(a.model);
-  const Qwen3Model& target = *models.target;
-  const Drafter* drafter = models.drafter.get();
   std::unique_ptr<server::TextCodec> text;
   if (!a.model.tokenizer.empty()) text = server::open_text_codec(a.model.tokenizer);
-  // Ids past the tokenizer's are the embedding's padding: never sampled.
-  if (text) models.target->set_sampled_vocab(text->vocab_size());
   const auto eos = GenerationConfig::from_dir(a.model.target).eos_token_ids;
   a.server.eos_ids.assign(eos.begin(), eos.end());
 
-  runtime::Scheduler sched(target, drafter, a.sched);
-  server::Server srv(sched, text.get(), a.server);
+  // Ids past the tokenizer's are the embedding's padding: never sampled.
+  EngineOptions eo = a.model.engine_options(text ? text->vocab_size() : 0);
+  eo.max_running = a.sched.max_running;
+  eo.max_queue = a.sched.max_queue;
+  eo.max_context = a.sched.max_context;
+  eo.spec_policy = a.sched.spec_policy;
+  eo.spec_max_batch = a.sched.spec_max_batch;
+  Engine engine(eo);
+  const bool drafter = engine.block_size() > 0;
+  server::Server srv(engine, text.get(), a.server);
   const int port = srv.bind();
   std::thread signals([&] {
     while (!g_stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -85,12 +88,12 @@ void run_serve(ServeArgs& a) {
     srv.stop();
   });
   std::cerr << fmt::format(
-      "flashmap serve: model '{}' (target {}, {}), context {}, max running {}, max queue {}, "
-      "speculation policy {}\n",
+      "flashmap serve: model '{}' (target {}, {}) on {}, context {}, max running {}, max queue "
+      "{}, speculation policy {}\n",
       a.server.model_name, a.model.target,
-      drafter ? fmt::format("draft {}", a.model.draft) : std::string("no draft"),
-      sched.max_context(), a.sched.max_running, a.sched.max_queue,
-      a.sched.spec_policy != runtime::SpecPolicyKind::Batch ? a.spec_policy
+      drafter ? fmt::format("draft {}", a.model.draft) : std::string("no draft"), engine.device(),
+      engine.max_context(), a.sched.max_running, a.sched.max_queue,
+      a.sched.spec_policy != SpecPolicyKind::Batch ? a.spec_policy
       : a.sched.spec_max_batch == 0
           ? std::string("batch (always)")
           : fmt::format("batch (while running <= {})", a.sched.spec_max_batch));

@@ -56,19 +56,21 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--threads", m.threads, "CPU threads (default: all cores)")
       ->check(CLI::Range(1, kMaxThreads));
+  // Checked (with whether this build and machine have it) before any model loads.
+  app.add_option("--device", m.device,
+                 "cpu (default), cuda or cuda:N (a GPU; needs a build with the CUDA backend)")
+      ->check(non_empty());
 }
 
-Models load_models(const ModelOptions& m) {
-  Models out;
-  out.target = std::make_unique<Qwen3Model>(m.target);
-  if (m.draft.empty()) {
-    FLASHMAP_CHECK(m.steps == 0, "--steps needs a drafter (--draft)");
-    return out;
-  }
-  out.draft_model = std::make_unique<FlashMapDrafter>(m.draft, *out.target);
-  const int steps = m.steps > 0 ? m.steps : out.draft_model->config().num_steps;
-  out.drafter = std::make_unique<FlashMapBlockDrafter>(*out.draft_model, steps);
-  return out;
+EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
+  if (draft.empty()) FLASHMAP_CHECK(steps == 0, "--steps needs a drafter (--draft)");
+  EngineOptions o;
+  o.target = target;
+  o.draft = draft;
+  o.device = device;
+  o.steps = steps;
+  o.sampled_vocab = sampled_vocab;
+  return o;
 }
 
 uint64_t SamplingOptions::resolved_seed() const {

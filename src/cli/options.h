@@ -1,15 +1,14 @@
 // Options shared by `generate`, `bench` and `serve`: models, sampling, and parsing of id lists.
 #pragma once
 
+#include <flashmap/engine.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "models/flashmap.h"
-#include "models/qwen3.h"
-#include "spec/drafter.h"
-#include "spec/sampling.h"
+#include "specdec/sampling.h"
 
 namespace flashmap::cli {
 
@@ -22,18 +21,14 @@ struct ModelOptions {
   bool no_draft = false;
   int steps = 0;  // 0: the drafter's num_steps
   int threads = 0;
+  std::string device = "cpu";
   // Applies the built-in default when --target is absent.
   void resolve();
+  // The engine these options open; ids at and past sampled_vocab (> 0: the tokenizer's size)
+  // are never sampled.
+  EngineOptions engine_options(int64_t sampled_vocab) const;
 };
 void add_model_options(CLI::App& app, ModelOptions& m);
-
-// The target and, when --draft is given, the drafter with --steps jumps (default: its num_steps).
-struct Models {
-  std::unique_ptr<Qwen3Model> target;
-  std::unique_ptr<FlashMapDrafter> draft_model;
-  std::unique_ptr<Drafter> drafter;  // nullptr: target alone
-};
-Models load_models(const ModelOptions& m);
 
 struct SamplingOptions {
   float temperature = 0.0f;

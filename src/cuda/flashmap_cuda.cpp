@@ -8,60 +8,15 @@
 #include "cuda/flashmap_kernels.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
+#include "cuda/weights.h"
 #include "models/flashmap.h"
 
 namespace flashmap::cuda {
 namespace {
 
-// A weight matrix of any file dtype, rounded to nearest-even bf16 (exact for bf16 checkpoints).
-std::vector<uint16_t> to_bf16(const Weight& w) {
-  std::vector<uint16_t> out(static_cast<size_t>(w.rows * w.cols));
-  std::vector<float> row(static_cast<size_t>(w.cols));
-  for (int64_t r = 0; r < w.rows; ++r) {
-    w.row_f32(r, row.data());
-    for (int64_t c = 0; c < w.cols; ++c)
-      out[static_cast<size_t>(r * w.cols + c)] =
-          ::flashmap::f32_to_bf16(row[static_cast<size_t>(c)]);
-  }
-  return out;
-}
-
-// y [M, H] fp32 = x [M, V] bf16 · E [V, H] bf16, all row-major: ops::matmul_rows (a state read
-// through the embedding) without a transposed copy of E. In cuBLASLt's column-major terms
-// yᵀ [H, M] = E' [H, V] · x' [V, M] with E' = E viewed column-major (ld H), x' = x (ld V), no
-// transposes.
-void matmul_rows_bf16(Context& gpu, const uint16_t* x, int64_t M, int64_t V, const uint16_t* E,
-                      int64_t H, float* y) {
-  LtDescriptors d;
-  check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
-  const cublasOperation_t n = CUBLAS_OP_N;
-  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &n, sizeof(n)),
-        "set TRANSA");
-  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)),
-        "set TRANSB");
-  check(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_16BF, uint64_t(H), uint64_t(V), H), "layout E");
-  check(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_16BF, uint64_t(V), uint64_t(M), V), "layout x");
-  check(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, uint64_t(H), uint64_t(M), H), "layout y");
-  check(cublasLtMatmulPreferenceCreate(&d.pref), "PreferenceCreate");
-  const uint64_t ws = gpu.workspace_bytes();
-  check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                             sizeof(ws)),
-        "set workspace");
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  check(
-      cublasLtMatmulAlgoGetHeuristic(gpu.lt(), d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heur, &found),
-      "AlgoGetHeuristic");
-  FLASHMAP_CHECK(found > 0, "cuBLASLt: no algorithm for the bf16 state·E GEMM M={} V={} H={}", M, V,
-                 H);
-  const float alpha = 1.0f, beta = 0.0f;
-  check(cublasLtMatmul(gpu.lt(), d.op, &alpha, E, d.a, x, d.b, &beta, y, d.c, y, d.c, &heur.algo,
-                       gpu.workspace(), gpu.workspace_bytes(), gpu.stream()),
-        "Matmul (state·E)");
-}
-
-// FlashMapTimeEmbedding's sinusoidal features, computed exactly as FlashMapDrafter::time_embed
-// does on the CPU (fp32 arguments, cos then sin); the odd last feature, if any, stays 0.
+// FlashMapTimeEmbedding's sinusoidal features, computed exactly as
+// flashmap::FlashMapModel::time_embed does on the CPU (fp32 arguments, cos then sin); the odd last
+// feature, if any, stays 0.
 std::vector<float> sinusoid(const FlashMapConfig& c, double time) {
   const int half = c.time_embed_dim / 2;
   const float scaled = float(time) * float(c.time_scale);
@@ -86,37 +41,29 @@ DeviceDraftContext::DeviceDraftContext(DeviceDraftContext&& o) noexcept
       length_(std::exchange(o.length_, 0)),
       capacity_(std::exchange(o.capacity_, 0)),
       owner_(std::exchange(o.owner_, nullptr)),
-      graphs_(std::exchange(o.graphs_, {})) {}
+      graphs_(std::move(o.graphs_)) {}
 
 DeviceDraftContext& DeviceDraftContext::operator=(DeviceDraftContext&& o) noexcept {
   if (this != &o) {
-    destroy_graphs();
+    graphs_.clear();  // before the buffers they use go
     k_ = std::move(o.k_);
     v_ = std::move(o.v_);
     d_length_ = std::move(o.d_length_);
     length_ = std::exchange(o.length_, 0);
     capacity_ = std::exchange(o.capacity_, 0);
     owner_ = std::exchange(o.owner_, nullptr);
-    graphs_ = std::exchange(o.graphs_, {});
+    graphs_ = std::move(o.graphs_);
   }
   return *this;
 }
 
-DeviceDraftContext::~DeviceDraftContext() {
-  destroy_graphs();
-}
+DeviceDraftContext::~DeviceDraftContext() = default;
 
-void DeviceDraftContext::destroy_graphs() {
-  // An executable graph still in flight is freed when it completes (cudaGraphExecDestroy).
-  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
-  graphs_.clear();
-}
+// --- FlashMapModel: construction ---------------------------------------------------------------
 
-// --- FlashMapDevice: construction ---------------------------------------------------------------
-
-FlashMapDevice::FlashMapDevice(Context& gpu, const FlashMapConfig& config,
-                               const __nv_bfloat16* embedding, const __nv_bfloat16* lm_head,
-                               int64_t vocab, int64_t target_hidden)
+FlashMapModel::FlashMapModel(Context& gpu, const FlashMapConfig& config,
+                             const __nv_bfloat16* embedding, const __nv_bfloat16* lm_head,
+                             int64_t vocab, int64_t target_hidden)
     : gpu_(gpu),
       config_(config),
       embedding_(reinterpret_cast<const uint16_t*>(embedding)),
@@ -124,25 +71,25 @@ FlashMapDevice::FlashMapDevice(Context& gpu, const FlashMapConfig& config,
       vocab_(vocab),
       target_hidden_(target_hidden) {
   FLASHMAP_CHECK(embedding_ && lm_head_,
-                 "FlashMapDevice: the target's embedding and lm_head are "
+                 "FlashMapModel: the target's embedding and lm_head are "
                  "needed on the device");
   // check_target of the reference: the drafter reads the target's embedding and lm_head.
   FLASHMAP_CHECK(vocab == config.vocab_size && target_hidden == config.target_hidden_size,
-                 "FlashMapDevice: this drafter needs a target with vocab_size {} and hidden_size "
+                 "FlashMapModel: this drafter needs a target with vocab_size {} and hidden_size "
                  "{}, got {} and {}",
                  config.vocab_size, config.target_hidden_size, vocab, target_hidden);
   FLASHMAP_CHECK(config.hidden_size % config.num_attention_heads == 0,
-                 "FlashMapDevice: hidden_size {} is not a multiple of num_attention_heads {}",
+                 "FlashMapModel: hidden_size {} is not a multiple of num_attention_heads {}",
                  config.hidden_size, config.num_attention_heads);
   allocate_work();
 }
 
-FlashMapDevice::FlashMapDevice(Context& gpu, const FlashMapDrafter& d,
-                               const __nv_bfloat16* embedding, const __nv_bfloat16* lm_head,
-                               int64_t vocab, int64_t target_hidden)
-    : FlashMapDevice(gpu, d.config(), embedding, lm_head, vocab, target_hidden) {
-  // Lambdas of a member function share its access to FlashMapDrafter's private weights.
-  auto lin = [&](const FlashMapDrafter::Linear& l) {
+FlashMapModel::FlashMapModel(Context& gpu, const ::flashmap::FlashMapModel& d,
+                             const __nv_bfloat16* embedding, const __nv_bfloat16* lm_head,
+                             int64_t vocab, int64_t target_hidden)
+    : FlashMapModel(gpu, d.config(), embedding, lm_head, vocab, target_hidden) {
+  const auto& W = d.weights();
+  auto lin = [&](const ::flashmap::FlashMapModel::Linear& l) {
     Linear r;
     r.out = l.w.rows;
     r.in = l.w.cols;
@@ -151,31 +98,31 @@ FlashMapDevice::FlashMapDevice(Context& gpu, const FlashMapDrafter& d,
     return r;
   };
   auto vec = [&](const std::vector<float>& v) { return DeviceBuffer<float>(gpu_, v); };
-  auto attn = [&](const FlashMapDrafter::Attn& a) {
+  auto attn = [&](const ::flashmap::FlashMapModel::Attn& a) {
     return Attn{lin(a.q), lin(a.k), lin(a.v), lin(a.o), vec(a.q_norm), vec(a.k_norm)};
   };
-  fc_ = lin(FlashMapDrafter::Linear{d.fc_, {}});
-  hidden_norm_ = vec(d.hidden_norm_);
-  anchor_proj_ = lin(d.anchor_proj_);
-  anchor_norm_ = vec(d.anchor_norm_);
-  state_norm_ = vec(d.state_norm_);
-  noise_norm_ = vec(d.noise_norm_);
-  noise_gate_ = d.noise_gate_;
-  x_embed_ = lin(d.x_embed_);
-  time_embed_ = TimeEmbed{lin(d.time_embed_.l1), lin(d.time_embed_.l2)};
-  jump_embed_ = TimeEmbed{lin(d.jump_embed_.l1), lin(d.jump_embed_.l2)};
-  head_ = lin(d.head_);
-  for (const auto& L : d.layers_)
+  fc_ = lin(::flashmap::FlashMapModel::Linear{W.fc, {}});
+  hidden_norm_ = vec(W.hidden_norm);
+  anchor_proj_ = lin(W.anchor_proj);
+  anchor_norm_ = vec(W.anchor_norm);
+  state_norm_ = vec(W.state_norm);
+  noise_norm_ = vec(W.noise_norm);
+  noise_gate_ = W.noise_gate;
+  x_embed_ = lin(W.x_embed);
+  time_embed_ = TimeEmbed{lin(W.time_embed.l1), lin(W.time_embed.l2)};
+  jump_embed_ = TimeEmbed{lin(W.jump_embed.l1), lin(W.jump_embed.l2)};
+  head_ = lin(W.head);
+  for (const auto& L : W.layers)
     layers_.push_back(Layer{attn(L.self_attn), attn(L.cross_attn), lin(L.fc1), lin(L.fc2)});
 
   // The AdaLN linears stacked in time_conditioning's order: one [(3·layers + 1)·3D, cond] GEMM.
-  std::vector<const FlashMapDrafter::Linear*> adaln;
-  for (const auto& L : d.layers_) {
+  std::vector<const ::flashmap::FlashMapModel::Linear*> adaln;
+  for (const auto& L : W.layers) {
     adaln.push_back(&L.self_adaln);
     adaln.push_back(&L.cross_adaln);
     adaln.push_back(&L.mlp_adaln);
   }
-  adaln.push_back(&d.final_adaln_);
+  adaln.push_back(&W.final_adaln);
   std::vector<uint16_t> w;
   std::vector<float> b;
   for (const auto* l : adaln) {
@@ -186,7 +133,7 @@ FlashMapDevice::FlashMapDevice(Context& gpu, const FlashMapDrafter& d,
   adaln_.out = int64_t(adaln.size()) * 3 * config_.hidden_size;
   adaln_.in = config_.cond_dim;
   FLASHMAP_CHECK(w.size() == size_t(adaln_.out * adaln_.in) && b.size() == size_t(adaln_.out),
-                 "FlashMapDevice: unexpected AdaLN shapes");
+                 "FlashMapModel: unexpected AdaLN shapes");
   adaln_.w = DeviceBuffer<uint16_t>(gpu_, w);
   adaln_.b = DeviceBuffer<float>(gpu_, b);
 
@@ -194,7 +141,7 @@ FlashMapDevice::FlashMapDevice(Context& gpu, const FlashMapDrafter& d,
   uniform_embeds_ = vec(d.uniform_embeds());
   if (d.has_noise_factor()) {
     has_factor_ = true;
-    noise_factor_ = lin(FlashMapDrafter::Linear{
+    noise_factor_ = lin(::flashmap::FlashMapModel::Linear{
         Weight{DType::F32, d.noise_factor().data(), target_hidden_, target_hidden_}, {}});
   }
   rms_norm_scale_first(uniform_embeds_.data(), state_norm_.data(), float(config_.rms_norm_eps), 1,
@@ -202,13 +149,13 @@ FlashMapDevice::FlashMapDevice(Context& gpu, const FlashMapDrafter& d,
   gpu_.sync();
 }
 
-std::unique_ptr<FlashMapDevice> FlashMapDevice::random(Context& gpu, const FlashMapConfig& config,
-                                                       const __nv_bfloat16* embedding,
-                                                       const __nv_bfloat16* lm_head, int64_t vocab,
-                                                       int64_t target_hidden, uint64_t seed) {
-  std::unique_ptr<FlashMapDevice> fm(
-      new FlashMapDevice(gpu, config, embedding, lm_head, vocab, target_hidden));
-  FlashMapDevice& f = *fm;
+std::unique_ptr<FlashMapModel> FlashMapModel::random(Context& gpu, const FlashMapConfig& config,
+                                                     const __nv_bfloat16* embedding,
+                                                     const __nv_bfloat16* lm_head, int64_t vocab,
+                                                     int64_t target_hidden, uint64_t seed) {
+  std::unique_ptr<FlashMapModel> fm(
+      new FlashMapModel(gpu, config, embedding, lm_head, vocab, target_hidden));
+  FlashMapModel& f = *fm;
   const cudaStream_t st = gpu.stream();
   uint64_t tensor = 0;  // each tensor draws its own Philox key
   auto key = [&] { return seed ^ (0x9E3779B97F4A7C15ull * ++tensor); };
@@ -269,12 +216,12 @@ std::unique_ptr<FlashMapDevice> FlashMapDevice::random(Context& gpu, const Flash
   return fm;
 }
 
-FlashMapDevice::~FlashMapDevice() {
+FlashMapModel::~FlashMapModel() {
   // Queued kernels may still read the weights and work buffers freed below.
   cudaStreamSynchronize(gpu_.stream());
 }
 
-void FlashMapDevice::allocate_work() {
+void FlashMapModel::allocate_work() {
   const auto& c = config_;
   const size_t K = size_t(c.block_size), D = size_t(c.hidden_size), TH = size_t(target_hidden_),
                V = size_t(vocab_), I = size_t(c.intermediate_size);
@@ -301,11 +248,11 @@ void FlashMapDevice::allocate_work() {
   d_rng_ = DeviceBuffer<uint64_t>(2);
 }
 
-int64_t FlashMapDevice::feature_dim() const {
+int64_t FlashMapModel::feature_dim() const {
   return int64_t(config_.target_layer_ids.size()) * target_hidden_;
 }
 
-const std::vector<double>& FlashMapDevice::grid(int steps) const {
+const std::vector<double>& FlashMapModel::grid(int steps) const {
   auto it = config_.jump_grids.find(steps);
   if (it == config_.jump_grids.end()) {
     std::vector<int> keys;
@@ -318,7 +265,7 @@ const std::vector<double>& FlashMapDevice::grid(int steps) const {
 
 // --- building blocks ----------------------------------------------------------------------------
 
-void FlashMapDevice::linear(const Linear& l, const float* x, int64_t rows, float* y) const {
+void FlashMapModel::linear(const Linear& l, const float* x, int64_t rows, float* y) const {
   const float* bias = l.b.size() ? l.b.data() : nullptr;
   if (size_t(rows * l.in) <= xbf_.size()) {
     // Every GEMM of a draft: x rounded to bf16 in our own buffer (what cuda::linear does in the
@@ -331,9 +278,9 @@ void FlashMapDevice::linear(const Linear& l, const float* x, int64_t rows, float
   }
 }
 
-// FlashMapDrafter::project_kv: keys = rope(k_norm(heads(k_proj(x)))), values = v_proj(x).
-void FlashMapDevice::project_kv(const Attn& a, const float* x, int64_t rows,
-                                const int64_t* positions, float* keys, float* values) const {
+// flashmap::FlashMapModel::project_kv: keys = rope(k_norm(heads(k_proj(x)))), values = v_proj(x).
+void FlashMapModel::project_kv(const Attn& a, const float* x, int64_t rows,
+                               const int64_t* positions, float* keys, float* values) const {
   const int nh = config_.num_attention_heads, hd = config_.head_dim();
   linear(a.k, x, rows, keys);
   rms_norm_scale_first(keys, a.k_norm.data(), float(config_.qk_norm_eps), rows * nh, hd, keys,
@@ -342,16 +289,16 @@ void FlashMapDevice::project_kv(const Attn& a, const float* x, int64_t rows,
   linear(a.v, x, rows, values);
 }
 
-void FlashMapDevice::embed_rows(const float* x, int64_t rows, float* y) const {
+void FlashMapModel::embed_rows(const float* x, int64_t rows, float* y) const {
   // The reference reads the state through E in E's dtype (state.to(embedding.dtype) @ E), so a
   // bf16 target rounds it exactly like this.
   f32_to_bf16(x, rows * vocab_, xbf_.data(), gpu_.stream());
   matmul_rows_bf16(gpu_, xbf_.data(), rows, vocab_, embedding_, target_hidden_, y);
 }
 
-// FlashMapDrafter::time_conditioning: cond = silu(time_embed(s) + jump_embed(t)), then every AdaLN
-// linear of it (one stacked GEMM). Cached per (s, t) like the reference's _time_cache.
-const float* FlashMapDevice::modulations(double s, double t) {
+// flashmap::FlashMapModel::time_conditioning: cond = silu(time_embed(s) + jump_embed(t)), then
+// every AdaLN linear of it (one stacked GEMM). Cached per (s, t) like the reference's _time_cache.
+const float* FlashMapModel::modulations(double s, double t) {
   auto it = mods_.find({s, t});
   if (it != mods_.end()) return it->second.data();
   const auto& c = config_;
@@ -375,7 +322,7 @@ const float* FlashMapDevice::modulations(double s, double t) {
 
 // --- contexts -----------------------------------------------------------------------------------
 
-DeviceDraftContext FlashMapDevice::new_context(int64_t max_positions) const {
+DeviceDraftContext FlashMapModel::new_context(int64_t max_positions) const {
   FLASHMAP_CHECK(max_positions >= 1, "new_context: max_positions must be at least 1, got {}",
                  max_positions);
   DeviceDraftContext ctx;
@@ -396,15 +343,15 @@ DeviceDraftContext FlashMapDevice::new_context(int64_t max_positions) const {
   return ctx;
 }
 
-void FlashMapDevice::reset(DeviceDraftContext& ctx) const {
+void FlashMapModel::reset(DeviceDraftContext& ctx) const {
   FLASHMAP_CHECK(ctx.owner_ == this, "reset: the context belongs to another drafter");
   ctx.length_ = 0;
   drafter::set_value(ctx.d_length_.data(), int64_t(0), gpu_.stream());
 }
 
-// FlashMapDrafter::extend_context: context = hidden_norm(fc(features)), then each layer's
+// flashmap::FlashMapModel::extend_context: context = hidden_norm(fc(features)), then each layer's
 // cross-attention keys and values at positions [start, start + n).
-void FlashMapDevice::extend_context(DeviceDraftContext& ctx, const float* d_features, int64_t n) {
+void FlashMapModel::extend_context(DeviceDraftContext& ctx, const float* d_features, int64_t n) {
   FLASHMAP_CHECK(ctx.owner_ == this, "extend_context: the context belongs to another drafter");
   FLASHMAP_CHECK(n >= 0, "extend_context: negative count {}", n);
   if (n == 0) return;
@@ -442,9 +389,9 @@ void FlashMapDevice::extend_context(DeviceDraftContext& ctx, const float* d_feat
 
 // --- drafting -----------------------------------------------------------------------------------
 
-// FlashMapDrafter::forward for one block: x_embed, the DiT layers, the final AdaLN and the head,
-// inputs_ [K, TH] -> hidden_ [K, TH].
-void FlashMapDevice::forward(const DeviceDraftContext& ctx, const float* mods) {
+// flashmap::FlashMapModel::forward for one block: x_embed, the DiT layers, the final AdaLN and the
+// head, inputs_ [K, TH] -> hidden_ [K, TH].
+void FlashMapModel::forward(const DeviceDraftContext& ctx, const float* mods) {
   const auto& c = config_;
   const int64_t K = c.block_size, D = c.hidden_size, I = c.intermediate_size;
   const int nh = c.num_attention_heads, hd = c.head_dim();
@@ -492,11 +439,11 @@ void FlashMapDevice::forward(const DeviceDraftContext& ctx, const float* mods) {
   linear(head_, h_.data(), K, hidden_.data());
 }
 
-// The whole of FlashMapDrafter::draft for one sequence, enqueued without any host sync or
+// The whole of flashmap::FlashMapModel::draft for one sequence, enqueued without any host sync or
 // allocation (so it can be captured): everything that depends on the round (context length,
 // anchor, seed/counter) is read from device memory.
-void FlashMapDevice::enqueue_draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps,
-                                   const Noise& noise, float* d_logits) {
+void FlashMapModel::enqueue_draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps,
+                                  const Noise& noise, float* d_logits) {
   const auto& c = config_;
   const auto& g = grid(steps);
   const int64_t K = c.block_size, D = c.hidden_size, TH = target_hidden_, V = vocab_;
@@ -581,16 +528,16 @@ void FlashMapDevice::enqueue_draft(DeviceDraftContext& ctx, const int32_t* d_anc
   }
 }
 
-void FlashMapDevice::draft(DeviceDraftContext& ctx, int32_t anchor, int steps, const Noise& noise,
-                           float* d_logits, Exec exec) {
+void FlashMapModel::draft(DeviceDraftContext& ctx, int32_t anchor, int steps, const Noise& noise,
+                          float* d_logits, Exec exec) {
   FLASHMAP_CHECK(anchor >= 0 && anchor < vocab_,
                  "anchor token {} is outside the vocabulary [0, {})", anchor, vocab_);
   drafter::set_value(d_anchor_.data(), anchor, gpu_.stream());
   draft(ctx, d_anchor_.data(), steps, noise, d_logits, exec);
 }
 
-void FlashMapDevice::draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps,
-                           const Noise& noise, float* d_logits, Exec exec) {
+void FlashMapModel::draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps,
+                          const Noise& noise, float* d_logits, Exec exec) {
   FLASHMAP_CHECK(ctx.owner_ == this, "draft: the context belongs to another drafter");
   FLASHMAP_CHECK(ctx.length_ + 1 <= ctx.capacity_,
                  "draft: the anchor's position {} is past the context's capacity of {}",
@@ -615,28 +562,12 @@ void FlashMapDevice::draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int
   }
   const DeviceDraftContext::GraphKey key{
       steps, int(noise.kind), noise.kind == Noise::Draw ? nullptr : noise.data, d_anchor, d_logits};
-  auto it = ctx.graphs_.find(key);
-  if (it == ctx.graphs_.end()) {
-    cudaGraph_t graph = nullptr;
-    // Relaxed: a library call that is merely "potentially unsafe" (cuBLASLt's host-side queries)
-    // must not void the capture; nothing here synchronizes or allocates (see enqueue_draft).
-    check(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
-    try {
-      enqueue_draft(ctx, d_anchor, steps, noise, d_logits);
-    } catch (...) {
-      // Leave the stream usable: end (and drop) the broken capture before rethrowing.
-      if (cudaStreamEndCapture(st, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
-      cudaGetLastError();
-      throw;
-    }
-    check(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture (draft)");
-    cudaGraphExec_t instance = nullptr;
-    const cudaError_t e = cudaGraphInstantiate(&instance, graph, 0);
-    cudaGraphDestroy(graph);
-    check(e, "cudaGraphInstantiate (draft)");
-    it = ctx.graphs_.emplace(key, instance).first;
-  }
-  check(cudaGraphLaunch(it->second, st), "cudaGraphLaunch (draft)");
+  if (ctx.graphs_.replay(key, st, "cudaGraphLaunch (draft)")) return;
+  // Nothing in a draft synchronizes or allocates (see enqueue_draft), so it can be captured on
+  // first use and then launched.
+  ctx.graphs_.add(
+      key, st, [&] { enqueue_draft(ctx, d_anchor, steps, noise, d_logits); }, "(draft)");
+  ctx.graphs_.replay(key, st, "cudaGraphLaunch (draft)");
 }
 
 }  // namespace flashmap::cuda

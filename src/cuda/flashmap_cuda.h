@@ -1,9 +1,10 @@
-// The FlashMap drafter on the GPU: FlashMapDrafter (src/models/flashmap.cpp, the specification,
-// itself mirroring modeling_flashmap.py of flashmap==0.1.0) with bf16 weights for the GEMMs (fp32
-// accumulation), fp32 activations, an fp32 device context cache and noise drawn on the device.
+// The FlashMap drafter on the GPU: flashmap::FlashMapModel (src/models/flashmap.cpp, the
+// specification, itself mirroring modeling_flashmap.py of flashmap==0.1.0) with bf16 weights for
+// the GEMMs (fp32 accumulation), fp32 activations, an fp32 device context cache and noise drawn on
+// the device.
 //
 // A round of the decoding loop on the device:
-//   FlashMapDevice fm(gpu, cpu_drafter, target.embedding(), target.lm_head(), V, H);
+//   FlashMapModel fm(gpu, cpu_drafter, target.embedding(), target.lm_head(), V, H);
 //   DeviceDraftContext ctx = fm.new_context(max_positions);
 //   fm.extend_context(ctx, d_features, n);          // target features of n verified tokens
 //   fm.draft(ctx, d_anchor, steps, noise, d_logits); // [K, V] logits of the block after the anchor
@@ -21,15 +22,16 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/graphs.h"
 #include "io/hf_config.h"
 
 namespace flashmap {
-class FlashMapDrafter;
+class FlashMapModel;
 }
 
 namespace flashmap::cuda {
 
-class FlashMapDevice;
+class FlashMapModel;
 
 // FlashMapCache of one sequence on the device: per layer the cross-attention keys and values
 // [capacity, hidden] fp32. Positions [0, length) hold the target's features of the verified
@@ -52,30 +54,29 @@ class DeviceDraftContext {
   const int64_t* device_length() const { return d_length_.data(); }
 
  private:
-  friend class FlashMapDevice;
-  void destroy_graphs();
+  friend class FlashMapModel;
 
   std::vector<DeviceBuffer<float>> k_, v_;
   DeviceBuffer<int64_t> d_length_;
   int64_t length_ = 0, capacity_ = 0;
-  const FlashMapDevice* owner_ = nullptr;
+  const FlashMapModel* owner_ = nullptr;
   // Captured drafts that write into this context: (steps, noise kind, noise data, anchor pointer,
   // logits pointer) -> executable graph.
   using GraphKey = std::tuple<int, int, const float*, const int32_t*, float*>;
-  std::map<GraphKey, cudaGraphExec_t> graphs_;
+  GraphCache<GraphKey> graphs_;
 };
 
-class FlashMapDevice {
+class FlashMapModel {
  public:
-  // How a draft starts (FlashMapDrafter::Noise on the device).
+  // How a draft starts (flashmap::FlashMapModel::Noise on the device).
   struct Noise {
     enum Kind { Draw, Vocab, Embed } kind = Draw;
     // Vocab: device [K, V] fp32 (the starting state x0); Embed: device [K, target_hidden] fp32 (z,
     // one-step drafts only: the inputs come from z·Lᵀ).
     const float* data = nullptr;
     // Draw: the Philox stream (seed, counter) (philox.h). A one-step draft draws z [K,
-    // target_hidden] when the noise factor L exists (as FlashMapDrafter::draft and the reference
-    // do), otherwise x0 [K, V]. Use a new counter for every draft of a sequence.
+    // target_hidden] when the noise factor L exists (as flashmap::FlashMapModel::draft and the
+    // reference do), otherwise x0 [K, V]. Use a new counter for every draft of a sequence.
     uint64_t seed = 0, counter = 0;
   };
   // Eager: the kernels are enqueued one by one. Graph: the draft is captured once per (context,
@@ -86,31 +87,32 @@ class FlashMapDevice {
   // Uploads `drafter`'s weights (bf16 matrices, fp32 vectors) and its target constants (the
   // uniform embedding, and the Cholesky factor L of EᵀE when EᵀE is positive definite). The
   // target's embedding [vocab, target_hidden] and lm_head [vocab, target_hidden] are bf16 device
-  // tensors owned by the caller (e.g. Qwen3Device) that must outlive this object.
-  FlashMapDevice(Context& gpu, const FlashMapDrafter& drafter, const __nv_bfloat16* embedding,
-                 const __nv_bfloat16* lm_head, int64_t vocab, int64_t target_hidden);
-  // The same with the bf16 tensors as raw bits (Qwen3Device::embedding() / lm_head()).
-  FlashMapDevice(Context& gpu, const FlashMapDrafter& drafter, const uint16_t* embedding,
-                 const uint16_t* lm_head, int64_t vocab, int64_t target_hidden)
-      : FlashMapDevice(gpu, drafter, reinterpret_cast<const __nv_bfloat16*>(embedding),
-                       reinterpret_cast<const __nv_bfloat16*>(lm_head), vocab, target_hidden) {}
+  // tensors owned by the caller (e.g. Qwen3Model) that must outlive this object.
+  FlashMapModel(Context& gpu, const ::flashmap::FlashMapModel& drafter,
+                const __nv_bfloat16* embedding, const __nv_bfloat16* lm_head, int64_t vocab,
+                int64_t target_hidden);
+  // The same with the bf16 tensors as raw bits (Qwen3Model::embedding() / lm_head()).
+  FlashMapModel(Context& gpu, const ::flashmap::FlashMapModel& drafter, const uint16_t* embedding,
+                const uint16_t* lm_head, int64_t vocab, int64_t target_hidden)
+      : FlashMapModel(gpu, drafter, reinterpret_cast<const __nv_bfloat16*>(embedding),
+                      reinterpret_cast<const __nv_bfloat16*>(lm_head), vocab, target_hidden) {}
   // A drafter of shape `config` with random bf16 weights (N(0, 1/fan_in)), unit norm weights, zero
   // biases, noise_gate 1, the uniform embedding computed from `embedding` and a random
   // well-conditioned lower-triangular L: for benchmarks at real shapes without a checkpoint.
-  static std::unique_ptr<FlashMapDevice> random(Context& gpu, const FlashMapConfig& config,
-                                                const __nv_bfloat16* embedding,
-                                                const __nv_bfloat16* lm_head, int64_t vocab,
-                                                int64_t target_hidden, uint64_t seed);
-  static std::unique_ptr<FlashMapDevice> random(Context& gpu, const FlashMapConfig& config,
-                                                const uint16_t* embedding, const uint16_t* lm_head,
-                                                int64_t vocab, int64_t target_hidden,
-                                                uint64_t seed) {
+  static std::unique_ptr<FlashMapModel> random(Context& gpu, const FlashMapConfig& config,
+                                               const __nv_bfloat16* embedding,
+                                               const __nv_bfloat16* lm_head, int64_t vocab,
+                                               int64_t target_hidden, uint64_t seed);
+  static std::unique_ptr<FlashMapModel> random(Context& gpu, const FlashMapConfig& config,
+                                               const uint16_t* embedding, const uint16_t* lm_head,
+                                               int64_t vocab, int64_t target_hidden,
+                                               uint64_t seed) {
     return random(gpu, config, reinterpret_cast<const __nv_bfloat16*>(embedding),
                   reinterpret_cast<const __nv_bfloat16*>(lm_head), vocab, target_hidden, seed);
   }
-  ~FlashMapDevice();
-  FlashMapDevice(const FlashMapDevice&) = delete;
-  FlashMapDevice& operator=(const FlashMapDevice&) = delete;
+  ~FlashMapModel();
+  FlashMapModel(const FlashMapModel&) = delete;
+  FlashMapModel& operator=(const FlashMapModel&) = delete;
 
   const FlashMapConfig& config() const { return config_; }
   int block_size() const { return config_.block_size; }
@@ -126,15 +128,15 @@ class FlashMapDevice {
   DeviceDraftContext new_context(int64_t max_positions) const;
   // Empties a context for a new sequence (its captured drafts stay valid).
   void reset(DeviceDraftContext& ctx) const;
-  // FlashMapDrafter::extend_context: appends the target's features d_features [n, feature_dim()]
-  // (fp32, device) at the next n positions. Throws when length + n + 1 > capacity.
+  // flashmap::FlashMapModel::extend_context: appends the target's features d_features [n,
+  // feature_dim()] (fp32, device) at the next n positions. Throws when length + n + 1 > capacity.
   void extend_context(DeviceDraftContext& ctx, const float* d_features, int64_t n);
 
-  // FlashMapDrafter::draft for one sequence: d_logits [K, V] fp32 (device, 256-byte aligned like
-  // any cudaMalloc base: cuBLASLt's algorithm choice assumes it) for the block after the anchor.
-  // The host-anchor form checks the anchor against the vocabulary; the device form reads it from
-  // d_anchor when the draft runs (e.g. the bonus token of the last verify) and trusts it to be in
-  // [0, V).
+  // flashmap::FlashMapModel::draft for one sequence: d_logits [K, V] fp32 (device, 256-byte aligned
+  // like any cudaMalloc base: cuBLASLt's algorithm choice assumes it) for the block after the
+  // anchor. The host-anchor form checks the anchor against the vocabulary; the device form reads it
+  // from d_anchor when the draft runs (e.g. the bonus token of the last verify) and trusts it to be
+  // in [0, V).
   void draft(DeviceDraftContext& ctx, int32_t anchor, int steps, const Noise& noise,
              float* d_logits, Exec exec = Exec::Eager);
   void draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps, const Noise& noise,
@@ -158,8 +160,8 @@ class FlashMapDevice {
     Linear l1, l2;
   };
 
-  FlashMapDevice(Context& gpu, const FlashMapConfig& config, const __nv_bfloat16* embedding,
-                 const __nv_bfloat16* lm_head, int64_t vocab, int64_t target_hidden);
+  FlashMapModel(Context& gpu, const FlashMapConfig& config, const __nv_bfloat16* embedding,
+                const __nv_bfloat16* lm_head, int64_t vocab, int64_t target_hidden);
   void allocate_work();
   void linear(const Linear& l, const float* x, int64_t rows, float* y) const;
   void project_kv(const Attn& a, const float* x, int64_t rows, const int64_t* positions,

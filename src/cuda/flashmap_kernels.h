@@ -1,8 +1,8 @@
 // Device kernels of the FlashMap drafter (flashmap_cuda.cpp) beyond the shared ops of kernels.h:
-// the Philox normal generator, the state arithmetic of FlashMapDrafter::draft and mix_state, and
-// small writes that let a captured draft read the context length and anchor from device memory.
-// All pointers are device pointers; every launcher enqueues on `stream` without synchronizing.
-// bf16 tensors are passed as uint16_t bits, as in kernels.h.
+// the Philox normal generator, the state arithmetic of flashmap::FlashMapModel::draft and
+// mix_state, and small writes that let a captured draft read the context length and anchor from
+// device memory. All pointers are device pointers; every launcher enqueues on `stream` without
+// synchronizing. bf16 tensors are passed as uint16_t bits, as in kernels.h.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,15 +22,16 @@ void philox_normal_bf16(uint16_t* out, int64_t n, float scale, uint64_t seed, cu
 // out[i] = value.
 void fill(float* out, int64_t n, float value, cudaStream_t stream);
 // L [n, n] bf16, row-major: entries above the diagonal zeroed, the diagonal set to 1 (a random
-// well-conditioned lower-triangular noise factor for FlashMapDevice::random).
+// well-conditioned lower-triangular noise factor for FlashMapModel::random).
 void make_unit_lower(uint16_t* L, int64_t n, cudaStream_t stream);
 
 // ops::silu in place; out[i] = silu(a[i] + b[i]) (time_conditioning's cond).
 void silu(float* x, int64_t n, cudaStream_t stream);
 void add_silu(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream);
 
-// The last line of FlashMapDrafter::mix_state: out[r, i] = posterior[r·posterior_stride + i] +
-// gate · noise[r, i], with both terms already RMS-normed; posterior_stride 0 broadcasts one row.
+// The last line of flashmap::FlashMapModel::mix_state: out[r, i] = posterior[r·posterior_stride +
+// i] + gate · noise[r, i], with both terms already RMS-normed; posterior_stride 0 broadcasts one
+// row.
 void mix_state(const float* posterior, int64_t posterior_stride, const float* noise, float gate,
                int64_t rows, int64_t dim, float* out, cudaStream_t stream);
 // y[i] = x[i] · s (the posterior's sharpening before its softmax).

@@ -1,5 +1,10 @@
 #include "cuda/gemm.h"
 
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+
 namespace flashmap::cuda {
 namespace {
 
@@ -7,7 +12,90 @@ cudaDataType_t lt_type(Elem e) {
   return e == Elem::BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
+// One shape's cuBLASLt descriptors and chosen algorithm.
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+std::unique_ptr<Plan> make_plan(Context& ctx, const LtShape& s) {
+  auto p = std::make_unique<Plan>();
+  check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+  const cublasOperation_t ta = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+        "set TRANSA");
+  check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+        "set TRANSB");
+  if (s.bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+          "set EPILOGUE");
+    const cudaDataType_t bt = CUDA_R_32F;
+    check(
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)),
+        "set BIAS_DATA_TYPE");
+  }
+  // A as stored: [k, m] when transposed, else [m, k].
+  const uint64_t a_rows = uint64_t(s.trans_a ? s.k : s.m), a_cols = uint64_t(s.trans_a ? s.m : s.k);
+  check(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, a_rows, a_cols, s.lda), "layout A");
+  check(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, uint64_t(s.k), uint64_t(s.n), s.ldb),
+        "layout B");
+  check(cublasLtMatrixLayoutCreate(&p->c, lt_type(s.c_type), uint64_t(s.m), uint64_t(s.n), s.ldc),
+        "layout C");
+  cublasLtMatmulPreference_t pref = nullptr;
+  check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+  const uint64_t ws = ctx.workspace_bytes();
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), p->op, p->a, p->b, p->c, p->c, pref, 1, &heur,
+                                        &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  check(st, "AlgoGetHeuristic");
+  FLASHMAP_CHECK(found > 0,
+                 "cuBLASLt: no algorithm for the bf16 GEMM m={} n={} k={} (lda {}, ldb {}, ldc {}, "
+                 "transposed A {}, bias {})",
+                 s.m, s.n, s.k, s.lda, s.ldb, s.ldc, s.trans_a, s.bias);
+  p->algo = heur.algo;
+  return p;
+}
+
 }  // namespace
+
+void lt_matmul(Context& ctx, const LtShape& shape, const uint16_t* A, const uint16_t* B, void* C,
+               const float* bias) {
+  FLASHMAP_ASSERT((bias != nullptr) == shape.bias && (!shape.bias || shape.c_type == Elem::F32));
+  // Plans per context and shape; made under the lock, used on the context's one stream.
+  static std::mutex mutex;
+  static std::map<std::pair<const Context*, LtShape>, std::unique_ptr<Plan>> plans;
+  Plan* p;
+  {
+    std::lock_guard lk(mutex);
+    auto& slot = plans[{&ctx, shape}];
+    if (!slot) slot = make_plan(ctx, shape);
+    p = slot.get();
+  }
+  if (bias)
+    check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                         sizeof(bias)),
+          "set BIAS_POINTER");
+  const float alpha = 1.0f, beta = 0.0f;
+  check(cublasLtMatmul(ctx.lt(), p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &p->algo,
+                       ctx.workspace(), ctx.workspace_bytes(), ctx.stream()),
+        "Matmul");
+}
 
 void linear(Context& ctx, const void* x, Elem x_type, int64_t M, int64_t K, const uint16_t* W,
             int64_t N, const float* bias, void* y, Elem y_type, int64_t ldx, int64_t ldy) {
@@ -30,37 +118,27 @@ void linear(Context& ctx, const void* x, Elem x_type, int64_t M, int64_t K, cons
     xb = tmp;
     ldx = K;
   }
-
   // Row-major y[M, N] = x[M, K] · W[N, K]ᵀ is column-major yᵀ[N, M] = W'ᵀ · x' with
   // W' = W viewed as column-major [K, N] and x' = x as column-major [K, M].
-  LtDescriptors d;
-  check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
-        "set TRANSA");
-  check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
-        "set TRANSB");
-  check(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_16BF, uint64_t(K), uint64_t(N), K), "layout W");
-  check(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_16BF, uint64_t(K), uint64_t(M), ldx), "layout x");
-  check(cublasLtMatrixLayoutCreate(&d.c, lt_type(y_type), uint64_t(N), uint64_t(M), ldy),
-        "layout y");
-  check(cublasLtMatmulPreferenceCreate(&d.pref), "PreferenceCreate");
-  const uint64_t ws = ctx.workspace_bytes();
-  check(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                             sizeof(ws)),
-        "set workspace");
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  check(
-      cublasLtMatmulAlgoGetHeuristic(ctx.lt(), d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heur, &found),
-      "AlgoGetHeuristic");
-  FLASHMAP_CHECK(found > 0, "cuBLASLt: no algorithm for bf16 GEMM M={} N={} K={} (ldx {}, ldy {})",
-                 M, N, K, ldx, ldy);
-  const float alpha = 1.0f, beta = 0.0f;
-  check(cublasLtMatmul(ctx.lt(), d.op, &alpha, W, d.a, xb, d.b, &beta, y, d.c, y, d.c, &heur.algo,
-                       ctx.workspace(), ctx.workspace_bytes(), ctx.stream()),
-        "Matmul");
-  if (bias) add_bias_rows(static_cast<float*>(y), M, N, ldy, bias, ctx.stream());
+  lt_matmul(ctx,
+            {.trans_a = true,
+             .m = N,
+             .n = M,
+             .k = K,
+             .lda = K,
+             .ldb = ldx,
+             .ldc = ldy,
+             .c_type = y_type,
+             .bias = bias != nullptr},
+            W, static_cast<const uint16_t*>(xb), y, bias);
+}
+
+void matmul_rows_bf16(Context& ctx, const uint16_t* x, int64_t M, int64_t V, const uint16_t* E,
+                      int64_t H, float* y) {
+  if (M <= 0) return;
+  // In column-major terms yᵀ [H, M] = E' [H, V] · x' [V, M] with E' = E viewed column-major
+  // (ld H) and x' = x (ld V): no transposes.
+  lt_matmul(ctx, {.trans_a = false, .m = H, .n = M, .k = V, .lda = H, .ldb = V, .ldc = H}, E, x, y);
 }
 
 }  // namespace flashmap::cuda

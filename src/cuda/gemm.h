@@ -1,4 +1,7 @@
-// y = x · Wᵀ (+ bias) through cuBLASLt: ops::linear on the device.
+// Matrix products on the device, all through one cuBLASLt call (lt_matmul): bf16 operands, fp32
+// accumulation, an optional bias added by the epilogue. Each shape's descriptors and the
+// algorithm cuBLASLt's heuristic picks are made once and cached, so a decoding step (and a CUDA
+// graph capture) makes no host-side planning calls after the first.
 #pragma once
 
 #include <cstdint>
@@ -8,30 +11,30 @@
 
 namespace flashmap::cuda {
 
-// RAII for the cuBLASLt descriptors of one matmul call (gemm.cpp, the drafter's state·E).
-// Caching them (and the chosen algorithm) per shape is future work.
-struct LtDescriptors {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  LtDescriptors() = default;
-  LtDescriptors(const LtDescriptors&) = delete;
-  LtDescriptors& operator=(const LtDescriptors&) = delete;
-  ~LtDescriptors() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
+// Column-major C [m, n] = op(A) [m, k] · B [k, n] (+ bias [m] on every column), A and B bf16,
+// C fp32 or bf16, fp32 compute. op(A) = Aᵀ when trans_a (A stored [k, m], ld lda), else A
+// ([m, k], ld lda). bias (fp32, or nullptr) needs an fp32 C.
+struct LtShape {
+  bool trans_a = false;
+  int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  Elem c_type = Elem::F32;
+  bool bias = false;
+  auto operator<=>(const LtShape&) const = default;
 };
+void lt_matmul(Context& ctx, const LtShape& shape, const uint16_t* A, const uint16_t* B, void* C,
+               const float* bias = nullptr);
 
-// x [M, K] (row stride ldx, default K) in x_type; W [N, K] bf16 (nn.Linear layout, row-major);
-// y [M, N] (row stride ldy, default N) in y_type; bias [N] fp32 or nullptr (fp32 y only).
-// Products are bf16 × bf16 accumulated in fp32 (CUBLAS_COMPUTE_32F): fp32 activations are first
-// rounded to bf16 in the context's scratch, as a bf16 engine stores them anyway; the parity
-// harness bounds the effect (NMSE ≈ 1e-6 against the CPU's fp32 x). Any M ≥ 1.
+// y = x · Wᵀ (+ bias): ops::linear on the device. x [M, K] (row stride ldx, default K) in x_type;
+// W [N, K] bf16 (nn.Linear layout, row-major); y [M, N] (row stride ldy, default N) in y_type;
+// bias [N] fp32 or nullptr (fp32 y only). fp32 activations are first rounded to bf16 in the
+// context's scratch, as a bf16 engine stores them anyway; the parity harness bounds the effect
+// (NMSE ≈ 1e-6 against the CPU's fp32 x). Any M ≥ 1.
 void linear(Context& ctx, const void* x, Elem x_type, int64_t M, int64_t K, const uint16_t* W,
             int64_t N, const float* bias, void* y, Elem y_type, int64_t ldx = -1, int64_t ldy = -1);
+
+// y [M, H] fp32 = x [M, V] bf16 · E [V, H] bf16, all row-major: ops::matmul_rows (a state read
+// through the embedding) without a transposed copy of E.
+void matmul_rows_bf16(Context& ctx, const uint16_t* x, int64_t M, int64_t V, const uint16_t* E,
+                      int64_t H, float* y);
 
 }  // namespace flashmap::cuda

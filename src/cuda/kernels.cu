@@ -329,14 +329,6 @@ __global__ void f32_to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) 
     y[i] = __float2bfloat16_rn(x[i]);  // round to nearest even, like flashmap::f32_to_bf16
 }
 
-__global__ void add_bias_kernel(float* y, int64_t rows, int64_t cols, int64_t ld,
-                                const float* bias) {
-  const int64_t n = rows * cols;
-  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n;
-       t += int64_t(gridDim.x) * blockDim.x)
-    y[(t / cols) * ld + t % cols] += bias[t % cols];
-}
-
 // Grid for grid-stride pointwise kernels: enough blocks to fill an H200 (132 SMs) several times.
 inline unsigned pointwise_grid(int64_t n) {
   const unsigned b = blocks_for(n, 256);
@@ -469,12 +461,6 @@ void f32_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {
   if (n > 0)
     f32_to_bf16_kernel<<<pointwise_grid(n), 256, 0, stream>>>(x, n,
                                                               reinterpret_cast<__nv_bfloat16*>(y));
-}
-
-void add_bias_rows(float* y, int64_t rows, int64_t cols, int64_t ld, const float* bias,
-                   cudaStream_t stream) {
-  const int64_t n = rows * cols;
-  if (n > 0) add_bias_kernel<<<pointwise_grid(n), 256, 0, stream>>>(y, rows, cols, ld, bias);
 }
 
 }  // namespace flashmap::cuda

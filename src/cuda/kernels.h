@@ -14,8 +14,8 @@ namespace flashmap::cuda {
 // Storage type of a tensor read by a kernel (bf16 bits or fp32).
 enum class Elem : uint8_t { F32, BF16 };
 
-// Qwen3Model's embed_.row_f32 per token: out[i, :] = widen(table[tokens[i], :]). Tokens must be in
-// [0, vocab) (validated on the host, or produced by argmax on the device).
+// flashmap::Qwen3Model's embed_.row_f32 per token: out[i, :] = widen(table[tokens[i], :]). Tokens
+// must be in [0, vocab) (validated on the host, or produced by argmax on the device).
 void embedding(const void* table, Elem table_type, int64_t dim, const int32_t* tokens, int64_t n,
                float* out, cudaStream_t stream);
 
@@ -67,14 +67,11 @@ void verify_greedy(const float* logits, int64_t vocab, const int32_t* draft, int
                    int32_t* argmax_scratch, int32_t* result, cudaStream_t stream);
 
 // x[r, from:cols) = value for every row: the padding ids' logits set to −inf
-// (Qwen3Model::mask_padding).
+// (flashmap::Qwen3Model::mask_padding).
 void fill_columns(float* x, int64_t rows, int64_t cols, int64_t from, float value,
                   cudaStream_t stream);
 
-// Conversions and the GEMM epilogue used by cuda::linear.
+// fp32 to bf16, rounded to nearest even (cuda::linear's activations).
 void f32_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
-// Rows of a [rows, cols] matrix with row stride ld get bias[cols] added.
-void add_bias_rows(float* y, int64_t rows, int64_t cols, int64_t ld, const float* bias,
-                   cudaStream_t stream);
 
 }  // namespace flashmap::cuda

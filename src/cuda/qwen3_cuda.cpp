@@ -7,46 +7,15 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/splitmix.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
 #include "cuda/qwen3_kernels.h"
+#include "cuda/weights.h"
 #include "models/qwen3.h"
 
 namespace flashmap::cuda {
 namespace {
-
-uint64_t splitmix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// A weight matrix as bf16 bits: bf16 copied, f32 and f16 rounded to nearest even (what torch's
-// .to(torch.bfloat16) gives).
-std::vector<uint16_t> to_bf16(const Weight& w) {
-  const size_t n = size_t(w.rows * w.cols);
-  std::vector<uint16_t> out(n);
-  switch (w.dtype) {
-    case DType::BF16:
-      std::memcpy(out.data(), w.data, n * 2);
-      break;
-    case DType::F32: {
-      const auto* p = static_cast<const float*>(w.data);
-      for (size_t i = 0; i < n; ++i) out[i] = ::flashmap::f32_to_bf16(p[i]);
-      break;
-    }
-    case DType::F16: {
-      const auto* p = static_cast<const uint16_t*>(w.data);
-      for (size_t i = 0; i < n; ++i) out[i] = ::flashmap::f32_to_bf16(f16_to_f32(p[i]));
-      break;
-    }
-    default:
-      throw Error(fmt::format("Qwen3Device: weight of dtype {} is not a float matrix",
-                              dtype_name(w.dtype)));
-  }
-  return out;
-}
 
 // Synchronous upload (the host vector is freed right after).
 void upload(Context& ctx, void* dst, const void* src, size_t bytes) {
@@ -59,35 +28,35 @@ void upload(Context& ctx, void* dst, const void* src, size_t bytes) {
 
 // --- construction --------------------------------------------------------------------------------
 
-Qwen3Device::Qwen3Device(Context& ctx, const Qwen3Config& config, int64_t max_positions)
+Qwen3Model::Qwen3Model(Context& ctx, const Qwen3Config& config, int64_t max_positions)
     : ctx_(ctx), config_(config) {
   const auto& c = config_;
   FLASHMAP_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.intermediate_size > 0 &&
                      c.num_hidden_layers > 0 && c.num_attention_heads > 0 &&
                      c.num_key_value_heads > 0,
-                 "Qwen3Device: config has a zero dimension");
+                 "Qwen3Model: config has a zero dimension");
   FLASHMAP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
-                 "Qwen3Device: {} attention heads are not a multiple of {} KV heads",
+                 "Qwen3Model: {} attention heads are not a multiple of {} KV heads",
                  c.num_attention_heads, c.num_key_value_heads);
   FLASHMAP_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0 && c.head_dim <= 256,
-                 "Qwen3Device: head_dim {} is not supported (even, <= 256)", c.head_dim);
-  FLASHMAP_CHECK(max_positions >= 1, "Qwen3Device: max_positions must be >= 1");
+                 "Qwen3Model: head_dim {} is not supported (even, <= 256)", c.head_dim);
+  FLASHMAP_CHECK(max_positions >= 1, "Qwen3Model: max_positions must be >= 1");
   max_positions_ = std::min<int64_t>(max_positions, c.max_position_embeddings);
 }
 
-void* Qwen3Device::alloc(size_t bytes) {
+void* Qwen3Model::alloc(size_t bytes) {
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess) {
     cudaGetLastError();  // out of memory is not sticky; clear it before throwing
-    throw Error(fmt::format("Qwen3Device: cannot allocate {:.2f} GiB on {} ({})",
+    throw Error(fmt::format("Qwen3Model: cannot allocate {:.2f} GiB on {} ({})",
                             double(bytes) / double(1 << 30), ctx_.name(), cudaGetErrorString(e)));
   }
   owned_.push_back(p);
   return p;
 }
 
-void Qwen3Device::allocate_weights() {
+void Qwen3Model::allocate_weights() {
   const auto& c = config_;
   const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size, V = c.vocab_size;
   const int64_t q_dim = c.num_attention_heads * hd, kv_dim = c.num_key_value_heads * hd;
@@ -102,7 +71,6 @@ void Qwen3Device::allocate_weights() {
   embed_ = mat(V, H);
   lm_head_ = c.tie_word_embeddings ? embed_ : mat(V, H);
   final_norm_ = vec(H);
-  const size_t cache_bytes = size_t(max_positions_ * kv_dim) * 2;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     Layer L{};
     L.input_norm = vec(H);
@@ -113,19 +81,59 @@ void Qwen3Device::allocate_weights() {
     L.o = mat(H, q_dim);
     L.gate_up = mat(2 * I, H);
     L.down = mat(H, I);
-    L.k_cache = static_cast<uint16_t*>(alloc(cache_bytes));
-    L.v_cache = static_cast<uint16_t*>(alloc(cache_bytes));
-    // Positions past length() are never read, but zeroing makes a stray read harmless.
-    check(cudaMemsetAsync(L.k_cache, 0, cache_bytes, ctx_.stream()), "cudaMemsetAsync");
-    check(cudaMemsetAsync(L.v_cache, 0, cache_bytes, ctx_.stream()), "cudaMemsetAsync");
     layers_.push_back(L);
   }
   ctx_.sync();
+  own_ = new_cache(max_positions_);
 }
 
-Qwen3Device::Qwen3Device(Context& ctx, const Qwen3Model& model, int64_t max_positions)
-    : Qwen3Device(ctx, model.config(), max_positions) {
-  // Tied exactly when the CPU model shares the table (Qwen3Model::load_weights' rule).
+std::unique_ptr<KVCache> Qwen3Model::new_cache(int64_t capacity) {
+  const auto& c = config_;
+  FLASHMAP_CHECK(capacity >= 1, "Qwen3Model::new_cache: capacity must be >= 1");
+  capacity = std::min<int64_t>(capacity, c.max_position_embeddings);
+  const size_t bytes = size_t(capacity * c.num_key_value_heads * c.head_dim) * 2;
+  std::unique_ptr<KVCache> kv(new KVCache());
+  kv->owner_ = this;
+  kv->capacity_ = capacity;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    for (auto* v : {&kv->k_, &kv->v_}) {
+      try {
+        v->emplace_back(bytes / 2);
+      } catch (const Error& e) {
+        cudaGetLastError();  // out of memory is not sticky
+        throw Error(
+            fmt::format("Qwen3Model: cannot allocate a KV cache of {} positions ({:.2f} "
+                        "GiB) on {}: {}",
+                        capacity, 2.0 * double(bytes) * c.num_hidden_layers / double(1 << 30),
+                        ctx_.name(), e.what()));
+      }
+      // Positions past length() are never read, but zeroing makes a stray read harmless.
+      check(cudaMemsetAsync(v->back().data(), 0, bytes, ctx_.stream()), "cudaMemsetAsync");
+    }
+  }
+  ctx_.sync();
+  return kv;
+}
+
+KVCache::~KVCache() {
+  if (owner_) owner_->forget(this);
+}
+
+void KVCache::truncate(int64_t n) {
+  FLASHMAP_CHECK(n >= 0 && n <= length_, "KVCache::truncate({}): the cache holds {} positions", n,
+                 length_);
+  length_ = n;
+}
+
+void Qwen3Model::forget(const KVCache* cache) {
+  // Queued work may still replay one of its graphs.
+  cudaStreamSynchronize(ctx_.stream());
+  graphs_.erase_if([cache](const Key& k) { return k.cache == cache; });
+}
+
+Qwen3Model::Qwen3Model(Context& ctx, const ::flashmap::Qwen3Model& model, int64_t max_positions)
+    : Qwen3Model(ctx, model.config(), max_positions) {
+  // Tied exactly when the CPU model shares the table (flashmap::Qwen3Model::load_weights' rule).
   config_.tie_word_embeddings = model.lm_head().data == model.embedding().data;
   sampled_vocab_ = model.sampled_vocab();
   allocate_weights();
@@ -165,9 +173,9 @@ Qwen3Device::Qwen3Device(Context& ctx, const Qwen3Model& model, int64_t max_posi
   }
 }
 
-std::unique_ptr<Qwen3Device> Qwen3Device::random(Context& ctx, const Qwen3Config& config,
-                                                 uint64_t seed, int64_t max_positions) {
-  std::unique_ptr<Qwen3Device> d(new Qwen3Device(ctx, config, max_positions));
+std::unique_ptr<Qwen3Model> Qwen3Model::random(Context& ctx, const Qwen3Config& config,
+                                               uint64_t seed, int64_t max_positions) {
+  std::unique_ptr<Qwen3Model> d(new Qwen3Model(ctx, config, max_positions));
   d->allocate_weights();
   const auto& c = d->config_;
   const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size, V = c.vocab_size;
@@ -176,8 +184,11 @@ std::unique_ptr<Qwen3Device> Qwen3Device::random(Context& ctx, const Qwen3Config
   uint64_t tensor = 0;
   // Each tensor its own stream of values; unit variance scaled by 1/sqrt(cols) like random_target.
   auto init = [&](uint16_t* w, int64_t rows, int64_t cols) {
-    uniform_bf16(w, rows * cols, 1.0f / std::sqrt(float(cols)),
-                 splitmix64(seed ^ splitmix64(++tensor)), s);
+    uniform_bf16(
+        w, rows * cols, 1.0f / std::sqrt(float(cols)),
+        ::flashmap::splitmix64((seed ^ ::flashmap::splitmix64(++tensor + 0x9e3779b97f4a7c15ull)) +
+                               0x9e3779b97f4a7c15ull),
+        s);
   };
   auto ones = [&](float* x, int64_t n) { fill_f32(x, n, 1.0f, s); };
   init(d->embed_, V, H);
@@ -197,35 +208,29 @@ std::unique_ptr<Qwen3Device> Qwen3Device::random(Context& ctx, const Qwen3Config
   return d;
 }
 
-Qwen3Device::~Qwen3Device() {
+Qwen3Model::~Qwen3Model() {
   // No throwing here: wait for queued work that may still read the buffers, then free.
   cudaStreamSynchronize(ctx_.stream());
-  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  own_.reset();
+  graphs_.clear();
   for (void* p : owned_) cudaFree(p);
 }
 
-int64_t Qwen3Device::embedding_bytes() const {
+int64_t Qwen3Model::embedding_bytes() const {
   return int64_t(config_.vocab_size) * config_.hidden_size * 2;
-}
-
-void Qwen3Device::truncate(int64_t n) {
-  FLASHMAP_CHECK(n >= 0 && n <= length_, "Qwen3Device::truncate({}): the cache holds {} positions",
-                 n, length_);
-  length_ = n;
 }
 
 // --- activation buffers and graphs ---------------------------------------------------------------
 
-void Qwen3Device::drop_graphs() {
-  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+void Qwen3Model::drop_graphs() {
   graphs_.clear();
 }
 
-void Qwen3Device::reserve(int64_t rows, int64_t logit_rows) {
+void Qwen3Model::reserve(int64_t rows, int64_t logit_rows) {
   grow(rows, logit_rows, 0);
 }
 
-void Qwen3Device::grow(int64_t rows, int64_t logit_rows, int64_t feature_floats) {
+void Qwen3Model::grow(int64_t rows, int64_t logit_rows, int64_t feature_floats) {
   const bool more_rows = rows > rows_, more_logits = logit_rows > logit_rows_,
              more_features = feature_floats > feature_floats_;
   if (!more_rows && !more_logits && !more_features) return;
@@ -264,11 +269,11 @@ void Qwen3Device::grow(int64_t rows, int64_t logit_rows, int64_t feature_floats)
   }
 }
 
-// Qwen3Model::forward for one sequence, step for step (the comments name its lines). The layer
-// input's residual add is fused into the next RMSNorm: delta_ holds the o/down GEMM output and
-// add_rms_norm_bf16 does `x += delta` before normalizing, so a layer's output (a tap) is complete
-// after the next norm kernel.
-void Qwen3Device::run_layers(const Key& key) {
+// flashmap::Qwen3Model::forward for one sequence, step for step (the comments name its lines). The
+// layer input's residual add is fused into the next RMSNorm: delta_ holds the o/down GEMM output
+// and add_rms_norm_bf16 does `x += delta` before normalizing, so a layer's output (a tap) is
+// complete after the next norm kernel.
+void Qwen3Model::run_layers(const Key& key, KVCache& cache) {
   const auto& c = config_;
   const int64_t n = key.n;
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
@@ -300,10 +305,12 @@ void Qwen3Device::run_layers(const Key& key) {
     // q, k, v = linear(h) as one GEMM; then q_norm/k_norm, rope_half and the cache append.
     linear(ctx_, hb_.data(), Elem::BF16, n, H, L.qkv, qkv_dim, nullptr, qkv_.data(), Elem::F32);
     qk_norm_rope_append(qkv_.data(), n, qkv_dim, nh, nkv, hd, L.q_norm, L.k_norm, eps,
-                        positions_.data(), c.rope_theta, q_.data(), L.k_cache, L.v_cache, s);
+                        positions_.data(), c.rope_theta, q_.data(), cache.k_[size_t(l)].data(),
+                        cache.v_[size_t(l)].data(), s);
     // ops::attention over keys [0, position + 1), 1/sqrt(head_dim) scaling.
-    attention_split_kv(q_.data(), n, nh, nkv, hd, L.k_cache, L.v_cache, key_count_.data(), scale,
-                       splits, partial_.data(), attn_.data(), Elem::BF16, s);
+    attention_split_kv(q_.data(), n, nh, nkv, hd, cache.k_[size_t(l)].data(),
+                       cache.v_[size_t(l)].data(), key_count_.data(), scale, splits,
+                       partial_.data(), attn_.data(), Elem::BF16, s);
     // tmp = linear(attn, o); x += tmp; h = rms_norm(x, post_norm).
     linear(ctx_, attn_.data(), Elem::BF16, n, q_dim, L.o, H, nullptr, delta_.data(), Elem::F32);
     add_rms_norm_bf16(x_.data(), delta_.data(), L.post_norm, eps, n, H, hb_.data(), s);
@@ -311,7 +318,7 @@ void Qwen3Device::run_layers(const Key& key) {
     linear(ctx_, hb_.data(), Elem::BF16, n, H, L.gate_up, 2 * I, nullptr, gu_.data(), Elem::F32);
     swiglu_bf16(gu_.data(), n, I, act_.data(), s);
     linear(ctx_, act_.data(), Elem::BF16, n, I, L.down, H, nullptr, delta_.data(), Elem::F32);
-    check(cudaGetLastError(), "Qwen3Device layer kernels");
+    check(cudaGetLastError(), "Qwen3Model layer kernels");
   }
   // The last `x += tmp`, then logits_of: final norm and lm_head.
   add_rms_norm_bf16(x_.data(), delta_.data(), final_norm_, eps, n, H, hb_.data(), s);
@@ -326,65 +333,49 @@ void Qwen3Device::run_layers(const Key& key) {
           "cudaMemcpyAsync (last row)");
     linear(ctx_, last_.data(), Elem::BF16, 1, H, lm_head_, V, nullptr, logits_.data(), Elem::F32);
   }
-  check(cudaGetLastError(), "Qwen3Device final kernels");
+  check(cudaGetLastError(), "Qwen3Model final kernels");
 }
 
-Qwen3Device::Output Qwen3Device::forward(const int32_t* tokens, int64_t n, Logits logits,
-                                         std::span<const int> taps, bool graph) {
+Qwen3Model::Output Qwen3Model::forward(KVCache& cache, const int32_t* tokens, int64_t n,
+                                       Logits logits, std::span<const int> taps, bool graph) {
   const auto& c = config_;
-  FLASHMAP_CHECK(n >= 1, "Qwen3Device::forward: no tokens");
-  FLASHMAP_CHECK(length_ + n <= max_positions_,
-                 "Qwen3Device::forward: {} positions exceed the device KV cache of {} "
-                 "(max_positions, at most max_position_embeddings {})",
-                 length_ + n, max_positions_, c.max_position_embeddings);
+  FLASHMAP_CHECK(cache.owner_ == this, "Qwen3Model::forward: a KV cache of another model");
+  FLASHMAP_CHECK(n >= 1, "Qwen3Model::forward: no tokens");
+  FLASHMAP_CHECK(cache.length_ + n <= cache.capacity_,
+                 "Qwen3Model::forward: {} positions exceed the device KV cache of {} "
+                 "(at most max_position_embeddings {})",
+                 cache.length_ + n, cache.capacity_, c.max_position_embeddings);
   for (int layer : taps)
     FLASHMAP_CHECK(layer >= 0 && layer < c.num_hidden_layers,
                    "hidden-state tap {} is not a layer of this {}-layer target", layer,
                    c.num_hidden_layers);
-  const Key key{n, logits, std::vector<int>(taps.begin(), taps.end())};
+  const Key key{n, logits, std::vector<int>(taps.begin(), taps.end()), &cache};
   const int64_t logit_rows = logits == Logits::All ? n : (logits == Logits::Last ? 1 : 0);
   grow(n, logit_rows, n * int64_t(taps.size()) * c.hidden_size);
 
-  // The step's inputs, outside any graph: ids into the fixed buffer, positions from length_.
+  // The step's inputs, outside any graph: ids into the fixed buffer, positions from the length.
   const cudaStream_t s = ctx_.stream();
   if (tokens != ids_.data())
     check(cudaMemcpyAsync(ids_.data(), tokens, size_t(n) * 4, cudaMemcpyDeviceToDevice, s),
           "cudaMemcpyAsync (token ids)");
-  fill_positions(length_, n, positions_.data(), key_count_.data(), s);
+  fill_positions(cache.length_, n, positions_.data(), key_count_.data(), s);
   check(cudaGetLastError(), "fill_positions");
 
   if (!graph) {
-    run_layers(key);
-  } else if (auto it = graphs_.find(key); it != graphs_.end()) {
-    check(cudaGraphLaunch(it->second, s), "cudaGraphLaunch");
+    run_layers(key, cache);
+  } else if (graphs_.replay(key, s, "cudaGraphLaunch (target)")) {
     ++graph_launches_;
   } else {
     // First use of this shape: run it eagerly (which also loads every kernel and lets cuBLASLt
     // settle its algorithms), then capture the same launches for the next calls. Capturing records
     // work without running it, so the cache and outputs are those of the eager run.
-    run_layers(key);
+    run_layers(key, cache);
     ctx_.sync();
-    // Relaxed: the capture only has to refuse work on other streams; host-side calls made by
-    // cuBLASLt while choosing an algorithm stay allowed.
-    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
-    cudaGraph_t g = nullptr;
-    try {
-      run_layers(key);
-    } catch (...) {
-      cudaStreamEndCapture(s, &g);
-      if (g) cudaGraphDestroy(g);
-      cudaGetLastError();
-      throw;
-    }
-    check(cudaStreamEndCapture(s, &g), "cudaStreamEndCapture");
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0ull);
-    cudaGraphDestroy(g);
-    check(e, "cudaGraphInstantiate");
-    graphs_.emplace(key, exec);
+    graphs_.add(
+        key, s, [&] { run_layers(key, cache); }, "(target)");
     ++graphs_captured_;
   }
-  length_ += n;
+  cache.length_ += n;
 
   Output out;
   out.n = n;
@@ -394,11 +385,11 @@ Qwen3Device::Output Qwen3Device::forward(const int32_t* tokens, int64_t n, Logit
   return out;
 }
 
-Qwen3Device::Output Qwen3Device::forward_host(std::span<const int32_t> tokens, Logits logits,
-                                              std::span<const int> taps, bool graph) {
+Qwen3Model::Output Qwen3Model::forward_host(KVCache& cache, std::span<const int32_t> tokens,
+                                            Logits logits, std::span<const int> taps, bool graph) {
   const auto& c = config_;
   const int64_t n = int64_t(tokens.size());
-  FLASHMAP_CHECK(n >= 1, "Qwen3Device::forward: no tokens");
+  FLASHMAP_CHECK(n >= 1, "Qwen3Model::forward: no tokens");
   for (int32_t t : tokens)
     FLASHMAP_CHECK(t >= 0 && t < c.vocab_size, "token id {} is outside the vocabulary [0, {})", t,
                    c.vocab_size);
@@ -408,7 +399,7 @@ Qwen3Device::Output Qwen3Device::forward_host(std::span<const int32_t> tokens, L
   check(cudaMemcpyAsync(ids_.data(), tokens.data(), size_t(n) * 4, cudaMemcpyHostToDevice,
                         ctx_.stream()),
         "cudaMemcpyAsync H2D (token ids)");
-  return forward(ids_.data(), n, logits, taps, graph);
+  return forward(cache, ids_.data(), n, logits, taps, graph);
 }
 
 // --- bandwidth probe -----------------------------------------------------------------------------

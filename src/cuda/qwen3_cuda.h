@@ -1,7 +1,7 @@
-// The Qwen3 target on the GPU: Qwen3Model::forward (src/models/qwen3.cpp, the specification) for
-// one sequence, with bf16 weights uploaded once, a preallocated bf16 KV cache, fp32 activations
-// between kernels (bf16 only at GEMM inputs, as a bf16 engine stores them), and CUDA graphs for the
-// fixed-size steps of a decoding loop (decode n = 1, verify n = K + 1).
+// The Qwen3 target on the GPU: flashmap::Qwen3Model::forward (src/models/qwen3.cpp, the
+// specification) for one sequence, with bf16 weights uploaded once, a preallocated bf16 KV cache,
+// fp32 activations between kernels (bf16 only at GEMM inputs, as a bf16 engine stores them), and
+// CUDA graphs for the fixed-size steps of a decoding loop (decode n = 1, verify n = K + 1).
 //
 // Everything is enqueued on the context's stream and nothing synchronizes unless stated: a forward
 // returns device pointers to its logits / features, valid until the next forward, that later work
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/graphs.h"
 #include "io/hf_config.h"
 
 namespace flashmap {
@@ -24,22 +25,46 @@ class Qwen3Model;
 
 namespace flashmap::cuda {
 
-class Qwen3Device {
+class Qwen3Model;
+
+// One sequence's KV cache on the device: per layer keys and values [capacity, kv_dim] bf16.
+// Positions [0, length) hold the sequence so far. Made by Qwen3Model::new_cache, which it must
+// not outlive; not movable, because the model's captured graphs are keyed by its address (they
+// bake in its buffers), and a cache's graphs go with it.
+class KVCache {
+ public:
+  ~KVCache();
+  KVCache(const KVCache&) = delete;
+  KVCache& operator=(const KVCache&) = delete;
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return capacity_; }
+  // Drops every position from n on (the rejected drafts of a verify pass); 0 <= n <= length.
+  void truncate(int64_t n);
+
+ private:
+  friend class Qwen3Model;
+  KVCache() = default;
+  Qwen3Model* owner_ = nullptr;
+  std::vector<DeviceBuffer<uint16_t>> k_, v_;
+  int64_t length_ = 0, capacity_ = 0;
+};
+
+class Qwen3Model {
  public:
   // Uploads every weight of `model` once: matrices as bf16 (f32 and f16 rounded to nearest-even
   // bf16 on the host), norms as fp32. q/k/v are stored as one [q + 2·kv, hidden] matrix and gate/up
   // as one [2·inter, hidden] matrix, so a layer runs 4 GEMMs. The KV cache holds `max_positions`
   // positions (at most max_position_embeddings). Throws flashmap::Error when a shape is unsupported
   // (head_dim odd or > 256) or device memory runs out.
-  Qwen3Device(Context& ctx, const Qwen3Model& model, int64_t max_positions = 4096);
+  Qwen3Model(Context& ctx, const ::flashmap::Qwen3Model& model, int64_t max_positions = 4096);
   // Random weights made on the device (no host memory, no download): matrices uniform with unit
   // variance scaled by 1/√cols (like cmd_bench.cpp's random_target), norms 1, lm_head untied unless
   // config.tie_word_embeddings. Deterministic in `seed`.
-  static std::unique_ptr<Qwen3Device> random(Context& ctx, const Qwen3Config& config, uint64_t seed,
-                                             int64_t max_positions = 4096);
-  ~Qwen3Device();
-  Qwen3Device(const Qwen3Device&) = delete;
-  Qwen3Device& operator=(const Qwen3Device&) = delete;
+  static std::unique_ptr<Qwen3Model> random(Context& ctx, const Qwen3Config& config, uint64_t seed,
+                                            int64_t max_positions = 4096);
+  ~Qwen3Model();
+  Qwen3Model(const Qwen3Model&) = delete;
+  Qwen3Model& operator=(const Qwen3Model&) = delete;
 
   const Qwen3Config& config() const { return config_; }
   Context& context() const { return ctx_; }
@@ -51,14 +76,17 @@ class Qwen3Device {
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t embedding_bytes() const;
 
-  // The KV cache: positions [0, length) hold the sequence so far.
-  int64_t length() const { return length_; }
+  // An empty KV cache for one sequence of up to `capacity` positions (at most
+  // max_position_embeddings). Throws when device memory runs out.
+  std::unique_ptr<KVCache> new_cache(int64_t capacity);
+  // The model's own cache (max_positions() positions), for the single-sequence calls below.
+  int64_t length() const { return own_->length(); }
   int64_t max_positions() const { return max_positions_; }
-  // Qwen3Model::sampled_vocab of the model it was uploaded from (0: every id may be sampled); the
-  // decoding loop masks logits past it.
+  // flashmap::Qwen3Model::sampled_vocab of the model it was uploaded from (0: every id may be
+  // sampled); the decoding loop masks logits past it.
   int64_t sampled_vocab() const { return sampled_vocab_; }
-  // Drops every position from n on (the rejected drafts of a verify pass); 0 <= n <= length.
-  void truncate(int64_t n);
+  // Drops every position of the own cache from n on; 0 <= n <= length.
+  void truncate(int64_t n) { own_->truncate(n); }
 
   enum class Logits { All, Last, None };
   struct Output {
@@ -70,16 +98,26 @@ class Qwen3Device {
   // n tokens of the sequence (device int32 ids in [0, vocab), not checked here) at positions
   // length() .. length() + n − 1; appends their keys and values and advances length(). `taps` lists
   // decoder layers whose outputs (transformers' hidden_states[i + 1]) are returned, concatenated
-  // per row in that order: Qwen3Model::Output::features' layout. graph = true: the forward for this
-  // (n, logits, taps) is captured once into a CUDA graph (the first such call runs eagerly, then
-  // captures) and replayed on later calls at any position, so use it for the fixed sizes of a
-  // decoding loop (1 and K + 1), not for prompts of every length. graph = false: the eager path
-  // (same kernels, same results bit for bit).
-  Output forward(const int32_t* tokens, int64_t n, Logits logits, std::span<const int> taps = {},
-                 bool graph = false);
+  // per row in that order: flashmap::Qwen3Model::Output::features' layout. graph = true: the
+  // forward for this (n, logits, taps) is captured once into a CUDA graph (the first such call runs
+  // eagerly, then captures) and replayed on later calls at any position, so use it for the fixed
+  // sizes of a decoding loop (1 and K + 1), not for prompts of every length. graph = false: the
+  // eager path (same kernels, same results bit for bit). The outputs stay valid until the next
+  // forward of any cache.
+  Output forward(KVCache& cache, const int32_t* tokens, int64_t n, Logits logits,
+                 std::span<const int> taps = {}, bool graph = false);
   // The same from host ids, which are checked against the vocabulary first (prefill, tests).
-  Output forward_host(std::span<const int32_t> tokens, Logits logits,
+  Output forward_host(KVCache& cache, std::span<const int32_t> tokens, Logits logits,
                       std::span<const int> taps = {}, bool graph = false);
+  // The same on the model's own cache.
+  Output forward(const int32_t* tokens, int64_t n, Logits logits, std::span<const int> taps = {},
+                 bool graph = false) {
+    return forward(*own_, tokens, n, logits, taps, graph);
+  }
+  Output forward_host(std::span<const int32_t> tokens, Logits logits,
+                      std::span<const int> taps = {}, bool graph = false) {
+    return forward_host(*own_, tokens, logits, taps, graph);
+  }
 
   // Preallocates activation buffers for forwards of up to `rows` tokens (and logits for
   // `logit_rows` rows) so that a later, longer prefill does not regrow them: regrowing drops the
@@ -93,27 +131,31 @@ class Qwen3Device {
   struct Layer {
     float *input_norm, *post_norm, *q_norm, *k_norm;  // fp32
     uint16_t *qkv, *o, *gate_up, *down;               // bf16 [N, K]
-    uint16_t *k_cache, *v_cache;                      // bf16 [max_positions, kv_dim]
   };
-  // A forward's shape: graphs are keyed by it.
+  // A forward's shape and cache: graphs are keyed by it.
   struct Key {
     int64_t n;
     Logits logits;
     std::vector<int> taps;
+    const KVCache* cache;
     bool operator<(const Key& o) const {
-      return std::tie(n, logits, taps) < std::tie(o.n, o.logits, o.taps);
+      return std::tie(n, logits, taps, cache) < std::tie(o.n, o.logits, o.taps, o.cache);
     }
   };
-  Qwen3Device(Context& ctx, const Qwen3Config& config, int64_t max_positions);
+  friend class KVCache;
+  void forget(const KVCache* cache);  // drops the graphs of a cache that goes
+  Qwen3Model(Context& ctx, const Qwen3Config& config, int64_t max_positions);
   void allocate_weights();
   void* alloc(size_t bytes);  // owned, freed in the destructor
   void grow(int64_t rows, int64_t logit_rows, int64_t feature_floats);
-  void run_layers(const Key& key);  // the captured body: reads ids_, positions_, key_count_
+  // The captured body: reads ids_, positions_, key_count_ and the cache's buffers.
+  void run_layers(const Key& key, KVCache& cache);
   void drop_graphs();
 
   Context& ctx_;
   Qwen3Config config_;
-  int64_t max_positions_ = 0, length_ = 0, weight_bytes_ = 0, sampled_vocab_ = 0;
+  int64_t max_positions_ = 0, weight_bytes_ = 0, sampled_vocab_ = 0;
+  std::unique_ptr<KVCache> own_;
   std::vector<void*> owned_;
   uint16_t *embed_ = nullptr, *lm_head_ = nullptr;
   float* final_norm_ = nullptr;
@@ -127,7 +169,7 @@ class Qwen3Device {
   DeviceBuffer<float> x_, delta_, qkv_, q_, gu_, partial_, logits_, features_;
   DeviceBuffer<uint16_t> hb_, attn_, act_, last_;
 
-  std::map<Key, cudaGraphExec_t> graphs_;
+  GraphCache<Key> graphs_;
   int64_t graphs_captured_ = 0, graph_launches_ = 0;
 };
 

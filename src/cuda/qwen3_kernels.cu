@@ -1,7 +1,7 @@
 // Kernels of the Qwen3 device forward (see qwen3_kernels.h). Each mirrors a step of
-// Qwen3Model::forward (src/models/qwen3.cpp) and the ops it calls (src/ops/cpu_ops.cpp), with the
-// same fp32 formulas in the same order; what differs from the CPU is only where a bf16 engine
-// rounds (GEMM inputs, the KV cache) and the summation order of reductions.
+// flashmap::Qwen3Model::forward (src/models/qwen3.cpp) and the ops it calls (src/ops/cpu_ops.cpp),
+// with the same fp32 formulas in the same order; what differs from the CPU is only where a bf16
+// engine rounds (GEMM inputs, the KV cache) and the summation order of reductions.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -52,8 +52,8 @@ __global__ void fill_positions_kernel(int64_t length, int64_t n, int64_t* positi
   }
 }
 
-// Qwen3Model::forward's `x += tmp` followed by ops::rms_norm (w * (x * inv), that order), the
-// result rounded to nearest-even bf16 (the GEMM input cuda::linear would round it to anyway).
+// flashmap::Qwen3Model::forward's `x += tmp` followed by ops::rms_norm (w * (x * inv), that order),
+// the result rounded to nearest-even bf16 (the GEMM input cuda::linear would round it to anyway).
 __global__ void add_rms_norm_bf16_kernel(float* x, const float* delta, const float* w, float eps,
                                          int64_t dim, __nv_bfloat16* y) {
   float* xr = x + blockIdx.x * dim;

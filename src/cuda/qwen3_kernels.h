@@ -1,10 +1,10 @@
-// Kernels of the Qwen3 forward on the device (Qwen3Device, qwen3_cuda.cpp) that kernels.h does not
-// have: fused steps of Qwen3Model::forward (src/models/qwen3.cpp, the specification) that write the
-// bf16 GEMM inputs and the bf16 KV cache directly, a split-KV causal attention whose grid does not
-// depend on the context length (so one CUDA graph replays at any position), random bf16 weights
-// made on the device, and the HBM read probe of `flashmap bench --device cuda`. Same conventions as
-// kernels.h: device pointers, bf16 passed as uint16_t bits, enqueued on `stream`, no sync; launch
-// errors surface through cudaGetLastError (the callers check after each layer).
+// Kernels of the Qwen3 forward on the device (Qwen3Model, qwen3_cuda.cpp) that kernels.h does not
+// have: fused steps of flashmap::Qwen3Model::forward (src/models/qwen3.cpp, the specification) that
+// write the bf16 GEMM inputs and the bf16 KV cache directly, a split-KV causal attention whose grid
+// does not depend on the context length (so one CUDA graph replays at any position), random bf16
+// weights made on the device, and the HBM read probe of `flashmap bench --device cuda`. Same
+// conventions as kernels.h: device pointers, bf16 passed as uint16_t bits, enqueued on `stream`, no
+// sync; launch errors surface through cudaGetLastError (the callers check after each layer).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -53,6 +53,13 @@ void Sampler::use_table(const double* table, uint64_t n) {
   table_size_ = table ? n : 0;
 }
 
+void Sampler::init_state(uint64_t* d_state, uint64_t seed) {
+  const uint64_t s[2] = {seed, 0};
+  // Pageable source: the copy is staged before the call returns.
+  check(cudaMemcpyAsync(d_state, s, sizeof(s), cudaMemcpyHostToDevice, ctx_.stream()),
+        "cudaMemcpyAsync H2D (generator state)");
+}
+
 uint64_t Sampler::counter() const {
   return state_.download(ctx_)[1];
 }

@@ -1,6 +1,6 @@
 // Sampling on the device: the filtered distributions of flashmap::filtered_probs (temperature,
 // top-k, top-p, min-p), inverse-CDF draws of flashmap::sample and the rejection-sampling
-// verification of flashmap::verify_sampled (src/spec, the specification), with uniforms from a
+// verification of flashmap::verify_sampled (src/specdec, the specification), with uniforms from a
 // counter-based generator in device memory (or, for tests, from a device table filled with a CPU
 // Rng's draws, so that device and CPU decisions can be compared exactly). A round's outcome is
 // one 8-byte RoundResult that the decoder copies to the host.
@@ -10,7 +10,7 @@
 
 #include "cuda/device.h"
 #include "cuda/sampling_kernels.h"
-#include "spec/sampling.h"
+#include "specdec/sampling.h"
 
 namespace flashmap::cuda {
 
@@ -41,6 +41,11 @@ class Sampler {
   void use_table(const double* table, uint64_t n);
   // Uniforms consumed since seed()/use_table() (synchronizes the stream).
   uint64_t counter() const;
+  // Draws from another generator state: a device {seed, counter} pair (one per sequence, so
+  // that each sequence's draws are its own stream whatever else is batched); null returns to
+  // the sampler's own. The pair is written with init_state().
+  void bind(uint64_t* d_state) { bound_ = d_state; }
+  void init_state(uint64_t* d_state, uint64_t seed);
 
   // flashmap::filtered_probs of each row: logits [rows, V] → probs [rows, V] (may not alias).
   // Needs temperature > 0 (greedy decoding takes argmaxes instead).
@@ -70,13 +75,16 @@ class Sampler {
   void draw_uniforms(int64_t n, double* out);
 
  private:
-  UniformSource source() const { return {state_.data(), table_, table_size_}; }
+  UniformSource source() const {
+    return {bound_ ? bound_ : state_.data(), bound_ ? nullptr : table_, bound_ ? 0 : table_size_};
+  }
   void check_rows(int rows, const char* what) const;
 
   Context& ctx_;
   int64_t vocab_;
   int max_rows_;
   DeviceBuffer<uint64_t> state_;  // {seed, counter}
+  uint64_t* bound_ = nullptr;     // bind()
   const double* table_ = nullptr;
   uint64_t table_size_ = 0;
   DeviceBuffer<uint64_t> keys_, sorted_;  // [max_rows, V] sort keys of filtered_probs

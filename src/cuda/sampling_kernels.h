@@ -34,7 +34,7 @@ struct UniformSource {
   uint64_t table_size = 0;
 };
 
-// Row-wise pieces of flashmap::filtered_probs (src/spec/sampling.cpp):
+// Row-wise pieces of flashmap::filtered_probs (src/specdec/sampling.cpp):
 // softmax of logits [rows, vocab] at 1/T = inv_t into probs (float(exp / Σexp) as on the CPU).
 cudaError_t launch_softmax_temperature(const float* logits, int64_t rows, int64_t vocab,
                                        float inv_t, float* probs, cudaStream_t stream);

@@ -299,4 +299,26 @@ GenerationConfig GenerationConfig::from_dir(const std::string& dir) {
   return g;
 }
 
+Qwen3Config qwen3_shape(const std::string& shape) {
+  Qwen3Config c;
+  if (shape == "qwen3-8b") {
+    // Qwen/Qwen3-8B's config.json (untied lm_head): the target of the goal table.
+    c.vocab_size = 151936, c.hidden_size = 4096, c.intermediate_size = 12288;
+    c.num_hidden_layers = 36, c.num_attention_heads = 32, c.num_key_value_heads = 8,
+    c.head_dim = 128;
+  } else if (shape == "qwen3-0.6b") {
+    c.vocab_size = 151936, c.hidden_size = 1024, c.intermediate_size = 3072;
+    c.num_hidden_layers = 28, c.num_attention_heads = 16, c.num_key_value_heads = 8,
+    c.head_dim = 128;
+  } else if (shape == "tiny") {
+    c.vocab_size = 4096, c.hidden_size = 256, c.intermediate_size = 768;
+    c.num_hidden_layers = 4, c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64;
+  } else {
+    throw Error(
+        fmt::format("--shape: unknown shape '{}' (known: qwen3-8b, qwen3-0.6b, tiny)", shape));
+  }
+  c.rope_theta = 1e6;
+  return c;
+}
+
 }  // namespace flashmap

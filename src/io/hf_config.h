@@ -69,4 +69,8 @@ struct GenerationConfig {
   static GenerationConfig from_dir(const std::string& dir);
 };
 
+// A Qwen3 shape by name for benchmarks with random weights: "qwen3-8b" (Qwen/Qwen3-8B's
+// config.json), "qwen3-0.6b", "tiny"; flashmap::Error on any other.
+Qwen3Config qwen3_shape(const std::string& shape);
+
 }  // namespace flashmap

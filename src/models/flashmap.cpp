@@ -12,7 +12,7 @@ extern "C" void dpotrf_(const char* uplo, const int* n, double* a, const int* ld
 
 namespace flashmap {
 
-FlashMapDrafter::FlashMapDrafter(const std::string& dir, const Qwen3Model& target, ThreadPool* pool)
+FlashMapModel::FlashMapModel(const std::string& dir, const Qwen3Model& target, ThreadPool* pool)
     : dir_(dir), target_(target), pool_(pool ? pool : &ThreadPool::global()) {
   const auto config_path = (std::filesystem::path(dir) / "config.json").string();
   config_ = FlashMapConfig::from_file(config_path);
@@ -39,18 +39,18 @@ FlashMapDrafter::FlashMapDrafter(const std::string& dir, const Qwen3Model& targe
     return Linear{mat(name + ".weight", out, in),
                   bias ? vec(name + ".bias", out) : std::vector<float>{}};
   };
-  fc_ = mat("fc.weight", D, int64_t(c.target_layer_ids.size()) * TH);
-  hidden_norm_ = vec("hidden_norm.weight", D);
-  anchor_proj_ = lin("anchor_proj", D, TH, true);
-  anchor_norm_ = vec("anchor_norm.weight", D);
-  state_norm_ = vec("state_norm.weight", TH);
-  noise_norm_ = vec("noise_norm.weight", TH);
-  noise_gate_ = vec("noise_gate", 1)[0];
-  x_embed_ = lin("x_embed", D, TH, true);
-  time_embed_ = {lin("time_embed.linear_1", c.cond_dim, c.time_embed_dim, true),
-                 lin("time_embed.linear_2", c.cond_dim, c.cond_dim, true)};
-  jump_embed_ = {lin("jump_embed.linear_1", c.cond_dim, c.time_embed_dim, true),
-                 lin("jump_embed.linear_2", c.cond_dim, c.cond_dim, true)};
+  w_.fc = mat("fc.weight", D, int64_t(c.target_layer_ids.size()) * TH);
+  w_.hidden_norm = vec("hidden_norm.weight", D);
+  w_.anchor_proj = lin("anchor_proj", D, TH, true);
+  w_.anchor_norm = vec("anchor_norm.weight", D);
+  w_.state_norm = vec("state_norm.weight", TH);
+  w_.noise_norm = vec("noise_norm.weight", TH);
+  w_.noise_gate = vec("noise_gate", 1)[0];
+  w_.x_embed = lin("x_embed", D, TH, true);
+  w_.time_embed = {lin("time_embed.linear_1", c.cond_dim, c.time_embed_dim, true),
+                   lin("time_embed.linear_2", c.cond_dim, c.cond_dim, true)};
+  w_.jump_embed = {lin("jump_embed.linear_1", c.cond_dim, c.time_embed_dim, true),
+                   lin("jump_embed.linear_2", c.cond_dim, c.cond_dim, true)};
   auto attn = [&](const std::string& p) {
     return Attn{lin(p + ".q_proj", D, D, false), lin(p + ".k_proj", D, D, false),
                 lin(p + ".v_proj", D, D, false), lin(p + ".o_proj", D, D, false),
@@ -58,18 +58,18 @@ FlashMapDrafter::FlashMapDrafter(const std::string& dir, const Qwen3Model& targe
   };
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = fmt::format("layers.{}.", i);
-    layers_.push_back(Layer{lin(p + "self_attn_adaln.linear", 3 * D, c.cond_dim, true),
-                            lin(p + "cross_attn_adaln.linear", 3 * D, c.cond_dim, true),
-                            lin(p + "mlp_adaln.linear", 3 * D, c.cond_dim, true),
-                            attn(p + "self_attn"), attn(p + "cross_attn"),
-                            lin(p + "mlp.fc1", c.intermediate_size, D, true),
-                            lin(p + "mlp.fc2", D, c.intermediate_size, true)});
+    w_.layers.push_back(Layer{lin(p + "self_attn_adaln.linear", 3 * D, c.cond_dim, true),
+                              lin(p + "cross_attn_adaln.linear", 3 * D, c.cond_dim, true),
+                              lin(p + "mlp_adaln.linear", 3 * D, c.cond_dim, true),
+                              attn(p + "self_attn"), attn(p + "cross_attn"),
+                              lin(p + "mlp.fc1", c.intermediate_size, D, true),
+                              lin(p + "mlp.fc2", D, c.intermediate_size, true)});
   }
-  final_adaln_ = lin("final_adaln.linear", 3 * D, c.cond_dim, true);
-  head_ = lin("head", TH, D, true);
+  w_.final_adaln = lin("final_adaln.linear", 3 * D, c.cond_dim, true);
+  w_.head = lin("head", TH, D, true);
 }
 
-const std::vector<double>& FlashMapDrafter::grid(int steps) const {
+const std::vector<double>& FlashMapModel::grid(int steps) const {
   auto it = config_.jump_grids.find(steps);
   if (it == config_.jump_grids.end()) {
     std::vector<int> keys;
@@ -80,18 +80,18 @@ const std::vector<double>& FlashMapDrafter::grid(int steps) const {
   return it->second;
 }
 
-void FlashMapDrafter::linear(const Linear& l, const float* x, int64_t rows, float* y) const {
+void FlashMapModel::linear(const Linear& l, const float* x, int64_t rows, float* y) const {
   ops::linear(x, rows, l.w, l.b.empty() ? nullptr : l.b.data(), y, *pool_);
 }
 
-DraftContext FlashMapDrafter::new_context() const {
+DraftContext FlashMapModel::new_context() const {
   DraftContext ctx;
   ctx.k.resize(static_cast<size_t>(config_.num_hidden_layers));
   ctx.v.resize(static_cast<size_t>(config_.num_hidden_layers));
   return ctx;
 }
 
-void FlashMapDrafter::ensure_room(DraftContext& ctx, int64_t positions) const {
+void FlashMapModel::ensure_room(DraftContext& ctx, int64_t positions) const {
   const size_t need = static_cast<size_t>(positions * config_.hidden_size);
   for (size_t l = 0; l < ctx.k.size(); ++l)
     if (ctx.k[l].size() < need) {
@@ -102,8 +102,8 @@ void FlashMapDrafter::ensure_room(DraftContext& ctx, int64_t positions) const {
 }
 
 // FlashMapAttention.project_kv: keys = rope(k_norm(heads(k_proj(x)))), values = v_proj(x).
-void FlashMapDrafter::project_kv(const Attn& a, const float* x, int64_t rows,
-                                 const int64_t* positions, float* keys, float* values) const {
+void FlashMapModel::project_kv(const Attn& a, const float* x, int64_t rows,
+                               const int64_t* positions, float* keys, float* values) const {
   const int nh = config_.num_attention_heads, hd = config_.head_dim();
   linear(a.k, x, rows, keys);
   ops::rms_norm_scale_first(keys, a.k_norm.data(), float(config_.qk_norm_eps), rows * nh, hd, keys);
@@ -111,25 +111,25 @@ void FlashMapDrafter::project_kv(const Attn& a, const float* x, int64_t rows,
   linear(a.v, x, rows, values);
 }
 
-void FlashMapDrafter::extend_context(DraftContext& ctx, const float* features, int64_t n) const {
+void FlashMapModel::extend_context(DraftContext& ctx, const float* features, int64_t n) const {
   const int64_t D = config_.hidden_size;
   const int64_t start = ctx.length;
   std::vector<float> context(static_cast<size_t>(n * D));
-  ops::linear(features, n, fc_, nullptr, context.data(), *pool_);
-  ops::rms_norm_scale_first(context.data(), hidden_norm_.data(), float(config_.rms_norm_eps), n, D,
-                            context.data());
+  ops::linear(features, n, w_.fc, nullptr, context.data(), *pool_);
+  ops::rms_norm_scale_first(context.data(), w_.hidden_norm.data(), float(config_.rms_norm_eps), n,
+                            D, context.data());
   std::vector<int64_t> positions(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = start + i;
   ensure_room(ctx, start + n + 1);  // + the anchor slot
-  for (size_t l = 0; l < layers_.size(); ++l)
-    project_kv(layers_[l].cross_attn, context.data(), n, positions.data(),
+  for (size_t l = 0; l < w_.layers.size(); ++l)
+    project_kv(w_.layers[l].cross_attn, context.data(), n, positions.data(),
                ctx.k[l].data() + start * D, ctx.v[l].data() + start * D);
   ctx.length += n;
 }
 
 // FlashMapTimeEmbedding: sinusoidal features of time * time_scale (fp32, as torch computes
 // them), then linear_2(silu(linear_1(.))).
-std::vector<float> FlashMapDrafter::time_embed(const TimeEmbed& te, double time) const {
+std::vector<float> FlashMapModel::time_embed(const TimeEmbed& te, double time) const {
   const int half = config_.time_embed_dim / 2;
   const float scaled = float(time) * float(config_.time_scale);
   std::vector<float> emb(static_cast<size_t>(2 * half));
@@ -148,13 +148,13 @@ std::vector<float> FlashMapDrafter::time_embed(const TimeEmbed& te, double time)
 }
 
 // time_conditioning: the modulations depend on (s, t) alone, so each jump computes them once.
-const FlashMapDrafter::Modulations& FlashMapDrafter::time_conditioning(double s, double t) const {
+const FlashMapModel::Modulations& FlashMapModel::time_conditioning(double s, double t) const {
   static std::mutex mutex;
   std::lock_guard lock(mutex);
   auto it = time_cache_.find({s, t});
   if (it != time_cache_.end()) return it->second;
-  auto cond = time_embed(time_embed_, s);
-  const auto jump = time_embed(jump_embed_, t);
+  auto cond = time_embed(w_.time_embed, s);
+  const auto jump = time_embed(w_.jump_embed, t);
   for (size_t i = 0; i < cond.size(); ++i) cond[i] = ops::silu(cond[i] + jump[i]);
   Modulations m;
   const int64_t D3 = 3 * int64_t(config_.hidden_size);
@@ -163,19 +163,19 @@ const FlashMapDrafter::Modulations& FlashMapDrafter::time_conditioning(double s,
     linear(l, cond.data(), 1, out.data());
     return out;
   };
-  for (const auto& layer : layers_) {
+  for (const auto& layer : w_.layers) {
     m.mods.push_back(modulation(layer.self_adaln));
     m.mods.push_back(modulation(layer.cross_adaln));
     m.mods.push_back(modulation(layer.mlp_adaln));
   }
-  m.mods.push_back(modulation(final_adaln_));
+  m.mods.push_back(modulation(w_.final_adaln));
   return time_cache_.emplace(std::make_pair(s, t), std::move(m)).first->second;
 }
 
 // target_constants: uniform_embeds = (1/V)·1ᵀE, and L with L Lᵀ = EᵀE. The reference forms EᵀE
 // in fp32 and factors it in float64; we accumulate fp32 chunk products (ssyrk) in float64 and
 // factor with LAPACK dpotrf.
-const std::vector<float>& FlashMapDrafter::uniform_embeds() const {
+const std::vector<float>& FlashMapModel::uniform_embeds() const {
   if (uniform_embeds_.empty()) {
     const Weight& E = target_.embedding();
     const float u = 1.0f / float(E.rows);
@@ -186,7 +186,7 @@ const std::vector<float>& FlashMapDrafter::uniform_embeds() const {
   return uniform_embeds_;
 }
 
-bool FlashMapDrafter::has_noise_factor() const {
+bool FlashMapModel::has_noise_factor() const {
   if (!noise_factor_.empty()) return true;
   if (noise_factor_failed_) return false;
   try {
@@ -198,7 +198,7 @@ bool FlashMapDrafter::has_noise_factor() const {
   }
 }
 
-const std::vector<float>& FlashMapDrafter::noise_factor() const {
+const std::vector<float>& FlashMapModel::noise_factor() const {
   if (noise_factor_.empty()) {
     const Weight& E = target_.embedding();
     const int H = int(E.cols);
@@ -245,27 +245,27 @@ const std::vector<float>& FlashMapDrafter::noise_factor() const {
 
 // mix_state: state_norm(posterior) + gate · noise_norm(state_embeds), gate = noise_gate·(t−s)
 // ("jump") or noise_gate ("constant").
-void FlashMapDrafter::mix_state(const float* posterior, bool broadcast_posterior,
-                                const float* state_embeds, int64_t rows, double s, double t,
-                                float* out) const {
+void FlashMapModel::mix_state(const float* posterior, bool broadcast_posterior,
+                              const float* state_embeds, int64_t rows, double s, double t,
+                              float* out) const {
   const int64_t TH = config_.target_hidden_size;
   const float eps = float(config_.rms_norm_eps);
   const double jump = config_.noise_gate == "constant" ? 1.0 : t - s;
-  const float gate = noise_gate_ * float(jump);
+  const float gate = w_.noise_gate * float(jump);
   std::vector<float> p(static_cast<size_t>(TH)), n(static_cast<size_t>(rows * TH));
-  ops::rms_norm_scale_first(state_embeds, noise_norm_.data(), eps, rows, TH, n.data());
+  ops::rms_norm_scale_first(state_embeds, w_.noise_norm.data(), eps, rows, TH, n.data());
   for (int64_t r = 0; r < rows; ++r) {
     const float* post = posterior + (broadcast_posterior ? 0 : r * TH);
-    ops::rms_norm_scale_first(post, state_norm_.data(), eps, 1, TH, p.data());
+    ops::rms_norm_scale_first(post, w_.state_norm.data(), eps, 1, TH, p.data());
     for (int64_t i = 0; i < TH; ++i)
       out[r * TH + i] = p[static_cast<size_t>(i)] + gate * n[static_cast<size_t>(r * TH + i)];
   }
 }
 
 // FlashMapDraftModel.forward for a batch of blocks: x_embed, DiT layers, final AdaLN, head.
-void FlashMapDrafter::forward(const float* inputs, int64_t B, double s, double t,
-                              const int64_t* positions, std::span<const Request> batch,
-                              float* hidden_out) const {
+void FlashMapModel::forward(const float* inputs, int64_t B, double s, double t,
+                            const int64_t* positions, std::span<const Request> batch,
+                            float* hidden_out) const {
   const auto& c = config_;
   const int64_t K = c.block_size, D = c.hidden_size, N = B * K, I = c.intermediate_size;
   const int nh = c.num_attention_heads, hd = c.head_dim();
@@ -276,7 +276,7 @@ void FlashMapDrafter::forward(const float* inputs, int64_t B, double s, double t
   std::vector<float> x(static_cast<size_t>(N * D)), h(static_cast<size_t>(N * D)),
       q(static_cast<size_t>(N * D)), k(static_cast<size_t>(N * D)), v(static_cast<size_t>(N * D)),
       a(static_cast<size_t>(N * D)), o(static_cast<size_t>(N * D)), m(static_cast<size_t>(N * I));
-  linear(x_embed_, inputs, N, x.data());
+  linear(w_.x_embed, inputs, N, x.data());
   // AdaLN: layer_norm(x)·(1 + scale) + shift; returns the gate.
   auto adaln = [&](const std::vector<float>& mod) {
     ops::layer_norm(x.data(), ln_eps, N, D, h.data());
@@ -296,8 +296,8 @@ void FlashMapDrafter::forward(const float* inputs, int64_t B, double s, double t
     ops::rms_norm_scale_first(q.data(), at.q_norm.data(), qk_eps, N * nh, hd, q.data());
     ops::rope_interleaved(q.data(), N, nh, hd, positions, c.rope_theta);
   };
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const Layer& L = w_.layers[l];
     // Self-attention across the block's K slots (bidirectional).
     const float* gate = adaln(mods[3 * l]);
     queries(L.self_attn);
@@ -327,10 +327,10 @@ void FlashMapDrafter::forward(const float* inputs, int64_t B, double s, double t
     gated_add(gate, o.data());
   }
   adaln(mods.back());
-  linear(head_, h.data(), N, hidden_out);
+  linear(w_.head, h.data(), N, hidden_out);
 }
 
-void FlashMapDrafter::draft(std::span<const Request> batch, int steps, float* logits) const {
+void FlashMapModel::draft(std::span<const Request> batch, int steps, float* logits) const {
   const auto& c = config_;
   const auto& g = grid(steps);
   const int64_t B = int64_t(batch.size()), K = c.block_size, D = c.hidden_size;
@@ -346,16 +346,16 @@ void FlashMapDrafter::draft(std::span<const Request> batch, int steps, float* lo
                    V);
     E.row_f32(tok, anchor_embeds.data() + b * TH);
   }
-  linear(anchor_proj_, anchor_embeds.data(), B, anchor_ctx.data());
-  ops::rms_norm_scale_first(anchor_ctx.data(), anchor_norm_.data(), float(c.rms_norm_eps), B, D,
+  linear(w_.anchor_proj, anchor_embeds.data(), B, anchor_ctx.data());
+  ops::rms_norm_scale_first(anchor_ctx.data(), w_.anchor_norm.data(), float(c.rms_norm_eps), B, D,
                             anchor_ctx.data());
   std::vector<int64_t> positions(static_cast<size_t>(N));
   for (int64_t b = 0; b < B; ++b) {
     auto& ctx = *batch[static_cast<size_t>(b)].ctx;
     const int64_t anchor = ctx.length;
     ensure_room(ctx, anchor + 1);
-    for (size_t l = 0; l < layers_.size(); ++l)
-      project_kv(layers_[l].cross_attn, anchor_ctx.data() + b * D, 1, &anchor,
+    for (size_t l = 0; l < w_.layers.size(); ++l)
+      project_kv(w_.layers[l].cross_attn, anchor_ctx.data() + b * D, 1, &anchor,
                  ctx.k[l].data() + anchor * D, ctx.v[l].data() + anchor * D);
     for (int64_t i = 0; i < K; ++i) positions[static_cast<size_t>(b * K + i)] = anchor + 1 + i;
   }

@@ -17,10 +17,6 @@
 
 namespace flashmap {
 
-namespace cuda {
-class FlashMapDevice;
-}
-
 // FlashMapCache for one sequence: per layer the cross-attention keys and values
 // [position, hidden] of the context. Positions [0, length) hold the target's features of the
 // verified tokens; position `length` is the anchor's, written by draft() and overwritten by the
@@ -30,11 +26,11 @@ struct DraftContext {
   std::vector<std::vector<float>> k, v;
 };
 
-class FlashMapDrafter {
+class FlashMapModel {
  public:
   // Loads a drafter folder for `target`; throws when it does not fit the target (vocabulary,
   // hidden size, target_layer_ids), naming the file and field.
-  FlashMapDrafter(const std::string& dir, const Qwen3Model& target, ThreadPool* pool = nullptr);
+  FlashMapModel(const std::string& dir, const Qwen3Model& target, ThreadPool* pool = nullptr);
 
   const FlashMapConfig& config() const { return config_; }
   int block_size() const { return config_.block_size; }
@@ -69,10 +65,8 @@ class FlashMapDrafter {
   // Whether EᵀE is positive definite, so that noise_factor() exists.
   bool has_noise_factor() const;
 
- private:
-  // The CUDA backend (src/cuda/flashmap_cuda.cpp) uploads these weights once, as they are here.
-  friend class cuda::FlashMapDevice;
-
+  // The weights as loaded, in the reference's module structure (bf16/f16/f32 matrices kept in
+  // their file dtype). The CUDA backend uploads them from here.
   struct Linear {
     Weight w;
     std::vector<float> b;  // empty: no bias
@@ -89,6 +83,17 @@ class FlashMapDrafter {
   struct TimeEmbed {
     Linear l1, l2;
   };
+  struct Weights {
+    Weight fc;
+    std::vector<float> hidden_norm, anchor_norm, state_norm, noise_norm;
+    Linear anchor_proj, x_embed, final_adaln, head;
+    float noise_gate = 1.0f;
+    TimeEmbed time_embed, jump_embed;
+    std::vector<Layer> layers;
+  };
+  const Weights& weights() const { return w_; }
+
+ private:
   // The AdaLN modulations of one jump: per layer (self, cross, mlp) then final, each 3*hidden.
   struct Modulations {
     std::vector<std::vector<float>> mods;
@@ -110,12 +115,7 @@ class FlashMapDrafter {
   const Qwen3Model& target_;
   ThreadPool* pool_;
   std::unique_ptr<Checkpoint> ckpt_;
-  Weight fc_;
-  std::vector<float> hidden_norm_, anchor_norm_, state_norm_, noise_norm_;
-  Linear anchor_proj_, x_embed_, final_adaln_, head_;
-  float noise_gate_ = 1.0f;
-  TimeEmbed time_embed_, jump_embed_;
-  std::vector<Layer> layers_;
+  Weights w_;
   mutable std::map<std::pair<double, double>, Modulations> time_cache_;
   mutable std::vector<float> uniform_embeds_, noise_factor_;
   mutable bool noise_factor_failed_ = false;

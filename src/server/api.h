@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "spec/sampling.h"
+#include "specdec/sampling.h"
 
 namespace flashmap::server {
 

@@ -27,7 +27,7 @@ namespace {
 std::vector<double> latency_buckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 }
-double seconds(runtime::Clock::duration d) {
+double seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 }  // namespace
@@ -39,7 +39,7 @@ void Metrics::request_done(const std::string& endpoint, int status) {
   ++requests_[{endpoint, status}];
 }
 
-void Metrics::generation_done(const runtime::Request& req, size_t completion_tokens) {
+void Metrics::generation_done(const Request& req, size_t completion_tokens) {
   const auto em = req.emissions();
   std::lock_guard lk(mutex_);
   prompt_tokens_ += req.params.prompt.size();
@@ -52,7 +52,7 @@ void Metrics::generation_done(const runtime::Request& req, size_t completion_tok
   e2e_.observe(seconds(em.back().first - req.submitted));
 }
 
-std::string Metrics::render(const runtime::SchedulerStats& s) const {
+std::string Metrics::render(const EngineStats& s) const {
   std::lock_guard lk(mutex_);
   std::string out;
   out +=
@@ -91,7 +91,7 @@ std::string Metrics::render(const runtime::SchedulerStats& s) const {
       "# HELP flashmap_spec_policy_rounds_total Rounds in which some sequence could draft, by "
       "the policy's choice (speculative or target) and whether it explored.\n"
       "# TYPE flashmap_spec_policy_rounds_total counter\n",
-      runtime::spec_policy_name(s.policy));
+      engine::spec_policy_name(s.policy));
   for (int spec = 1; spec >= 0; --spec)
     for (int explore = 0; explore < 2; ++explore)
       out += fmt::format("flashmap_spec_policy_rounds_total{{mode=\"{}\",explore=\"{}\"}} {}\n",
@@ -100,7 +100,7 @@ std::string Metrics::render(const runtime::SchedulerStats& s) const {
   std::string tps, secs, toks, samples, choice;
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     const auto& bk = s.buckets[b];
-    const auto label = runtime::SpecPolicy::bucket_label(int(b));
+    const auto label = engine::SpecPolicy::bucket_label(int(b));
     for (int spec = 1; spec >= 0; --spec) {
       const auto& e = spec ? bk.spec : bk.plain;
       if (e.samples == 0) continue;

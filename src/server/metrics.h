@@ -2,12 +2,12 @@
 // gauges (GET /metrics).
 #pragma once
 
+#include <flashmap/engine.h>
+
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include "runtime/scheduler.h"
 
 namespace flashmap::server {
 
@@ -30,8 +30,8 @@ class Metrics {
   Metrics();
   void request_done(const std::string& endpoint, int status);
   // One finished generation: token counts and its emission times (see Request::emissions).
-  void generation_done(const runtime::Request& req, size_t completion_tokens);
-  std::string render(const runtime::SchedulerStats& s) const;
+  void generation_done(const Request& req, size_t completion_tokens);
+  std::string render(const EngineStats& s) const;
 
  private:
   mutable std::mutex mutex_;

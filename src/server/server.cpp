@@ -15,7 +15,6 @@
 namespace flashmap::server {
 
 using json = nlohmann::json;
-using runtime::Clock;
 
 namespace {
 
@@ -92,7 +91,7 @@ std::string render_front(const FrontStats& f) {
   return out;
 }
 
-FrontOptions front_options(const ServerOptions& o, const runtime::Scheduler& sched) {
+FrontOptions front_options(const ServerOptions& o, const Engine& sched) {
   FrontOptions f;
   // A streaming response holds its worker for its whole life: every admitted request needs
   // one, plus a few for /health, /metrics and the requests that will be refused.
@@ -142,7 +141,7 @@ struct Output {
 }  // namespace
 
 struct Server::Impl {
-  runtime::Scheduler& sched;
+  Engine& sched;
   const TextCodec* text;
   ServerOptions opt;
   HttpFront http;
@@ -152,7 +151,7 @@ struct Server::Impl {
   std::atomic<int> active{0};  // generation handlers still writing
   std::mutex log_mutex;
 
-  Impl(runtime::Scheduler& s, const TextCodec* t, ServerOptions o)
+  Impl(Engine& s, const TextCodec* t, ServerOptions o)
       : sched(s), text(t), opt(std::move(o)), http(front_options(opt, sched)) {}
 
   void log(const std::string& line) {
@@ -163,13 +162,13 @@ struct Server::Impl {
 
   void routes();
   void generation(const httplib::Request& hreq, httplib::Response& res, bool chat);
-  runtime::RequestParams build(const GenerationRequest& g);
-  json usage(const runtime::Request& r, const Output& out) const {
+  RequestParams build(const GenerationRequest& g);
+  json usage(const Request& r, const Output& out) const {
     return {{"prompt_tokens", r.params.prompt.size()},
             {"completion_tokens", out.ids.size()},
             {"total_tokens", r.params.prompt.size() + out.ids.size()}};
   }
-  void finished(const std::string& rid, const std::string& path, const runtime::Request& r,
+  void finished(const std::string& rid, const std::string& path, const Request& r,
                 const Output& out, const std::string& reason, bool stream) {
     metrics.generation_done(r, out.ids.size());
     metrics.request_done(path, 200);
@@ -183,8 +182,8 @@ struct Server::Impl {
   }
 };
 
-runtime::RequestParams Server::Impl::build(const GenerationRequest& g) {
-  runtime::RequestParams p;
+RequestParams Server::Impl::build(const GenerationRequest& g) {
+  RequestParams p;
   if (g.chat) {
     if (!text)
       throw ApiError(400, "chat completions need a tokenizer: start the server with --tokenizer",
@@ -239,7 +238,7 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     metrics.request_done(path, status);
     log(fmt::format("{} POST {} {} error: {}", rid, path, status, message));
   };
-  std::shared_ptr<runtime::Request> req;
+  std::shared_ptr<Request> req;
   GenerationRequest g;
   try {
     if (draining) return fail(503, "the server is shutting down");
@@ -260,7 +259,7 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     req = sched.submit(build(g));
   } catch (const ApiError& e) {
     return fail(e.status, e.what(), e.param, e.code, e.type);
-  } catch (const runtime::AdmissionError& e) {
+  } catch (const AdmissionError& e) {
     if (e.status == 429) res.set_header("Retry-After", "1");
     return fail(e.status, e.what());
   } catch (const Error& e) {
@@ -529,8 +528,8 @@ void Server::Impl::routes() {
   });
 }
 
-Server::Server(runtime::Scheduler& scheduler, const TextCodec* text, ServerOptions options)
-    : impl_(std::make_unique<Impl>(scheduler, text, std::move(options))) {
+Server::Server(Engine& engine, const TextCodec* text, ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, text, std::move(options))) {
   impl_->routes();
 }
 

@@ -1,15 +1,15 @@
 // `flashmap serve`'s HTTP front end (cpp-httplib): the OpenAI-compatible endpoints over a
-// runtime::Scheduler. Handler threads only parse, tokenize, wait and write; the engine thread
-// alone runs the models.
+// flashmap::Engine. Handler threads only parse, tokenize, wait and write; the engine thread alone
+// runs the models.
 #pragma once
+
+#include <flashmap/engine.h>
 
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include "runtime/scheduler.h"
 
 namespace flashmap::server {
 
@@ -53,7 +53,7 @@ struct ServerOptions {
 class Server {
  public:
   // `text` may be null (token ids only); both must outlive the server.
-  Server(runtime::Scheduler& scheduler, const TextCodec* text, ServerOptions options);
+  Server(Engine& engine, const TextCodec* text, ServerOptions options);
   ~Server();
   // Binds the socket; returns the port (the chosen one for port 0). Throws flashmap::Error.
   int bind();

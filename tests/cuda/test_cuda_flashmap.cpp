@@ -1,8 +1,9 @@
-// The FlashMap drafter on the GPU (src/cuda/flashmap_cuda.*) against the CPU FlashMapDrafter (the
-// specification, itself checked against the reference by `flashmap parity`) on the committed
-// fixtures, with the same given noise; the device Philox normal generator against its host copy and
-// N(0, 1); CUDA-graph replays against eager drafts; and a smoke run with timings at the default
-// drafter shape. Without a usable GPU every device test skips; the generator's host tests run.
+// The FlashMap drafter on the GPU (src/cuda/flashmap_cuda.*) against the CPU
+// flashmap::FlashMapModel (the specification, itself checked against the reference by `flashmap
+// parity`) on the committed fixtures, with the same given noise; the device Philox normal generator
+// against its host copy and N(0, 1); CUDA-graph replays against eager drafts; and a smoke run with
+// timings at the default drafter shape. Without a usable GPU every device test skips; the
+// generator's host tests run.
 //
 // Tolerances. The device rounds every GEMM operand to bf16 (weights, activations, the state read
 // through E, E and lm_head themselves) and accumulates in fp32; the CPU computes in fp32 from the
@@ -93,30 +94,30 @@ std::vector<uint16_t> bf16_of(const Weight& w) {
 }
 
 // A fixture on both backends: the CPU target and drafter, the target's embedding and lm_head in
-// bf16 on the device (what Qwen3Device holds), the device drafter, and the reference's prompt,
+// bf16 on the device (what Qwen3Model holds), the device drafter, and the reference's prompt,
 // features and noise from expected.safetensors.
 struct Pair {
   std::string dir;
-  std::unique_ptr<Qwen3Model> target;
-  std::unique_ptr<FlashMapDrafter> cpu;
+  std::unique_ptr<::flashmap::Qwen3Model> target;
+  std::unique_ptr<::flashmap::FlashMapModel> cpu;
   std::unique_ptr<SafetensorsFile> ref;
   DeviceBuffer<uint16_t> E, lm;
-  std::unique_ptr<FlashMapDevice> dev;
+  std::unique_ptr<FlashMapModel> dev;
   std::vector<int32_t> prompt;
   std::vector<float> features;  // [P, F]
   DeviceBuffer<float> d_features;
   int64_t V = 0, TH = 0, K = 0, F = 0, P = 0;
 
   Pair(Context& gpu, const std::string& d) : dir(d) {
-    target = std::make_unique<Qwen3Model>(dir + "/target");
-    cpu = std::make_unique<FlashMapDrafter>(dir + "/draft", *target);
+    target = std::make_unique<::flashmap::Qwen3Model>(dir + "/target");
+    cpu = std::make_unique<::flashmap::FlashMapModel>(dir + "/draft", *target);
     ref = std::make_unique<SafetensorsFile>(dir + "/expected.safetensors");
     V = target->config().vocab_size;
     TH = target->config().hidden_size;
     K = cpu->block_size();
     E = DeviceBuffer<uint16_t>(gpu, bf16_of(target->embedding()));
     lm = DeviceBuffer<uint16_t>(gpu, bf16_of(target->lm_head()));
-    dev = std::make_unique<FlashMapDevice>(gpu, *cpu, E.data(), lm.data(), V, TH);
+    dev = std::make_unique<FlashMapModel>(gpu, *cpu, E.data(), lm.data(), V, TH);
     for (auto id : ref->get("prompt_ids").to_i64()) prompt.push_back(int32_t(id));
     P = int64_t(prompt.size());
     features = ref->get("target_features").to_f32();
@@ -128,15 +129,15 @@ struct Pair {
   std::vector<float> noise(const std::string& name) const { return ref->get(name).to_f32(); }
 
   std::vector<float> cpu_draft(DraftContext& ctx, int32_t anchor, int steps,
-                               FlashMapDrafter::Noise noise) const {
+                               ::flashmap::FlashMapModel::Noise noise) const {
     std::vector<float> logits(size_t(K * V));
-    FlashMapDrafter::Request req{&ctx, anchor, noise};
+    ::flashmap::FlashMapModel::Request req{&ctx, anchor, noise};
     cpu->draft({&req, 1}, steps, logits.data());
     return logits;
   }
   std::vector<float> gpu_draft(Context& gpu, DeviceDraftContext& ctx, int32_t anchor, int steps,
-                               FlashMapDevice::Noise noise,
-                               FlashMapDevice::Exec exec = FlashMapDevice::Exec::Eager) const {
+                               FlashMapModel::Noise noise,
+                               FlashMapModel::Exec exec = FlashMapModel::Exec::Eager) const {
     DeviceBuffer<float> logits(size_t(K * V));
     dev->draft(ctx, anchor, steps, noise, logits.data(), exec);
     return logits.download(gpu);  // waits for the stream
@@ -264,7 +265,7 @@ TEST_F(CudaFlashMap, GivenNoiseMatchesCpuOnFixtures) {
     SCOPED_TRACE(dir);
     Pair p(*gpu, dir);
     const int32_t anchor = p.prompt.back();
-    auto run = [&](FlashMapDrafter::Noise cn, FlashMapDevice::Noise gn, int steps) {
+    auto run = [&](::flashmap::FlashMapModel::Noise cn, FlashMapModel::Noise gn, int steps) {
       DraftContext c = p.cpu->new_context();
       p.cpu->extend_context(c, p.features.data(), p.P - 1);
       DeviceDraftContext g = p.dev->new_context(p.P + 1);
@@ -277,15 +278,15 @@ TEST_F(CudaFlashMap, GivenNoiseMatchesCpuOnFixtures) {
       if (!p.ref->contains(name)) continue;
       const auto x0 = p.noise(name);
       DeviceBuffer<float> d_x0(*gpu, x0);
-      const auto [got, want] = run({FlashMapDrafter::Noise::Vocab, x0.data(), nullptr},
-                                   {FlashMapDevice::Noise::Vocab, d_x0.data()}, steps);
+      const auto [got, want] = run({::flashmap::FlashMapModel::Noise::Vocab, x0.data(), nullptr},
+                                   {FlashMapModel::Noise::Vocab, d_x0.data()}, steps);
       expect_logits_match(got, want, p.V,
                           std::string(dir) + " x0, " + std::to_string(steps) + " step(s)");
     }
     const auto z = p.noise("noise_z");
     DeviceBuffer<float> d_z(*gpu, z);
-    const auto [got, want] = run({FlashMapDrafter::Noise::Embed, z.data(), nullptr},
-                                 {FlashMapDevice::Noise::Embed, d_z.data()}, 1);
+    const auto [got, want] = run({::flashmap::FlashMapModel::Noise::Embed, z.data(), nullptr},
+                                 {FlashMapModel::Noise::Embed, d_z.data()}, 1);
     expect_logits_match(got, want, p.V, std::string(dir) + " z·Lᵀ, 1 step");
   }
 }
@@ -312,9 +313,9 @@ TEST_F(CudaFlashMap, ExtendContextInRoundsThenDraftMatchesCpu) {
       const auto x0 = p.noise("noise_x0_steps" + std::to_string(steps));
       DeviceBuffer<float> d_x0(*gpu, x0);
       const auto got =
-          p.gpu_draft(*gpu, g, anchor, steps, {FlashMapDevice::Noise::Vocab, d_x0.data()});
-      const auto want =
-          p.cpu_draft(c, anchor, steps, {FlashMapDrafter::Noise::Vocab, x0.data(), nullptr});
+          p.gpu_draft(*gpu, g, anchor, steps, {FlashMapModel::Noise::Vocab, d_x0.data()});
+      const auto want = p.cpu_draft(c, anchor, steps,
+                                    {::flashmap::FlashMapModel::Noise::Vocab, x0.data(), nullptr});
       expect_logits_match(got, want, p.V,
                           std::string(dir) + " after " + std::to_string(done) + " positions, " +
                               std::to_string(steps) + " step(s)");
@@ -342,11 +343,11 @@ TEST_F(CudaFlashMap, DrawnNoiseIsTheGeneratorsStream) {
       p.cpu->extend_context(c, p.features.data(), p.P - 1);
       DeviceDraftContext g = p.dev->new_context(p.P + 1);
       p.dev->extend_context(g, p.d_features.data(), p.P - 1);
-      FlashMapDevice::Noise drawn;
+      FlashMapModel::Noise drawn;
       drawn.seed = seed;
       drawn.counter = counter;
       const auto got = p.gpu_draft(*gpu, g, p.prompt.back(), steps, drawn);
-      using CN = FlashMapDrafter::Noise;
+      using CN = ::flashmap::FlashMapModel::Noise;
       const auto want = p.cpu_draft(c, p.prompt.back(), steps,
                                     {embed ? CN::Embed : CN::Vocab, host_noise.data(), nullptr});
       expect_logits_match(got, want, p.V,
@@ -354,7 +355,7 @@ TEST_F(CudaFlashMap, DrawnNoiseIsTheGeneratorsStream) {
       // The same noise given on the device takes the same kernels: identical up to rounding.
       const auto given = p.gpu_draft(
           *gpu, g, p.prompt.back(), steps,
-          {embed ? FlashMapDevice::Noise::Embed : FlashMapDevice::Noise::Vocab, noise.data()});
+          {embed ? FlashMapModel::Noise::Embed : FlashMapModel::Noise::Vocab, noise.data()});
       EXPECT_LE(nmse(given, got), 1e-12);
     }
   }
@@ -375,12 +376,12 @@ TEST_F(CudaFlashMap, GraphReplayEqualsEagerAsTheContextGrows) {
     const std::vector<int32_t> anchor = {p.prompt[size_t(done)]};
     d_anchor.upload(*gpu, anchor.data(), 1);
     for (int steps : {1, 3, 2}) {
-      FlashMapDevice::Noise noise;  // drawn, a new counter per round and step count
+      FlashMapModel::Noise noise;  // drawn, a new counter per round and step count
       noise.seed = 5;
       noise.counter = uint64_t(done * 10 + steps);
-      if (steps == 2) noise = {FlashMapDevice::Noise::Vocab, d_x0.data()};
-      p.dev->draft(g, d_anchor.data(), steps, noise, eager.data(), FlashMapDevice::Exec::Eager);
-      p.dev->draft(g, d_anchor.data(), steps, noise, graph.data(), FlashMapDevice::Exec::Graph);
+      if (steps == 2) noise = {FlashMapModel::Noise::Vocab, d_x0.data()};
+      p.dev->draft(g, d_anchor.data(), steps, noise, eager.data(), FlashMapModel::Exec::Eager);
+      p.dev->draft(g, d_anchor.data(), steps, noise, graph.data(), FlashMapModel::Exec::Graph);
       const auto e = eager.download(*gpu), r = graph.download(*gpu);
       // The same kernels and GEMM algorithms on the same data: equal (bitwise in practice).
       EXPECT_LE(nmse(r, e), 1e-12) << "after " << done << ", " << steps << " step(s)";
@@ -397,7 +398,7 @@ TEST_F(CudaFlashMap, GraphReplayEqualsEagerAsTheContextGrows) {
   DraftContext c = p.cpu->new_context();
   p.cpu->extend_context(c, p.features.data(), done);
   const auto want = p.cpu_draft(c, p.prompt[size_t(done)], 2,
-                                {FlashMapDrafter::Noise::Vocab, x0.data(), nullptr});
+                                {::flashmap::FlashMapModel::Noise::Vocab, x0.data(), nullptr});
   expect_logits_match(graph.download(*gpu), want, p.V, "graph replay, 2 steps");
 }
 
@@ -410,10 +411,9 @@ TEST_F(CudaFlashMap, ClearErrors) {
   EXPECT_THROW(p.dev->draft(g, int32_t(p.V), 1, {}, logits.data()), Error);  // anchor past V
   EXPECT_THROW(p.dev->draft(g, 1, 7, {}, logits.data()), Error);             // no such grid
   DeviceBuffer<float> z(size_t(p.K * p.TH));
-  EXPECT_THROW(p.dev->draft(g, 1, 2, {FlashMapDevice::Noise::Embed, z.data()}, logits.data()),
+  EXPECT_THROW(p.dev->draft(g, 1, 2, {FlashMapModel::Noise::Embed, z.data()}, logits.data()),
                Error);  // embedding-space noise is for one step
-  EXPECT_THROW(p.dev->draft(g, 1, 2, {FlashMapDevice::Noise::Vocab, nullptr}, logits.data()),
-               Error);
+  EXPECT_THROW(p.dev->draft(g, 1, 2, {FlashMapModel::Noise::Vocab, nullptr}, logits.data()), Error);
   p.dev->draft(g, 1, 1, {}, logits.data());  // still usable
   gpu->sync();
 }
@@ -427,7 +427,7 @@ TEST_F(CudaFlashMap, RandomDrafterAtDefaultShapeRunsAndTimes) {
   DeviceBuffer<uint16_t> E(size_t(V * TH)), lm(size_t(V * TH));
   drafter::philox_normal_bf16(E.data(), V * TH, 0.02f, 1, gpu->stream());
   drafter::philox_normal_bf16(lm.data(), V * TH, 0.02f, 2, gpu->stream());
-  auto fm = FlashMapDevice::random(*gpu, c, E.data(), lm.data(), V, TH, 42);
+  auto fm = FlashMapModel::random(*gpu, c, E.data(), lm.data(), V, TH, 42);
   const int64_t context = 512;
   DeviceDraftContext ctx = fm->new_context(2048);
   DeviceBuffer<float> feats(size_t(context * fm->feature_dim()));
@@ -441,8 +441,8 @@ TEST_F(CudaFlashMap, RandomDrafterAtDefaultShapeRunsAndTimes) {
   check(cudaEventCreate(&t0), "cudaEventCreate");
   check(cudaEventCreate(&t1), "cudaEventCreate");
   for (int steps = 1; steps <= 4; ++steps) {
-    for (auto exec : {FlashMapDevice::Exec::Eager, FlashMapDevice::Exec::Graph}) {
-      FlashMapDevice::Noise noise;
+    for (auto exec : {FlashMapModel::Exec::Eager, FlashMapModel::Exec::Graph}) {
+      FlashMapModel::Noise noise;
       noise.seed = 11;
       fm->draft(ctx, anchor.data(), steps, noise, logits.data(), exec);  // warm-up / capture
       const auto out = logits.download(*gpu);
@@ -460,8 +460,8 @@ TEST_F(CudaFlashMap, RandomDrafterAtDefaultShapeRunsAndTimes) {
       float ms = 0;
       check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
       std::printf("  default shape, context %lld, %d step(s), %s: %.3f ms per draft\n",
-                  (long long)context, steps,
-                  exec == FlashMapDevice::Exec::Eager ? "eager" : "graph", ms / reps);
+                  (long long)context, steps, exec == FlashMapModel::Exec::Eager ? "eager" : "graph",
+                  ms / reps);
     }
   }
   cudaEventDestroy(t0);

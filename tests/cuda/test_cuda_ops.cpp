@@ -18,8 +18,8 @@
 #include "cuda/kernels.h"
 #include "gpu_test.h"
 #include "ops/ops.h"
-#include "spec/decoder.h"
-#include "spec/sampling.h"
+#include "specdec/sampling.h"
+#include "specdec/verify.h"
 
 namespace flashmap::cuda {
 namespace {
@@ -137,7 +137,7 @@ TEST_F(CudaOps, LayerNormWithAdaLN) {
     DeviceBuffer<float> dy(x.size());
     layer_norm_modulate(dx.data(), 1e-6f, rows, dim, nullptr, nullptr, dy.data(), s());
     EXPECT_LT(nmse(down(dy), want), kF32) << "plain " << rows;
-    // The drafter's modulation, as FlashMapDrafter::forward's adaln lambda writes it.
+    // The drafter's modulation, as flashmap::FlashMapModel::forward's adaln lambda writes it.
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < dim; ++i)
         want[size_t(r * dim + i)] =
@@ -302,7 +302,8 @@ TEST_F(CudaOps, AttentionCausalOverKvCache) {
 
 TEST_F(CudaOps, AttentionDrafterSelfAndCross) {
   // Bidirectional self-attention over a block of 16 slots, and cross-attention of the 16 slots to
-  // contexts of 1, 17 and 769 positions (n_heads = n_kv_heads, as in FlashMapDrafter::forward).
+  // contexts of 1, 17 and 769 positions (n_heads = n_kv_heads, as in
+  // flashmap::FlashMapModel::forward).
   const int64_t K = 16;
   attention_case(*this, *ctx, K, 16, 16, 128, std::vector<int64_t>(size_t(K), K), Elem::F32, kF32,
                  "self f32");

@@ -1,4 +1,4 @@
-// The Qwen3 target on the GPU (src/cuda/qwen3_cuda.h) against the CPU Qwen3Model (the
+// The Qwen3 target on the GPU (src/cuda/qwen3_cuda.h) against the CPU flashmap::Qwen3Model (the
 // specification) on the committed fixtures, plus the new kernels it uses against the CPU ops they
 // fuse. On a machine without a usable GPU every test here skips, so ctest passes in CI.
 //
@@ -106,7 +106,7 @@ TEST_F(CudaQwen3Kernels, AddRmsNormBf16) {
       auto x = randn(size_t(rows * dim), 1, 2.0f), d = randn(size_t(rows * dim), 2),
            w = randn(size_t(dim), 3, 0.2f, 1.0f);
       std::vector<float> xs(x.size()), want(x.size());
-      for (size_t i = 0; i < x.size(); ++i) xs[i] = x[i] + d[i];  // Qwen3Model: x += tmp
+      for (size_t i = 0; i < x.size(); ++i) xs[i] = x[i] + d[i];  // flashmap::Qwen3Model: x += tmp
       ops::rms_norm(xs.data(), w.data(), 1e-6f, rows, dim, want.data());
       auto dx = up(x), dd = up(d), dw = up(w);
       DeviceBuffer<uint16_t> y(x.size());
@@ -137,7 +137,7 @@ TEST_F(CudaQwen3Kernels, QkNormRopeAppendMatchesCpu) {
       auto qn = randn(size_t(cs.hd), 6, 0.2f, 1.0f), kn = randn(size_t(cs.hd), 7, 0.2f, 1.0f);
       std::vector<int64_t> pos(static_cast<size_t>(n));
       std::iota(pos.begin(), pos.end(), past);
-      // CPU: split, per-head rms_norm, rope_half (Qwen3Model::forward's order).
+      // CPU: split, per-head rms_norm, rope_half (flashmap::Qwen3Model::forward's order).
       std::vector<float> q(size_t(n * q_dim)), k(size_t(n * kv_dim)), v(size_t(n * kv_dim));
       for (int64_t r = 0; r < n; ++r) {
         std::copy_n(qkv.data() + r * ld, q_dim, q.data() + r * q_dim);
@@ -314,21 +314,21 @@ TEST_F(CudaQwen3, MatchesCpuOnFixturesPrefillDecodeVerify) {
   Agreement total;
   for (const auto& dir : kTargets) {
     SCOPED_TRACE(dir);
-    Qwen3Model cpu(dir);
+    ::flashmap::Qwen3Model cpu(dir);
     const auto& c = cpu.config();
     const int64_t V = c.vocab_size, H = c.hidden_size;
-    Qwen3Device dev(*ctx, cpu, 1024);
+    Qwen3Model dev(*ctx, cpu, 1024);
     ASSERT_EQ(dev.config().tie_word_embeddings, cpu.lm_head().data == cpu.embedding().data);
     std::vector<int> taps(size_t(c.num_hidden_layers));
     std::iota(taps.begin(), taps.end(), 0);  // every layer
-    KVCache cache = cpu.new_cache();
+    ::flashmap::KVCache cache = cpu.new_cache();
     Agreement agree;
     double worst = 0;
     auto step = [&](std::span<const int32_t> toks, bool graph, const std::string& what) {
-      Qwen3Model::SeqInput si{&cache, toks};
-      Qwen3Model::Output ref;
-      cpu.forward({&si, 1}, Qwen3Model::Logits::All, taps, ref);
-      const auto out = dev.forward_host(toks, Qwen3Device::Logits::All, taps, graph);
+      ::flashmap::Qwen3Model::SeqInput si{&cache, toks};
+      ::flashmap::Qwen3Model::Output ref;
+      cpu.forward({&si, 1}, ::flashmap::Qwen3Model::Logits::All, taps, ref);
+      const auto out = dev.forward_host(toks, Qwen3Model::Logits::All, taps, graph);
       const int64_t n = int64_t(toks.size());
       EXPECT_EQ(out.logits_rows, n);
       const auto lg = down(out.logits, n * V);
@@ -385,22 +385,22 @@ struct Result {
 TEST_F(CudaQwen3, GraphReplayEqualsEagerBitForBit) {
   for (const std::string dir : {"tests/fixtures/tiny-a/target", "tests/fixtures/tiny-c/target"}) {
     SCOPED_TRACE(dir);
-    Qwen3Model cpu(dir);
+    ::flashmap::Qwen3Model cpu(dir);
     const auto& c = cpu.config();
     const int64_t V = c.vocab_size, H = c.hidden_size;
-    Qwen3Device dev(*ctx, cpu, 512);
+    Qwen3Model dev(*ctx, cpu, 512);
     const std::vector<int> taps = {0, c.num_hidden_layers - 1};
-    auto run = [&](std::span<const int32_t> toks, Qwen3Device::Logits mode, bool graph) {
+    auto run = [&](std::span<const int32_t> toks, Qwen3Model::Logits mode, bool graph) {
       const auto out = dev.forward_host(toks, mode, taps, graph);
       Result r;
       r.logits = out.logits ? down(out.logits, out.logits_rows * V) : std::vector<float>{};
       r.features = down(out.features, out.n * int64_t(taps.size()) * H);
       return r;
     };
-    dev.forward_host(random_ids(c.vocab_size, 40, 2), Qwen3Device::Logits::None, {}, false);
+    dev.forward_host(random_ids(c.vocab_size, 40, 2), Qwen3Model::Logits::None, {}, false);
     const int64_t base = dev.length();
     for (int64_t n : {1, 9}) {
-      for (auto mode : {Qwen3Device::Logits::All, Qwen3Device::Logits::Last}) {
+      for (auto mode : {Qwen3Model::Logits::All, Qwen3Model::Logits::Last}) {
         const auto toks = random_ids(c.vocab_size, size_t(n), 3 + uint64_t(n));
         // First graph call for this shape: eager, then capture.
         dev.truncate(base);
@@ -411,7 +411,7 @@ TEST_F(CudaQwen3, GraphReplayEqualsEagerBitForBit) {
               fmt::format("n {} mode {} position {}", n, int(mode), base + offset);
           dev.truncate(base);
           if (offset)
-            dev.forward_host(random_ids(c.vocab_size, size_t(offset), 4), Qwen3Device::Logits::None,
+            dev.forward_host(random_ids(c.vocab_size, size_t(offset), 4), Qwen3Model::Logits::None,
                              {}, false);
           const auto eager = run(toks, mode, false);
           dev.truncate(base + offset);
@@ -428,28 +428,28 @@ TEST_F(CudaQwen3, GraphReplayEqualsEagerBitForBit) {
 }
 
 TEST_F(CudaQwen3, TruncateThenReforwardEqualsFresh) {
-  Qwen3Model cpu("tests/fixtures/tiny-a/target");
+  ::flashmap::Qwen3Model cpu("tests/fixtures/tiny-a/target");
   const int64_t V = cpu.config().vocab_size;
   const auto prompt = random_ids(int(V), 30, 5), block = random_ids(int(V), 9, 6),
              other = random_ids(int(V), 9, 7);
   for (bool graph : {false, true}) {
-    Qwen3Device a(*ctx, cpu, 256), b(*ctx, cpu, 256);
-    a.forward_host(prompt, Qwen3Device::Logits::None, {}, false);
-    a.forward_host(block, Qwen3Device::Logits::All, {}, graph);
+    Qwen3Model a(*ctx, cpu, 256), b(*ctx, cpu, 256);
+    a.forward_host(prompt, Qwen3Model::Logits::None, {}, false);
+    a.forward_host(block, Qwen3Model::Logits::All, {}, graph);
     a.truncate(int64_t(prompt.size()));
-    const auto ra = down(a.forward_host(other, Qwen3Device::Logits::All, {}, graph).logits,
+    const auto ra = down(a.forward_host(other, Qwen3Model::Logits::All, {}, graph).logits,
                          int64_t(other.size()) * V);
-    b.forward_host(prompt, Qwen3Device::Logits::None, {}, false);
-    const auto rb = down(b.forward_host(other, Qwen3Device::Logits::All, {}, false).logits,
+    b.forward_host(prompt, Qwen3Model::Logits::None, {}, false);
+    const auto rb = down(b.forward_host(other, Qwen3Model::Logits::All, {}, false).logits,
                          int64_t(other.size()) * V);
     EXPECT_EQ(0, std::memcmp(ra.data(), rb.data(), ra.size() * 4)) << "graph " << graph;
   }
 }
 
 TEST_F(CudaQwen3, ClearErrorsAndStillUsable) {
-  Qwen3Model cpu("tests/fixtures/tiny-b/target");
+  ::flashmap::Qwen3Model cpu("tests/fixtures/tiny-b/target");
   const int V = cpu.config().vocab_size;
-  Qwen3Device dev(*ctx, cpu, 16);
+  Qwen3Model dev(*ctx, cpu, 16);
   EXPECT_EQ(dev.max_positions(), 16);
   auto msg = [](auto&& f) {
     try {
@@ -460,21 +460,21 @@ TEST_F(CudaQwen3, ClearErrorsAndStillUsable) {
     return std::string("no error");
   };
   EXPECT_NE(msg([&] {
-              dev.forward_host(std::vector<int32_t>{1, V}, Qwen3Device::Logits::All);
+              dev.forward_host(std::vector<int32_t>{1, V}, Qwen3Model::Logits::All);
             }).find("outside the vocabulary"),
             std::string::npos);
   EXPECT_NE(msg([&] {
-              dev.forward_host(random_ids(V, 17, 1), Qwen3Device::Logits::All);
+              dev.forward_host(random_ids(V, 17, 1), Qwen3Model::Logits::All);
             }).find("exceed the device KV cache"),
             std::string::npos);
   const std::vector<int> bad_tap = {cpu.config().num_hidden_layers};
   EXPECT_NE(msg([&] {
-              dev.forward_host(random_ids(V, 2, 1), Qwen3Device::Logits::All, bad_tap);
+              dev.forward_host(random_ids(V, 2, 1), Qwen3Model::Logits::All, bad_tap);
             }).find("tap"),
             std::string::npos);
   EXPECT_NE(msg([&] { dev.truncate(1); }).find("truncate"), std::string::npos);
   EXPECT_EQ(dev.length(), 0);
-  const auto out = dev.forward_host(random_ids(V, 16, 2), Qwen3Device::Logits::Last);
+  const auto out = dev.forward_host(random_ids(V, 16, 2), Qwen3Model::Logits::Last);
   EXPECT_EQ(out.logits_rows, 1);
   for (float x : down(out.logits, V)) ASSERT_TRUE(std::isfinite(x));
   EXPECT_EQ(dev.length(), 16);
@@ -486,14 +486,14 @@ TEST_F(CudaQwen3, RandomWeightsAreDeterministic) {
   c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64, c.rope_theta = 1e6;
   const auto toks = random_ids(c.vocab_size, 12, 9);
   auto logits = [&](uint64_t seed) {
-    auto d = Qwen3Device::random(*ctx, c, seed, 64);
+    auto d = Qwen3Model::random(*ctx, c, seed, 64);
     EXPECT_NE(d->embedding(), d->lm_head()) << "untied";
     EXPECT_EQ(
         d->weight_bytes() - 2 * d->embedding_bytes(),
         int64_t(c.num_hidden_layers) *
                 ((2 * 256 + 2 * 64) * 4 + 2 * (256 * (256 + 2 * 128) + 256 * 256 + 3 * 768 * 256)) +
             256 * 4);
-    return down(d->forward_host(toks, Qwen3Device::Logits::All).logits, 12 * c.vocab_size);
+    return down(d->forward_host(toks, Qwen3Model::Logits::All).logits, 12 * c.vocab_size);
   };
   const auto a = logits(7), b = logits(7), other = logits(8);
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));

@@ -1,4 +1,4 @@
-// Device sampling against the CPU specification (src/spec/sampling.cpp, decoder.cpp): filtered
+// Device sampling against the CPU specification (src/specdec/sampling.cpp, verify.cpp): filtered
 // distributions by NMSE with the same support, and — given the same uniforms, through the
 // sampler's table mode fed with a CPU Rng's draws — the same sampled ids and the same
 // accept/resample decisions as flashmap::sample and flashmap::verify_sampled. The device
@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "../spec/stats.h"
+#include "../specdec/stats.h"
 #include "core/rng.h"
 #include "cuda/device.h"
 #include "cuda/sampling.h"
 #include "gpu_test.h"
-#include "spec/decoder.h"
-#include "spec/sampling.h"
+#include "specdec/sampling.h"
+#include "specdec/verify.h"
 
 namespace flashmap::cuda {
 namespace {
@@ -232,7 +232,7 @@ TEST_F(CudaSampling, FilteredProbsMatchCpu) {
 }
 
 // transformers' logits warpers (tests/data/sampling_golden.json, also checked on the CPU by
-// tests/spec/test_sampling.cpp with the same 2e-6 tolerance).
+// tests/specdec/test_sampling.cpp with the same 2e-6 tolerance).
 TEST_F(CudaSampling, FilteredProbsMatchGolden) {
   auto golden = nlohmann::json::parse(std::ifstream("tests/data/sampling_golden.json"));
   ASSERT_FALSE(golden["cases"].empty());

@@ -95,7 +95,7 @@ TEST(Qwen3, TokenOutsideVocabulary) {
 
 TEST(FlashMap, BatchedDraftEqualsSeparateDrafts) {
   Qwen3Model m(kTarget);
-  FlashMapDrafter d(kA + "/draft", m);
+  FlashMapModel d(kA + "/draft", m);
   const int64_t K = d.block_size(), V = m.config().vocab_size;
   std::vector<float> feats;
   KVCache c = m.new_cache();
@@ -108,12 +108,12 @@ TEST(FlashMap, BatchedDraftEqualsSeparateDrafts) {
   for (int steps : {1, 2}) {
     DraftContext c1 = ctx_of(3), c2 = ctx_of(6), c3 = ctx_of(3), c4 = ctx_of(6);
     Rng r1(1), r2(2), r3(1), r4(2);
-    using N = FlashMapDrafter::Noise;
-    FlashMapDrafter::Request both[] = {{&c1, 7, {N::Draw, nullptr, &r1}},
-                                       {&c2, 9, {N::Draw, nullptr, &r2}}};
+    using N = FlashMapModel::Noise;
+    FlashMapModel::Request both[] = {{&c1, 7, {N::Draw, nullptr, &r1}},
+                                     {&c2, 9, {N::Draw, nullptr, &r2}}};
     std::vector<float> batched(size_t(2 * K * V)), one(size_t(K * V)), two(size_t(K * V));
     d.draft(both, steps, batched.data());
-    FlashMapDrafter::Request a{&c3, 7, {N::Draw, nullptr, &r3}}, b{&c4, 9, {N::Draw, nullptr, &r4}};
+    FlashMapModel::Request a{&c3, 7, {N::Draw, nullptr, &r3}}, b{&c4, 9, {N::Draw, nullptr, &r4}};
     d.draft({&a, 1}, steps, one.data());
     d.draft({&b, 1}, steps, two.data());
     EXPECT_EQ(0, std::memcmp(batched.data(), one.data(), one.size() * 4)) << steps;
@@ -124,7 +124,7 @@ TEST(FlashMap, BatchedDraftEqualsSeparateDrafts) {
 TEST(FlashMap, DrafterThatDoesNotFitTheTarget) {
   Qwen3Model other("tests/fixtures/tiny-c/target");
   try {
-    FlashMapDrafter d(kA + "/draft", other);
+    FlashMapModel d(kA + "/draft", other);
     FAIL();
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("config.json"));
@@ -140,7 +140,7 @@ TEST(FlashMap, DrafterThatDoesNotFitTheTarget) {
   std::ofstream(dir / "config.json") << cfg.dump();
   Qwen3Model m(kTarget);
   try {
-    FlashMapDrafter d(dir.string(), m);
+    FlashMapModel d(dir.string(), m);
     FAIL();
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("target_layer_ids 0, 3 need more than the target's 4 layers"));
@@ -149,7 +149,7 @@ TEST(FlashMap, DrafterThatDoesNotFitTheTarget) {
 
 TEST(FlashMap, StepsNotInJumpGrids) {
   Qwen3Model m(kTarget);
-  FlashMapDrafter d(kA + "/draft", m);
+  FlashMapModel d(kA + "/draft", m);
   try {
     d.grid(7);
     FAIL();

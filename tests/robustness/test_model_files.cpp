@@ -15,7 +15,7 @@
 #include "io/safetensors.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
-#include "spec/random_models.h"
+#include "specdec/random_models.h"
 
 namespace {
 
@@ -258,7 +258,7 @@ TEST(ModelFiles, EmbeddingNoiseNeedsAVocabularyAsLargeAsTheHiddenSize) {
   const auto pair = flashmap::testing::write_random_pair(
       "robustness-small-vocab-" + std::to_string(::getpid()), 16, 64, 2, 4, 1);
   Qwen3Model target(pair.target);
-  FlashMapDrafter drafter(pair.draft, target);
+  FlashMapModel drafter(pair.draft, target);
   EXPECT_EQ(error_of([&] { drafter.noise_factor(); }),
             pair.target +
                 ": the target's vocabulary (16 tokens) is smaller than its hidden size 64, so EᵀE "

@@ -7,7 +7,7 @@ position (share of rounds in which draft slot k was accepted).
 
 At T > 0 the engine verifies by rejection sampling (as the reference does) unless the request
 is seeded; --keyed passes a seed per prompt, measuring the keyed verification of seeded requests
-instead (src/spec/sampling.h). Without it the runs are unseeded, so T > 0 figures vary a little
+instead (src/specdec/sampling.h). Without it the runs are unseeded, so T > 0 figures vary a little
 from run to run.
 """
 import argparse

@@ -1,6 +1,7 @@
 // The round loop: every acceptance path with the scripted drafter, lossless greedy decoding
 // with random FlashMap drafters over long runs, and exactness of speculative sampling end to end.
 #include <gmock/gmock.h>
+#include <flashmap/engine.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -9,7 +10,8 @@
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "random_models.h"
-#include "spec/decoder.h"
+#include "specdec/proposer.h"
+#include "specdec/verify.h"
 #include "stats.h"
 
 using namespace flashmap;
@@ -33,7 +35,7 @@ TEST(Spec, ScriptedDrafterCoversEveryAcceptancePath) {
   const auto alone = generate(target, nullptr, kPrompt, greedy(n)).ids;
   ASSERT_EQ(alone.size(), size_t(n));
   for (int j : {0, 1, 3, K}) {
-    ScriptedDrafter d(K, target.config().vocab_size, alone, j);
+    ScriptedProposer d(K, target.config().vocab_size, alone, j);
     const auto r = generate(target, &d, kPrompt, greedy(n));
     EXPECT_EQ(r.ids, alone) << "corrupt_from " << j;
     // Every round but the last commits exactly the j correct drafts plus the target's token.
@@ -51,7 +53,7 @@ TEST(Spec, StopTokenInsideTheAcceptedBlock) {
   // The first occurrence of a token well inside the continuation.
   const int32_t stop = alone[13];
   const size_t first = size_t(std::find(alone.begin(), alone.end(), stop) - alone.begin());
-  ScriptedDrafter full(8, target.config().vocab_size, alone, 8);
+  ScriptedProposer full(8, target.config().vocab_size, alone, 8);
   const auto r = generate(target, &full, kPrompt, greedy(60, {stop}));
   EXPECT_EQ(r.ids, std::vector<int32_t>(alone.begin(), alone.begin() + int64_t(first) + 1));
   EXPECT_EQ(r.finish_reason, "stop");
@@ -62,7 +64,7 @@ TEST(Spec, StopTokenInsideTheAcceptedBlock) {
 TEST(Spec, LastRoundOvershootIsCut) {
   Qwen3Model target(kA + "/target");
   const auto alone = generate(target, nullptr, kPrompt, greedy(40)).ids;
-  ScriptedDrafter full(8, target.config().vocab_size, alone, 8);
+  ScriptedProposer full(8, target.config().vocab_size, alone, 8);
   for (int n : {1, 2, 9, 10, 17}) {
     const auto r = generate(target, &full, kPrompt, greedy(n));
     EXPECT_EQ(r.ids, std::vector<int32_t>(alone.begin(), alone.begin() + n)) << n;
@@ -71,10 +73,10 @@ TEST(Spec, LastRoundOvershootIsCut) {
 
 TEST(Spec, LongGreedyRunsEqualTargetAlone) {
   Qwen3Model target(kA + "/target");
-  FlashMapDrafter model(kA + "/draft", target);
+  FlashMapModel model(kA + "/draft", target);
   const auto alone = generate(target, nullptr, kPrompt, greedy(300)).ids;
   for (int steps : {1, 2}) {
-    FlashMapBlockDrafter d(model, steps);
+    FlashMapProposer d(model, steps);
     auto opt = greedy(300);
     opt.seed = uint64_t(steps);
     EXPECT_EQ(generate(target, &d, kPrompt, opt).ids, alone) << "steps " << steps;
@@ -82,14 +84,14 @@ TEST(Spec, LongGreedyRunsEqualTargetAlone) {
   // A scripted drafter that is right half the time, on a different prompt.
   const std::vector<int32_t> prompt2 = {7};
   const auto alone2 = generate(target, nullptr, prompt2, greedy(200)).ids;
-  ScriptedDrafter half(8, target.config().vocab_size, alone2, 4);
+  ScriptedProposer half(8, target.config().vocab_size, alone2, 4);
   EXPECT_EQ(generate(target, &half, prompt2, greedy(200)).ids, alone2);
 }
 
 TEST(Spec, SeedReproducibility) {
   Qwen3Model target(kA + "/target");
-  FlashMapDrafter model(kA + "/draft", target);
-  FlashMapBlockDrafter d(model, 1);
+  FlashMapModel model(kA + "/draft", target);
+  FlashMapProposer d(model, 1);
   GenerateOptions o;
   o.max_new_tokens = 30;
   o.sampling.temperature = 1.0f;
@@ -130,8 +132,8 @@ TEST(Spec, BadRequests) {
 TEST(Spec, SpeculativeSamplingMatchesTargetJointDistribution) {
   const auto pair = flashmap::testing::write_random_pair("tiny-v8", 8, 8, 2, 4, 77);
   Qwen3Model target(pair.target);
-  FlashMapDrafter model(pair.draft, target);
-  FlashMapBlockDrafter d(model, 1);
+  FlashMapModel model(pair.draft, target);
+  FlashMapProposer d(model, 1);
   const int64_t V = 8;
   const std::vector<int32_t> prompt = {1, 5, 2};
   for (SamplingParams sp :
@@ -189,9 +191,9 @@ TEST(Spec, SpeculativeSamplingMatchesTargetJointDistribution) {
 TEST(Spec, OneStepDraftWithSingularEmbeddingGram) {
   const auto pair = flashmap::testing::write_random_pair("tiny-v8-h16", 8, 16, 2, 4, 78);
   Qwen3Model target(pair.target);
-  FlashMapDrafter model(pair.draft, target);
+  FlashMapModel model(pair.draft, target);
   EXPECT_FALSE(model.has_noise_factor());
-  FlashMapBlockDrafter d(model, 1);
+  FlashMapProposer d(model, 1);
   const std::vector<int32_t> prompt = {1, 5, 2};
   EXPECT_EQ(generate(target, &d, prompt, greedy(40)).ids,
             generate(target, nullptr, prompt, greedy(40)).ids);
@@ -204,8 +206,8 @@ TEST(Spec, OneStepDraftWithSingularEmbeddingGram) {
 // with any drafter gives exactly what the target alone gives for the same seed.
 TEST(Spec, SeededSamplingEqualsTargetAlone) {
   Qwen3Model target(kA + "/target");
-  FlashMapDrafter model(kA + "/draft", target);
-  FlashMapBlockDrafter one(model, 1), two(model, 2);
+  FlashMapModel model(kA + "/draft", target);
+  FlashMapProposer one(model, 1), two(model, 2);
   for (SamplingParams sp :
        {SamplingParams{1.0f, 0, 1.0f, 0.0f}, SamplingParams{0.7f, 20, 1.0f, 0.0f},
         SamplingParams{0.9f, 0, 0.9f, 0.0f}, SamplingParams{1.3f, 0, 1.0f, 0.05f}}) {
@@ -216,9 +218,9 @@ TEST(Spec, SeededSamplingEqualsTargetAlone) {
       o.seed = seed;
       o.seeded = true;
       const auto alone = generate(target, nullptr, kPrompt, o);
-      ScriptedDrafter half(8, target.config().vocab_size, alone.ids, 4);
-      for (const Drafter* d : {static_cast<const Drafter*>(&one), static_cast<const Drafter*>(&two),
-                               static_cast<const Drafter*>(&half)}) {
+      ScriptedProposer half(8, target.config().vocab_size, alone.ids, 4);
+      for (const BlockProposer* d : {static_cast<const BlockProposer*>(&one), static_cast<const BlockProposer*>(&two),
+                               static_cast<const BlockProposer*>(&half)}) {
         const auto r = generate(target, d, kPrompt, o);
         EXPECT_EQ(r.ids, alone.ids) << "T=" << sp.temperature << " seed " << seed;
       }
@@ -234,8 +236,8 @@ TEST(Spec, SeededSamplingEqualsTargetAlone) {
 TEST(Spec, BlockShrinksAtTheEndOfTheContext) {
   const auto pair = flashmap::testing::write_random_pair("ctx32", 64, 32, 2, 6, 91, 32);
   Qwen3Model target(pair.target);
-  FlashMapDrafter model(pair.draft, target);
-  FlashMapBlockDrafter d(model, 1);
+  FlashMapModel model(pair.draft, target);
+  FlashMapProposer d(model, 1);
   for (int prompt_len : {1, 5, 20, 31}) {
     std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
     for (int i = 0; i < prompt_len; ++i) prompt[size_t(i)] = (i * 7 + 3) % 64;
@@ -262,8 +264,8 @@ TEST(Spec, BlockShrinksAtTheEndOfTheContext) {
 // drafter, even at a temperature that makes sampling nearly uniform.
 TEST(Spec, PaddingIdsAreNeverSampled) {
   Qwen3Model target(kA + "/target");
-  FlashMapDrafter model(kA + "/draft", target);
-  FlashMapBlockDrafter d(model, 1);
+  FlashMapModel model(kA + "/draft", target);
+  FlashMapProposer d(model, 1);
   const int64_t V = target.config().vocab_size, known = V - 24;
   GenerateOptions o;
   o.max_new_tokens = 400;
@@ -279,8 +281,8 @@ TEST(Spec, PaddingIdsAreNeverSampled) {
   target.set_sampled_vocab(known);
   for (bool seeded : {false, true}) {
     o.seeded = seeded;
-    for (const Drafter* dr :
-         {static_cast<const Drafter*>(&d), static_cast<const Drafter*>(nullptr)})
+    for (const BlockProposer* dr :
+         {static_cast<const BlockProposer*>(&d), static_cast<const BlockProposer*>(nullptr)})
       for (const auto& id : generate(target, dr, kPrompt, o).ids) ASSERT_LT(id, known);
   }
   // The drafter's own proposals too.
@@ -293,7 +295,7 @@ TEST(Spec, PaddingIdsAreNeverSampled) {
   SeqSampler sampler(o.sampling, 11, false);
   Proposal p;
   for (int i = 0; i < 50; ++i) {
-    Drafter::Seq s{state.get(), 5, int64_t(kPrompt.size()) + 1, &sampler, &p};
+    BlockProposer::Seq s{state.get(), 5, int64_t(kPrompt.size()) + 1, &sampler, &p};
     d.propose({&s, 1});
     for (int32_t t : p.tokens) ASSERT_LT(t, known);
     for (int64_t k = 0; k < d.block_size(); ++k)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds here (a machine with the CUDA toolkit and the engine's build dependencies, no GPU needed)
-# what src/cuda/run_on_gpu.sh runs on a lent H200, and packs it as build-gpu/gpu-bundle.tar.gz:
+# what scripts/run_on_gpu.sh runs on a lent H200, and packs it as build-gpu/gpu-bundle.tar.gz:
 # the flashmap binary, every tests/cuda test, and the shared libraries they need that a bare GPU
 # image lacks (fmt, PCRE2, utf8proc, OpenBLAS, cpp-httplib, ...; CUDA's own libraries are on the
 # device). The GPU image has nvcc and CMake but not GoogleTest/fmt/nlohmann-json/..., so building
 # there is only the fallback; carrying this bundle also saves device minutes.
 #
-#   src/cuda/make_gpu_bundle.sh
-#   run(command="src/cuda/run_on_gpu.sh", carry=["build-gpu/gpu-bundle.tar.gz"], timeout_s=560)
+#   scripts/make_gpu_bundle.sh
+#   run(command="scripts/run_on_gpu.sh", carry=["build-gpu/gpu-bundle.tar.gz"], timeout_s=560)
 #
 # -DFLASHMAP_NATIVE=OFF: the CPU reference inside the tests must not use instructions of this
 # machine's CPU that the GPU host's CPU may lack (-march=native would). Builds take the shared

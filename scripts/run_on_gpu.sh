@@ -7,8 +7,8 @@
 #
 # Preferred (the GPU image has nvcc and CMake but not the engine's other build dependencies, and
 # building there costs device minutes): build the bundle here first, then carry it:
-#   src/cuda/make_gpu_bundle.sh
-#   run(command="src/cuda/run_on_gpu.sh", carry=["build-gpu/gpu-bundle.tar.gz"], timeout_s=560)
+#   scripts/make_gpu_bundle.sh
+#   run(command="scripts/run_on_gpu.sh", carry=["build-gpu/gpu-bundle.tar.gz"], timeout_s=560)
 # Without a carried bundle it configures and builds on the device (-DFLASHMAP_CUDA=ON
 # -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_BUILD_TYPE=Release), which needs those dependencies.
 #
@@ -58,7 +58,7 @@ else
   step 60 configure cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DFLASHMAP_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHMAP_BUILD_BENCH=OFF >"$OUT/build.log" 2>&1 || {
     tail -30 "$OUT/build.log"
-    echo "FAILED: configure (carry a bundle from src/cuda/make_gpu_bundle.sh instead)"
+    echo "FAILED: configure (carry a bundle from scripts/make_gpu_bundle.sh instead)"
     exit 1
   }
   targets=(flashmap)

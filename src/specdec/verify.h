@@ -1,55 +1,16 @@
-// Lossless speculative decoding: the round loop of spec_generate (modeling_flashmap.py) —
-// prefill, first token from the target, then { draft a block after the anchor; verify anchor +
-// block in one target forward; accept; commit } until max_new_tokens or a stop token.
+// Verification of a speculative round: which drafts the target keeps, and the target's token
+// after them, for each sampling mode (greedy, rejection sampling, keyed draws), and how many
+// drafts a round may verify. The round loop (src/engine/rounds.h) calls these through a backend.
 #pragma once
 
-#include <functional>
+#include <cstdint>
 #include <span>
-#include <string>
 #include <vector>
 
-#include "models/qwen3.h"
-#include "spec/drafter.h"
-#include "spec/sampling.h"
+#include "core/rng.h"
+#include "specdec/sampling.h"
 
 namespace flashmap {
-
-struct GenerateOptions {
-  int max_new_tokens = 256;
-  SamplingParams sampling;
-  uint64_t seed = 0;
-  // The caller chose the seed: draws are keyed by (seed, position) (sample_keyed), so the
-  // output is that of target-alone decoding with the same seed, whatever the drafter does.
-  bool seeded = false;
-  std::vector<int32_t> stop_ids;
-  // Called with the tokens each round commits (after stop-token truncation and the
-  // max_new_tokens cut), as they are accepted.
-  std::function<void(std::span<const int32_t>)> on_tokens;
-};
-
-struct PhaseTimes {
-  double prefill_ms = 0, draft_ms = 0, verify_ms = 0, accept_ms = 0, total_ms = 0;
-};
-
-struct GenerateResult {
-  std::vector<int32_t> ids;             // generated tokens, without the prompt
-  std::vector<int> acceptance_lengths;  // tokens committed by each verify pass (the reference's)
-  std::vector<int64_t> accepted_at;     // [K]: rounds in which draft slot k was accepted
-  int rounds = 0;
-  std::string finish_reason;  // "stop" or "length"
-  PhaseTimes times;
-  // Mean tokens per target forward pass (the paper's tau); 0 without rounds.
-  double acceptance_length() const;
-};
-
-// Checks what a user can get wrong (empty prompt, ids outside the vocabulary, max_new_tokens,
-// sampling parameters); throws flashmap::Error naming the parameter.
-void validate_request(const Qwen3Model& target, std::span<const int32_t> prompt,
-                      const GenerateOptions& options);
-
-// Decodes one sequence; without a drafter, target-alone decoding through the same engine.
-GenerateResult generate(const Qwen3Model& target, const Drafter* drafter,
-                        std::span<const int32_t> prompt, const GenerateOptions& options);
 
 // Verification of one round. target_logits: [K + 1, V] for anchor + block. Returns the number of
 // accepted draft tokens and sets `bonus` (the target's token after them).

@@ -1,4 +1,5 @@
-// The device round loop (cuda::DeviceDecoder) on the committed fixtures: greedy speculative
+// The engine's round loop on the CUDA backend (cuda::make_backend) on the committed fixtures:
+// greedy speculative
 // decoding equals the device's own target-alone greedy decoding (lossless) with the FlashMap
 // drafters and with a scripted drafter that takes every acceptance path; the device's greedy
 // output agrees with the CPU's as far as bf16 logits allow (agreement reported); sampled decoding
@@ -14,14 +15,15 @@
 #include <vector>
 
 #include "core/check.h"
-#include "cuda/decoder_cuda.h"
+#include <flashmap/engine.h>
+
+#include "cuda/cuda_backend.h"
 #include "cuda/device.h"
 #include "cuda/flashmap_cuda.h"
 #include "cuda/qwen3_cuda.h"
 #include "gpu_test.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
-#include "spec/decoder.h"
 
 namespace flashmap::cuda {
 namespace {
@@ -44,18 +46,18 @@ using test::Gpu;  // one context per binary (gpu_test.h)
 
 // A fixture pair on the CPU and on the GPU.
 struct Pair {
-  std::unique_ptr<Qwen3Model> cpu;
-  std::unique_ptr<FlashMapDrafter> cpu_draft;
-  std::unique_ptr<Qwen3Device> target;
-  std::unique_ptr<FlashMapDevice> draft;
+  std::unique_ptr<::flashmap::Qwen3Model> cpu;
+  std::unique_ptr<::flashmap::FlashMapModel> cpu_draft;
+  std::unique_ptr<Qwen3Model> target;
+  std::unique_ptr<FlashMapModel> draft;
   Pair(Context& ctx, const std::string& dir, int64_t max_positions = 4096,
        int64_t sampled_vocab = 0) {
-    cpu = std::make_unique<Qwen3Model>(dir + "/target");
+    cpu = std::make_unique<::flashmap::Qwen3Model>(dir + "/target");
     if (sampled_vocab > 0) cpu->set_sampled_vocab(sampled_vocab);
-    cpu_draft = std::make_unique<FlashMapDrafter>(dir + "/draft", *cpu);
-    target = std::make_unique<Qwen3Device>(ctx, *cpu, max_positions);
+    cpu_draft = std::make_unique<::flashmap::FlashMapModel>(dir + "/draft", *cpu);
+    target = std::make_unique<Qwen3Model>(ctx, *cpu, max_positions);
     draft =
-        std::make_unique<FlashMapDevice>(ctx, *cpu_draft, target->embedding(), target->lm_head(),
+        std::make_unique<FlashMapModel>(ctx, *cpu_draft, target->embedding(), target->lm_head(),
                                          cpu->config().vocab_size, cpu->config().hidden_size);
   }
 };
@@ -67,10 +69,10 @@ GenerateOptions greedy(int n, std::vector<int32_t> stop = {}) {
   return o;
 }
 
-// flashmap::ScriptedDrafter on the device: logits one-hot on script[i] for the i-th generated
+// flashmap::ScriptedProposer on the device: logits one-hot on script[i] for the i-th generated
 // position, every slot from `corrupt_from` on replaced by a wrong token, so that the greedy
 // acceptance length is chosen by the test. Reads no features.
-class ScriptedDeviceDrafter : public DeviceDrafter {
+class ScriptedDeviceDrafter : public DeviceProposer {
  public:
   ScriptedDeviceDrafter(Context& ctx, int K, int64_t V, std::vector<int32_t> script,
                         int corrupt_from)
@@ -79,13 +81,18 @@ class ScriptedDeviceDrafter : public DeviceDrafter {
   int64_t vocab() const override { return V_; }
   std::span<const int> target_layer_ids() const override { return {}; }
   int64_t feature_dim() const override { return 0; }
-  void begin(int64_t) override { committed_ = -1; }
-  void commit(const float*, int64_t n) override {
+  struct State : DeviceDraftState {
+    int64_t committed = -1;
+  };
+  std::unique_ptr<DeviceDraftState> begin(int64_t) override { return std::make_unique<State>(); }
+  void reset(DeviceDraftState& s) override { static_cast<State&>(s).committed = -1; }
+  void commit(DeviceDraftState& s, const float*, int64_t n) override {
     // The first commit holds the prompt; the generated tokens count from the next.
-    committed_ = committed_ < 0 ? 0 : committed_ + n;
+    auto& c = static_cast<State&>(s).committed;
+    c = c < 0 ? 0 : c + n;
   }
-  void draft(const int32_t*, uint64_t, uint64_t, float* d_logits) override {
-    const int64_t next = committed_ + 1;
+  void draft(DeviceDraftState& s, const int32_t*, uint64_t, uint64_t, float* d_logits) override {
+    const int64_t next = static_cast<State&>(s).committed + 1;
     logits_.assign(size_t(K_ * V_), 0.0f);
     for (int k = 0; k < K_; ++k) {
       const int64_t i = next + k;
@@ -105,17 +112,32 @@ class ScriptedDeviceDrafter : public DeviceDrafter {
   int64_t V_;
   std::vector<int32_t> script_;
   int corrupt_from_;
-  int64_t committed_ = -1;
   std::vector<float> logits_;
 };
 
+// A batch of one through an engine on the device models (every round speculating).
+GenerateResult run(Qwen3Model& target, DeviceProposer* proposer, std::span<const int32_t> prompt,
+                   const GenerateOptions& o, bool graphs = true, int64_t capacity = 4096) {
+  EngineOptions eo;
+  eo.spec_policy = SpecPolicyKind::Always;
+  Engine engine(make_backend(target, proposer, capacity, graphs), eo);
+  RequestParams p;
+  p.prompt.assign(prompt.begin(), prompt.end());
+  p.max_tokens = o.max_new_tokens;
+  p.sampling = o.sampling;
+  p.seed = o.seed;
+  p.seeded = o.seeded;
+  p.stop_ids = o.stop_ids;
+  return engine.generate(p);
+}
+
 // The device target's last logits after prompt + prefix (one prefill-shaped forward).
-std::vector<float> device_logits(Qwen3Device& t, std::span<const int32_t> prompt,
+std::vector<float> device_logits(Qwen3Model& t, std::span<const int32_t> prompt,
                                  std::span<const int32_t> prefix) {
   std::vector<int32_t> seq(prompt.begin(), prompt.end());
   seq.insert(seq.end(), prefix.begin(), prefix.end());
   t.truncate(0);
-  const auto out = t.forward_host(seq, Qwen3Device::Logits::Last);
+  const auto out = t.forward_host(seq, Qwen3Model::Logits::Last);
   std::vector<float> host(size_t(t.config().vocab_size));
   Context& ctx = t.context();
   check(cudaMemcpyAsync(host.data(), out.logits, host.size() * sizeof(float),
@@ -126,14 +148,14 @@ std::vector<float> device_logits(Qwen3Device& t, std::span<const int32_t> prompt
   return host;
 }
 
-std::vector<float> cpu_logits(const Qwen3Model& m, std::span<const int32_t> prompt,
+std::vector<float> cpu_logits(const ::flashmap::Qwen3Model& m, std::span<const int32_t> prompt,
                               std::span<const int32_t> prefix) {
   std::vector<int32_t> seq(prompt.begin(), prompt.end());
   seq.insert(seq.end(), prefix.begin(), prefix.end());
-  KVCache cache = m.new_cache();
-  Qwen3Model::SeqInput in{&cache, seq};
-  Qwen3Model::Output out;
-  m.forward({&in, 1}, Qwen3Model::Logits::Last, {}, out);
+  ::flashmap::KVCache cache = m.new_cache();
+  ::flashmap::Qwen3Model::SeqInput in{&cache, seq};
+  ::flashmap::Qwen3Model::Output out;
+  m.forward({&in, 1}, ::flashmap::Qwen3Model::Logits::Last, {}, out);
   return out.logits;
 }
 
@@ -160,7 +182,7 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 // Device decoding `got` must equal the device reference `want` (same target, same request);
 // a divergence passes only at a near-tie of the target there (see kTieMargin), with a note.
-void expect_lossless(Qwen3Device& t, const std::vector<int32_t>& got,
+void expect_lossless(Qwen3Model& t, const std::vector<int32_t>& got,
                      const std::vector<int32_t>& want, const std::string& what) {
   const size_t i = common_prefix(got, want);
   if (i == got.size() && i == want.size()) return;
@@ -175,7 +197,7 @@ void expect_lossless(Qwen3Device& t, const std::vector<int32_t>& got,
             << " at a near-tie (relative margin " << m << ")\n";
 }
 
-class CudaDecoder : public ::testing::Test {
+class CudaEngine : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!Gpu::get().ctx) GTEST_SKIP() << "no usable CUDA GPU: " << Gpu::get().why;
@@ -184,18 +206,18 @@ class CudaDecoder : public ::testing::Test {
   Context* ctx = nullptr;
 };
 
-TEST_F(CudaDecoder, GreedySpeculativeEqualsTargetAlone) {
+TEST_F(CudaEngine, GreedySpeculativeEqualsTargetAlone) {
   for (const char* fx : kFixtures) {
     Pair p(*ctx, fx);
-    const auto alone = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(64));
+    const auto alone = run(*p.target, nullptr, kPrompt, greedy(64));
     ASSERT_EQ(alone.ids.size(), 64u) << fx;
     EXPECT_EQ(alone.finish_reason, "length");
     EXPECT_EQ(alone.rounds, 63);  // the first token comes from the prefill
     for (int steps : {1, p.cpu_draft->config().num_steps, 4}) {
-      FlashMapDeviceDrafter d(*p.draft, steps);
+      FlashMapDeviceProposer d(*p.draft, steps);
       auto opt = greedy(64);
       opt.seed = uint64_t(steps);
-      const auto r = DeviceDecoder(*p.target, &d).generate(kPrompt, opt);
+      const auto r = run(*p.target, &d, kPrompt, opt);
       const std::string what = fmt::format("{} steps {}", fx, steps);
       expect_lossless(*p.target, r.ids, alone.ids, what);
       // The stats of a speculative run: one acceptance length per round, tokens = first + Σ.
@@ -210,25 +232,25 @@ TEST_F(CudaDecoder, GreedySpeculativeEqualsTargetAlone) {
                 << " rounds\n";
     }
     // Graphs replay the same kernels: eager and graph runs agree bit for bit.
-    FlashMapDeviceDrafter eager_d(*p.draft, 1, false), graph_d(*p.draft, 1, true);
+    FlashMapDeviceProposer eager_d(*p.draft, 1, false), graph_d(*p.draft, 1, true);
     auto opt = greedy(40);
     opt.seed = 9;
-    const auto e = DeviceDecoder(*p.target, &eager_d, false).generate(kPrompt, opt);
-    const auto g = DeviceDecoder(*p.target, &graph_d, true).generate(kPrompt, opt);
+    const auto e = run(*p.target, &eager_d, kPrompt, opt, false);
+    const auto g = run(*p.target, &graph_d, kPrompt, opt, true);
     EXPECT_EQ(e.ids, g.ids) << fx;
     EXPECT_EQ(e.acceptance_lengths, g.acceptance_lengths) << fx;
   }
 }
 
-TEST_F(CudaDecoder, ScriptedDrafterCoversEveryAcceptancePath) {
+TEST_F(CudaEngine, ScriptedDrafterCoversEveryAcceptancePath) {
   Pair p(*ctx, kFixtures[0]);
   const int n = 60, K = 8;
   const int64_t V = p.cpu->config().vocab_size;
-  const auto alone = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(n)).ids;
+  const auto alone = run(*p.target, nullptr, kPrompt, greedy(n)).ids;
   ASSERT_EQ(alone.size(), size_t(n));
   for (int j : {0, 1, 3, K}) {
     ScriptedDeviceDrafter d(*ctx, K, V, alone, j);
-    const auto r = DeviceDecoder(*p.target, &d).generate(kPrompt, greedy(n));
+    const auto r = run(*p.target, &d, kPrompt, greedy(n));
     const std::string what = fmt::format("corrupt_from {}", j);
     expect_lossless(*p.target, r.ids, alone, what);
     if (r.ids != alone) continue;  // a near-tie changed the script's future: no path to check
@@ -241,25 +263,25 @@ TEST_F(CudaDecoder, ScriptedDrafterCoversEveryAcceptancePath) {
   }
 }
 
-TEST_F(CudaDecoder, StopTokenAndOvershoot) {
+TEST_F(CudaEngine, StopTokenAndOvershoot) {
   Pair p(*ctx, kFixtures[0]);
   const int64_t V = p.cpu->config().vocab_size;
-  const auto alone = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(60)).ids;
+  const auto alone = run(*p.target, nullptr, kPrompt, greedy(60)).ids;
   ASSERT_EQ(alone.size(), 60u);
   // A stop token inside a fully accepted block: the output ends right after its first
   // occurrence, as target-alone decoding with the same stop token does.
   const int32_t stop = alone[13];
   const size_t first = size_t(std::find(alone.begin(), alone.end(), stop) - alone.begin());
   ScriptedDeviceDrafter full(*ctx, 8, V, alone, 8);
-  const auto r = DeviceDecoder(*p.target, &full).generate(kPrompt, greedy(60, {stop}));
+  const auto r = run(*p.target, &full, kPrompt, greedy(60, {stop}));
   EXPECT_EQ(r.ids, std::vector<int32_t>(alone.begin(), alone.begin() + int64_t(first) + 1));
   EXPECT_EQ(r.finish_reason, "stop");
-  const auto r2 = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(60, {stop}));
+  const auto r2 = run(*p.target, nullptr, kPrompt, greedy(60, {stop}));
   EXPECT_EQ(r2.ids, r.ids);
   EXPECT_EQ(r2.finish_reason, "stop");
   // The last round's overshoot past max_new_tokens is cut.
   for (int n : {1, 2, 9, 10, 17}) {
-    const auto c = DeviceDecoder(*p.target, &full).generate(kPrompt, greedy(n));
+    const auto c = run(*p.target, &full, kPrompt, greedy(n));
     EXPECT_EQ(c.ids, std::vector<int32_t>(alone.begin(), alone.begin() + n)) << n;
     EXPECT_EQ(c.finish_reason, "length") << n;
   }
@@ -268,12 +290,12 @@ TEST_F(CudaDecoder, StopTokenAndOvershoot) {
 // The CPU engine decodes in fp32, the device with bf16 weights and GEMM inputs: greedy outputs
 // agree until the first position where the logits' difference (NMSE ≤ kLogitsNmse) can flip the
 // top two; the agreement is printed for each fixture.
-TEST_F(CudaDecoder, GreedyAgreesWithCpuWithinBf16) {
+TEST_F(CudaEngine, GreedyAgreesWithCpuWithinBf16) {
   const int n = 64;
   for (const char* fx : kFixtures) {
     Pair p(*ctx, fx);
     const auto cpu = generate(*p.cpu, nullptr, kPrompt, greedy(n)).ids;
-    const auto dev = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(n)).ids;
+    const auto dev = run(*p.target, nullptr, kPrompt, greedy(n)).ids;
     const size_t i = common_prefix(cpu, dev);
     // Logits where they diverge (or at the end), on both engines.
     const std::span<const int32_t> prefix(cpu.data(), std::min(i, cpu.size() - 1));
@@ -306,55 +328,56 @@ TEST_F(CudaDecoder, GreedyAgreesWithCpuWithinBf16) {
   }
 }
 
-TEST_F(CudaDecoder, SampledIsReproducibleFromTheSeed) {
+TEST_F(CudaEngine, SampledIsReproducibleFromTheSeed) {
   Pair p(*ctx, kFixtures[0]);
-  FlashMapDeviceDrafter d(*p.draft, 1);
-  DeviceDecoder dec(*p.target, &d);
+  FlashMapDeviceProposer d(*p.draft, 1);
   GenerateOptions o;
   o.max_new_tokens = 40;
   o.sampling.temperature = 1.0f;
   o.sampling.top_p = 0.95f;
   o.seed = 42;
-  const auto a = dec.generate(kPrompt, o);
-  const auto b = dec.generate(kPrompt, o);
+  const auto a = run(*p.target, &d, kPrompt, o);
+  const auto b = run(*p.target, &d, kPrompt, o);
   EXPECT_EQ(a.ids, b.ids);
   EXPECT_EQ(a.acceptance_lengths, b.acceptance_lengths);
   o.seed = 43;
-  EXPECT_NE(dec.generate(kPrompt, o).ids, a.ids);
+  EXPECT_NE(run(*p.target, &d, kPrompt, o).ids, a.ids);
   // Eager drafts and verify passes give the same bits, hence the same run.
-  FlashMapDeviceDrafter eager(*p.draft, 1, false);
+  FlashMapDeviceProposer eager(*p.draft, 1, false);
   o.seed = 42;
-  EXPECT_EQ(DeviceDecoder(*p.target, &eager, false).generate(kPrompt, o).ids, a.ids);
+  EXPECT_EQ(run(*p.target, &eager, kPrompt, o, false).ids, a.ids);
   // Target alone, sampled: reproducible too.
-  DeviceDecoder alone(*p.target, nullptr);
-  EXPECT_EQ(alone.generate(kPrompt, o).ids, alone.generate(kPrompt, o).ids);
+  EXPECT_EQ(run(*p.target, nullptr, kPrompt, o).ids, run(*p.target, nullptr, kPrompt, o).ids);
 }
 
 // top_k = 1 leaves one token (the argmax, the lower id on ties): sampled decoding — speculative
 // with rejection sampling, or target alone — is then greedy decoding.
-TEST_F(CudaDecoder, TopK1SamplingIsGreedy) {
+TEST_F(CudaEngine, TopK1SamplingIsGreedy) {
   for (const char* fx : kFixtures) {
     Pair p(*ctx, fx);
-    const auto greedy_ids = DeviceDecoder(*p.target, nullptr).generate(kPrompt, greedy(48)).ids;
+    const auto greedy_ids = run(*p.target, nullptr, kPrompt, greedy(48)).ids;
     GenerateOptions o = greedy(48);
     o.sampling.temperature = 1.0f;
     o.sampling.top_k = 1;
     o.seed = 5;
-    FlashMapDeviceDrafter d(*p.draft, 1);
-    expect_lossless(*p.target, DeviceDecoder(*p.target, &d).generate(kPrompt, o).ids, greedy_ids,
+    FlashMapDeviceProposer d(*p.draft, 1);
+    expect_lossless(*p.target, run(*p.target, &d, kPrompt, o).ids, greedy_ids,
                     fmt::format("{} speculative top_k 1", fx));
-    expect_lossless(*p.target, DeviceDecoder(*p.target, nullptr).generate(kPrompt, o).ids,
+    expect_lossless(*p.target, run(*p.target, nullptr, kPrompt, o).ids,
                     greedy_ids, fmt::format("{} alone top_k 1", fx));
   }
 }
 
-TEST_F(CudaDecoder, BadRequestsAndCapacity) {
-  Pair p(*ctx, kFixtures[0], 32);  // a 32-position KV cache
-  FlashMapDeviceDrafter d(*p.draft, 1);
-  DeviceDecoder dec(*p.target, &d);
+TEST_F(CudaEngine, BadRequestsAndCapacity) {
+  Pair p(*ctx, kFixtures[0]);
+  FlashMapDeviceProposer d(*p.draft, 1);
+  // A 32-position KV cache per sequence.
+  auto gen = [&](std::span<const int32_t> prompt, const GenerateOptions& o) {
+    return run(*p.target, &d, prompt, o, true, 32);
+  };
   auto err = [&](std::vector<int32_t> prompt, GenerateOptions o) -> std::string {
     try {
-      dec.generate(prompt, o);
+      gen(prompt, o);
     } catch (const Error& e) {
       return e.what();
     }
@@ -363,55 +386,91 @@ TEST_F(CudaDecoder, BadRequestsAndCapacity) {
   EXPECT_NE(err({}, greedy(5)).find("prompt is empty"), std::string::npos);
   EXPECT_NE(err({1, 5000}, greedy(5)).find("outside the vocabulary"), std::string::npos);
   EXPECT_NE(err({1}, greedy(0)).find("max_new_tokens must be > 0"), std::string::npos);
-  // Blocks shrink near the end, so the cache needs prompt + max_new_tokens − 1 positions:
-  // 6 + 28 − 1 = 33 is one more than the cache, 6 + 27 − 1 = 32 fits exactly (greedy and seeded,
-  // speculating to the last position).
-  EXPECT_NE(err(kPrompt, greedy(28)).find("device KV cache"), std::string::npos);
-  const auto full = dec.generate(kPrompt, greedy(27));
-  EXPECT_EQ(full.ids.size(), 27u);
+  // The engine's context is the cache: 6 + 27 = 33 positions is one more than it holds; 6 + 26
+  // fits, and blocks shrink near the end (greedy and seeded, speculating to the last position).
+  EXPECT_NE(err(kPrompt, greedy(27)).find("exceeds the context of 32 positions"),
+            std::string::npos);
+  const auto full = gen(kPrompt, greedy(26));
+  EXPECT_EQ(full.ids.size(), 26u);
   EXPECT_EQ(full.finish_reason, "length");
-  auto o = greedy(27);
+  auto o = greedy(26);
   o.sampling.temperature = 1.0f;
   o.seed = 8;
   o.seeded = true;
-  EXPECT_EQ(dec.generate(kPrompt, o).ids.size(), 27u);
-  EXPECT_THROW({ FlashMapDeviceDrafter bad(*p.draft, 7); }, Error);  // steps not in jump_grids
+  EXPECT_EQ(gen(kPrompt, o).ids.size(), 26u);
+  EXPECT_THROW({ FlashMapDeviceProposer bad(*p.draft, 7); }, Error);  // steps not in jump_grids
 }
 
 // Seeded sampling on the device: draws keyed by (seed, position), so speculative decoding gives
 // exactly the target-alone tokens for the seed (up to a near-tie of keys, which the kernels and
 // the CPU order alike except within an ulp of log).
-TEST_F(CudaDecoder, SeededSpeculativeEqualsTargetAlone) {
+TEST_F(CudaEngine, SeededSpeculativeEqualsTargetAlone) {
   for (const char* fx : kFixtures) {
     Pair p(*ctx, fx);
-    FlashMapDeviceDrafter d(*p.draft, 1);
+    FlashMapDeviceProposer d(*p.draft, 1);
     for (SamplingParams sp :
          {SamplingParams{1.0f, 0, 1.0f, 0.0f}, SamplingParams{0.7f, 20, 0.9f, 0.0f}}) {
       GenerateOptions o = greedy(64);
       o.sampling = sp;
       o.seed = 17;
       o.seeded = true;
-      const auto alone = DeviceDecoder(*p.target, nullptr).generate(kPrompt, o);
-      const auto spec = DeviceDecoder(*p.target, &d).generate(kPrompt, o);
+      const auto alone = run(*p.target, nullptr, kPrompt, o);
+      const auto spec = run(*p.target, &d, kPrompt, o);
       EXPECT_EQ(spec.ids, alone.ids) << fx << " T=" << sp.temperature;
     }
   }
 }
 
 // Padding ids (past the tokenizer's size) are never drawn on the device either.
-TEST_F(CudaDecoder, PaddingIdsAreNeverSampled) {
+TEST_F(CudaEngine, PaddingIdsAreNeverSampled) {
   const int64_t known = 1000;  // the fixtures' vocabulary is 1024
   Pair p(*ctx, kFixtures[0], 4096, known);
-  FlashMapDeviceDrafter d(*p.draft, 1);
+  FlashMapDeviceProposer d(*p.draft, 1);
   GenerateOptions o = greedy(300);
   o.sampling.temperature = 5.0f;
   for (bool seeded : {false, true}) {
     o.seeded = seeded;
     o.seed = 4;
-    for (DeviceDrafter* dr :
-         {static_cast<DeviceDrafter*>(&d), static_cast<DeviceDrafter*>(nullptr)})
-      for (int32_t id : DeviceDecoder(*p.target, dr).generate(kPrompt, o).ids) ASSERT_LT(id, known);
+    for (DeviceProposer* dr :
+         {static_cast<DeviceProposer*>(&d), static_cast<DeviceProposer*>(nullptr)})
+      for (int32_t id : run(*p.target, dr, kPrompt, o).ids) ASSERT_LT(id, known);
   }
+}
+
+// Serving on the device: sequences of different lengths share rounds, each with its own KV cache
+// and drafter context, and each decodes as it does alone (greedy; a near-tie aside).
+TEST_F(CudaEngine, BatchedSequencesEqualEachAlone) {
+  Pair p(*ctx, kFixtures[0]);
+  FlashMapDeviceProposer d(*p.draft, 1);
+  std::vector<std::vector<int32_t>> prompts = {{3, 141, 59}, {7}, {900, 12, 5, 77, 1000, 2, 4, 8}};
+  std::vector<int> lengths = {40, 25, 33};
+  std::vector<std::vector<int32_t>> alone;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    alone.push_back(run(*p.target, &d, prompts[i], greedy(lengths[i])).ids);
+  EngineOptions eo;
+  eo.max_running = 3;
+  eo.spec_policy = SpecPolicyKind::Always;
+  Engine engine(make_backend(*p.target, &d, 4096, true), eo);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int rep = 0; rep < 2; ++rep) {  // twice: the second batch reuses the pooled lanes
+    reqs.clear();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      RequestParams r;
+      r.prompt = prompts[i];
+      r.max_tokens = lengths[i];
+      reqs.push_back(engine.submit(r));
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      Request::Update u;
+      for (int t = 0; t < 600 && !(u = reqs[i]->wait(0, std::chrono::milliseconds(100))).finished;
+           ++t) {
+      }
+      ASSERT_TRUE(u.finished) << "request " << i;
+      EXPECT_EQ(u.finish_reason, "length");
+      expect_lossless(*p.target, reqs[i]->tokens(), alone[i], fmt::format("request {}", i));
+    }
+  }
+  EXPECT_GT(engine.stats().speculative_rounds, 0u);
 }
 
 }  // namespace

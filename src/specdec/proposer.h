@@ -1,6 +1,7 @@
-// What the round loop needs of a drafter: a block of K proposed tokens after the anchor, with
-// the per-slot distributions q they were drawn from (for rejection sampling), and the target's
-// features of every committed token.
+// Block proposers on the CPU (what the CPU backend's engine::Proposer runs): a block of K
+// proposed tokens after the anchor, with the per-slot distributions q they were drawn from (for
+// rejection sampling), from the target's features of every committed token. The FlashMap drafter,
+// and a scripted one that tests and benchmarks use to choose the acceptance path.
 #pragma once
 
 #include <memory>
@@ -9,7 +10,7 @@
 
 #include "core/rng.h"
 #include "models/flashmap.h"
-#include "spec/sampling.h"
+#include "specdec/sampling.h"
 
 namespace flashmap {
 
@@ -23,9 +24,9 @@ struct Proposal {
   std::vector<float> probs;     // [K, V] filtered q for rejection sampling; empty otherwise
 };
 
-class Drafter {
+class BlockProposer {
  public:
-  virtual ~Drafter() = default;
+  virtual ~BlockProposer() = default;
   virtual int block_size() const = 0;
   // The target layers whose outputs the drafter reads (empty: none).
   virtual std::span<const int> target_layer_ids() const = 0;
@@ -45,9 +46,9 @@ class Drafter {
 };
 
 // The FlashMap drafter with `steps` jumps.
-class FlashMapBlockDrafter : public Drafter {
+class FlashMapProposer : public BlockProposer {
  public:
-  FlashMapBlockDrafter(const FlashMapDrafter& model, int steps);
+  FlashMapProposer(const FlashMapModel& model, int steps);
   int block_size() const override { return model_.block_size(); }
   std::span<const int> target_layer_ids() const override { return model_.target_layer_ids(); }
   std::unique_ptr<DraftState> begin() const override;
@@ -56,16 +57,16 @@ class FlashMapBlockDrafter : public Drafter {
   void propose(std::span<const Seq> batch) const override;
 
  private:
-  const FlashMapDrafter& model_;
+  const FlashMapModel& model_;
   int steps_;
 };
 
 // Proposes scripted tokens: script[i] for the i-th generated position (the target's own greedy
 // continuation, say), with every slot from `corrupt_from` on replaced by a wrong token, so that
 // tests and benchmarks choose the acceptance path. q is one-hot on the proposed token.
-class ScriptedDrafter : public Drafter {
+class ScriptedProposer : public BlockProposer {
  public:
-  ScriptedDrafter(int block_size, int64_t vocab, std::vector<int32_t> script, int corrupt_from);
+  ScriptedProposer(int block_size, int64_t vocab, std::vector<int32_t> script, int corrupt_from);
   int block_size() const override { return block_size_; }
   std::span<const int> target_layer_ids() const override { return {}; }
   std::unique_ptr<DraftState> begin() const override;

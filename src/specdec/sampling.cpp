@@ -1,4 +1,4 @@
-#include "spec/sampling.h"
+#include "specdec/sampling.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "spec/drafter.h"
+#include "specdec/proposer.h"
 
 #include "core/check.h"
 
@@ -13,29 +13,29 @@ struct ScriptState : DraftState {
 };
 }  // namespace
 
-FlashMapBlockDrafter::FlashMapBlockDrafter(const FlashMapDrafter& model, int steps)
+FlashMapProposer::FlashMapProposer(const FlashMapModel& model, int steps)
     : model_(model), steps_(steps) {
   model_.grid(steps);  // throws when `steps` is not in jump_grids
 }
 
-std::unique_ptr<DraftState> FlashMapBlockDrafter::begin() const {
+std::unique_ptr<DraftState> FlashMapProposer::begin() const {
   auto s = std::make_unique<FlashMapState>();
   s->ctx = model_.new_context();
   return s;
 }
 
-void FlashMapBlockDrafter::commit(DraftState& state, const float* features, int64_t n,
+void FlashMapProposer::commit(DraftState& state, const float* features, int64_t n,
                                   std::span<const int32_t>) const {
   model_.extend_context(static_cast<FlashMapState&>(state).ctx, features, n);
 }
 
-void FlashMapBlockDrafter::propose(std::span<const Seq> batch) const {
+void FlashMapProposer::propose(std::span<const Seq> batch) const {
   const int64_t K = model_.block_size(), V = model_.config().vocab_size;
-  std::vector<FlashMapDrafter::Request> reqs;
+  std::vector<FlashMapModel::Request> reqs;
   for (const auto& s : batch)
     reqs.push_back({&static_cast<FlashMapState*>(s.state)->ctx,
                     s.anchor,
-                    {FlashMapDrafter::Noise::Draw, nullptr, &s.sampler->rng}});
+                    {FlashMapModel::Noise::Draw, nullptr, &s.sampler->rng}});
   std::vector<float> logits(batch.size() * size_t(K * V));
   model_.draft(reqs, steps_, logits.data());
   // Given the noise, the block's tokens are independent draws from softmax(logits), one per slot.
@@ -68,7 +68,7 @@ void FlashMapBlockDrafter::propose(std::span<const Seq> batch) const {
   }
 }
 
-ScriptedDrafter::ScriptedDrafter(int block_size, int64_t vocab, std::vector<int32_t> script,
+ScriptedProposer::ScriptedProposer(int block_size, int64_t vocab, std::vector<int32_t> script,
                                  int corrupt_from)
     : block_size_(block_size),
       vocab_(vocab),
@@ -77,18 +77,18 @@ ScriptedDrafter::ScriptedDrafter(int block_size, int64_t vocab, std::vector<int3
   FLASHMAP_CHECK(block_size >= 1, "scripted drafter: block size must be >= 1");
 }
 
-std::unique_ptr<DraftState> ScriptedDrafter::begin() const {
+std::unique_ptr<DraftState> ScriptedProposer::begin() const {
   return std::make_unique<ScriptState>();
 }
 
-void ScriptedDrafter::commit(DraftState& state, const float*, int64_t n,
+void ScriptedProposer::commit(DraftState& state, const float*, int64_t n,
                              std::span<const int32_t>) const {
   auto& s = static_cast<ScriptState&>(state);
   // The first commit holds the prompt's features; the generated tokens count from the next.
   s.committed = s.committed < 0 ? 0 : s.committed + n;
 }
 
-void ScriptedDrafter::propose(std::span<const Seq> batch) const {
+void ScriptedProposer::propose(std::span<const Seq> batch) const {
   for (const auto& s : batch) {
     // The anchor is generated token number `committed`; the block proposes the ones after it.
     const int64_t next = static_cast<ScriptState*>(s.state)->committed + 1;

@@ -11,23 +11,28 @@
 #include <random>
 #include <thread>
 
-#include "../spec/random_models.h"
+#include "../specdec/random_models.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
-#include "runtime/scheduler.h"
-#include "spec/decoder.h"
+#include <flashmap/engine.h>
+
+#include "engine/cpu_backend.h"
 
 using namespace flashmap;
-using namespace flashmap::runtime;
+using namespace flashmap::engine;
 using ::testing::HasSubstr;
 
 namespace {
 const std::string kA = "tests/fixtures/tiny-a";
 
+std::unique_ptr<Backend> cpu(const Qwen3Model& target, const BlockProposer* proposer) {
+  return std::make_unique<CpuBackend>(target, proposer);
+}
+
 struct Models {
   Qwen3Model target{kA + "/target"};
-  FlashMapDrafter draft{kA + "/draft", target};
-  FlashMapBlockDrafter drafter{draft, 1};
+  FlashMapModel draft{kA + "/draft", target};
+  FlashMapProposer drafter{draft, 1};
 };
 Models& models() {
   static Models m;
@@ -68,7 +73,7 @@ GenerateResult reference(const RequestParams& p, bool with_drafter) {
 }
 }  // namespace
 
-TEST(Scheduler, BatchedGreedyEqualsGenerate) {
+TEST(Engine, BatchedGreedyEqualsGenerate) {
   auto& m = models();
   std::vector<RequestParams> params;
   for (int i = 0; i < 6; ++i) {
@@ -81,7 +86,7 @@ TEST(Scheduler, BatchedGreedyEqualsGenerate) {
   std::vector<GenerateResult> wants;
   for (auto& p : params) wants.push_back(reference(p, p.speculative));
   // Always: the acceptance path matches generate()'s only if every round drafts.
-  Scheduler sched(m.target, &m.drafter,
+  Engine sched(cpu(m.target, &m.drafter),
                   {.max_running = 8, .max_queue = 8, .spec_policy = SpecPolicyKind::Always});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
@@ -102,7 +107,7 @@ TEST(Scheduler, BatchedGreedyEqualsGenerate) {
   EXPECT_GT(sched.stats().speculative_rounds, 0u);
 }
 
-TEST(Scheduler, SeededSamplingEqualsGenerate) {
+TEST(Engine, SeededSamplingEqualsGenerate) {
   auto& m = models();
   std::vector<RequestParams> params;
   for (int i = 0; i < 3; ++i) {
@@ -116,14 +121,14 @@ TEST(Scheduler, SeededSamplingEqualsGenerate) {
   }
   std::vector<std::vector<int32_t>> wants;
   for (auto& p : params) wants.push_back(reference(p, true).ids);
-  Scheduler sched(m.target, &m.drafter, {.max_running = 4, .spec_policy = SpecPolicyKind::Always});
+  Engine sched(cpu(m.target, &m.drafter), {.max_running = 4, .spec_policy = SpecPolicyKind::Always});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i)
     EXPECT_EQ(wait_all(*reqs[i]), wants[i]) << "request " << i;
 }
 
-TEST(Scheduler, StopIdsAndLateJoinersMatchGenerate) {
+TEST(Engine, StopIdsAndLateJoinersMatchGenerate) {
   auto& m = models();
   RequestParams base;
   base.prompt = prompt_of(9, 3);
@@ -143,7 +148,7 @@ TEST(Scheduler, StopIdsAndLateJoinersMatchGenerate) {
     params.push_back(p);
     wants.push_back(reference(p, true));
   }
-  Scheduler sched(m.target, &m.drafter, {.max_running = 2, .max_queue = 8});
+  Engine sched(cpu(m.target, &m.drafter), {.max_running = 2, .max_queue = 8});
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) {
     std::string reason;
@@ -158,7 +163,7 @@ TEST(Scheduler, StopIdsAndLateJoinersMatchGenerate) {
   EXPECT_LE(got.size(), 6u);
 }
 
-TEST(Scheduler, SpeculationOffAboveSpecMaxBatch) {
+TEST(Engine, SpeculationOffAboveSpecMaxBatch) {
   auto& m = models();
   std::vector<RequestParams> params;
   std::vector<std::vector<int32_t>> wants;
@@ -169,7 +174,7 @@ TEST(Scheduler, SpeculationOffAboveSpecMaxBatch) {
     params.push_back(p);
     wants.push_back(reference(p, true).ids);
   }
-  Scheduler sched(m.target, &m.drafter,
+  Engine sched(cpu(m.target, &m.drafter),
                   {.max_running = 8, .spec_max_batch = 1, .spec_policy = SpecPolicyKind::Batch});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
@@ -180,9 +185,9 @@ TEST(Scheduler, SpeculationOffAboveSpecMaxBatch) {
   EXPECT_LT(st.speculative_rounds, st.rounds);
 }
 
-TEST(Scheduler, CancelFreesTheSequence) {
+TEST(Engine, CancelFreesTheSequence) {
   auto& m = models();
-  Scheduler sched(m.target, &m.drafter, {.max_running = 2});
+  Engine sched(cpu(m.target, &m.drafter), {.max_running = 2});
   RequestParams p;
   p.prompt = prompt_of(6, 1);
   p.max_tokens = 4000;  // far more than the test waits for
@@ -204,9 +209,9 @@ TEST(Scheduler, CancelFreesTheSequence) {
   EXPECT_EQ(wait_all(*r2).size(), 5u);
 }
 
-TEST(Scheduler, AdmissionLimits) {
+TEST(Engine, AdmissionLimits) {
   auto& m = models();
-  Scheduler sched(m.target, &m.drafter,
+  Engine sched(cpu(m.target, &m.drafter),
                   {.max_running = 1, .max_queue = 1, .max_context = 64, .spec_max_batch = 0});
   RequestParams p;
   p.prompt = prompt_of(8, 2);
@@ -249,7 +254,7 @@ TEST(Scheduler, AdmissionLimits) {
   EXPECT_EQ(sched.stats().running, 0);
 }
 
-TEST(Scheduler, TargetAloneEqualsGenerate) {
+TEST(Engine, TargetAloneEqualsGenerate) {
   auto& m = models();
   std::vector<RequestParams> params;
   std::vector<std::vector<int32_t>> wants;
@@ -260,7 +265,7 @@ TEST(Scheduler, TargetAloneEqualsGenerate) {
     params.push_back(p);
     wants.push_back(reference(p, false).ids);
   }
-  Scheduler sched(m.target, nullptr, {.max_running = 4});
+  Engine sched(cpu(m.target, nullptr), {.max_running = 4});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(wait_all(*reqs[i]), wants[i]);
@@ -280,9 +285,9 @@ struct FakeClock {
 };
 
 // Forwards to a drafter and bills the fake clock for every propose call.
-class BilledDrafter : public Drafter {
+class BilledDrafter : public BlockProposer {
  public:
-  BilledDrafter(const Drafter& inner, FakeClock& clock) : inner_(inner), clock_(clock) {}
+  BilledDrafter(const BlockProposer& inner, FakeClock& clock) : inner_(inner), clock_(clock) {}
   int block_size() const override { return inner_.block_size(); }
   std::span<const int> target_layer_ids() const override { return inner_.target_layer_ids(); }
   std::unique_ptr<DraftState> begin() const override { return inner_.begin(); }
@@ -296,14 +301,14 @@ class BilledDrafter : public Drafter {
   }
 
  private:
-  const Drafter& inner_;
+  const BlockProposer& inner_;
   FakeClock& clock_;
 };
 
-uint64_t spec_rounds(const SchedulerStats& s) {
+uint64_t spec_rounds(const EngineStats& s) {
   return s.policy_rounds[1][0] + s.policy_rounds[1][1];
 }
-uint64_t plain_rounds(const SchedulerStats& s) {
+uint64_t plain_rounds(const EngineStats& s) {
   return s.policy_rounds[0][0] + s.policy_rounds[0][1];
 }
 }  // namespace
@@ -317,10 +322,10 @@ TEST(AdaptivePolicy, WrongDrafterConvergesToTargetAlone) {
   ASSERT_EQ(want.size(), 200u);
   // The target's own continuation with every slot corrupted: acceptance length exactly 1, so a
   // speculative round commits what a plain one does at twice its (fake) cost.
-  ScriptedDrafter wrong(4, m.target.config().vocab_size, want, 0);
+  ScriptedProposer wrong(4, m.target.config().vocab_size, want, 0);
   FakeClock clock;
   BilledDrafter drafter(wrong, clock);
-  Scheduler sched(m.target, &drafter, {.max_running = 4, .clock = clock.fn()});
+  Engine sched(cpu(m.target, &drafter), {.max_running = 4, .clock = clock.fn()});
   auto r = sched.submit(p);
   EXPECT_EQ(wait_all(*r), want);
   const auto st = sched.stats();
@@ -344,10 +349,10 @@ TEST(AdaptivePolicy, RightDrafterConvergesToSpeculation) {
   const auto want = reference(p, false).ids;
   ASSERT_EQ(want.size(), 200u);
   // Always right: every round commits 5 tokens at twice the cost of a plain round's one.
-  ScriptedDrafter right(4, m.target.config().vocab_size, want, 4);
+  ScriptedProposer right(4, m.target.config().vocab_size, want, 4);
   FakeClock clock;
   BilledDrafter drafter(right, clock);
-  Scheduler sched(m.target, &drafter, {.max_running = 4, .clock = clock.fn()});
+  Engine sched(cpu(m.target, &drafter), {.max_running = 4, .clock = clock.fn()});
   auto r = sched.submit(p);
   EXPECT_EQ(wait_all(*r), want);
   EXPECT_GT(r->acceptance_length(), 4.0);
@@ -388,7 +393,7 @@ TEST(AdaptivePolicy, OutputsEqualGenerateWhateverTheModeSequence) {
     t += std::uniform_real_distribution<double>(1e-4, 1e-2)(gen);
     return t;
   };
-  Scheduler sched(m.target, &m.drafter,
+  Engine sched(cpu(m.target, &m.drafter),
                   {.max_running = 3,
                    .max_queue = 8,
                    .explore_min = 2,
@@ -411,11 +416,11 @@ TEST(AdaptivePolicy, OutputsEqualGenerateWhateverTheModeSequence) {
 // Requests that run to the last position of the target's context, with speculation forced:
 // every round near the end verifies a shorter block, and each finishes with "length" as
 // generate() does (before, the verify pass ran past max_position_embeddings and failed).
-TEST(Scheduler, GenerationToTheEndOfTheContext) {
+TEST(Engine, GenerationToTheEndOfTheContext) {
   const auto pair = flashmap::testing::write_random_pair("sched-ctx40", 64, 32, 2, 6, 17, 40);
   Qwen3Model target(pair.target);
-  FlashMapDrafter model(pair.draft, target);
-  FlashMapBlockDrafter drafter(model, 1);
+  FlashMapModel model(pair.draft, target);
+  FlashMapProposer drafter(model, 1);
   std::vector<RequestParams> params;
   for (int i = 0; i < 6; ++i) {
     RequestParams p;
@@ -437,7 +442,7 @@ TEST(Scheduler, GenerationToTheEndOfTheContext) {
     o.seeded = p.seeded;
     wants.push_back(generate(target, nullptr, p.prompt, o).ids);
   }
-  Scheduler sched(target, &drafter, {.max_running = 4, .spec_policy = SpecPolicyKind::Always});
+  Engine sched(cpu(target, &drafter), {.max_running = 4, .spec_policy = SpecPolicyKind::Always});
   std::vector<std::shared_ptr<Request>> reqs;
   for (const auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) {

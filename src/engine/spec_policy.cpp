@@ -1,10 +1,10 @@
-#include "runtime/spec_policy.h"
+#include "engine/spec_policy.h"
 
 #include <algorithm>
 
 #include "core/check.h"
 
-namespace flashmap::runtime {
+namespace flashmap::engine {
 
 SpecPolicyKind parse_spec_policy(const std::string& name) {
   if (name == "adaptive") return SpecPolicyKind::Adaptive;
@@ -115,4 +115,4 @@ void SpecPolicy::observe(int batch, const Decision& d, double seconds, int token
   }
 }
 
-}  // namespace flashmap::runtime
+}  // namespace flashmap::engine

@@ -4,10 +4,10 @@
 #include <gtest/gtest.h>
 
 #include "core/check.h"
-#include "runtime/spec_policy.h"
+#include "engine/spec_policy.h"
 
 using namespace flashmap;
-using namespace flashmap::runtime;
+using namespace flashmap::engine;
 
 namespace {
 // Tokens and seconds of a round of `batch` sequences: a plain round commits one token per

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace flashmap::runtime {
+namespace flashmap::engine {
 
 enum class SpecPolicyKind {
   Adaptive,  // measured, per batch-size bucket (default)
@@ -82,4 +82,4 @@ class SpecPolicy {
   std::vector<Bucket> buckets_;
 };
 
-}  // namespace flashmap::runtime
+}  // namespace flashmap::engine

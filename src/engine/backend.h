@@ -1,0 +1,102 @@
+// What the round loop (rounds.h) needs of a device: three small interfaces, implemented once for
+// the CPU (cpu_backend.h, the reference) and once for CUDA (src/cuda/cuda_backend.cpp).
+//
+//   Target    the target's forward over a batch of sequences, each with its own KV cache, with
+//             hidden-state taps for the drafter;
+//   Proposer  a block of K draft tokens after each sequence's anchor;
+//   Verifier  the first token of a sequence and each round's acceptance, returned to the host as a
+//             small per-sequence result (on a GPU: one device→host copy per round).
+//
+// A sequence's device state (KV cache, drafter context, the round's block, its last logits) is a
+// Slot that the backend makes and the loop holds; the three interfaces act on the same slots, so
+// the tokens of a block never need to visit the host. Everything above the loop sees only these.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/hf_config.h"
+#include "specdec/sampling.h"
+
+namespace flashmap::engine {
+
+// One sequence's state on a device.
+class Slot {
+ public:
+  virtual ~Slot() = default;
+};
+
+// One sequence's part in a step of the loop.
+struct SeqStep {
+  Slot* slot = nullptr;
+  // Sequence position of the anchor (the cache length before this forward); the token drawn
+  // from logits row r is at position + 1 + r.
+  int64_t position = 0;
+  int room = 0;  // drafts verified this round (0: the anchor alone)
+  SeqSampler* sampler = nullptr;
+};
+
+// A round's outcome for one sequence, on the host: `accepted` drafts then the target's token.
+struct Accepted {
+  int accepted = 0;
+  std::vector<int32_t> tokens;  // accepted + 1 tokens
+};
+
+class Target {
+ public:
+  virtual ~Target() = default;
+  virtual const Qwen3Config& config() const = 0;
+  // Positions a sequence's KV cache holds.
+  virtual int64_t max_positions() const = 0;
+  // A new sequence: an empty KV cache and, when `drafting`, an empty drafter context.
+  virtual std::unique_ptr<Slot> open(bool drafting) = 0;
+  // The prompts' forward over a batch: KV appended; each sequence's last logits row; the taps of
+  // every prompt position for the drafting ones. Then Proposer::commit takes those features.
+  virtual void prefill(std::span<Slot* const> slots,
+                       std::span<const std::span<const int32_t>> prompts) = 0;
+  // Each sequence's anchor and its first `room` drafts in one forward over the batch: KV
+  // appended, logits of every row, taps for drafting sequences.
+  virtual void verify(std::span<const SeqStep> steps) = 0;
+  // Keeps the first `length` positions of a sequence's cache (drops rejected drafts).
+  virtual void truncate(Slot& slot, int64_t length) = 0;
+};
+
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  virtual int block_size() const = 0;
+  // Appends to each drafting sequence's context the target's features of the first n[i] rows
+  // the last forward fed it (the prompt after prefill; the anchor and accepted drafts after a
+  // round).
+  virtual void commit(std::span<Slot* const> slots, std::span<const int64_t> n) = 0;
+  // Drafts K tokens after each sequence's anchor, all in one batch, drawn as the sequence's
+  // sampler draws (argmax, keyed by position, or from the filtered q kept for rejection
+  // sampling); they stay in the slot for Target::verify.
+  virtual void propose(std::span<const SeqStep> steps) = 0;
+};
+
+class Verifier {
+ public:
+  virtual ~Verifier() = default;
+  // After prefill: each sequence's first token from its last logits row (position: the prompt
+  // length, in step.position + 1 − 1 form: pass position = prompt length − 1). It becomes the
+  // slot's anchor.
+  virtual void pick(std::span<const SeqStep> steps, std::span<int32_t> tokens) = 0;
+  // After verify: each sequence's acceptance in its sampler's mode (greedy, keyed, rejection).
+  // The target's token after the accepted drafts becomes the slot's anchor.
+  virtual void accept(std::span<const SeqStep> steps, std::span<Accepted> out) = 0;
+};
+
+// A device with the target and, optionally, a drafter.
+class Backend : public Target, public Proposer, public Verifier {
+ public:
+  virtual bool has_drafter() const = 0;
+  // Target layers the drafter reads (empty without one).
+  virtual std::span<const int> taps() const = 0;
+  virtual std::string device() const = 0;  // "cpu", "cuda:0", ...
+};
+
+}  // namespace flashmap::engine

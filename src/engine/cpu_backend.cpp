@@ -1,0 +1,152 @@
+#include "engine/cpu_backend.h"
+
+#include "core/check.h"
+#include "specdec/verify.h"
+
+namespace flashmap::engine {
+
+namespace {
+
+struct CpuSlot : Slot {
+  KVCache cache;
+  std::unique_ptr<DraftState> draft;  // null: the sequence does not draft
+  Proposal proposal;
+  std::vector<int32_t> fed;  // the tokens of the last forward (prompt, or anchor + drafts)
+  int32_t anchor = 0;
+  int64_t logits_row = 0;   // the first of its rows in the last forward's logits
+  int64_t feature_row = 0;  // and in its features
+};
+
+CpuSlot& cpu(Slot& s) {
+  return static_cast<CpuSlot&>(s);
+}
+
+}  // namespace
+
+struct CpuBackend::Owned {
+  std::unique_ptr<Qwen3Model> target;
+  std::unique_ptr<FlashMapModel> draft;
+  std::unique_ptr<FlashMapProposer> proposer;
+};
+
+CpuBackend::CpuBackend(const Qwen3Model& target, const BlockProposer* proposer)
+    : target_(target), proposer_(proposer) {}
+
+CpuBackend::CpuBackend(std::unique_ptr<Owned> owned)
+    : owned_(std::move(owned)), target_(*owned_->target), proposer_(owned_->proposer.get()) {}
+
+CpuBackend::~CpuBackend() = default;
+
+std::unique_ptr<CpuBackend> CpuBackend::load(const std::string& target_dir,
+                                             const std::string& draft_dir, int steps,
+                                             int64_t sampled_vocab) {
+  auto o = std::make_unique<Owned>();
+  o->target = std::make_unique<Qwen3Model>(target_dir);
+  if (sampled_vocab > 0) o->target->set_sampled_vocab(sampled_vocab);
+  if (draft_dir.empty()) {
+    FLASHMAP_CHECK(steps == 0, "--steps needs a drafter (--draft)");
+  } else {
+    o->draft = std::make_unique<FlashMapModel>(draft_dir, *o->target);
+    o->proposer = std::make_unique<FlashMapProposer>(
+        *o->draft, steps > 0 ? steps : o->draft->config().num_steps);
+  }
+  return std::unique_ptr<CpuBackend>(new CpuBackend(std::move(o)));
+}
+
+std::span<const int> CpuBackend::taps() const {
+  return proposer_ ? proposer_->target_layer_ids() : std::span<const int>{};
+}
+
+std::unique_ptr<Slot> CpuBackend::open(bool drafting) {
+  auto s = std::make_unique<CpuSlot>();
+  s->cache = target_.new_cache();
+  if (drafting && proposer_) s->draft = proposer_->begin();
+  return s;
+}
+
+void CpuBackend::prefill(std::span<Slot* const> slots,
+                         std::span<const std::span<const int32_t>> prompts) {
+  std::vector<Qwen3Model::SeqInput> in;
+  bool any_draft = false;
+  int64_t rows = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    CpuSlot& s = cpu(*slots[i]);
+    s.fed.assign(prompts[i].begin(), prompts[i].end());
+    s.logits_row = int64_t(i);  // the last row of each sequence
+    s.feature_row = rows;
+    rows += int64_t(prompts[i].size());
+    any_draft = any_draft || s.draft;
+    in.push_back({&s.cache, s.fed});
+  }
+  target_.forward(in, Qwen3Model::Logits::Last, any_draft ? taps() : std::span<const int>{}, out_);
+}
+
+void CpuBackend::verify(std::span<const SeqStep> steps) {
+  std::vector<Qwen3Model::SeqInput> in;
+  bool any_draft = false;
+  int64_t rows = 0;
+  for (const SeqStep& st : steps) {
+    CpuSlot& s = cpu(*st.slot);
+    s.fed.assign(1, s.anchor);
+    s.fed.insert(s.fed.end(), s.proposal.tokens.begin(), s.proposal.tokens.begin() + st.room);
+    s.logits_row = s.feature_row = rows;
+    rows += int64_t(s.fed.size());
+    any_draft = any_draft || s.draft;
+    in.push_back({&s.cache, s.fed});
+  }
+  target_.forward(in, Qwen3Model::Logits::All, any_draft ? taps() : std::span<const int>{}, out_);
+}
+
+void CpuBackend::truncate(Slot& slot, int64_t length) {
+  cpu(slot).cache.truncate(length);
+}
+
+void CpuBackend::commit(std::span<Slot* const> slots, std::span<const int64_t> n) {
+  const int64_t F = int64_t(taps().size()) * target_.config().hidden_size;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    CpuSlot& s = cpu(*slots[i]);
+    if (!s.draft) continue;
+    proposer_->commit(*s.draft,
+                      out_.features.empty() ? nullptr : out_.features.data() + s.feature_row * F,
+                      n[i], std::span<const int32_t>(s.fed).first(size_t(n[i])));
+  }
+}
+
+void CpuBackend::propose(std::span<const SeqStep> steps) {
+  std::vector<BlockProposer::Seq> batch;
+  for (const SeqStep& st : steps) {
+    CpuSlot& s = cpu(*st.slot);
+    FLASHMAP_ASSERT(s.draft);
+    batch.push_back({s.draft.get(), s.anchor, st.position + 1, st.sampler, &s.proposal});
+  }
+  proposer_->propose(batch);
+}
+
+void CpuBackend::pick(std::span<const SeqStep> steps, std::span<int32_t> tokens) {
+  const int64_t V = target_.config().vocab_size;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    CpuSlot& s = cpu(*steps[i].slot);
+    s.anchor =
+        steps[i].sampler->pick(out_.logits.data() + s.logits_row * V, V, steps[i].position + 1);
+    tokens[i] = s.anchor;
+  }
+}
+
+void CpuBackend::accept(std::span<const SeqStep> steps, std::span<Accepted> out) {
+  const int64_t V = target_.config().vocab_size;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const SeqStep& st = steps[i];
+    CpuSlot& s = cpu(*st.slot);
+    const auto draft = std::span<const int32_t>(s.fed).subspan(1);
+    int32_t bonus = 0;
+    const int accepted = verify_block(*st.sampler, draft, out_.logits.data() + s.logits_row * V,
+                                      s.proposal.probs.empty() ? nullptr : s.proposal.probs.data(),
+                                      V, st.position + 1, bonus);
+    out[i].accepted = accepted;
+    out[i].tokens.assign(draft.begin(), draft.begin() + accepted);
+    out[i].tokens.push_back(bonus);
+    s.anchor = bonus;
+  }
+}
+
+}  // namespace flashmap::engine

@@ -1,0 +1,395 @@
+// The Engine: the device factory (the only place that knows which backends this build has), the
+// batch-of-one path, and continuous batching for serving: one engine thread owns the backend and
+// runs rounds; between rounds new requests join (their prompts prefilled in one batched forward)
+// and finished or cancelled ones leave (their slots freed).
+#include <flashmap/engine.h>
+
+#include <deque>
+#include <thread>
+
+#include "engine/cpu_backend.h"
+#ifdef FLASHMAP_WITH_CUDA
+#include "cuda/bench_shape.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/device.h"
+#endif
+
+namespace flashmap {
+
+using engine::Backend;
+using engine::RoundLoop;
+using engine::Sequence;
+
+// ---- devices ----
+
+namespace {
+
+bool is_cuda(const std::string& device) {
+  return device == "cuda" || device.starts_with("cuda:");
+}
+
+std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
+  check_device(o.device);
+  if (o.device == "cpu")
+    return engine::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab);
+#ifdef FLASHMAP_WITH_CUDA
+  return cuda::make_backend(o.device, o.target, o.draft, o.steps, o.sampled_vocab, o.max_context);
+#else
+  throw Error("unreachable: check_device accepted a device this build lacks");
+#endif
+}
+
+}  // namespace
+
+void check_device(const std::string& device) {
+  if (device == "cpu") return;
+  FLASHMAP_CHECK(is_cuda(device), "--device: expected cpu, cuda or cuda:N, got '{}'", device);
+#ifdef FLASHMAP_WITH_CUDA
+  cuda::Context probe(device);  // throws naming why no GPU is usable
+#else
+  throw Error(
+      fmt::format("--device {}: this flashmap binary was built without CUDA (configure "
+                  "with -DFLASHMAP_CUDA=ON on a machine with the CUDA toolkit)",
+                  device));
+#endif
+}
+
+void bench_device_shape(const DeviceShapeBench& spec) {
+  check_device(spec.device);
+  FLASHMAP_CHECK(spec.device != "cpu", "bench_device_shape: a GPU device, not cpu");
+#ifdef FLASHMAP_WITH_CUDA
+  cuda::run_shape_bench({.device = spec.device,
+                         .shape = spec.shape,
+                         .json_out = spec.json_out,
+                         .context = spec.context,
+                         .block = spec.block,
+                         .reps = spec.reps,
+                         .max_new_tokens = spec.max_new_tokens});
+#endif
+}
+
+double GenerateResult::acceptance_length() const {
+  if (acceptance_lengths.empty()) return 0.0;
+  double s = 0;
+  for (int a : acceptance_lengths) s += a;
+  return s / double(acceptance_lengths.size());
+}
+
+GenerateResult generate(const Qwen3Model& target, const BlockProposer* proposer,
+                        std::span<const int32_t> prompt, const GenerateOptions& opt) {
+  EngineOptions eo;
+  eo.spec_policy = SpecPolicyKind::Always;
+  Engine engine(std::make_unique<engine::CpuBackend>(target, proposer), eo);
+  RequestParams p;
+  p.prompt.assign(prompt.begin(), prompt.end());
+  p.max_tokens = opt.max_new_tokens;
+  p.sampling = opt.sampling;
+  p.seed = opt.seed;
+  p.seeded = opt.seeded;
+  p.stop_ids = opt.stop_ids;
+  return engine.generate(p, opt.on_tokens);
+}
+
+// ---- Request ----
+
+Request::Request(uint64_t id, RequestParams params)
+    : id(id), params(std::move(params)), submitted(Clock::now()) {}
+
+Request::Update Request::wait(size_t seen, std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mutex_);
+  cv_.wait_for(lk, timeout, [&] { return finished_ || tokens_.size() > seen; });
+  Update u;
+  if (tokens_.size() > seen) u.tokens.assign(tokens_.begin() + std::ptrdiff_t(seen), tokens_.end());
+  u.finished = finished_;
+  u.finish_reason = finish_reason_;
+  u.error = error_;
+  return u;
+}
+
+std::vector<int32_t> Request::tokens() const {
+  std::lock_guard lk(mutex_);
+  return tokens_;
+}
+
+std::vector<int> Request::acceptance_lengths() const {
+  std::lock_guard lk(mutex_);
+  return acceptance_;
+}
+
+double Request::acceptance_length() const {
+  std::lock_guard lk(mutex_);
+  if (acceptance_.empty()) return 0.0;
+  double s = 0;
+  for (int a : acceptance_) s += a;
+  return s / double(acceptance_.size());
+}
+
+std::vector<std::pair<Clock::time_point, int>> Request::emissions() const {
+  std::lock_guard lk(mutex_);
+  return emissions_;
+}
+
+void Request::push(std::span<const int32_t> tokens, int committed_in_round) {
+  {
+    std::lock_guard lk(mutex_);
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+    if (committed_in_round > 0) acceptance_.push_back(committed_in_round);
+    if (!tokens.empty()) emissions_.emplace_back(Clock::now(), int(tokens.size()));
+  }
+  cv_.notify_all();
+}
+
+void Request::finish(const std::string& reason, const std::string& error) {
+  {
+    std::lock_guard lk(mutex_);
+    if (finished_) return;
+    finished_ = true;
+    finish_reason_ = reason;
+    error_ = error;
+  }
+  cv_.notify_all();
+}
+
+// ---- Engine ----
+
+struct Engine::Impl {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<RoundLoop> loop;
+
+  // A request being served: the loop's sequence and the client's handle.
+  struct Served {
+    std::shared_ptr<Request> req;
+    Sequence seq;
+    Served(std::shared_ptr<Request> r) : req(std::move(r)), seq(req->params) {}
+  };
+
+  mutable std::mutex mutex;
+  std::condition_variable cv, idle_cv;
+  std::deque<std::unique_ptr<Served>> queue;
+  int in_flight = 0;  // accepted, not yet finished
+  int running = 0;
+  bool shutting_down = false, stop = false, serving = false;
+  uint64_t next_id = 1;
+  uint64_t rounds = 0, spec_rounds = 0;
+  uint64_t policy_rounds[2][2] = {{0, 0}, {0, 0}};
+  std::vector<engine::SpecPolicy::Bucket> buckets;
+  std::vector<uint64_t> acceptance_hist;
+  std::thread thread;
+};
+
+Engine::Engine(EngineOptions options) : Engine(make_backend(options), options) {}
+
+Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
+    : options_(std::move(options)), impl_(std::make_unique<Impl>()) {
+  FLASHMAP_CHECK(options_.max_running >= 1, "max_running must be >= 1, got {}",
+                 options_.max_running);
+  FLASHMAP_CHECK(options_.max_queue >= 0, "max_queue must be >= 0, got {}", options_.max_queue);
+  impl_->backend = std::move(backend);
+  impl_->loop =
+      std::make_unique<RoundLoop>(*impl_->backend,
+                                  engine::SpecPolicyOptions{.kind = options_.spec_policy,
+                                                            .max_batch = options_.spec_max_batch,
+                                                            .explore_min = options_.explore_min,
+                                                            .explore_max = options_.explore_max},
+                                  options_.max_context, options_.clock);
+  if (impl_->backend->has_drafter())
+    impl_->acceptance_hist.assign(size_t(impl_->backend->block_size()) + 2, 0);
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lk(impl_->mutex);
+    impl_->shutting_down = true;
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+const Qwen3Config& Engine::target_config() const {
+  return impl_->backend->config();
+}
+std::string Engine::device() const {
+  return impl_->backend->device();
+}
+int Engine::block_size() const {
+  return impl_->loop->block_size();
+}
+int64_t Engine::max_context() const {
+  return impl_->loop->max_context();
+}
+void Engine::validate(const RequestParams& params) const {
+  impl_->loop->validate(params);
+}
+
+GenerateResult Engine::generate(const RequestParams& params,
+                                const std::function<void(std::span<const int32_t>)>& on_tokens) {
+  {
+    std::lock_guard lk(impl_->mutex);
+    FLASHMAP_CHECK(!impl_->serving, "Engine::generate: the engine is serving requests");
+  }
+  GenerateResult res;
+  Sequence seq(params);
+  seq.sink = [&](std::span<const int32_t> t, int) {
+    res.ids.insert(res.ids.end(), t.begin(), t.end());
+    if (on_tokens && !t.empty()) on_tokens(t);
+  };
+  impl_->loop->run(seq);
+  res.acceptance_lengths = std::move(seq.acceptance_lengths);
+  res.accepted_at = std::move(seq.accepted_at);
+  res.rounds = seq.rounds;
+  res.finish_reason = seq.finish_reason;
+  res.times = seq.times;
+  return res;
+}
+
+std::shared_ptr<Request> Engine::submit(RequestParams params) {
+  validate(params);
+  Impl& m = *impl_;
+  std::shared_ptr<Request> req;
+  {
+    std::lock_guard lk(m.mutex);
+    if (m.shutting_down) throw AdmissionError(503, "the server is shutting down");
+    // Capacity counts running and waiting requests together, so a burst waits in the queue
+    // rather than failing while slots free up round by round.
+    if (m.in_flight >= options_.max_running + options_.max_queue)
+      throw AdmissionError(429, fmt::format("the server is busy: {} requests running and {} "
+                                            "queued (--max-running {}, --max-queue {})",
+                                            m.running, m.in_flight - m.running,
+                                            options_.max_running, options_.max_queue));
+    req = std::make_shared<Request>(m.next_id++, std::move(params));
+    m.queue.push_back(std::make_unique<Impl::Served>(req));
+    ++m.in_flight;
+    if (!m.serving) {
+      m.serving = true;
+      m.thread = std::thread([this] { loop(); });
+    }
+  }
+  m.cv.notify_all();
+  return req;
+}
+
+void Engine::shutdown() {
+  {
+    std::lock_guard lk(impl_->mutex);
+    impl_->shutting_down = true;
+  }
+  impl_->cv.notify_all();
+}
+
+void Engine::drain() {
+  std::unique_lock lk(impl_->mutex);
+  impl_->idle_cv.wait(lk, [&] { return impl_->in_flight == 0; });
+}
+
+EngineStats Engine::stats() const {
+  const Impl& m = *impl_;
+  std::lock_guard lk(m.mutex);
+  EngineStats s;
+  s.running = m.running;
+  s.queued = m.in_flight - m.running;
+  s.rounds = m.rounds;
+  s.speculative_rounds = m.spec_rounds;
+  s.acceptance_hist = m.acceptance_hist;
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 2; ++b) s.policy_rounds[a][b] = m.policy_rounds[a][b];
+  s.policy = options_.spec_policy;
+  s.spec_max_batch = options_.spec_max_batch;
+  s.buckets = m.buckets;
+  return s;
+}
+
+void Engine::loop() {
+  Impl& m = *impl_;
+  std::vector<std::unique_ptr<Impl::Served>> running;
+  // Frees a sequence's slot, then tells its client: a client that has heard the end sees the
+  // slot free in stats() too.
+  auto retire = [&](Impl::Served& s, bool was_running, const std::string& reason,
+                    const std::string& error = {}) {
+    s.seq.slot.reset();
+    {
+      std::lock_guard lk(m.mutex);
+      --m.in_flight;
+      if (was_running) --m.running;
+    }
+    m.idle_cv.notify_all();
+    s.req->finish(reason, error);
+  };
+  for (;;) {
+    std::vector<Sequence*> fresh;
+    std::vector<std::unique_ptr<Impl::Served>> dropped;
+    bool stopping;
+    {
+      std::unique_lock lk(m.mutex);
+      m.cv.wait(lk, [&] { return m.stop || !m.queue.empty() || !running.empty(); });
+      stopping = m.stop;
+      if (stopping) {
+        while (!m.queue.empty()) {
+          dropped.push_back(std::move(m.queue.front()));
+          m.queue.pop_front();
+        }
+      }
+      while (!m.queue.empty() && int(running.size()) < options_.max_running) {
+        auto s = std::move(m.queue.front());
+        m.queue.pop_front();
+        if (s->req->cancelled()) {
+          dropped.push_back(std::move(s));
+          continue;
+        }
+        Request* r = s->req.get();
+        s->seq.sink = [r](std::span<const int32_t> t, int committed) { r->push(t, committed); };
+        fresh.push_back(&s->seq);
+        running.push_back(std::move(s));
+      }
+      m.running = int(running.size());
+    }
+    for (auto& s : dropped) retire(*s, false, "cancelled");
+    if (stopping) {
+      for (auto& s : running) retire(*s, true, "cancelled");
+      running.clear();
+      std::lock_guard lk(m.mutex);
+      m.running = 0;
+      return;
+    }
+    // Cancelled requests leave before the round so that they cost no compute.
+    for (auto& s : running)
+      if (s->req->cancelled() && !s->seq.done) {
+        s->seq.done = true;
+        s->seq.finish_reason = "cancelled";
+      }
+    std::vector<Sequence*> all;
+    for (auto& s : running) all.push_back(&s->seq);
+    engine::RoundReport report;
+    try {
+      std::erase_if(fresh, [](Sequence* s) { return s->done; });
+      m.loop->admit(fresh);
+      report = m.loop->round(all);
+    } catch (const std::exception& e) {
+      // An engine failure fails the sequences of this round, not the server.
+      for (auto& s : running)
+        if (!s->seq.done) {
+          s->seq.done = true;
+          s->seq.finish_reason = "error";
+          s->req->finish("error", e.what());
+        }
+    }
+    {
+      std::lock_guard lk(m.mutex);
+      if (report.ran) ++m.rounds;
+      if (report.speculating > 0) ++m.spec_rounds;
+      if (report.any_draft) {
+        ++m.policy_rounds[report.decision.speculate][report.decision.explore];
+        m.buckets = m.loop->policy().buckets();
+      }
+      for (int c : report.committed_counts)
+        if (size_t(c) < m.acceptance_hist.size()) ++m.acceptance_hist[size_t(c)];
+    }
+    for (auto& s : running)
+      if (s->seq.done) retire(*s, true, s->seq.finish_reason);
+    std::erase_if(running, [](const std::unique_ptr<Impl::Served>& s) { return s->seq.done; });
+    std::lock_guard lk(m.mutex);
+    m.running = int(running.size());
+  }
+}
+
+}  // namespace flashmap

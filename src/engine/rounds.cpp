@@ -1,0 +1,205 @@
+#include "engine/rounds.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "specdec/verify.h"
+
+namespace flashmap::engine {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+bool is_stop(const SequenceParams& p, int32_t t) {
+  return std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end();
+}
+}  // namespace
+
+Sequence::Sequence(SequenceParams p)
+    : params(std::move(p)), sampler(params.sampling, params.seed, params.seeded) {}
+
+RoundLoop::RoundLoop(Backend& backend, SpecPolicyOptions policy, int64_t max_context,
+                     std::function<double()> clock)
+    : backend_(backend), policy_(policy), clock_(std::move(clock)) {
+  const int64_t cap =
+      std::min<int64_t>(backend_.config().max_position_embeddings, backend_.max_positions());
+  FLASHMAP_CHECK(max_context >= 0, "max_context must be >= 0, got {}", max_context);
+  max_context_ = max_context > 0 ? std::min(max_context, cap) : cap;
+  if (!clock_)
+    clock_ = [] { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); };
+}
+
+void RoundLoop::validate(const SequenceParams& p) const {
+  const int64_t V = backend_.config().vocab_size;
+  FLASHMAP_CHECK(!p.prompt.empty(), "the prompt is empty: give at least one token");
+  for (size_t i = 0; i < p.prompt.size(); ++i)
+    FLASHMAP_CHECK(p.prompt[i] >= 0 && p.prompt[i] < V,
+                   "prompt token {} (at index {}) is outside the vocabulary [0, {})", p.prompt[i],
+                   i, V);
+  FLASHMAP_CHECK(p.max_tokens > 0, "max_new_tokens must be > 0, got {}", p.max_tokens);
+  for (int32_t s : p.stop_ids)
+    FLASHMAP_CHECK(s >= 0 && s < V, "stop token {} is outside the vocabulary [0, {})", s, V);
+  p.sampling.validate();
+  const int64_t need = int64_t(p.prompt.size()) + p.max_tokens;
+  FLASHMAP_CHECK(need <= max_context_,
+                 "prompt ({} tokens) + max_new_tokens ({}) exceeds the context of {} positions",
+                 p.prompt.size(), p.max_tokens, max_context_);
+}
+
+bool RoundLoop::emit(Sequence& s, std::vector<int32_t> fresh, int committed) {
+  const auto& p = s.params;
+  bool stopped = false;
+  for (size_t i = 0; i < fresh.size(); ++i)
+    if (is_stop(p, fresh[i])) {
+      fresh.resize(i + 1);
+      stopped = true;
+      break;
+    }
+  const size_t room = size_t(p.max_tokens) - s.generated;
+  const size_t shown = std::min(room, fresh.size());
+  s.generated += shown;
+  if (s.sink) s.sink(std::span<const int32_t>(fresh).first(shown), committed);
+  if (stopped && fresh.size() <= room) {
+    s.finish_reason = "stop";
+    return false;
+  }
+  if (s.generated >= size_t(p.max_tokens)) {
+    s.finish_reason = "length";
+    return false;
+  }
+  return true;
+}
+
+void RoundLoop::admit(std::span<Sequence* const> fresh) {
+  if (fresh.empty()) return;
+  const auto t0 = Clock::now();
+  std::vector<Slot*> slots;
+  std::vector<std::span<const int32_t>> prompts;
+  for (Sequence* s : fresh) {
+    s->drafting = backend_.has_drafter() && s->params.speculative;
+    s->slot = backend_.open(s->drafting);
+    if (s->drafting) s->accepted_at.assign(size_t(backend_.block_size()), 0);
+    slots.push_back(s->slot.get());
+    prompts.push_back(s->params.prompt);
+  }
+  backend_.prefill(slots, prompts);
+  std::vector<SeqStep> steps;
+  for (Sequence* s : fresh) {
+    s->length = int64_t(s->params.prompt.size());
+    // The first token is drawn at the prompt's length: the "anchor" is the last prompt token.
+    steps.push_back({s->slot.get(), s->length - 1, 0, &s->sampler});
+  }
+  std::vector<int32_t> first(fresh.size());
+  backend_.pick(steps, first);
+  std::vector<Slot*> drafting;
+  std::vector<int64_t> counts;
+  for (Sequence* s : fresh)
+    if (s->drafting) {
+      drafting.push_back(s->slot.get());
+      counts.push_back(s->length);
+    }
+  if (!drafting.empty()) backend_.commit(drafting, counts);
+  const double ms = ms_since(t0);
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    Sequence& s = *fresh[i];
+    s.times.prefill_ms += ms;
+    if (!emit(s, {first[i]}, 0)) s.done = true;
+  }
+}
+
+RoundReport RoundLoop::round(std::span<Sequence* const> running) {
+  RoundReport report;
+  std::vector<Sequence*> active;
+  for (Sequence* s : running)
+    if (!s->done) active.push_back(s);
+  if (active.empty()) return report;
+  report.ran = true;
+  const int batch = int(active.size());
+  for (Sequence* s : active) report.any_draft = report.any_draft || s->drafting;
+  const double t_round = clock_();
+  if (report.any_draft) report.decision = policy_.decide(batch);
+  const int K = block_size();
+  const int64_t max_positions =
+      std::min<int64_t>(backend_.max_positions(), backend_.config().max_position_embeddings);
+
+  // Draft: near the end of the context or of max_tokens the block shrinks (to nothing: a
+  // plain step), so that no verified position runs past the cache and no draft is verified that
+  // could not be emitted.
+  auto t0 = Clock::now();
+  std::vector<SeqStep> steps, drafts;
+  for (Sequence* s : active) {
+    s->room = s->drafting && report.decision.speculate
+                  ? block_room(K, s->length, max_positions,
+                               int64_t(s->params.max_tokens) - int64_t(s->generated))
+                  : 0;
+    steps.push_back({s->slot.get(), s->length, s->room, &s->sampler});
+    if (s->room > 0) drafts.push_back(steps.back());
+  }
+  if (!drafts.empty()) backend_.propose(drafts);
+  const double draft_ms = ms_since(t0);
+
+  // Verify: anchor + block of every sequence in one forward.
+  t0 = Clock::now();
+  backend_.verify(steps);
+  const double verify_ms = ms_since(t0);
+
+  // Accept, emit, commit.
+  t0 = Clock::now();
+  std::vector<Accepted> results(active.size());
+  backend_.accept(steps, results);
+  int round_tokens = 0;
+  std::vector<Slot*> commit_slots;
+  std::vector<int64_t> commit_counts;
+  for (size_t i = 0; i < active.size(); ++i) {
+    Sequence& s = *active[i];
+    const Accepted& r = results[i];
+    FLASHMAP_ASSERT(r.accepted >= 0 && r.accepted <= s.room &&
+                    r.tokens.size() == size_t(r.accepted) + 1);
+    ++s.rounds;
+    for (int k = 0; k < r.accepted; ++k) ++s.accepted_at[size_t(k)];
+    int committed = int(r.tokens.size());
+    for (size_t j = 0; j < r.tokens.size(); ++j)
+      if (is_stop(s.params, r.tokens[j])) {
+        committed = int(j) + 1;
+        break;
+      }
+    s.acceptance_lengths.push_back(committed);
+    round_tokens += committed;
+    if (s.room > 0) {
+      ++report.speculating;
+      report.committed_counts.push_back(committed);
+    }
+    const bool going = emit(s, r.tokens, committed);
+    // Keep the anchor and the accepted drafts; the target's token is the next anchor.
+    s.length += r.accepted + 1;
+    backend_.truncate(*s.slot, s.length);
+    if (going && s.drafting) {
+      commit_slots.push_back(s.slot.get());
+      commit_counts.push_back(r.accepted + 1);
+    }
+    if (!going) s.done = true;
+  }
+  if (!commit_slots.empty()) backend_.commit(commit_slots, commit_counts);
+  const double accept_ms = ms_since(t0);
+  for (Sequence* s : active) {
+    s->times.draft_ms += draft_ms;
+    s->times.verify_ms += verify_ms;
+    s->times.accept_ms += accept_ms;
+  }
+  if (report.any_draft) policy_.observe(batch, report.decision, clock_() - t_round, round_tokens);
+  return report;
+}
+
+void RoundLoop::run(Sequence& seq) {
+  const auto t0 = Clock::now();
+  validate(seq.params);
+  Sequence* one = &seq;
+  admit({&one, 1});
+  while (!seq.done) round({&one, 1});
+  seq.slot.reset();
+  seq.times.total_ms = ms_since(t0);
+}
+
+}  // namespace flashmap::engine

@@ -1,0 +1,101 @@
+// The round loop of speculative decoding, once, over a batch of sequences on any backend: the
+// loop of spec_generate (modeling_flashmap.py) — prefill, first token from the target, then
+// { draft a block after the anchor; verify anchor + block in one target forward; accept; commit }
+// until max_tokens or a stop token — for every running sequence at once. `flashmap generate` is
+// a batch of one; `flashmap serve` admits and retires sequences between rounds (engine.cpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/spec_policy.h"
+#include "specdec/sampling.h"
+
+namespace flashmap::engine {
+
+// What a request asks of the loop.
+struct SequenceParams {
+  std::vector<int32_t> prompt;
+  int max_tokens = 16;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  // The caller chose the seed: draws keyed by (seed, position) (sample_keyed), so the output is
+  // the target-alone output for the seed whatever the batch, the drafts or the policy do.
+  bool seeded = false;
+  std::vector<int32_t> stop_ids;
+  bool speculative = true;  // false: this sequence never drafts
+};
+
+struct PhaseTimes {
+  double prefill_ms = 0, draft_ms = 0, verify_ms = 0, accept_ms = 0, total_ms = 0;
+};
+
+// One sequence as the loop keeps it between rounds.
+struct Sequence {
+  explicit Sequence(SequenceParams p);
+  SequenceParams params;
+  SeqSampler sampler;
+  std::unique_ptr<Slot> slot;
+  int64_t length = 0;  // positions in the target's cache (the anchor's position)
+  size_t generated = 0;
+  bool drafting = false;  // has a drafter context
+  bool done = false;
+  std::string finish_reason;  // "stop", "length"; set by the loop or by the engine
+  int room = 0;               // drafts verified in the current round
+  // Statistics (the reference's acceptance lengths: tokens committed per verify pass).
+  int rounds = 0;
+  std::vector<int> acceptance_lengths;
+  std::vector<int64_t> accepted_at;  // [K]: rounds in which draft slot k was accepted
+  PhaseTimes times;
+  // Receives the tokens each step emits (cut at a stop token and at max_tokens) and the number
+  // committed by the verify pass that produced them (0 for the prefill's first token).
+  std::function<void(std::span<const int32_t>, int)> sink;
+};
+
+// Acceptance histogram etc. of one round, for the engine's counters.
+struct RoundReport {
+  bool ran = false;        // some sequence was running
+  bool any_draft = false;  // some sequence could draft (the policy decided)
+  SpecPolicy::Decision decision;
+  int speculating = 0;                // sequences that drafted
+  std::vector<int> committed_counts;  // per drafting sequence
+};
+
+class RoundLoop {
+ public:
+  // max_context: prompt + max_tokens limit (0: the target's and the backend's cache size).
+  RoundLoop(Backend& backend, SpecPolicyOptions policy, int64_t max_context,
+            std::function<double()> clock = nullptr);
+
+  Backend& backend() { return backend_; }
+  int64_t max_context() const { return max_context_; }
+  int block_size() const { return backend_.has_drafter() ? backend_.block_size() : 0; }
+  const SpecPolicy& policy() const { return policy_; }
+
+  // The one place a request is checked: empty prompt, ids outside the vocabulary, max_tokens,
+  // stop ids, sampling parameters, context. Throws flashmap::Error naming the parameter.
+  void validate(const SequenceParams& p) const;
+  // Opens, prefills and starts sequences (one batched forward); some may finish at once.
+  void admit(std::span<Sequence* const> fresh);
+  // One round over the running sequences that are not done.
+  RoundReport round(std::span<Sequence* const> running);
+  // Runs one sequence to its end (generate()).
+  void run(Sequence& seq);
+
+ private:
+  // Emits fresh tokens, cut at a stop token and at max_tokens; false when the sequence ends.
+  bool emit(Sequence& s, std::vector<int32_t> fresh, int committed);
+
+  Backend& backend_;
+  SpecPolicy policy_;
+  int64_t max_context_;
+  std::function<double()> clock_;
+};
+
+}  // namespace flashmap::engine
