@@ -253,14 +253,7 @@ int64_t FlashMapModel::feature_dim() const {
 }
 
 const std::vector<double>& FlashMapModel::grid(int steps) const {
-  auto it = config_.jump_grids.find(steps);
-  if (it == config_.jump_grids.end()) {
-    std::vector<int> keys;
-    for (auto& [k, _] : config_.jump_grids) keys.push_back(k);
-    throw Error(fmt::format("steps must be one of {} (the drafter's jump_grids), got {}",
-                            fmt::join(keys, ", "), steps));
-  }
-  return it->second;
+  return config_.grid(steps);
 }
 
 // --- building blocks ----------------------------------------------------------------------------

@@ -299,6 +299,17 @@ GenerationConfig GenerationConfig::from_dir(const std::string& dir) {
   return g;
 }
 
+const std::vector<double>& FlashMapConfig::grid(int steps) const {
+  auto it = jump_grids.find(steps);
+  if (it == jump_grids.end()) {
+    std::vector<int> keys;
+    for (auto& [k, _] : jump_grids) keys.push_back(k);
+    throw Error(fmt::format("steps must be one of {} (the drafter's jump_grids), got {}",
+                            fmt::join(keys, ", "), steps));
+  }
+  return it->second;
+}
+
 Qwen3Config qwen3_shape(const std::string& shape) {
   Qwen3Config c;
   if (shape == "qwen3-8b") {

@@ -56,6 +56,8 @@ struct FlashMapConfig {
   int num_steps = 1;
   // steps -> [0 = t_0 < ... < t_n = 1]; DEFAULT_JUMP_GRIDS when the file has none.
   std::map<int, std::vector<double>> jump_grids;
+  // The jump grid for `steps`; throws flashmap::Error listing the supported step counts.
+  const std::vector<double>& grid(int steps) const;
 
   int head_dim() const { return hidden_size / num_attention_heads; }
   static FlashMapConfig from_file(const std::string& path);

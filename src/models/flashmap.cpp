@@ -70,14 +70,7 @@ FlashMapModel::FlashMapModel(const std::string& dir, const Qwen3Model& target, T
 }
 
 const std::vector<double>& FlashMapModel::grid(int steps) const {
-  auto it = config_.jump_grids.find(steps);
-  if (it == config_.jump_grids.end()) {
-    std::vector<int> keys;
-    for (auto& [k, _] : config_.jump_grids) keys.push_back(k);
-    throw Error(fmt::format("steps must be one of {} (the drafter's jump_grids), got {}",
-                            fmt::join(keys, ", "), steps));
-  }
-  return it->second;
+  return config_.grid(steps);
 }
 
 void FlashMapModel::linear(const Linear& l, const float* x, int64_t rows, float* y) const {
