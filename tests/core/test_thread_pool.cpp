@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <future>
+#include <iostream>
 #include <thread>
 #include <vector>
 
@@ -46,26 +49,62 @@ TEST(ThreadPool, BackToBackCallsSeeAllWork) {
   }
 }
 
-TEST(ThreadPool, WakesAfterIdleGaps) {
-  // Gaps longer than the spin window put the workers (and the caller's wait) to sleep.
-  ThreadPool pool(3);
-  std::atomic<int64_t> sum{0};
-  for (int round = 0; round < 20; ++round) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(round % 2 ? 2 : 0));
-    pool.parallel_for(300, 1, [&](int64_t b, int64_t e) {
-      if (b > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a slow worker
-      for (int64_t i = b; i < e; ++i) sum.fetch_add(i);
-    });
-    ASSERT_EQ(sum.load(), int64_t(299) * 300 / 2 * (round + 1));
+// Runs body on its own thread and fails unless it returns within `limit`. A lost wake-up hangs
+// parallel_for or the pool's destructor forever; this turns that into a failure that names the
+// test (the stuck thread cannot be cancelled, so the binary then aborts) instead of a hang that
+// only ctest's timeout would end.
+template <typename Body>
+void finishes_within(std::chrono::seconds limit, Body body) {
+  std::promise<void> done;
+  std::future<void> returned = done.get_future();
+  std::thread runner([&] {
+    body();  // an ASSERT_* in body returns from body, not from here
+    done.set_value();
+  });
+  if (returned.wait_for(limit) != std::future_status::ready) {
+    ADD_FAILURE() << "did not return within " << limit.count() << " s: a lost wake-up";
+    std::cerr << ::testing::UnitTest::GetInstance()->current_test_info()->name()
+              << ": did not return within " << limit.count() << " s (a lost wake-up)" << std::endl;
+    std::abort();
   }
+  runner.join();
+}
+
+TEST(ThreadPool, WakesAfterIdleGaps) {
+  // Gaps longer than the spin window (~200 µs) put the workers (and the caller's wait) to sleep;
+  // a slow worker makes the caller wait for it. Every call must return, and only once every index
+  // of its range has been visited exactly once.
+  finishes_within(std::chrono::seconds(60), [] {
+    ThreadPool pool(3);
+    const int64_t n = 300;
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    for (int round = 0; round < 20; ++round) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(round % 2 ? 2 : 0));
+      for (auto& h : hits) h.store(0);
+      pool.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+        if (b > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a slow worker
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(hits[size_t(i)].load(), 1) << "round " << round << " index " << i;
+    }
+  });
 }
 
 TEST(ThreadPool, DestroysWhileWorkersSpinOrSleep) {
-  for (int i = 0; i < 50; ++i) {
-    ThreadPool pool(4);
-    if (i % 2) pool.parallel_for(8, 1, [](int64_t, int64_t) {});
-    if (i % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
+  // The destructor must wake workers that spin (right after a call) or sleep (after a gap) and
+  // join them; a call made just before it must have done all its work.
+  finishes_within(std::chrono::seconds(60), [] {
+    for (int i = 0; i < 50; ++i) {
+      ThreadPool pool(4);
+      if (i % 2) {
+        std::atomic<int64_t> visited{0};
+        pool.parallel_for(8, 1, [&](int64_t b, int64_t e) { visited.fetch_add(e - b); });
+        ASSERT_EQ(visited.load(), 8) << "pool " << i;
+      }
+      if (i % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+  });
 }
 
 }  // namespace

@@ -41,6 +41,17 @@ inline double nmse(std::span<const float> got, std::span<const float> want) {
   }
   return ref > 0 ? err / ref : err;
 }
+// The same against a float64 reference (tests/ops/reference_ops.h).
+inline double nmse(std::span<const float> got, std::span<const double> want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    const double d = double(got[i]) - want[i];
+    err += d * d;
+    ref += want[i] * want[i];
+  }
+  return ref > 0 ? err / ref : err;
+}
 
 inline std::vector<float> randn(size_t n, uint64_t seed, float sd = 1.0f, float mean = 0.0f) {
   std::mt19937_64 g(seed);

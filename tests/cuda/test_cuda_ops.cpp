@@ -1,6 +1,7 @@
-// CUDA op parity, in the spirit of ggml's test-backend-ops: every device kernel against the CPU
-// fp32 op it mirrors (src/ops, the specification) on random inputs at odd shapes, compared by
-// NMSE = Σ(gpu − cpu)² / Σ cpu² with a threshold per op; indices (argmax, greedy verify) must match
+// CUDA op parity, in the spirit of ggml's test-backend-ops: every device kernel against the float64
+// reference of the op it mirrors (tests/ops/reference_ops.h, the same reference the CPU kernels of
+// src/ops are checked against in tests/ops) on random inputs at odd shapes, compared by
+// NMSE = Σ(gpu − ref)² / Σ ref² with a threshold per op; indices (argmax, greedy verify) must match
 // exactly. On a machine without a usable GPU every op test skips, so ctest passes in CI.
 #include <gtest/gtest.h>
 
@@ -11,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "../ops/reference_ops.h"
 #include "core/dtype.h"
-#include "core/thread_pool.h"
 #include "cuda/device.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
@@ -24,10 +25,12 @@
 namespace flashmap::cuda {
 namespace {
 
-// Thresholds. fp32 ops differ from the CPU only in summation order and libm ulps (~1e-7 relative
-// per element, NMSE ~1e-13); 1e-7 is ggml's fp32 default and still catches any real bug (a wrong
-// index or formula gives NMSE ~1). bf16 ops round inputs to 8 significant bits (relative error
-// 2⁻⁹), NMSE ~1e-6 per rounded operand; 5e-4 is ggml's bf16 GEMM bound.
+// Thresholds. fp32 kernels differ from the float64 reference only by fp32 rounding (sums of n
+// terms: ~√n·2⁻²⁴ relative in practice, at most n·2⁻²⁴; libm's ulps), NMSE ~1e-13; 1e-7 is
+// ggml's fp32 default and still catches any real bug (a wrong index or formula gives NMSE ~1).
+// bf16 inputs justify the looser bound: the GEMMs round x to bf16 (8 significant bits, relative
+// error up to 2⁻⁹) and the bf16 KV cache rounds k and v, NMSE ~1e-6 per rounded operand, while
+// the reference reads the unrounded fp32 values; 5e-4 is ggml's bf16 GEMM bound.
 constexpr double kF32 = 1e-7;
 constexpr double kBF16 = 5e-4;
 const std::vector<int64_t> kRows = {1, 17, 769};
@@ -37,6 +40,7 @@ using test::nmse;
 using test::randn;
 using test::to_bf16;
 using test::widen;
+namespace ref = ::flashmap::reference;
 
 class CudaOps : public ::testing::Test {
  protected:
@@ -55,7 +59,6 @@ class CudaOps : public ::testing::Test {
   }
   cudaStream_t s() { return ctx->stream(); }
   Context* ctx = nullptr;
-  ThreadPool& pool = ThreadPool::global();
 };
 
 // --- the device context (runs everywhere) -----------------------------------------------------
@@ -93,13 +96,14 @@ TEST(CudaDevice, ClearErrorWithoutUsableGpu) {
 TEST_F(CudaOps, EmbeddingBf16IsExact) {
   const int64_t V = 1000, H = 200;
   const auto table = to_bf16(randn(size_t(V * H), 1));
-  const Weight W{DType::BF16, table.data(), V, H};
   for (int64_t n : kRows) {
     std::vector<int32_t> tok(static_cast<size_t>(n));
     std::mt19937 g(static_cast<unsigned>(n));
     for (auto& t : tok) t = int32_t(g() % V);
-    std::vector<float> want(size_t(n * H));
-    for (int64_t i = 0; i < n; ++i) W.row_f32(tok[size_t(i)], want.data() + i * H);
+    std::vector<double> want(size_t(n * H));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < H; ++c)
+        want[size_t(i * H + c)] = ref::bf16_value(table[size_t(tok[size_t(i)] * H + c)]);
     auto dt = up(table);
     auto dtok = up(tok);
     DeviceBuffer<float> out(size_t(n * H));
@@ -115,11 +119,10 @@ TEST_F(CudaOps, RmsNormBothOrders) {
       const auto w = randn(size_t(dim), 3, 0.5f, 1.0f);
       auto dx = up(x), dw = up(w);
       DeviceBuffer<float> dy(x.size());
-      std::vector<float> want(x.size());
-      ops::rms_norm(x.data(), w.data(), 1e-6f, rows, dim, want.data());
+      // Both orders of the products compute the same function: one reference.
+      const auto want = ref::rms_norm(ref::of(x), ref::of(w), double(1e-6f), rows, dim);
       rms_norm(dx.data(), dw.data(), 1e-6f, rows, dim, dy.data(), s());
       EXPECT_LT(nmse(down(dy), want), kF32) << "qwen3 order " << rows << "x" << dim;
-      ops::rms_norm_scale_first(x.data(), w.data(), 1e-6f, rows, dim, want.data());
       rms_norm_scale_first(dx.data(), dw.data(), 1e-6f, rows, dim, dx.data(), s());  // in place
       EXPECT_LT(nmse(down(dx), want), kF32) << "scale first " << rows << "x" << dim;
     }
@@ -131,24 +134,21 @@ TEST_F(CudaOps, LayerNormWithAdaLN) {
   for (int64_t rows : kRows) {
     const auto x = randn(size_t(rows * dim), 4, 2.0f, 0.7f);
     const auto sc = randn(size_t(dim), 5, 0.3f), sh = randn(size_t(dim), 6, 0.3f);
-    std::vector<float> want(x.size());
-    ops::layer_norm(x.data(), 1e-6f, rows, dim, want.data());
+    const auto want = ref::layer_norm(ref::of(x), double(1e-6f), rows, dim);
     auto dx = up(x), dsc = up(sc), dsh = up(sh);
     DeviceBuffer<float> dy(x.size());
     layer_norm_modulate(dx.data(), 1e-6f, rows, dim, nullptr, nullptr, dy.data(), s());
     EXPECT_LT(nmse(down(dy), want), kF32) << "plain " << rows;
     // The drafter's modulation, as flashmap::FlashMapModel::forward's adaln lambda writes it.
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < dim; ++i)
-        want[size_t(r * dim + i)] =
-            want[size_t(r * dim + i)] * (1.0f + sc[size_t(i)]) + sh[size_t(i)];
+    const auto modulated =
+        ref::layer_norm(ref::of(x), double(1e-6f), rows, dim, ref::of(sc), ref::of(sh));
     layer_norm_modulate(dx.data(), 1e-6f, rows, dim, dsc.data(), dsh.data(), dy.data(), s());
-    EXPECT_LT(nmse(down(dy), want), kF32) << "adaln " << rows;
+    EXPECT_LT(nmse(down(dy), modulated), kF32) << "adaln " << rows;
   }
 }
 
 TEST_F(CudaOps, RopeBothConventions) {
-  for (int hd : {64, 128}) {
+  for (int hd : {64, 96, 128}) {
     for (int64_t rows : kRows) {
       const int heads = 3;
       const auto x = randn(size_t(rows * heads * hd), 7);
@@ -157,15 +157,13 @@ TEST_F(CudaOps, RopeBothConventions) {
       for (auto& p : pos) p = int64_t(g() % 4096);
       auto dpos = up(pos);
       for (bool inter : {false, true}) {
-        std::vector<float> want = x;
+        const double theta = inter ? 10000.0 : 1000000.0;
+        const auto want = ref::rope(ref::of(x), rows, heads, hd, pos, theta, inter);
         auto dx = up(x);
-        if (inter) {
-          ops::rope_interleaved(want.data(), rows, heads, hd, pos.data(), 10000.0);
-          rope_interleaved(dx.data(), rows, heads, hd, dpos.data(), 10000.0, s());
-        } else {
-          ops::rope_half(want.data(), rows, heads, hd, pos.data(), 1000000.0);
-          rope_half(dx.data(), rows, heads, hd, dpos.data(), 1000000.0, s());
-        }
+        if (inter)
+          rope_interleaved(dx.data(), rows, heads, hd, dpos.data(), theta, s());
+        else
+          rope_half(dx.data(), rows, heads, hd, dpos.data(), theta, s());
         EXPECT_LT(nmse(down(dx), want), kF32) << (inter ? "interleaved " : "half ") << rows;
       }
     }
@@ -180,19 +178,19 @@ TEST_F(CudaOps, PointwiseSwigluGeluResiduals) {
     const auto gate = randn(size_t(dim), 11);
     auto dg = up(g), du = up(u), dy = up(y), dgate = up(gate);
     DeviceBuffer<float> out(static_cast<size_t>(n));
-    std::vector<float> want(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = ops::silu(g[size_t(i)]) * u[size_t(i)];
+    std::vector<double> want(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = ref::swiglu(g[size_t(i)], u[size_t(i)]);
     swiglu(dg.data(), du.data(), n, out.data(), s());
     EXPECT_LT(nmse(down(out), want), kF32) << "swiglu " << rows;
-    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = ops::gelu(g[size_t(i)]);
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = ref::gelu(g[size_t(i)]);
     gelu(dg.data(), n, out.data(), s());
     EXPECT_LT(nmse(down(out), want), kF32) << "gelu " << rows;
-    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = g[size_t(i)] + y[size_t(i)];
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = double(g[size_t(i)]) + y[size_t(i)];
     auto dx = up(g);
     add(dx.data(), dy.data(), n, s());
     EXPECT_LT(nmse(down(dx), want), kF32) << "add " << rows;
     for (int64_t i = 0; i < n; ++i)
-      want[size_t(i)] = g[size_t(i)] + gate[size_t(i % dim)] * y[size_t(i)];
+      want[size_t(i)] = g[size_t(i)] + double(gate[size_t(i % dim)]) * y[size_t(i)];
     dx = up(g);
     gated_add(dx.data(), dgate.data(), dy.data(), rows, dim, s());
     EXPECT_LT(nmse(down(dx), want), kF32) << "gated add " << rows;
@@ -202,8 +200,7 @@ TEST_F(CudaOps, PointwiseSwigluGeluResiduals) {
 TEST_F(CudaOps, SoftmaxRows) {
   for (auto [rows, dim] : {std::pair<int64_t, int64_t>{1, 151936}, {17, 32003}, {769, 4099}}) {
     const auto x = randn(size_t(rows * dim), 12, 4.0f);
-    std::vector<float> want = x;
-    ops::softmax_rows(want.data(), rows, dim);
+    const auto want = ref::softmax_rows(ref::of(x), rows, dim);
     auto dx = up(x);
     softmax_rows(dx.data(), rows, dim, s());
     EXPECT_LT(nmse(down(dx), want), kF32) << rows << "x" << dim;
@@ -221,7 +218,8 @@ TEST_F(CudaOps, ArgmaxRowsLowestIndexOnTies) {
       for (int t = 0; t < 2 + int(r % 2); ++t) x[size_t(r * dim + int64_t(g() % dim))] = big;
     }
     std::vector<int32_t> want(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) want[size_t(r)] = argmax(x.data() + r * dim, dim);
+    for (int64_t r = 0; r < rows; ++r)
+      want[size_t(r)] = int32_t(ref::argmax({x.data() + r * dim, size_t(dim)}));
     auto dx = up(x);
     DeviceBuffer<int32_t> out(static_cast<size_t>(rows));
     argmax_rows(dx.data(), rows, dim, out.data(), s());
@@ -234,27 +232,28 @@ TEST_F(CudaOps, GemmBf16Weights) {
   // and M from 1 up. x fp32 (rounded to bf16 on the device), x bf16, y bf16, and a bias.
   for (auto [K, N] : {std::pair<int64_t, int64_t>{1024, 1003}, {72, 4096}}) {
     const auto w = to_bf16(randn(size_t(N * K), 14, 0.05f));
-    const Weight W{DType::BF16, w.data(), N, K};
+    std::vector<double> W(w.size());
+    for (size_t i = 0; i < w.size(); ++i) W[i] = ref::bf16_value(w[i]);
     const auto bias = randn(size_t(N), 15);
     auto dw = up(w);
     auto db = up(bias);
     for (int64_t M : kRows) {
+      // The reference reads x unrounded: the device's rounding of x to bf16 is part of the error.
       const auto x = randn(size_t(M * K), 16);
-      std::vector<float> want(size_t(M * N));
-      ops::linear(x.data(), M, W, nullptr, want.data(), pool);
+      auto want = ref::linear(ref::of(x), M, W, N, K);
       auto dx = up(x);
       DeviceBuffer<float> dy(size_t(M * N));
       linear(*ctx, dx.data(), Elem::F32, M, K, dw.data(), N, nullptr, dy.data(), Elem::F32);
       EXPECT_LT(nmse(down(dy), want), kBF16) << "x f32 M=" << M << " N=" << N << " K=" << K;
 
       const auto xb = to_bf16(x);
-      const auto xw = widen(xb);
-      ops::linear(xw.data(), M, W, bias.data(), want.data(), pool);
+      const auto xw = ref::of(widen(xb));
+      want = ref::linear(xw, M, W, N, K, ref::of(bias));
       auto dxb = up(xb);
       linear(*ctx, dxb.data(), Elem::BF16, M, K, dw.data(), N, db.data(), dy.data(), Elem::F32);
       EXPECT_LT(nmse(down(dy), want), kBF16) << "x bf16 + bias M=" << M;
 
-      ops::linear(xw.data(), M, W, nullptr, want.data(), pool);
+      want = ref::linear(xw, M, W, N, K);
       DeviceBuffer<uint16_t> dyb(size_t(M * N));
       linear(*ctx, dxb.data(), Elem::BF16, M, K, dw.data(), N, nullptr, dyb.data(), Elem::BF16);
       EXPECT_LT(nmse(widen(down(dyb)), want), kBF16) << "y bf16 M=" << M;
@@ -271,9 +270,10 @@ void attention_case(CudaOps& t, Context& ctx, int64_t nq, int nh, int nkv, int h
   const auto k = randn(size_t(n_keys * nkv * hd), 18, 1.0f);
   const auto v = randn(size_t(n_keys * nkv * hd), 19, 1.0f);
   const float scale = 1.0f / std::sqrt(float(hd));
-  std::vector<float> want(q.size());
-  ops::attention(q.data(), nq, nh, nkv, hd, k.data(), v.data(), key_count.data(), scale,
-                 want.data(), ThreadPool::global());
+  // The reference reads k and v in fp32, as the CPU's cache holds them: with a bf16 cache on the
+  // device their rounding is part of the error (tol = kBF16).
+  const auto want =
+      ref::attention(ref::of(q), nq, nh, nkv, hd, ref::of(k), ref::of(v), key_count, double(scale));
   DeviceBuffer<float> dq(ctx, q), dout(q.size());
   DeviceBuffer<int64_t> dkc(ctx, key_count);
   DeviceBuffer<float> dk(ctx, k), dv(ctx, v);
@@ -298,6 +298,21 @@ TEST_F(CudaOps, AttentionCausalOverKvCache) {
       attention_case(*this, *ctx, nq, 8, 2, 128, kc, Elem::BF16, kBF16, what + " bf16");
     }
   }
+}
+
+TEST_F(CudaOps, AttentionGqaRatiosAndHeadSizes) {
+  // GQA ratios 1, 2, 4, 8 and head sizes 32 to 128 (96: not a power of two), decode and verify at
+  // the start of a cache and after 300 positions; fp32 KV, so only rounding differs.
+  for (int hd : {32, 64, 96, 128})
+    for (int ratio : {1, 2, 4, 8})
+      for (int64_t nq : {1, 17})
+        for (int64_t past : {0, 300}) {
+          std::vector<int64_t> kc(static_cast<size_t>(nq));
+          for (int64_t i = 0; i < nq; ++i) kc[size_t(i)] = past + i + 1;
+          attention_case(*this, *ctx, nq, 2 * ratio, 2, hd, kc, Elem::F32, kF32,
+                         "hd " + std::to_string(hd) + " heads " + std::to_string(2 * ratio) +
+                             "/2 nq " + std::to_string(nq) + " past " + std::to_string(past));
+        }
 }
 
 TEST_F(CudaOps, AttentionDrafterSelfAndCross) {
