@@ -420,8 +420,11 @@ TEST_F(CudaFlashMap, ClearErrors) {
 
 // --- the default shape (Qwen3-8B target, 2048-wide 6-layer drafter, block 16) ------------------
 
-TEST_F(CudaFlashMap, RandomDrafterAtDefaultShapeRunsAndTimes) {
-  FlashMapConfig c;  // the reference's defaults (hidden 2048, 6 layers, block 16, Qwen3-8B)
+// The drafter at the reference's default shape (hidden 2048, 6 layers, block 16, Qwen3-8B's
+// vocabulary) runs eagerly and from graphs, 1-4 steps, with finite logits, and graph replays equal
+// eager runs. Its speed is measured by `flashmap bench --device cuda --shape qwen3-8b`.
+TEST_F(CudaFlashMap, RandomDrafterAtDefaultShapeRuns) {
+  FlashMapConfig c;
   c.jump_grids = FlashMapConfig::default_jump_grids();
   const int64_t V = c.vocab_size, TH = c.target_hidden_size, K = c.block_size;
   DeviceBuffer<uint16_t> E(size_t(V * TH)), lm(size_t(V * TH));
@@ -436,36 +439,22 @@ TEST_F(CudaFlashMap, RandomDrafterAtDefaultShapeRunsAndTimes) {
   DeviceBuffer<float> logits(size_t(K * V));
   DeviceBuffer<int32_t> anchor(1);
   drafter::set_value(anchor.data(), int32_t(1234), gpu->stream());
-
-  cudaEvent_t t0 = nullptr, t1 = nullptr;
-  check(cudaEventCreate(&t0), "cudaEventCreate");
-  check(cudaEventCreate(&t1), "cudaEventCreate");
   for (int steps = 1; steps <= 4; ++steps) {
+    std::vector<float> eager;
     for (auto exec : {FlashMapModel::Exec::Eager, FlashMapModel::Exec::Graph}) {
       FlashMapModel::Noise noise;
       noise.seed = 11;
-      fm->draft(ctx, anchor.data(), steps, noise, logits.data(), exec);  // warm-up / capture
+      fm->draft(ctx, anchor.data(), steps, noise, logits.data(), exec);
       const auto out = logits.download(*gpu);
       int64_t finite = 0;
       for (float v : out) finite += std::isfinite(v);
       EXPECT_EQ(finite, int64_t(out.size())) << steps << " step(s)";
-      const int reps = 10;
-      check(cudaEventRecord(t0, gpu->stream()), "cudaEventRecord");
-      for (int r = 0; r < reps; ++r) {
-        noise.counter = uint64_t(r + 1);
-        fm->draft(ctx, anchor.data(), steps, noise, logits.data(), exec);
-      }
-      check(cudaEventRecord(t1, gpu->stream()), "cudaEventRecord");
-      gpu->sync();
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, t0, t1), "cudaEventElapsedTime");
-      std::printf("  default shape, context %lld, %d step(s), %s: %.3f ms per draft\n",
-                  (long long)context, steps, exec == FlashMapModel::Exec::Eager ? "eager" : "graph",
-                  ms / reps);
+      if (exec == FlashMapModel::Exec::Eager)
+        eager = out;
+      else
+        EXPECT_EQ(out, eager) << steps << " step(s): a graph replay differs from the eager run";
     }
   }
-  cudaEventDestroy(t0);
-  cudaEventDestroy(t1);
 }
 
 }  // namespace
