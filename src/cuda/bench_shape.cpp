@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -88,14 +89,11 @@ void run_shape_bench(const ShapeBench& a) {
     prefill_ms = ev.ms();
   }
   const DeviceBuffer<int32_t> step_ids(ctx, std::vector<int32_t>(size_t(K + 1), 7));
-  // ms per forward of n tokens at position a.context: batches of 10 back-to-back steps timed with
-  // events (so host launch cost counts where it is not hidden), median of a.reps batches.
-  auto time_step = [&](int n, bool graph) {
-    auto one = [&] {
-      dev->truncate(a.context);
-      dev->forward(step_ids.data(), n, Qwen3Model::Logits::All, {}, graph);
-    };
-    for (int i = 0; i < 3; ++i) one();  // warm-up; the first graph call also captures
+  // ms per call of `one`: batches of 10 back-to-back calls timed with events (so host launch
+  // cost counts where it is not hidden), median of a.reps batches, after 3 warm-up calls (the
+  // first graph call also captures).
+  auto median_ms = [&](const std::function<void()>& one) {
+    for (int i = 0; i < 3; ++i) one();
     ctx.sync();
     std::vector<double> t;
     for (int r = 0; r < std::max(a.reps, 1); ++r) {
@@ -107,6 +105,13 @@ void run_shape_bench(const ShapeBench& a) {
     }
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
+  };
+  // A forward of n tokens at position a.context.
+  auto time_step = [&](int n, bool graph) {
+    return median_ms([&] {
+      dev->truncate(a.context);
+      dev->forward(step_ids.data(), n, Qwen3Model::Logits::All, {}, graph);
+    });
   };
   const double decode = time_step(1, true), verify = time_step(K + 1, true);
   const double decode_eager = time_step(1, false), verify_eager = time_step(K + 1, false);
@@ -182,21 +187,10 @@ void run_shape_bench(const ShapeBench& a) {
     for (const auto& [steps, grid] : dc.jump_grids) {
       FlashMapModel::Noise noise;  // drawn on the device (Philox), fixed (seed, counter)
       noise.seed = 11;
-      auto one = [&] {
+      const double draft = median_ms([&] {
         fm->draft(dctx, int32_t(7), steps, noise, draft_logits.data(), FlashMapModel::Exec::Graph);
-      };
-      for (int i = 0; i < 3; ++i) one();  // warm-up; the first call also captures
-      ctx.sync();
-      std::vector<double> t;
-      for (int r = 0; r < std::max(a.reps, 1); ++r) {
-        check(cudaEventRecord(ev.a, s), "cudaEventRecord");
-        for (int i = 0; i < 10; ++i) one();
-        check(cudaEventRecord(ev.b, s), "cudaEventRecord");
-        ctx.sync();
-        t.push_back(ev.ms() / 10.0);
-      }
-      std::sort(t.begin(), t.end());
-      const double draft = t[t.size() / 2], round = draft + verify;
+      });
+      const double round = draft + verify;
       drafts.push_back({{"steps", steps},
                         {"draft_ms", draft},
                         {"round_ms_estimate", round},
