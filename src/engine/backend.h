@@ -53,8 +53,8 @@ class Target {
   virtual int64_t max_positions() const = 0;
   // A new sequence: an empty KV cache and, when `drafting`, an empty drafter context.
   virtual std::unique_ptr<Slot> open(bool drafting) = 0;
-  // The prompts' forward over a batch: KV appended; each sequence's last logits row; the taps of
-  // every prompt position for the drafting ones. Then Proposer::commit takes those features.
+  // The prompts' forward over a batch: KV appended; each sequence's last logits row; and the
+  // drafting sequences' drafter contexts take the target's features of every prompt position.
   virtual void prefill(std::span<Slot* const> slots,
                        std::span<const std::span<const int32_t>> prompts) = 0;
   // Each sequence's anchor and its first `room` drafts in one forward over the batch: KV
@@ -69,8 +69,7 @@ class Proposer {
   virtual ~Proposer() = default;
   virtual int block_size() const = 0;
   // Appends to each drafting sequence's context the target's features of the first n[i] rows
-  // the last forward fed it (the prompt after prefill; the anchor and accepted drafts after a
-  // round).
+  // the last verify fed it (the anchor and the accepted drafts).
   virtual void commit(std::span<Slot* const> slots, std::span<const int64_t> n) = 0;
   // Drafts K tokens after each sequence's anchor, all in one batch, drawn as the sequence's
   // sampler draws (argmax, keyed by position, or from the filtered q kept for rejection
@@ -81,9 +80,8 @@ class Proposer {
 class Verifier {
  public:
   virtual ~Verifier() = default;
-  // After prefill: each sequence's first token from its last logits row (position: the prompt
-  // length, in step.position + 1 − 1 form: pass position = prompt length − 1). It becomes the
-  // slot's anchor.
+  // After prefill: each sequence's first token from its last logits row (drawn at position
+  // step.position + 1, the prompt's length). It becomes the slot's anchor.
   virtual void pick(std::span<const SeqStep> steps, std::span<int32_t> tokens) = 0;
   // After verify: each sequence's acceptance in its sampler's mode (greedy, keyed, rejection).
   // The target's token after the accepted drafts becomes the slot's anchor.

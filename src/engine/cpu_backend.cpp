@@ -79,6 +79,10 @@ void CpuBackend::prefill(std::span<Slot* const> slots,
     in.push_back({&s.cache, s.fed});
   }
   target_.forward(in, Qwen3Model::Logits::Last, any_draft ? taps() : std::span<const int>{}, out_);
+  // The drafting sequences' contexts take the prompt's features now, as the CUDA backend does.
+  std::vector<int64_t> n;
+  for (Slot* slot : slots) n.push_back(int64_t(cpu(*slot).fed.size()));
+  commit(slots, n);
 }
 
 void CpuBackend::verify(std::span<const SeqStep> steps) {

@@ -93,14 +93,6 @@ void RoundLoop::admit(std::span<Sequence* const> fresh) {
   }
   std::vector<int32_t> first(fresh.size());
   backend_.pick(steps, first);
-  std::vector<Slot*> drafting;
-  std::vector<int64_t> counts;
-  for (Sequence* s : fresh)
-    if (s->drafting) {
-      drafting.push_back(s->slot.get());
-      counts.push_back(s->length);
-    }
-  if (!drafting.empty()) backend_.commit(drafting, counts);
   const double ms = ms_since(t0);
   for (size_t i = 0; i < fresh.size(); ++i) {
     Sequence& s = *fresh[i];
