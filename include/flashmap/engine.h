@@ -154,6 +154,8 @@ struct GenerateOptions {
   // Called with the tokens each round commits (after stop-token truncation and the
   // max_new_tokens cut), as they are accepted.
   std::function<void(std::span<const int32_t>)> on_tokens;
+  // The request these options make for `prompt`.
+  RequestParams request(std::span<const int32_t> prompt) const;
 };
 GenerateResult generate(const Qwen3Model& target, const BlockProposer* proposer,
                         std::span<const int32_t> prompt, const GenerateOptions& options);

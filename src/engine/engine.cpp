@@ -80,14 +80,18 @@ GenerateResult generate(const Qwen3Model& target, const BlockProposer* proposer,
   EngineOptions eo;
   eo.spec_policy = SpecPolicyKind::Always;
   Engine engine(std::make_unique<engine::CpuBackend>(target, proposer), eo);
+  return engine.generate(opt.request(prompt), opt.on_tokens);
+}
+
+RequestParams GenerateOptions::request(std::span<const int32_t> prompt) const {
   RequestParams p;
   p.prompt.assign(prompt.begin(), prompt.end());
-  p.max_tokens = opt.max_new_tokens;
-  p.sampling = opt.sampling;
-  p.seed = opt.seed;
-  p.seeded = opt.seeded;
-  p.stop_ids = opt.stop_ids;
-  return engine.generate(p, opt.on_tokens);
+  p.max_tokens = max_new_tokens;
+  p.sampling = sampling;
+  p.seed = seed;
+  p.seeded = seeded;
+  p.stop_ids = stop_ids;
+  return p;
 }
 
 // ---- Request ----

@@ -5,6 +5,7 @@
 // output agrees with the CPU's as far as bf16 logits allow (agreement reported); sampled decoding
 // is reproducible from its seed and, at top_k = 1, is greedy decoding. Without a usable GPU every
 // test skips.
+#include <flashmap/engine.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,8 +16,6 @@
 #include <vector>
 
 #include "core/check.h"
-#include <flashmap/engine.h>
-
 #include "cuda/cuda_backend.h"
 #include "cuda/device.h"
 #include "cuda/flashmap_cuda.h"
@@ -56,9 +55,8 @@ struct Pair {
     if (sampled_vocab > 0) cpu->set_sampled_vocab(sampled_vocab);
     cpu_draft = std::make_unique<::flashmap::FlashMapModel>(dir + "/draft", *cpu);
     target = std::make_unique<Qwen3Model>(ctx, *cpu, max_positions);
-    draft =
-        std::make_unique<FlashMapModel>(ctx, *cpu_draft, target->embedding(), target->lm_head(),
-                                         cpu->config().vocab_size, cpu->config().hidden_size);
+    draft = std::make_unique<FlashMapModel>(ctx, *cpu_draft, target->embedding(), target->lm_head(),
+                                            cpu->config().vocab_size, cpu->config().hidden_size);
   }
 };
 
@@ -121,14 +119,7 @@ GenerateResult run(Qwen3Model& target, DeviceProposer* proposer, std::span<const
   EngineOptions eo;
   eo.spec_policy = SpecPolicyKind::Always;
   Engine engine(make_backend(target, proposer, capacity, graphs), eo);
-  RequestParams p;
-  p.prompt.assign(prompt.begin(), prompt.end());
-  p.max_tokens = o.max_new_tokens;
-  p.sampling = o.sampling;
-  p.seed = o.seed;
-  p.seeded = o.seeded;
-  p.stop_ids = o.stop_ids;
-  return engine.generate(p);
+  return engine.generate(o.request(prompt));
 }
 
 // The device target's last logits after prompt + prefix (one prefill-shaped forward).
@@ -363,8 +354,8 @@ TEST_F(CudaEngine, TopK1SamplingIsGreedy) {
     FlashMapDeviceProposer d(*p.draft, 1);
     expect_lossless(*p.target, run(*p.target, &d, kPrompt, o).ids, greedy_ids,
                     fmt::format("{} speculative top_k 1", fx));
-    expect_lossless(*p.target, run(*p.target, nullptr, kPrompt, o).ids,
-                    greedy_ids, fmt::format("{} alone top_k 1", fx));
+    expect_lossless(*p.target, run(*p.target, nullptr, kPrompt, o).ids, greedy_ids,
+                    fmt::format("{} alone top_k 1", fx));
   }
 }
 
