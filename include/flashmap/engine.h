@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "engine/device_bench.h"
 #include "engine/rounds.h"
 #include "engine/spec_policy.h"
 
@@ -61,10 +62,6 @@ void check_device(const std::string& device);
 
 // `flashmap bench --device cuda --shape S`: the device's kernels at a real shape with random
 // weights (src/cuda/bench_shape.h); markdown on stdout, JSON to json_out when set.
-struct DeviceShapeBench {
-  std::string device, shape, json_out;
-  int context = 512, block = 16, reps = 3, max_new_tokens = 128;
-};
 void bench_device_shape(const DeviceShapeBench& spec);
 
 // The result of a batch-of-one generation.

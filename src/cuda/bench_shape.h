@@ -1,14 +1,11 @@
 // Device micro-benchmarks at a real model shape (src/cuda/bench_shape.cpp).
 #pragma once
 
-#include <string>
+#include "engine/device_bench.h"
 
 namespace flashmap::cuda {
 
-struct ShapeBench {
-  std::string device = "cuda", shape, json_out;
-  int context = 512, block = 16, reps = 3, max_new_tokens = 128;
-};
+using ShapeBench = ::flashmap::DeviceShapeBench;
 
 // Prints the figures as markdown tables (and writes them as JSON to json_out when set): HBM read
 // bandwidth, decode and verify times of the target with and without CUDA graphs, draft times of a

@@ -58,13 +58,7 @@ void bench_device_shape(const DeviceShapeBench& spec) {
   check_device(spec.device);
   FLASHMAP_CHECK(spec.device != "cpu", "bench_device_shape: a GPU device, not cpu");
 #ifdef FLASHMAP_WITH_CUDA
-  cuda::run_shape_bench({.device = spec.device,
-                         .shape = spec.shape,
-                         .json_out = spec.json_out,
-                         .context = spec.context,
-                         .block = spec.block,
-                         .reps = spec.reps,
-                         .max_new_tokens = spec.max_new_tokens});
+  cuda::run_shape_bench(spec);
 #endif
 }
 

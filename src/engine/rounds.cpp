@@ -48,19 +48,23 @@ void RoundLoop::validate(const SequenceParams& p) const {
                  p.prompt.size(), p.max_tokens, max_context_);
 }
 
-bool RoundLoop::emit(Sequence& s, std::vector<int32_t> fresh, int committed) {
+bool RoundLoop::emit(Sequence& s, std::span<const int32_t> fresh, bool verified) {
   const auto& p = s.params;
+  // The tokens through the first stop token: what the round commits (the reference's
+  // acceptance length counts them).
   bool stopped = false;
   for (size_t i = 0; i < fresh.size(); ++i)
     if (is_stop(p, fresh[i])) {
-      fresh.resize(i + 1);
+      fresh = fresh.first(i + 1);
       stopped = true;
       break;
     }
+  const int committed = verified ? int(fresh.size()) : 0;
+  if (verified) s.acceptance_lengths.push_back(committed);
   const size_t room = size_t(p.max_tokens) - s.generated;
   const size_t shown = std::min(room, fresh.size());
   s.generated += shown;
-  if (s.sink) s.sink(std::span<const int32_t>(fresh).first(shown), committed);
+  if (s.sink) s.sink(fresh.first(shown), committed);
   if (stopped && fresh.size() <= room) {
     s.finish_reason = "stop";
     return false;
@@ -97,7 +101,7 @@ void RoundLoop::admit(std::span<Sequence* const> fresh) {
   for (size_t i = 0; i < fresh.size(); ++i) {
     Sequence& s = *fresh[i];
     s.times.prefill_ms += ms;
-    if (!emit(s, {first[i]}, 0)) s.done = true;
+    if (!emit(s, {&first[i], 1}, false)) s.done = true;
   }
 }
 
@@ -113,8 +117,6 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
   const double t_round = clock_();
   if (report.any_draft) report.decision = policy_.decide(batch);
   const int K = block_size();
-  const int64_t max_positions =
-      std::min<int64_t>(backend_.max_positions(), backend_.config().max_position_embeddings);
 
   // Draft: near the end of the context or of max_tokens the block shrinks (to nothing: a
   // plain step), so that no verified position runs past the cache and no draft is verified that
@@ -123,7 +125,7 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
   std::vector<SeqStep> steps, drafts;
   for (Sequence* s : active) {
     s->room = s->drafting && report.decision.speculate
-                  ? block_room(K, s->length, max_positions,
+                  ? block_room(K, s->length, max_context_,
                                int64_t(s->params.max_tokens) - int64_t(s->generated))
                   : 0;
     steps.push_back({s->slot.get(), s->length, s->room, &s->sampler});
@@ -151,19 +153,13 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
                     r.tokens.size() == size_t(r.accepted) + 1);
     ++s.rounds;
     for (int k = 0; k < r.accepted; ++k) ++s.accepted_at[size_t(k)];
-    int committed = int(r.tokens.size());
-    for (size_t j = 0; j < r.tokens.size(); ++j)
-      if (is_stop(s.params, r.tokens[j])) {
-        committed = int(j) + 1;
-        break;
-      }
-    s.acceptance_lengths.push_back(committed);
+    const bool going = emit(s, r.tokens, true);
+    const int committed = s.acceptance_lengths.back();
     round_tokens += committed;
     if (s.room > 0) {
       ++report.speculating;
       report.committed_counts.push_back(committed);
     }
-    const bool going = emit(s, r.tokens, committed);
     // Keep the anchor and the accepted drafts; the target's token is the next anchor.
     s.length += r.accepted + 1;
     backend_.truncate(*s.slot, s.length);

@@ -90,7 +90,9 @@ class RoundLoop {
 
  private:
   // Emits fresh tokens, cut at a stop token and at max_tokens; false when the sequence ends.
-  bool emit(Sequence& s, std::vector<int32_t> fresh, int committed);
+  // verified: they come from a verify pass, whose acceptance length (the tokens through the
+  // first stop token) is recorded.
+  bool emit(Sequence& s, std::span<const int32_t> fresh, bool verified);
 
   Backend& backend_;
   SpecPolicy policy_;

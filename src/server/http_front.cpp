@@ -478,11 +478,8 @@ void HttpFront::worker_loop() {
       if (stopping_) return;
       c = std::move(ready_.front());
       ready_.pop_front();
-      ++busy_;
     }
     serve_one(std::move(c));
-    std::lock_guard lk(mutex_);
-    --busy_;
   }
 }
 

@@ -102,7 +102,6 @@ class HttpFront : public httplib::Server {
   std::list<Conn> waiting_;     // poll thread: requests still arriving
   std::deque<Conn> ready_;      // complete requests for the workers
   std::vector<Conn> incoming_;  // accepted or kept alive, not yet seen by the poll thread
-  int busy_ = 0;                // connections on a worker
   int wake_[2] = {-1, -1};
   bool stopping_ = false;
   FrontStats stats_;

@@ -70,10 +70,10 @@ GenerateOptions greedy(int n, std::vector<int32_t> stop = {}) {
 // flashmap::ScriptedProposer on the device: logits one-hot on script[i] for the i-th generated
 // position, every slot from `corrupt_from` on replaced by a wrong token, so that the greedy
 // acceptance length is chosen by the test. Reads no features.
-class ScriptedDeviceDrafter : public DeviceProposer {
+class ScriptedDeviceProposer : public DeviceProposer {
  public:
-  ScriptedDeviceDrafter(Context& ctx, int K, int64_t V, std::vector<int32_t> script,
-                        int corrupt_from)
+  ScriptedDeviceProposer(Context& ctx, int K, int64_t V, std::vector<int32_t> script,
+                         int corrupt_from)
       : ctx_(ctx), K_(K), V_(V), script_(std::move(script)), corrupt_from_(corrupt_from) {}
   int block_size() const override { return K_; }
   int64_t vocab() const override { return V_; }
@@ -240,7 +240,7 @@ TEST_F(CudaEngine, ScriptedDrafterCoversEveryAcceptancePath) {
   const auto alone = run(*p.target, nullptr, kPrompt, greedy(n)).ids;
   ASSERT_EQ(alone.size(), size_t(n));
   for (int j : {0, 1, 3, K}) {
-    ScriptedDeviceDrafter d(*ctx, K, V, alone, j);
+    ScriptedDeviceProposer d(*ctx, K, V, alone, j);
     const auto r = run(*p.target, &d, kPrompt, greedy(n));
     const std::string what = fmt::format("corrupt_from {}", j);
     expect_lossless(*p.target, r.ids, alone, what);
@@ -263,7 +263,7 @@ TEST_F(CudaEngine, StopTokenAndOvershoot) {
   // occurrence, as target-alone decoding with the same stop token does.
   const int32_t stop = alone[13];
   const size_t first = size_t(std::find(alone.begin(), alone.end(), stop) - alone.begin());
-  ScriptedDeviceDrafter full(*ctx, 8, V, alone, 8);
+  ScriptedDeviceProposer full(*ctx, 8, V, alone, 8);
   const auto r = run(*p.target, &full, kPrompt, greedy(60, {stop}));
   EXPECT_EQ(r.ids, std::vector<int32_t>(alone.begin(), alone.begin() + int64_t(first) + 1));
   EXPECT_EQ(r.finish_reason, "stop");
