@@ -1,12 +1,15 @@
 // Micro-benchmarks of the CPU linear kernel at the shapes that decide speculative decoding's cost
 // on CPU: one row (a decode step, bandwidth-bound once the weights leave the caches) against the
-// K+1 rows of a verify pass (compute-bound). Counters: GFLOP/s (2·M·N·K per call) and the weight
-// bytes streamed per second.
+// K+1 rows of a verify pass (compute-bound). Counters: GFLOP/s (2·M·N·K per call), its share of
+// this machine's fp32 FMA peak (measured at start-up, same threads), and the weight bytes
+// streamed per second.
 //
-//   ./build/bench/bench_ops --benchmark_filter=Linear
+//   ./build/bench/bench_ops --benchmark_filter='Linear|FmaPeak'
+//   FLASHMAP_ISA=avx2 ./build/bench/bench_ops ...   (the AVX2 kernel on an AVX-512 CPU)
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,11 +17,48 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "ops/gemm.h"
 #include "ops/ops.h"
 
 namespace {
 
 using namespace flashmap;
+
+// The fp32 FMA peak of the pool's threads: each runs 16 independent chains of multiply-adds on
+// the widest registers this build targets (latency × throughput of two FMA pipes is at most
+// 8–10 chains in flight; 16 leaves no pipe idle).
+double fma_peak_gflops() {
+  typedef float v16f __attribute__((vector_size(64)));
+  ThreadPool& pool = ThreadPool::global();
+  const int threads = pool.size();
+  const int64_t iters = 20'000'000;
+  std::vector<float> sink(size_t(threads) * 16);
+  const auto t0 = std::chrono::steady_clock::now();
+  pool.parallel_for(threads, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      v16f acc[16];
+      for (int j = 0; j < 16; ++j) acc[j] = v16f{} + float(j + t);
+      v16f m = v16f{} + 0.999999f, c = v16f{} + 1e-7f;
+      asm volatile("" : "+v"(m), "+v"(c));
+      for (int64_t i = 0; i < iters; ++i)
+        for (int j = 0; j < 16; ++j) acc[j] = acc[j] * m + c;  // contracted: -ffp-contract=fast
+      for (int j = 0; j < 16; ++j) sink[size_t(t * 16 + j)] = acc[j][0];
+    }
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  benchmark::DoNotOptimize(sink.data());
+  return double(threads) * double(iters) * 16 * 16 * 2 / s / 1e9;
+}
+
+double peak() {
+  static const double p = fma_peak_gflops();
+  return p;
+}
+
+void BM_FmaPeak(benchmark::State& state) {
+  for (auto _ : state) state.counters["GFLOP/s"] = fma_peak_gflops();
+  state.SetLabel(std::to_string(ThreadPool::global().size()) + " threads");
+}
 
 struct Problem {
   std::vector<uint8_t> bytes;  // `copies` weight matrices back to back
@@ -26,9 +66,11 @@ struct Problem {
   std::vector<float> x, y;
 };
 
-// Random weights of N x K in `dtype`, in enough copies to fill `total_bytes` (cycling through
-// copies that overflow the 32 MiB L3 streams every weight from memory, as a decode step does).
-Problem make_problem(int64_t M, int64_t N, int64_t K, DType dtype, size_t total_bytes) {
+// Random weights of N x K in `dtype` (packed as `format`), in enough copies to fill `total_bytes`
+// (cycling through copies that overflow the 32 MiB L3 streams every weight from memory, as a decode
+// step does).
+Problem make_problem(int64_t M, int64_t N, int64_t K, DType dtype, ops::WeightFormat format,
+                     size_t total_bytes) {
   Problem p;
   Rng rng(7);
   const size_t one = size_t(N * K) * dtype_size(dtype);
@@ -41,7 +83,10 @@ Problem make_problem(int64_t M, int64_t N, int64_t K, DType dtype, size_t total_
     else
       reinterpret_cast<uint16_t*>(p.bytes.data())[i] = f32_to_bf16(v);
   }
-  for (size_t c = 0; c < copies; ++c) p.w.push_back(Weight{dtype, p.bytes.data() + c * one, N, K});
+  for (size_t c = 0; c < copies; ++c) {
+    p.w.push_back(Weight{dtype, p.bytes.data() + c * one, N, K});
+    p.w.back().packed = ops::pack(p.w.back(), format, "bench", ThreadPool::global());
+  }
   p.x.resize(size_t(M * K));
   for (auto& v : p.x) v = float(rng.uniform()) - 0.5f;
   p.y.resize(size_t(M * N));
@@ -50,9 +95,14 @@ Problem make_problem(int64_t M, int64_t N, int64_t K, DType dtype, size_t total_
 
 void BM_Linear(benchmark::State& state) {
   const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  // range(3): 0 f32, 1 bf16, 2 bf16 packed as q8
   const DType dtype = state.range(3) ? DType::BF16 : DType::F32;
+  const auto format = state.range(3) == 2 ? ops::WeightFormat::Q8 : ops::WeightFormat::Native;
   const bool cold = state.range(4) != 0;
-  Problem p = make_problem(M, N, K, dtype, cold ? size_t(96) << 20 : 0);
+  // Cold: enough copies that the packed bytes overflow the L3 (streamed from memory, as a decode
+  // step's weights are); q8 packs a bf16 matrix to ~half its bytes, so it needs twice the copies.
+  const size_t cold_bytes = size_t(state.range(3) == 2 ? 192 : 96) << 20;
+  Problem p = make_problem(M, N, K, dtype, format, cold ? cold_bytes : 0);
   ThreadPool& pool = ThreadPool::global();
   size_t next = 0;
   for (auto _ : state) {
@@ -61,29 +111,51 @@ void BM_Linear(benchmark::State& state) {
     benchmark::DoNotOptimize(p.y.data());
   }
   const double calls = double(state.iterations());
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(2.0 * M * N * K * calls, benchmark::Counter::kIsRate,
-                         benchmark::Counter::kIs1000);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * M * N * K * calls, benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["peak_share"] =
+      benchmark::Counter(2.0 * M * N * K * calls / 1e9 / peak(), benchmark::Counter::kIsRate);
   state.counters["weight_GB/s"] =
-      benchmark::Counter(double(p.bytes.size() / p.w.size()) * calls, benchmark::Counter::kIsRate,
+      benchmark::Counter(double(p.w[0].packed->bytes()) * calls, benchmark::Counter::kIsRate,
                          benchmark::Counter::kIs1000);
-  state.SetLabel(std::string(dtype == DType::F32 ? "f32" : "bf16") + (cold ? " cold" : " hot"));
+  state.SetLabel(std::string(state.range(3) == 2   ? "q8"
+                             : dtype == DType::F32 ? "f32"
+                                                   : "bf16") +
+                 (cold ? " cold " : " hot ") + ops::isa_name(ops::active_isa()));
 }
 
-// An MLP projection of the default target (hidden 512, MLP 1536, f32) and of Qwen3-0.6B (hidden
-// 1024, MLP 3072, bf16), at 1 row and at the verify rows of blocks 8 and 16; "hot" reuses one
-// cache-resident matrix (pure compute), "cold" cycles through 96 MiB of copies (memory-bound).
+// An MLP projection of the default target (hidden 512, MLP 1536, f32) and Qwen3-0.6B's layers
+// (hidden 1024, q 2048, MLP 3072, bf16 and q8) at 1 row and at the verify rows of blocks 8 and 16;
+// "hot" reuses one cache-resident matrix (pure compute), "cold" cycles through copies that
+// overflow the L3 (memory-bound).
 void Shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"M", "N", "K", "bf16", "cold"});
+  b->ArgNames({"M", "N", "K", "fmt", "cold"});
   for (const int64_t cold : {0, 1})
     for (const int64_t m : {1, 9, 17}) {
       b->Args({m, 1536, 512, 0, cold});
-      b->Args({m, 3072, 1024, 1, cold});
+      for (const int64_t fmt : {1, 2}) {
+        b->Args({m, 3072, 1024, fmt, cold});
+        b->Args({m, 1024, 3072, fmt, cold});
+        b->Args({m, 2048, 1024, fmt, cold});
+      }
     }
+}
+
+// Qwen3-0.6B's lm_head (151,936 × 1024, 311 MB in bf16): part of every verify pass.
+void LmHead(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "N", "K", "fmt", "cold"});
+  for (const int64_t m : {1, 17})
+    for (const int64_t fmt : {1, 2}) b->Args({m, 151936, 1024, fmt, 1});
 }
 
 }  // namespace
 
+BENCHMARK(BM_FmaPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Linear)->Apply(Shapes)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_Linear)
+    ->Name("BM_LinearLmHead")
+    ->Apply(LmHead)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 BENCHMARK_MAIN();

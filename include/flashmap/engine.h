@@ -41,6 +41,9 @@ struct EngineOptions {
   std::string draft;           // FlashMap drafter folder; empty: the target alone
   std::string device = "cpu";  // cpu, cuda or cuda:N
   int steps = 0;               // drafter jumps (a key of its jump_grids; 0: its num_steps)
+  // How the CPU backend holds linear weights: "native" (their file dtype, packed for the GEMM
+  // kernel) or "q8" (int8 with Q8_0's per-32 fp16 scales, quantized at load). CUDA: native only.
+  std::string weights = "native";
   // Ids at and past this are the embedding's padding (the tokenizer's size); never sampled.
   int64_t sampled_vocab = 0;
   // Serving: sequences decoded together, requests waiting beyond them (then 429), the

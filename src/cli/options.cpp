@@ -60,6 +60,10 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
   app.add_option("--device", m.device,
                  "cpu (default), cuda or cuda:N (a GPU; needs a build with the CUDA backend)")
       ->check(non_empty());
+  app.add_option("--weights", m.weights,
+                 "how the CPU holds linear weights: native (their file dtype; default) or q8 "
+                 "(int8, llama.cpp's Q8_0 blocks, quantized at load)")
+      ->check(CLI::IsMember({"native", "q8"}));
 }
 
 EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
@@ -69,6 +73,7 @@ EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
   o.draft = draft;
   o.device = device;
   o.steps = steps;
+  o.weights = weights;
   o.sampled_vocab = sampled_vocab;
   return o;
 }

@@ -22,6 +22,7 @@ struct ModelOptions {
   int steps = 0;  // 0: the drafter's num_steps
   int threads = 0;
   std::string device = "cpu";
+  std::string weights = "native";
   // Applies the built-in default when --target is absent.
   void resolve();
   // The engine these options open; ids at and past sampled_vocab (> 0: the tokenizer's size)

@@ -394,7 +394,7 @@ std::unique_ptr<engine::Backend> make_backend(const std::string& device,
   m->ctx = std::make_unique<Context>(device);
   {
     // The host copies only live for the upload.
-    ::flashmap::Qwen3Model cpu_target(target_dir);
+    ::flashmap::Qwen3Model cpu_target(target_dir, nullptr, ops::WeightFormat::Unpacked);
     if (sampled_vocab > 0) cpu_target.set_sampled_vocab(sampled_vocab);
     const Qwen3Config& tc = cpu_target.config();
     const int64_t cap = capacity > 0 ? std::min<int64_t>(capacity, tc.max_position_embeddings)
@@ -402,7 +402,8 @@ std::unique_ptr<engine::Backend> make_backend(const std::string& device,
     // The model's own cache is only for single-sequence tools; keep it small.
     m->target = std::make_unique<Qwen3Model>(*m->ctx, cpu_target, 1);
     if (!draft_dir.empty()) {
-      ::flashmap::FlashMapModel cpu_draft(draft_dir, cpu_target);
+      ::flashmap::FlashMapModel cpu_draft(draft_dir, cpu_target, nullptr,
+                                          ops::WeightFormat::Unpacked);
       m->draft =
           std::make_unique<FlashMapModel>(*m->ctx, cpu_draft, m->target->embedding(),
                                           m->target->lm_head(), tc.vocab_size, tc.hidden_size);

@@ -39,14 +39,14 @@ CpuBackend::~CpuBackend() = default;
 
 std::unique_ptr<CpuBackend> CpuBackend::load(const std::string& target_dir,
                                              const std::string& draft_dir, int steps,
-                                             int64_t sampled_vocab) {
+                                             int64_t sampled_vocab, ops::WeightFormat weights) {
   auto o = std::make_unique<Owned>();
-  o->target = std::make_unique<Qwen3Model>(target_dir);
+  o->target = std::make_unique<Qwen3Model>(target_dir, nullptr, weights);
   if (sampled_vocab > 0) o->target->set_sampled_vocab(sampled_vocab);
   if (draft_dir.empty()) {
     FLASHMAP_CHECK(steps == 0, "--steps needs a drafter (--draft)");
   } else {
-    o->draft = std::make_unique<FlashMapModel>(draft_dir, *o->target);
+    o->draft = std::make_unique<FlashMapModel>(draft_dir, *o->target, nullptr, weights);
     o->proposer = std::make_unique<FlashMapProposer>(
         *o->draft, steps > 0 ? steps : o->draft->config().num_steps);
   }

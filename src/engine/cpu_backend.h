@@ -18,10 +18,12 @@ class CpuBackend : public Backend {
   // Borrows the models (they must outlive the backend); proposer may be null (target alone).
   CpuBackend(const Qwen3Model& target, const BlockProposer* proposer);
   // Loads a target folder and, when draft_dir is not empty, a FlashMap drafter with `steps` jumps
-  // (0: its num_steps); ids at and past sampled_vocab (> 0) are never sampled.
+  // (0: its num_steps); ids at and past sampled_vocab (> 0) are never sampled; both models'
+  // linear weights held as `weights`.
   static std::unique_ptr<CpuBackend> load(const std::string& target_dir,
                                           const std::string& draft_dir, int steps,
-                                          int64_t sampled_vocab);
+                                          int64_t sampled_vocab,
+                                          ops::WeightFormat weights = ops::WeightFormat::Native);
   ~CpuBackend() override;
 
   const Qwen3Config& config() const override { return target_.config(); }

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "engine/cpu_backend.h"
+#include "ops/gemm.h"
 #ifdef FLASHMAP_WITH_CUDA
 #include "cuda/bench_shape.h"
 #include "cuda/cuda_backend.h"
@@ -30,8 +31,12 @@ bool is_cuda(const std::string& device) {
 
 std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
   check_device(o.device);
+  const ops::WeightFormat weights = ops::parse_weight_format(o.weights);
   if (o.device == "cpu")
-    return engine::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab);
+    return engine::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab, weights);
+  FLASHMAP_CHECK(weights == ops::WeightFormat::Native,
+                 "--weights {}: the CUDA backend runs bf16 weights only (q8 is a CPU format)",
+                 o.weights);
 #ifdef FLASHMAP_WITH_CUDA
   return cuda::make_backend(o.device, o.target, o.draft, o.steps, o.sampled_vocab, o.max_context);
 #else

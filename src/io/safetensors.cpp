@@ -319,4 +319,20 @@ std::vector<std::string> Checkpoint::names() const {
   return out;
 }
 
+bool SafetensorsFile::drop_pages(const void* p, size_t n) const {
+  const auto* b = static_cast<const uint8_t*>(map_);
+  const auto* q = static_cast<const uint8_t*>(p);
+  if (q < b || q + n > b + size_) return false;
+  // Whole pages inside the range only: its neighbours may still be in use.
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (uintptr_t(q) + page - 1) / page * page, hi = uintptr_t(q + n) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  return true;
+}
+
+void Checkpoint::drop_pages(const TensorView& t) const {
+  for (const auto& f : files_)
+    if (f->drop_pages(t.data, t.nbytes())) return;
+}
+
 }  // namespace flashmap

@@ -44,6 +44,10 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   const TensorView& get(const std::string& name) const;
+  // Hands the mapped pages of [p, p + n) back to the kernel (they are re-read from the file if
+  // touched again): once a weight is packed into its own memory, its file pages need not stay
+  // resident. False when the range is not in this file.
+  bool drop_pages(const void* p, size_t n) const;
 
  private:
   std::string path_;
@@ -82,6 +86,8 @@ class Checkpoint {
   // The tensor `name`, which must have `shape`; throws naming file, tensor and both shapes.
   const TensorView& get(const std::string& name, const std::vector<int64_t>& shape) const;
   std::vector<std::string> names() const;
+  // SafetensorsFile::drop_pages for a tensor of this checkpoint (nothing for one held in memory).
+  void drop_pages(const TensorView& t) const;
 
  private:
   std::string dir_;

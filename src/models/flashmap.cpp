@@ -12,7 +12,8 @@ extern "C" void dpotrf_(const char* uplo, const int* n, double* a, const int* ld
 
 namespace flashmap {
 
-FlashMapModel::FlashMapModel(const std::string& dir, const Qwen3Model& target, ThreadPool* pool)
+FlashMapModel::FlashMapModel(const std::string& dir, const Qwen3Model& target, ThreadPool* pool,
+                             ops::WeightFormat weights)
     : dir_(dir), target_(target), pool_(pool ? pool : &ThreadPool::global()) {
   const auto config_path = (std::filesystem::path(dir) / "config.json").string();
   config_ = FlashMapConfig::from_file(config_path);
@@ -32,7 +33,12 @@ FlashMapModel::FlashMapModel(const std::string& dir, const Qwen3Model& target, T
   ckpt_ = std::make_unique<Checkpoint>(dir);
   const int64_t D = c.hidden_size, TH = c.target_hidden_size, hd = c.head_dim();
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
-    return Weight::of(ckpt_->get(name, {rows, cols}));
+    const TensorView& t = ckpt_->get(name, {rows, cols});
+    Weight w = Weight::of(t);
+    if (weights == ops::WeightFormat::Unpacked) return w;
+    w.packed = ops::pack(w, weights, fmt::format("{}: {}", t.file, name), *pool_);
+    ckpt_->drop_pages(t);
+    return w;
   };
   auto vec = [&](const std::string& name, int64_t n) { return ckpt_->get(name, {n}).to_f32(); };
   auto lin = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
@@ -374,8 +380,12 @@ void FlashMapModel::draft(std::span<const Request> batch, int steps, float* logi
       for (int64_t i = 0; i < K * TH; ++i)
         z[static_cast<size_t>(b * K * TH + i)] = embed_noise ? noise.data[i] : noise.rng->normal();
     }
-    const Weight L{DType::F32, noise_factor().data(), TH, TH};
-    ops::linear(z.data(), N, L, nullptr, embeds.data(), *pool_);
+    if (!noise_factor_weight_.packed) {
+      noise_factor_weight_ = Weight{DType::F32, noise_factor().data(), TH, TH};
+      noise_factor_weight_.packed =
+          ops::pack(noise_factor_weight_, ops::WeightFormat::Native, "noise factor", *pool_);
+    }
+    ops::linear(z.data(), N, noise_factor_weight_, nullptr, embeds.data(), *pool_);
     mix_state(uniform_embeds().data(), true, embeds.data(), N, 0.0, g[1], inputs.data());
   } else {
     state.resize(static_cast<size_t>(N * V));

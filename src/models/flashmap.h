@@ -30,7 +30,9 @@ class FlashMapModel {
  public:
   // Loads a drafter folder for `target`; throws when it does not fit the target (vocabulary,
   // hidden size, target_layer_ids), naming the file and field.
-  FlashMapModel(const std::string& dir, const Qwen3Model& target, ThreadPool* pool = nullptr);
+  // Linear weights are packed as `weights` (ops/gemm.h).
+  FlashMapModel(const std::string& dir, const Qwen3Model& target, ThreadPool* pool = nullptr,
+                ops::WeightFormat weights = ops::WeightFormat::Native);
 
   const FlashMapConfig& config() const { return config_; }
   int block_size() const { return config_.block_size; }
@@ -118,6 +120,7 @@ class FlashMapModel {
   Weights w_;
   mutable std::map<std::pair<double, double>, Modulations> time_cache_;
   mutable std::vector<float> uniform_embeds_, noise_factor_;
+  mutable Weight noise_factor_weight_;  // noise_factor_ packed for linear()
   mutable bool noise_factor_failed_ = false;
 };
 

@@ -14,20 +14,38 @@ void KVCache::truncate(int64_t n) {
   length = n;
 }
 
-Qwen3Model::Qwen3Model(const std::string& dir, ThreadPool* pool)
-    : dir_(dir), pool_(pool ? pool : &ThreadPool::global()) {
+Qwen3Model::Qwen3Model(const std::string& dir, ThreadPool* pool, ops::WeightFormat weights)
+    : format_(weights), dir_(dir), pool_(pool ? pool : &ThreadPool::global()) {
   config_ = Qwen3Config::from_file((std::filesystem::path(dir) / "config.json").string());
   ckpt_ = std::make_unique<Checkpoint>(dir);
   load_weights();
 }
 
 Qwen3Model::Qwen3Model(const Qwen3Config& config, std::unique_ptr<Checkpoint> weights,
-                       ThreadPool* pool)
+                       ThreadPool* pool, ops::WeightFormat weights_format)
     : config_(config),
+      format_(weights_format),
       dir_(weights->dir()),
       ckpt_(std::move(weights)),
       pool_(pool ? pool : &ThreadPool::global()) {
   load_weights();
+}
+
+Weight Qwen3Model::linear_weight(const std::string& name, int64_t rows, int64_t cols, bool keep) {
+  const TensorView& t = ckpt_->get(name, {rows, cols});
+  Weight w = Weight::of(t);
+  if (format_ == ops::WeightFormat::Unpacked) return w;
+  w.packed = ops::pack(w, format_, fmt::format("{}: {}", t.file, name), *pool_);
+  if (!keep) ckpt_->drop_pages(t);
+  return w;
+}
+
+int64_t Qwen3Model::packed_bytes() const {
+  int64_t n = lm_head_.packed ? lm_head_.packed->bytes() : 0;
+  for (const auto& l : layers_)
+    for (const Weight* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
+      n += w->packed ? w->packed->bytes() : 0;
+  return n;
 }
 
 void Qwen3Model::load_weights() {
@@ -41,9 +59,10 @@ void Qwen3Model::load_weights() {
   auto vec = [&](const std::string& name, int64_t n) { return ckpt_->get(name, {n}).to_f32(); };
   embed_ = mat("model.embed_tokens.weight", c.vocab_size, H);
   if (c.tie_word_embeddings && !ckpt_->contains("lm_head.weight")) {
-    lm_head_ = embed_;
+    // Tied: the embedding's rows stay mapped for lookups; lm_head gets its own packed copy.
+    lm_head_ = linear_weight("model.embed_tokens.weight", c.vocab_size, H, /*keep=*/true);
   } else {
-    lm_head_ = mat("lm_head.weight", c.vocab_size, H);
+    lm_head_ = linear_weight("lm_head.weight", c.vocab_size, H);
   }
   final_norm_ = vec("model.norm.weight", H);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
@@ -53,13 +72,13 @@ void Qwen3Model::load_weights() {
     l.post_norm = vec(p + "post_attention_layernorm.weight", H);
     l.q_norm = vec(p + "self_attn.q_norm.weight", hd);
     l.k_norm = vec(p + "self_attn.k_norm.weight", hd);
-    l.q = mat(p + "self_attn.q_proj.weight", q_dim, H);
-    l.k = mat(p + "self_attn.k_proj.weight", kv_dim, H);
-    l.v = mat(p + "self_attn.v_proj.weight", kv_dim, H);
-    l.o = mat(p + "self_attn.o_proj.weight", H, q_dim);
-    l.gate = mat(p + "mlp.gate_proj.weight", I, H);
-    l.up = mat(p + "mlp.up_proj.weight", I, H);
-    l.down = mat(p + "mlp.down_proj.weight", H, I);
+    l.q = linear_weight(p + "self_attn.q_proj.weight", q_dim, H);
+    l.k = linear_weight(p + "self_attn.k_proj.weight", kv_dim, H);
+    l.v = linear_weight(p + "self_attn.v_proj.weight", kv_dim, H);
+    l.o = linear_weight(p + "self_attn.o_proj.weight", H, q_dim);
+    l.gate = linear_weight(p + "mlp.gate_proj.weight", I, H);
+    l.up = linear_weight(p + "mlp.up_proj.weight", I, H);
+    l.down = linear_weight(p + "mlp.down_proj.weight", H, I);
     layers_.push_back(std::move(l));
   }
 }

@@ -8,6 +8,7 @@
 
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "ops/gemm.h"
 #include "ops/ops.h"
 
 namespace flashmap {
@@ -24,17 +25,23 @@ struct KVCache {
 class Qwen3Model {
  public:
   // Loads config.json and the safetensors of a Hugging Face folder; throws naming the file and
-  // field or tensor at fault.
-  explicit Qwen3Model(const std::string& dir, ThreadPool* pool = nullptr);
+  // field or tensor at fault. Linear weights are packed for the GEMM kernel as `weights` says
+  // (ops/gemm.h: in their dtype, or q8), their file pages then released.
+  explicit Qwen3Model(const std::string& dir, ThreadPool* pool = nullptr,
+                      ops::WeightFormat weights = ops::WeightFormat::Native);
   // From a config and weights already loaded (e.g. Checkpoint::from_tensors).
   Qwen3Model(const Qwen3Config& config, std::unique_ptr<Checkpoint> weights,
-             ThreadPool* pool = nullptr);
+             ThreadPool* pool = nullptr,
+             ops::WeightFormat weights_format = ops::WeightFormat::Native);
 
   const Qwen3Config& config() const { return config_; }
   const std::string& dir() const { return dir_; }
   const Weight& embedding() const { return embed_; }
   const Weight& lm_head() const { return lm_head_; }
   int64_t weight_bytes() const;
+  ops::WeightFormat weight_format() const { return format_; }
+  // Bytes of packed weights the CPU kernels stream (0 when unpacked).
+  int64_t packed_bytes() const;
   // The weights as loaded (the CUDA backend uploads them from here by their checkpoint names).
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
@@ -72,7 +79,10 @@ class Qwen3Model {
     Weight q, k, v, o, gate, up, down;
   };
   void load_weights();
+  // W as the linear layers use it: packed as format_ (its file pages dropped unless `keep`).
+  Weight linear_weight(const std::string& name, int64_t rows, int64_t cols, bool keep = false);
   Qwen3Config config_;
+  ops::WeightFormat format_ = ops::WeightFormat::Native;
   std::string dir_;
   std::unique_ptr<Checkpoint> ckpt_;
   ThreadPool* pool_;

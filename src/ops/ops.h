@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
@@ -12,12 +13,18 @@
 namespace flashmap {
 
 struct TensorView;
+namespace ops {
+struct PackedWeight;
+}
 
 // A row-major [rows, cols] matrix of weights in their file dtype (nn.Linear stores [out, in]).
 struct Weight {
   DType dtype = DType::F32;
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
+  // The same matrix packed for the GEMM kernel (ops/gemm.h), set at load for linear layers;
+  // linear() packs an unpacked weight per call (tests, one-off products).
+  std::shared_ptr<const ops::PackedWeight> packed = nullptr;
 
   static Weight of(const TensorView& t);  // a 2-D float tensor
   float at(int64_t r, int64_t c) const;
@@ -27,6 +34,7 @@ struct Weight {
 namespace ops {
 
 // y[M, N] = x[M, K] · Wᵀ (+ bias[N]); W is [N, K] (nn.Linear). ldx/ldy: row strides.
+// Each output is one fused multiply-add per k in order, then the bias (ops/gemm.h).
 void linear(const float* x, int64_t M, const Weight& W, const float* bias, float* y,
             ThreadPool& pool, int64_t ldx = -1, int64_t ldy = -1);
 

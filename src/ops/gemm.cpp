@@ -1,0 +1,232 @@
+// Packing (and q8 quantization) of linear weights, the choice of kernel for this CPU, and
+// ops::linear, which runs the kernel over column panels on the thread pool.
+#include "ops/gemm.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/thread_pool.h"
+#include "ops/gemm_kernel.h"
+#include "ops/ops.h"
+
+namespace flashmap::ops {
+
+WeightFormat parse_weight_format(const std::string& s) {
+  if (s == "native" || s == "auto") return WeightFormat::Native;
+  if (s == "q8" || s == "q8_0" || s == "int8") return WeightFormat::Q8;
+  throw Error(fmt::format("--weights: unknown weight format '{}' (native or q8)", s));
+}
+
+const char* weight_format_name(WeightFormat f) {
+  return f == WeightFormat::Q8 ? "q8" : f == WeightFormat::Unpacked ? "unpacked" : "native";
+}
+
+namespace {
+
+constexpr int64_t kQ8BlockBytes = kQ8Block * kPanel + kPanel * 2;
+
+uint8_t* alloc_panels(int64_t bytes) {
+  // 2 MiB alignment lets transparent huge pages back the buffer (set to "madvise" on Debian):
+  // a decode step streams every weight once, and 4 KiB pages would cost a TLB miss per page.
+  const size_t align = bytes >= (int64_t(8) << 20) ? size_t(2) << 20 : 64;
+  const size_t size = (size_t(bytes) + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, size == 0 ? align : size);
+  if (!p) throw Error(fmt::format("out of memory packing {} bytes of weights", bytes));
+#ifdef MADV_HUGEPAGE
+  if (align > 64) ::madvise(p, size, MADV_HUGEPAGE);
+#endif
+  return static_cast<uint8_t*>(p);
+}
+
+// Panels [p0, p1) of W in its own dtype: element (k, j) of panel p is W[32p + j, k].
+void pack_native(const Weight& W, PackedWeight& P, int64_t p0, int64_t p1) {
+  const size_t es = dtype_size(W.dtype);
+  const auto* src = static_cast<const uint8_t*>(W.data);
+  for (int64_t p = p0; p < p1; ++p) {
+    uint8_t* dst = P.data.get() + p * P.panel_bytes;
+    for (int j = 0; j < kPanel; ++j) {
+      const int64_t n = p * kPanel + j;
+      if (n >= W.rows) {
+        for (int64_t k = 0; k < W.cols; ++k) std::memset(dst + (k * kPanel + j) * es, 0, es);
+        continue;
+      }
+      const uint8_t* row = src + size_t(n * W.cols) * es;
+      for (int64_t k = 0; k < W.cols; ++k)
+        std::memcpy(dst + (k * kPanel + j) * es, row + size_t(k) * es, es);
+    }
+  }
+}
+
+// ggml's Q8_0 rule, so that a q8 model here is the model llama.cpp's Q8_0 file holds: per output
+// column and block of 32 k, d = max|w| / 127 and q = roundf(w · (1/d)) (half away from zero) in
+// fp32, then d stored as fp16; the weight run is q · fp16(d). tests/ops/test_gemm.cpp checks every
+// byte against the gguf package's quantizer.
+void pack_q8(const Weight& W, PackedWeight& P, const std::string& what, int64_t p0, int64_t p1) {
+  std::vector<float> row(static_cast<size_t>(W.cols));
+  for (int64_t p = p0; p < p1; ++p) {
+    uint8_t* panel = P.data.get() + p * P.panel_bytes;
+    for (int j = 0; j < kPanel; ++j) {
+      const int64_t n = p * kPanel + j;
+      if (n < W.rows)
+        W.row_f32(n, row.data());
+      else
+        std::fill(row.begin(), row.end(), 0.0f);
+      for (int64_t b = 0; b < W.cols / kQ8Block; ++b) {
+        const float* w = row.data() + b * kQ8Block;
+        float amax = 0;
+        for (int i = 0; i < kQ8Block; ++i) {
+          FLASHMAP_CHECK(std::isfinite(w[i]),
+                         "{}: row {} holds {} at column {}; q8 needs finite weights", what, n, w[i],
+                         b * kQ8Block + i);
+          amax = std::max(amax, std::fabs(w[i]));
+        }
+        const float d = amax / 127.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
+        const uint16_t dh = f32_to_f16(d);
+        FLASHMAP_CHECK(std::isfinite(f16_to_f32(dh)),
+                       "{}: row {} has a block of magnitude {}, past what a q8 scale (fp16) holds",
+                       what, n, amax);
+        uint8_t* blk = panel + b * kQ8BlockBytes;
+        for (int i = 0; i < kQ8Block; ++i)
+          blk[i * kPanel + j] = uint8_t(int8_t(std::clamp(std::round(w[i] * id), -127.0f, 127.0f)));
+        std::memcpy(blk + kQ8Block * kPanel + j * 2, &dh, 2);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
+                                         const std::string& what, ThreadPool& pool) {
+  FLASHMAP_CHECK(is_float(W.dtype), "{}: cannot pack a {} matrix as weights", what,
+                 dtype_name(W.dtype));
+  FLASHMAP_ASSERT(format != WeightFormat::Unpacked);
+  auto P = std::make_shared<PackedWeight>();
+  P->dtype = W.dtype;
+  P->q8 = format == WeightFormat::Q8;
+  P->rows = W.rows;
+  P->cols = W.cols;
+  P->panels = (W.rows + kPanel - 1) / kPanel;
+  if (P->q8) {
+    FLASHMAP_CHECK(W.cols % kQ8Block == 0,
+                   "{}: --weights q8 needs the input size to be a multiple of {} (one scale per "
+                   "{} weights), but it is {} — run this model with --weights native",
+                   what, kQ8Block, kQ8Block, W.cols);
+    P->panel_bytes = W.cols / kQ8Block * kQ8BlockBytes;
+  } else {
+    P->panel_bytes = W.cols * kPanel * int64_t(dtype_size(W.dtype));
+  }
+  P->data = {alloc_panels(P->bytes()), std::free};
+  // A pack of a whole model runs once at load; one per call (an unpacked weight) stays on the
+  // calling thread, which may itself be a pool worker.
+  const int64_t grain = P->bytes() < (int64_t(1) << 20) ? std::max<int64_t>(P->panels, 1) : 8;
+  auto body = [&](int64_t p0, int64_t p1) {
+    if (P->q8)
+      pack_q8(W, *P, what, p0, p1);
+    else
+      pack_native(W, *P, p0, p1);
+  };
+  if (grain >= P->panels)
+    body(0, P->panels);
+  else
+    pool.parallel_for(P->panels, grain, body);
+  return P;
+}
+
+// --- instruction sets -------------------------------------------------------------------------
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512:
+      return "avx512";
+    case Isa::Avx2:
+      return "avx2";
+    case Isa::Generic:
+      break;
+  }
+  return "generic";
+}
+
+namespace {
+
+Isa detect() {
+  Isa best = Isa::Generic;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  // libgcc also checks (XGETBV) that the OS saves the wider registers.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::Avx2;
+  if (best == Isa::Avx2 && __builtin_cpu_supports("avx512f")) best = Isa::Avx512;
+#endif
+  if (const char* cap = std::getenv("FLASHMAP_ISA")) {
+    const std::string c = cap;
+    const Isa want = c == "avx512" ? Isa::Avx512 : c == "avx2" ? Isa::Avx2 : Isa::Generic;
+    best = std::min(best, want);
+  }
+  return best;
+}
+
+std::atomic<Isa>& active() {
+  static std::atomic<Isa> isa{best_isa()};
+  return isa;
+}
+
+}  // namespace
+
+Isa best_isa() {
+  static const Isa best = detect();
+  return best;
+}
+
+Isa active_isa() {
+  return active().load(std::memory_order_relaxed);
+}
+
+void set_isa(Isa isa) {
+  active().store(std::min(isa, best_isa()), std::memory_order_relaxed);
+}
+
+// --- linear -----------------------------------------------------------------------------------
+
+void linear(const float* x, int64_t M, const Weight& W, const float* bias, float* y,
+            ThreadPool& pool, int64_t ldx, int64_t ldy) {
+  if (ldx < 0) ldx = W.cols;
+  if (ldy < 0) ldy = W.rows;
+  if (M <= 0 || W.rows <= 0) return;
+  std::shared_ptr<const PackedWeight> once;
+  const PackedWeight* P = W.packed.get();
+  if (!P) {
+    once = pack(W, WeightFormat::Native, "weight", pool);
+    P = once.get();
+  }
+  FLASHMAP_ASSERT(P->rows == W.rows && P->cols == W.cols);
+  kernel::Args a{x,    M, ldx, P->data.get(), P->panel_bytes, P->rows, P->cols, kernel::kF32,
+                 bias, y, ldy};
+  a.format = P->q8                     ? kernel::kQ8
+             : P->dtype == DType::BF16 ? kernel::kBF16
+             : P->dtype == DType::F16  ? kernel::kF16
+                                       : kernel::kF32;
+  void (*fn)(const kernel::Args&, int64_t, int64_t) = kernel::gemm_generic;
+  switch (active_isa()) {
+    case Isa::Avx512:
+      fn = kernel::gemm_avx512;
+      break;
+    case Isa::Avx2:
+      fn = kernel::gemm_avx2;
+      break;
+    case Isa::Generic:
+      break;
+  }
+  // Threads split the panels in whole one-row tiles; products under ~64k multiply-adds (a few
+  // microseconds) stay on the calling thread, where waking the pool would cost as much.
+  const bool tiny = M * W.rows * W.cols < (int64_t(1) << 16);
+  const int64_t grain = tiny ? P->panels : kernel::kPanelsPerUnit;
+  pool.parallel_for(P->panels, grain, [&](int64_t p0, int64_t p1) { fn(a, p0, p1); });
+}
+
+}  // namespace flashmap::ops

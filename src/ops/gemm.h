@@ -1,0 +1,66 @@
+// Weights packed for the CPU GEMM micro-kernel, and the instruction sets it runs on.
+//
+// A linear layer's weight W [N, K] (nn.Linear's [out, in]) is repacked at load into panels of
+// 32 output columns stored k-major: panel p holds, for k = 0 … K−1, the 32 values
+// W[32p … 32p+31, k] side by side. The kernel broadcasts one x[m, k] and multiplies it into
+// the panel's row k, so every output accumulates acc = fma(x[m, k], w[k], acc) over k in order
+// (then adds the bias): one fixed sequence of operations per output whatever M, the thread
+// count, the row blocking or the vector width (AVX-512, AVX2 and scalar code give the same bits).
+// That keeps the target batch-invariant: a 17-row verify pass gives the logits of 17 decode steps.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace flashmap {
+
+struct Weight;
+class ThreadPool;
+
+namespace ops {
+
+constexpr int kPanel = 32;    // output columns per panel
+constexpr int kQ8Block = 32;  // k values per int8 scale (as ggml's Q8_0)
+
+// How linear weights are held: in their file dtype (fp32, bf16 or f16, widened to fp32 in the
+// kernel), or as int8 with one fp16 scale per 32 consecutive k of each output column (Q8_0's
+// block). A q8 weight w = q · d stands for the fp32 matrix of those products: the model run is
+// the dequantized one, and speculative output equals that model's own. Unpacked: left as
+// mapped, for a model whose weights are only read from (the CUDA backend uploads them).
+enum class WeightFormat { Native, Q8, Unpacked };
+WeightFormat parse_weight_format(const std::string& s);  // "native" | "bf16" … | "q8"
+const char* weight_format_name(WeightFormat f);
+
+// A packed matrix. dtype: F32, BF16 or F16 for Native; I8 marks the Q8 layout, whose panel is
+// K/32 blocks of [32 k][32 columns] int8 followed by the 32 columns' fp16 scales.
+struct PackedWeight {
+  DType dtype = DType::F32;
+  bool q8 = false;
+  int64_t rows = 0, cols = 0;  // N, K
+  int64_t panels = 0;          // ceil(N / 32); the last one zero-padded
+  int64_t panel_bytes = 0;
+  std::unique_ptr<uint8_t, void (*)(void*)> data{nullptr, nullptr};
+
+  const uint8_t* panel(int64_t p) const { return data.get() + p * panel_bytes; }
+  int64_t bytes() const { return panels * panel_bytes; }
+};
+
+// Packs W (any float dtype) as `format`, on `pool`. `what` names the tensor in errors (a q8
+// weight needs K divisible by 32).
+std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
+                                         const std::string& what, ThreadPool& pool);
+
+// The instruction sets the kernel is compiled for; the best one the CPU has is picked at run
+// time (FLASHMAP_ISA=generic|avx2|avx512 caps it), so a binary built for x86-64-v3 runs on a CPU
+// without AVX-512 and one built with AVX-512 kernels never executes them where they would SIGILL.
+enum class Isa { Generic, Avx2, Avx512 };
+const char* isa_name(Isa isa);
+Isa best_isa();         // what this CPU supports (and was compiled in)
+Isa active_isa();       // what linear() uses now
+void set_isa(Isa isa);  // tests: run every kernel variant; capped at best_isa()
+
+}  // namespace ops
+}  // namespace flashmap

@@ -1,0 +1,60 @@
+// The GEMM kernel with AVX-512F registers (16 fp32 lanes, 32 registers). Compiled with
+// -mavx512f and run only where the CPU has it (gemm.cpp checks); nothing here may be an inline
+// function shared with other files (see gemm_kernel.h).
+#include "ops/gemm_kernel.h"
+
+#if defined(__AVX512F__) && defined(__FMA__)
+#include <immintrin.h>
+
+namespace flashmap::ops::kernel {
+namespace {
+
+struct V {
+  using R = __m512;
+  static constexpr int W = 16;
+  // 12 rows × 2 vectors = 24 accumulators, 2 weight vectors and a broadcast: 27 of 32 registers.
+  static constexpr int kRowsMax = 12, kNvMany = 2;
+  // One row: 8 vectors (4 panels) give 8 independent FMA chains, enough to cover the FMA latency
+  // of two pipes; 2–3 rows: 4 vectors.
+  static constexpr int kNv1 = 8, kNv2 = 4;
+  static constexpr int nv_for(int m) { return m == 1 ? kNv1 : m <= 3 ? kNv2 : kNvMany; }
+
+  static R zero() { return _mm512_setzero_ps(); }
+  static R bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
+  static R add(R a, R b) { return _mm512_add_ps(a, b); }
+  static R f32(const uint8_t* p) { return _mm512_loadu_ps(p); }
+  static R bf16(const uint8_t* p) {
+    const __m512i u =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+  }
+  static R f16(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static R i8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static __mmask16 mask(int n) { return __mmask16((1u << n) - 1); }
+  static R load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
+  static void store(float* p, R v) { _mm512_storeu_ps(p, v); }
+  static void store_n(float* p, R v, int n) { _mm512_mask_storeu_ps(p, mask(n), v); }
+};
+
+}  // namespace
+
+#define FLASHMAP_GEMM_ENTRY gemm_avx512
+#include "ops/gemm_kernel.inc"
+
+}  // namespace flashmap::ops::kernel
+
+#else
+namespace flashmap::ops::kernel {
+// Not compiled for AVX-512 (another architecture): gemm.cpp never selects this.
+void gemm_avx512(const Args& a, int64_t p0, int64_t p1) {
+  gemm_generic(a, p0, p1);
+}
+}  // namespace flashmap::ops::kernel
+#endif

@@ -1,0 +1,262 @@
+// The packed GEMM kernel (src/ops/gemm.h): every instruction-set variant gives the bits of the
+// scalar one (each output is the same sequence of fused multiply-adds), results do not depend on
+// how many rows a call carries (batch invariance, which lossless greedy speculation rests on),
+// q8 packing is byte-for-byte llama.cpp's Q8_0 (the gguf package's quantizer, fixture made by
+// tools/make_q8_fixture.py), and a q8 product is within fp32 rounding of the float64 product with
+// the dequantized weights. The accuracy of the native formats against float64 is in
+// test_ops_vs_reference.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/rng.h"
+#include "core/thread_pool.h"
+#include "io/safetensors.h"
+#include "ops/gemm.h"
+#include "ops/ops.h"
+#include "reference_ops.h"
+
+namespace flashmap {
+namespace {
+
+namespace ref = reference;
+using ops::Isa;
+using ops::WeightFormat;
+
+std::vector<float> normal(size_t n, uint64_t seed, float sd = 1.0f) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = sd * float(rng.normal());
+  return v;
+}
+
+// A weight in one storage dtype, holding its bytes.
+struct Mat {
+  DType dtype;
+  int64_t rows, cols;
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+  Weight view() const {
+    return Weight{dtype, dtype == DType::F32 ? static_cast<const void*>(f32.data()) : half.data(),
+                  rows, cols};
+  }
+};
+
+Mat make(int64_t rows, int64_t cols, DType dtype, uint64_t seed) {
+  Mat m{dtype, rows, cols, normal(size_t(rows * cols), seed, 0.5f), {}};
+  if (dtype != DType::F32)
+    for (float v : m.f32) m.half.push_back(dtype == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v));
+  return m;
+}
+
+std::vector<Isa> isas() {
+  std::vector<Isa> v{Isa::Generic};
+  if (ops::best_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
+  if (ops::best_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
+  return v;
+}
+
+struct IsaGuard {
+  ~IsaGuard() { ops::set_isa(ops::best_isa()); }
+};
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+struct Case {
+  DType dtype;
+  WeightFormat format;
+  const char* name;
+};
+const Case kCases[] = {{DType::F32, WeightFormat::Native, "f32"},
+                       {DType::BF16, WeightFormat::Native, "bf16"},
+                       {DType::F16, WeightFormat::Native, "f16"},
+                       {DType::BF16, WeightFormat::Q8, "q8"}};
+
+// One product with x's and y's row strides wider than K and N (gaps never read / never written).
+std::vector<float> run(const Weight& W, const std::vector<float>& x, int64_t M, const float* bias,
+                       ThreadPool& pool, int64_t pad = 0) {
+  const int64_t K = W.cols, N = W.rows, ldx = K + pad, ldy = N + pad;
+  std::vector<float> xs(size_t(M * ldx), NAN), ys(size_t(M * ldy), -7.0f), y(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    std::memcpy(&xs[size_t(m * ldx)], &x[size_t(m * K)], size_t(K) * 4);
+  ops::linear(xs.data(), M, W, bias, ys.data(), pool, ldx, ldy);
+  for (int64_t m = 0; m < M; ++m) {
+    std::memcpy(&y[size_t(m * N)], &ys[size_t(m * ldy)], size_t(N) * 4);
+    for (int64_t n = N; n < ldy; ++n) EXPECT_EQ(ys[size_t(m * ldy + n)], -7.0f) << "gap written";
+  }
+  return y;
+}
+
+// Every kernel variant (scalar, AVX2, AVX-512 where the CPU has them) at tile edges: rows 1–3
+// (the wide one-row tiles), 4–6/7, 12/13 (one tile / two row blocks), 17, 33 (blocks of unequal
+// size); columns inside one panel, across panels, and past the one-row tile's 4 panels; K across
+// the widened chunk (256).
+TEST(Gemm, EveryInstructionSetGivesTheSameBits) {
+  IsaGuard guard;
+  ThreadPool pool(2);
+  int64_t compared = 0;
+  for (const Case& c : kCases)
+    for (const int64_t K : c.format == WeightFormat::Q8 ? std::vector<int64_t>{32, 96, 288, 544}
+                                                        : std::vector<int64_t>{1, 17, 31, 257, 300})
+      for (const int64_t N : {1, 31, 33, 129, 300}) {
+        const Mat m = make(N, K, c.dtype, uint64_t(N * 1000 + K));
+        Weight W = m.view();
+        W.packed = ops::pack(W, c.format, "test", pool);
+        const auto bias = normal(size_t(N), 5);
+        for (const int64_t M : {1, 2, 3, 4, 6, 7, 12, 13, 17, 33}) {
+          const auto x = normal(size_t(M * K), uint64_t(M + K));
+          const bool with_bias = (M + N) % 2 == 0;
+          std::vector<float> want;
+          for (const Isa isa : isas()) {
+            ops::set_isa(isa);
+            const auto y = run(W, x, M, with_bias ? bias.data() : nullptr, pool, M % 3);
+            if (isa == Isa::Generic) {
+              want = y;
+              continue;
+            }
+            ASSERT_TRUE(same_bits(y, want))
+                << c.name << " " << ops::isa_name(isa) << " M " << M << " N " << N << " K " << K;
+            ++compared;
+          }
+        }
+      }
+  std::cout << "[ info ] compared " << compared << " products with the scalar kernel's bits ("
+            << ops::isa_name(ops::best_isa()) << " CPU)\n";
+}
+
+// Rows computed together equal each row computed alone, bit for bit, for 1 and 2 threads: a
+// verify pass of 17 rows gives the 17 decode steps' outputs.
+TEST(Gemm, RowsDoNotDependOnTheirBatch) {
+  IsaGuard guard;
+  for (const Isa isa : isas()) {
+    ops::set_isa(isa);
+    for (const int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      for (const Case& c : kCases) {
+        const int64_t N = 301, K = 320;
+        const Mat m = make(N, K, c.dtype, 3);
+        Weight W = m.view();
+        W.packed = ops::pack(W, c.format, "test", pool);
+        for (const int64_t M : {5, 17, 64}) {
+          const auto x = normal(size_t(M * K), 11);
+          std::vector<float> all(static_cast<size_t>(M * N)), one(static_cast<size_t>(N));
+          ops::linear(x.data(), M, W, nullptr, all.data(), pool);
+          for (int64_t r = 0; r < M; ++r) {
+            ops::linear(x.data() + r * K, 1, W, nullptr, one.data(), pool);
+            ASSERT_EQ(std::memcmp(one.data(), all.data() + r * N, size_t(N) * 4), 0)
+                << c.name << " " << ops::isa_name(isa) << " threads " << threads << " M " << M
+                << " row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+// --- q8 ----------------------------------------------------------------------------------------
+
+// The packed layout (gemm.h): panel p, block b of 32 k: int8 [32 k][32 columns], then the 32
+// columns' fp16 scales.
+int8_t q_at(const ops::PackedWeight& P, int64_t n, int64_t k) {
+  const int64_t blk = ops::kQ8Block * ops::kPanel + ops::kPanel * 2;
+  const uint8_t* b = P.panel(n / ops::kPanel) + (k / ops::kQ8Block) * blk;
+  return int8_t(b[(k % ops::kQ8Block) * ops::kPanel + n % ops::kPanel]);
+}
+uint16_t d_at(const ops::PackedWeight& P, int64_t n, int64_t b) {
+  const int64_t blk = ops::kQ8Block * ops::kPanel + ops::kPanel * 2;
+  const uint8_t* p =
+      P.panel(n / ops::kPanel) + b * blk + ops::kQ8Block * ops::kPanel + (n % ops::kPanel) * 2;
+  uint16_t d;
+  std::memcpy(&d, p, 2);
+  return d;
+}
+
+TEST(Gemm, Q8PackingIsGgmlQ8_0ByteForByte) {
+  ThreadPool pool(2);
+  SafetensorsFile f("tests/fixtures/q8/q8_reference.safetensors");
+  for (const auto& [w_name, d_name, q_name] :
+       {std::tuple<const char*, const char*, const char*>{"w", "d", "q"}, {"wb", "db", "qb"}}) {
+    const TensorView& w = f.get(w_name);
+    const auto* d = static_cast<const uint16_t*>(f.get(d_name).data);
+    const auto* q = static_cast<const int32_t*>(f.get(q_name).data);
+    const int64_t N = w.dim(0), K = w.dim(1);
+    const auto P = ops::pack(Weight::of(w), WeightFormat::Q8, w_name, pool);
+    int64_t zero_scales = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t b = 0; b < K / 32; ++b) {
+        ASSERT_EQ(d_at(*P, n, b), d[n * (K / 32) + b])
+            << w_name << " scale of row " << n << " block " << b;
+        zero_scales += d[n * (K / 32) + b] == 0;
+      }
+      for (int64_t k = 0; k < K; ++k)
+        ASSERT_EQ(int(q_at(*P, n, k)), q[n * K + k]) << w_name << " q of row " << n << " col " << k;
+    }
+    EXPECT_GE(zero_scales, 2) << "the fixture's zero and underflowing blocks";
+  }
+}
+
+// y = x · (q·d)ᵀ + b: each q·d is exact in fp32 (≤ 8 + 11 significant bits), so the bound is the
+// native one, (K + 2)·u·Σ|x w| (test_ops_vs_reference.cpp), against float64 sums of the gguf
+// fixture's own q and d.
+TEST(Gemm, Q8LinearMatchesFloat64WithTheDequantizedWeights) {
+  ThreadPool pool(2);
+  SafetensorsFile f("tests/fixtures/q8/q8_reference.safetensors");
+  const TensorView& w = f.get("w");
+  const auto* d = static_cast<const uint16_t*>(f.get("d").data);
+  const auto* q = static_cast<const int32_t*>(f.get("q").data);
+  const int64_t N = w.dim(0), K = w.dim(1);
+  ref::Vec deq(size_t(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      deq[size_t(n * K + k)] = double(q[n * K + k]) * ref::f16_value(d[n * (K / 32) + k / 32]);
+  Weight W = Weight::of(w);
+  W.packed = ops::pack(W, WeightFormat::Q8, "w", pool);
+  for (const int64_t M : {1, 17}) {
+    const auto x = normal(size_t(M * K), 9), b = normal(size_t(N), 10);
+    std::vector<float> y(size_t(M * N));
+    ops::linear(x.data(), M, W, b.data(), y.data(), pool);
+    const ref::Vec want = ref::linear(ref::of(x), M, deq, N, K, ref::of(b));
+    const ref::Vec mag =
+        ref::linear(ref::abs(ref::of(x)), M, ref::abs(deq), N, K, ref::abs(ref::of(b)));
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_LE(std::fabs(double(y[i]) - want[i]), double(K + 2) * 0x1p-24 * mag[i])
+          << "M " << M << " i " << i;
+  }
+}
+
+TEST(Gemm, Q8RefusesShapesAndValuesItCannotHold) {
+  ThreadPool pool(1);
+  const Mat odd = make(4, 48, DType::F32, 1);
+  try {
+    ops::pack(odd.view(), WeightFormat::Q8, "model.layers.0.mlp.down_proj.weight", pool);
+    FAIL() << "K = 48 packed as q8";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("model.layers.0.mlp.down_proj.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("multiple of 32"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("48"), std::string::npos) << msg;
+  }
+  Mat bad = make(3, 64, DType::F32, 2);
+  bad.f32[70] = NAN;
+  EXPECT_THROW(ops::pack(bad.view(), WeightFormat::Q8, "w", pool), Error);
+  bad.f32[70] = 1e9f;  // d = 7.9e6, past fp16's 65504
+  EXPECT_THROW(ops::pack(bad.view(), WeightFormat::Q8, "w", pool), Error);
+  EXPECT_THROW(ops::parse_weight_format("q4"), Error);
+}
+
+TEST(Gemm, InstructionSetCapNeverExceedsTheCpu) {
+  IsaGuard guard;
+  ops::set_isa(Isa::Avx512);
+  EXPECT_LE(ops::active_isa(), ops::best_isa());
+  ops::set_isa(Isa::Generic);
+  EXPECT_EQ(ops::active_isa(), Isa::Generic);
+}
+
+}  // namespace
+}  // namespace flashmap
