@@ -141,6 +141,12 @@ void Shapes(benchmark::internal::Benchmark* b) {
     }
 }
 
+// Row counts around the tile edges (12 rows fit one AVX-512 tile; 13+ take the widened path).
+void Rows(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "N", "K", "fmt", "cold"});
+  for (const int64_t m : {4, 8, 12, 13, 17, 24, 33, 64}) b->Args({m, 3072, 1024, 1, 0});
+}
+
 // Qwen3-0.6B's lm_head (151,936 × 1024, 311 MB in bf16): part of every verify pass.
 void LmHead(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "N", "K", "fmt", "cold"});
@@ -152,6 +158,11 @@ void LmHead(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_FmaPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Linear)->Apply(Shapes)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_Linear)
+    ->Name("BM_LinearRows")
+    ->Apply(Rows)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK(BM_Linear)
     ->Name("BM_LinearLmHead")
     ->Apply(LmHead)
