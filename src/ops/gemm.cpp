@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <vector>
 
 #include "core/check.h"
 #include "core/thread_pool.h"
@@ -92,8 +94,10 @@ void pack_q8(const Weight& W, PackedWeight& P, const std::string& what, int64_t 
                        "{}: row {} has a block of magnitude {}, past what a q8 scale (fp16) holds",
                        what, n, amax);
         uint8_t* blk = panel + b * kQ8BlockBytes;
-        for (int i = 0; i < kQ8Block; ++i)
-          blk[i * kPanel + j] = uint8_t(int8_t(std::clamp(std::round(w[i] * id), -127.0f, 127.0f)));
+        for (int i = 0; i < kQ8Block; ++i) {
+          const float q = std::clamp(std::round(w[i] * id), -127.0f, 127.0f);
+          blk[(i / 4) * kPanel * 4 + j * 4 + i % 4] = uint8_t(int(q) + 128);
+        }
         std::memcpy(blk + kQ8Block * kPanel + j * 2, &dh, 2);
       }
     }
@@ -143,6 +147,8 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::Avx512Vnni:
+      return "avx512-vnni";
     case Isa::Avx512:
       return "avx512";
     case Isa::Avx2:
@@ -162,10 +168,14 @@ Isa detect() {
   // libgcc also checks (XGETBV) that the OS saves the wider registers.
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::Avx2;
   if (best == Isa::Avx2 && __builtin_cpu_supports("avx512f")) best = Isa::Avx512;
+  if (best == Isa::Avx512 && __builtin_cpu_supports("avx512vnni")) best = Isa::Avx512Vnni;
 #endif
   if (const char* cap = std::getenv("FLASHMAP_ISA")) {
     const std::string c = cap;
-    const Isa want = c == "avx512" ? Isa::Avx512 : c == "avx2" ? Isa::Avx2 : Isa::Generic;
+    const Isa want = c == "avx512-vnni" ? Isa::Avx512Vnni
+                     : c == "avx512"    ? Isa::Avx512
+                     : c == "avx2"      ? Isa::Avx2
+                                        : Isa::Generic;
     best = std::min(best, want);
   }
   return best;
@@ -193,6 +203,45 @@ void set_isa(Isa isa) {
 
 // --- linear -----------------------------------------------------------------------------------
 
+namespace {
+
+// x quantized as ggml quantizes the activations it multiplies with Q8_0 weights: per row and
+// block of 32, dx = max|x| / 127 and q = roundf(x / dx) (here dx stays fp32). Each row is
+// quantized alone, so rows do not depend on their batch. A non-finite block gets dx = NaN (the
+// outputs become NaN, as fp32 arithmetic would make them) and q = 0.
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> qf, d;
+  std::vector<int32_t> sum;
+
+  QuantizedRows(const float* x, int64_t M, int64_t K, int64_t ldx)
+      : q(size_t(M * K)), qf(size_t(M * K)), d(size_t(M * K / kQ8Block)), sum(d.size()) {
+    const int64_t KB = K / kQ8Block;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t b = 0; b < KB; ++b) {
+        const float* xb = x + m * ldx + b * kQ8Block;
+        float amax = 0;
+        for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(xb[i]));
+        const bool finite = std::isfinite(amax) && !std::isnan(amax);
+        bool any_nan = false;
+        for (int i = 0; i < kQ8Block; ++i) any_nan |= std::isnan(xb[i]);
+        const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
+        int32_t s = 0;
+        for (int i = 0; i < kQ8Block; ++i) {
+          const int v =
+              finite && !any_nan ? int(std::clamp(std::round(xb[i] * id), -127.0f, 127.0f)) : 0;
+          q[size_t(m * K + b * kQ8Block + i)] = int8_t(v);
+          qf[size_t(m * K + b * kQ8Block + i)] = float(v);
+          s += v;
+        }
+        d[size_t(m * KB + b)] = finite && !any_nan ? dx : NAN;
+        sum[size_t(m * KB + b)] = s;
+      }
+  }
+};
+
+}  // namespace
+
 void linear(const float* x, int64_t M, const Weight& W, const float* bias, float* y,
             ThreadPool& pool, int64_t ldx, int64_t ldy) {
   if (ldx < 0) ldx = W.cols;
@@ -205,14 +254,26 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
     P = once.get();
   }
   FLASHMAP_ASSERT(P->rows == W.rows && P->cols == W.cols);
-  kernel::Args a{x,    M, ldx, P->data.get(), P->panel_bytes, P->rows, P->cols, kernel::kF32,
-                 bias, y, ldy};
-  a.format = P->q8                     ? kernel::kQ8
-             : P->dtype == DType::BF16 ? kernel::kBF16
-             : P->dtype == DType::F16  ? kernel::kF16
-                                       : kernel::kF32;
+  const kernel::Format format = P->q8                     ? kernel::kQ8
+                                : P->dtype == DType::BF16 ? kernel::kBF16
+                                : P->dtype == DType::F16  ? kernel::kF16
+                                                          : kernel::kF32;
+  kernel::Args a{x,    M, ldx, P->data.get(), P->panel_bytes, P->rows, P->cols, format,
+                 bias, y, ldy, nullptr,       nullptr,        nullptr, nullptr, false};
+  std::optional<QuantizedRows> xq;
+  if (P->q8) {
+    xq.emplace(x, M, W.cols, ldx);
+    a.qx = xq->q.data();
+    a.qxf = xq->qf.data();
+    a.dx = xq->d.data();
+    a.sx = xq->sum.data();
+  }
   void (*fn)(const kernel::Args&, int64_t, int64_t) = kernel::gemm_generic;
   switch (active_isa()) {
+    case Isa::Avx512Vnni:
+      a.vnni = true;
+      fn = kernel::gemm_avx512;
+      break;
     case Isa::Avx512:
       fn = kernel::gemm_avx512;
       break;

@@ -26,16 +26,18 @@ constexpr int kPanel = 32;    // output columns per panel
 constexpr int kQ8Block = 32;  // k values per int8 scale (as ggml's Q8_0)
 
 // How linear weights are held: in their file dtype (fp32, bf16 or f16, widened to fp32 in the
-// kernel), or as int8 with one fp16 scale per 32 consecutive k of each output column (Q8_0's
-// block). A q8 weight w = q · d stands for the fp32 matrix of those products: the model run is
-// the dequantized one, and speculative output equals that model's own. Unpacked: left as
-// mapped, for a model whose weights are only read from (the CUDA backend uploads them).
+// kernel), or as int8 with one fp16 scale per 32 consecutive k of each output column (ggml's
+// Q8_0 block, quantized by its rule). A q8 product is Q8_0 × Q8_0 as llama.cpp forms it: the
+// rows of x are quantized the same way, each block's integer dot product is scaled by both
+// scales and summed over the blocks in order; the engine is lossless with respect to that model.
+// Unpacked: left as mapped, for a model whose weights are only read from (the CUDA upload).
 enum class WeightFormat { Native, Q8, Unpacked };
 WeightFormat parse_weight_format(const std::string& s);  // "native" | "bf16" … | "q8"
 const char* weight_format_name(WeightFormat f);
 
-// A packed matrix. dtype: F32, BF16 or F16 for Native; I8 marks the Q8 layout, whose panel is
-// K/32 blocks of [32 k][32 columns] int8 followed by the 32 columns' fp16 scales.
+// A packed matrix: dtype F32, BF16 or F16 as the file's. q8: the panel is K/32 blocks, each
+// [8 groups of 4 k][32 columns][4 k] bytes q + 128 (VNNI's operand order), then the 32 columns'
+// fp16 scales.
 struct PackedWeight {
   DType dtype = DType::F32;
   bool q8 = false;
@@ -54,9 +56,10 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
                                          const std::string& what, ThreadPool& pool);
 
 // The instruction sets the kernel is compiled for; the best one the CPU has is picked at run
-// time (FLASHMAP_ISA=generic|avx2|avx512 caps it), so a binary built for x86-64-v3 runs on a CPU
-// without AVX-512 and one built with AVX-512 kernels never executes them where they would SIGILL.
-enum class Isa { Generic, Avx2, Avx512 };
+// time (FLASHMAP_ISA=generic|avx2|avx512|avx512-vnni caps it), so a binary built for x86-64-v3 runs
+// on a CPU without AVX-512 and one built with AVX-512 kernels never executes them where they would
+// SIGILL.
+enum class Isa { Generic, Avx2, Avx512, Avx512Vnni };
 const char* isa_name(Isa isa);
 Isa best_isa();         // what this CPU supports (and was compiled in)
 Isa active_isa();       // what linear() uses now

@@ -31,9 +31,14 @@ struct V {
   static R f16(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  static R i8(const uint8_t* p) {
-    return _mm256_cvtepi32_ps(
-        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  using I = __m256i;
+  static constexpr int kRowsMaxQ8 = 3;  // 3 × 2 × (dot + acc) = 12 registers
+  static I load_i32(const uint8_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static R q8_byte(I raw, int j) {
+    const I b = _mm256_and_si256(_mm256_srli_epi32(raw, 8 * j), _mm256_set1_epi32(0xff));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(b, _mm256_set1_epi32(128)));
   }
   static __m256i mask(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));

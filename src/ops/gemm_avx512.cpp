@@ -1,6 +1,7 @@
-// The GEMM kernel with AVX-512F registers (16 fp32 lanes, 32 registers). Compiled with
-// -mavx512f and run only where the CPU has it (gemm.cpp checks); nothing here may be an inline
-// function shared with other files (see gemm_kernel.h).
+// The GEMM kernel with AVX-512F registers (16 fp32 lanes, 32 registers), and q8 products with
+// AVX512-VNNI int8 dot products. Compiled with -mavx512f -mavx512vnni and run only where the CPU
+// has AVX-512F (gemm.cpp checks; the VNNI tiles only where it has VNNI too); nothing here may be
+// an inline function shared with other files (see gemm_kernel.h).
 #include "ops/gemm_kernel.h"
 
 #if defined(__AVX512F__) && defined(__FMA__)
@@ -33,9 +34,12 @@ struct V {
   static R f16(const uint8_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  static R i8(const uint8_t* p) {
-    return _mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  using I = __m512i;
+  static constexpr int kRowsMaxQ8 = 6;  // 6 × 2 × (dot + acc) = 24 registers
+  static I load_i32(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static R q8_byte(I raw, int j) {
+    const I b = _mm512_and_si512(_mm512_srli_epi32(raw, unsigned(8 * j)), _mm512_set1_epi32(0xff));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(b, _mm512_set1_epi32(128)));
   }
   static __mmask16 mask(int n) { return __mmask16((1u << n) - 1); }
   static R load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
@@ -46,6 +50,9 @@ struct V {
 }  // namespace
 
 #define FLASHMAP_GEMM_ENTRY gemm_avx512
+#ifdef __AVX512VNNI__
+#define FLASHMAP_GEMM_VNNI 1
+#endif
 #include "ops/gemm_kernel.inc"
 
 }  // namespace flashmap::ops::kernel

@@ -36,7 +36,14 @@ struct V {
     std::memcpy(&h, p, 2);
     return f16_to_f32(h);
   }
-  static R i8(const uint8_t* p) { return float(int8_t(*p)); }
+  using I = uint32_t;
+  static constexpr int kRowsMaxQ8 = 4;
+  static I load_i32(const uint8_t* p) {
+    uint32_t u;
+    std::memcpy(&u, p, 4);
+    return u;
+  }
+  static R q8_byte(I raw, int j) { return float(int((raw >> (8 * j)) & 0xff) - 128); }
   static R load_n(const float* p, int n) { return n > 0 ? *p : 0.0f; }
   static void store(float* p, R v) { *p = v; }
   static void store_n(float* p, R v, int n) {

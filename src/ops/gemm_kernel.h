@@ -21,6 +21,13 @@ struct Args {
   const float* bias;  // may be null
   float* y;
   int64_t ldy;
+  // kQ8: x quantized per row and block of 32 k (gemm.cpp): qx int8 [M, K], the same values as
+  // fp32 in qxf, dx the blocks' fp32 scales and sx the sums of their qx [M, K/32].
+  const int8_t* qx;
+  const float* qxf;
+  const float* dx;
+  const int32_t* sx;
+  bool vnni;  // AVX-512 kernel: int8 dot products (AVX512-VNNI) for kQ8
 };
 
 void gemm_generic(const Args& a, int64_t p0, int64_t p1);

@@ -108,10 +108,11 @@ TEST(Q8, LogitsStayCloseToTheNativeModel) {
     const double nmse = err / ref, agreement = double(agree) / double(toks.size());
     std::cout << "[ info ] " << dir << ": q8 vs native logit NMSE " << nmse << ", argmax agreement "
               << agreement * 100 << "% over " << toks.size() << " positions\n";
-    // An int8 grid of 255 steps per 32 weights: relative weight error ~0.2%; a wrong scale or
-    // index gives NMSE of order 1.
-    EXPECT_LT(nmse, 1e-3) << dir;
-    EXPECT_GE(agreement, 0.9) << dir;
+    // Weights and activations on int8 grids of 255 steps per 32 values: ~0.3% relative error
+    // each; the tiny fixtures' random logits are near-ties at a few positions. A wrong scale, index
+    // or sign gives NMSE of order 1 and chance agreement (1 in 1024).
+    EXPECT_LT(nmse, 2e-3) << dir;
+    EXPECT_GE(agreement, 0.8) << dir;
     EXPECT_NE(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << dir << ": q8 changed nothing";
   }
 }

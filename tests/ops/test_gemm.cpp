@@ -2,9 +2,8 @@
 // scalar one (each output is the same sequence of fused multiply-adds), results do not depend on
 // how many rows a call carries (batch invariance, which lossless greedy speculation rests on),
 // q8 packing is byte-for-byte llama.cpp's Q8_0 (the gguf package's quantizer, fixture made by
-// tools/make_q8_fixture.py), and a q8 product is within fp32 rounding of the float64 product with
-// the dequantized weights. The accuracy of the native formats against float64 is in
-// test_ops_vs_reference.cpp.
+// tools/make_q8_fixture.py), and a q8 product is ggml's Q8_0 × Q8_0 product within fp32 rounding.
+// The accuracy of the native formats against float64 is in test_ops_vs_reference.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -57,6 +56,7 @@ std::vector<Isa> isas() {
   std::vector<Isa> v{Isa::Generic};
   if (ops::best_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
   if (ops::best_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
+  if (ops::best_isa() >= Isa::Avx512Vnni) v.push_back(Isa::Avx512Vnni);
   return v;
 }
 
@@ -161,12 +161,13 @@ TEST(Gemm, RowsDoNotDependOnTheirBatch) {
 
 // --- q8 ----------------------------------------------------------------------------------------
 
-// The packed layout (gemm.h): panel p, block b of 32 k: int8 [32 k][32 columns], then the 32
-// columns' fp16 scales.
-int8_t q_at(const ops::PackedWeight& P, int64_t n, int64_t k) {
+// The packed layout (gemm.h): panel p, block b of 32 k: bytes q + 128 as [8 groups of 4 k]
+// [32 columns][4 k], then the 32 columns' fp16 scales.
+int q_at(const ops::PackedWeight& P, int64_t n, int64_t k) {
   const int64_t blk = ops::kQ8Block * ops::kPanel + ops::kPanel * 2;
   const uint8_t* b = P.panel(n / ops::kPanel) + (k / ops::kQ8Block) * blk;
-  return int8_t(b[(k % ops::kQ8Block) * ops::kPanel + n % ops::kPanel]);
+  const int64_t kk = k % ops::kQ8Block;
+  return int(b[(kk / 4) * ops::kPanel * 4 + (n % ops::kPanel) * 4 + kk % 4]) - 128;
 }
 uint16_t d_at(const ops::PackedWeight& P, int64_t n, int64_t b) {
   const int64_t blk = ops::kQ8Block * ops::kPanel + ops::kPanel * 2;
@@ -201,32 +202,48 @@ TEST(Gemm, Q8PackingIsGgmlQ8_0ByteForByte) {
   }
 }
 
-// y = x · (q·d)ᵀ + b: each q·d is exact in fp32 (≤ 8 + 11 significant bits), so the bound is the
-// native one, (K + 2)·u·Σ|x w| (test_ops_vs_reference.cpp), against float64 sums of the gguf
-// fixture's own q and d.
-TEST(Gemm, Q8LinearMatchesFloat64WithTheDequantizedWeights) {
+// y = Σ_b dot_b · (d_b · dx_b) + bias: ggml's Q8_0 × Q8_0 product, with the weights' q and d from
+// the gguf fixture and x quantized here by ggml's rule (per row and 32-block: dx = max|x| / 127,
+// q = roundf(x / dx), in fp32 as ggml does), the sums in float64. The kernel's dot products are
+// exact integers, so its only roundings are d · dx and the fp32 sum over the K/32 blocks (and the
+// bias): |error| ≤ (K/32 + 2)·u·(Σ_b |dot_b| d_b dx_b + |bias|).
+TEST(Gemm, Q8LinearIsGgmlsQ8_0ProductWithinFp32Rounding) {
   ThreadPool pool(2);
   SafetensorsFile f("tests/fixtures/q8/q8_reference.safetensors");
   const TensorView& w = f.get("w");
   const auto* d = static_cast<const uint16_t*>(f.get("d").data);
   const auto* q = static_cast<const int32_t*>(f.get("q").data);
-  const int64_t N = w.dim(0), K = w.dim(1);
-  ref::Vec deq(size_t(N * K));
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k)
-      deq[size_t(n * K + k)] = double(q[n * K + k]) * ref::f16_value(d[n * (K / 32) + k / 32]);
+  const int64_t N = w.dim(0), K = w.dim(1), KB = K / 32;
   Weight W = Weight::of(w);
   W.packed = ops::pack(W, WeightFormat::Q8, "w", pool);
-  for (const int64_t M : {1, 17}) {
-    const auto x = normal(size_t(M * K), 9), b = normal(size_t(N), 10);
-    std::vector<float> y(size_t(M * N));
-    ops::linear(x.data(), M, W, b.data(), y.data(), pool);
-    const ref::Vec want = ref::linear(ref::of(x), M, deq, N, K, ref::of(b));
-    const ref::Vec mag =
-        ref::linear(ref::abs(ref::of(x)), M, ref::abs(deq), N, K, ref::abs(ref::of(b)));
-    for (size_t i = 0; i < y.size(); ++i)
-      ASSERT_LE(std::fabs(double(y[i]) - want[i]), double(K + 2) * 0x1p-24 * mag[i])
-          << "M " << M << " i " << i;
+  IsaGuard guard;
+  for (const Isa isa : isas()) {
+    ops::set_isa(isa);
+    for (const int64_t M : {1, 3, 17}) {
+      auto x = normal(size_t(M * K), 9);
+      for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;  // a zero block: dx = 0
+      const auto bias = normal(size_t(N), 10);
+      std::vector<float> y(size_t(M * N));
+      ops::linear(x.data(), M, W, bias.data(), y.data(), pool);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          double want = bias[size_t(n)], mag = std::fabs(bias[size_t(n)]);
+          for (int64_t b = 0; b < KB; ++b) {
+            const float* xb = x.data() + m * K + b * 32;
+            float amax = 0;
+            for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+            const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
+            int64_t dot = 0;
+            for (int i = 0; i < 32; ++i)
+              dot += int64_t(q[n * K + b * 32 + i]) * int64_t(std::round(xb[i] * id));
+            const double scale = ref::f16_value(d[n * KB + b]) * double(dx);
+            want += double(dot) * scale;
+            mag += std::fabs(double(dot)) * scale;
+          }
+          ASSERT_LE(std::fabs(double(y[size_t(m * N + n)]) - want), double(KB + 2) * 0x1p-24 * mag)
+              << ops::isa_name(isa) << " M " << M << " row " << m << " col " << n;
+        }
+    }
   }
 }
 
