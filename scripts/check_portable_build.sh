@@ -18,7 +18,7 @@ if [ -n "$bad" ]; then
   echo "AVX-512 instructions outside gemm_avx512.cpp: $bad" >&2
   exit 1
 fi
-for isa in generic avx2 avx512; do
+for isa in generic avx2 avx512 avx512-vnni; do
   echo "== FLASHMAP_ISA=$isa"
   FLASHMAP_ISA=$isa "$dir/tests/ops/test_ops" --gtest_brief=1 --gtest_filter='Gemm.*:OpsVsReference.Linear*'
 done
