@@ -36,7 +36,9 @@ constexpr int64_t kQ8BlockBytes = kQ8Block * kPanel + kPanel * 2;
 uint8_t* alloc_panels(int64_t bytes) {
   // 2 MiB alignment lets transparent huge pages back the buffer (set to "madvise" on Debian):
   // a decode step streams every weight once, and 4 KiB pages would cost a TLB miss per page.
-  const size_t align = bytes >= (int64_t(8) << 20) ? size_t(2) << 20 : 64;
+  // Whole huge pages when that wastes at most an eighth (Qwen3's matrices are multiples of 2 MiB).
+  const int64_t huge = int64_t(2) << 20, padded = (bytes + huge - 1) / huge * huge;
+  const size_t align = bytes >= huge && padded - bytes <= bytes / 8 ? size_t(huge) : 64;
   const size_t size = (size_t(bytes) + align - 1) / align * align;
   void* p = std::aligned_alloc(align, size == 0 ? align : size);
   if (!p) throw Error(fmt::format("out of memory packing {} bytes of weights", bytes));

@@ -14,9 +14,10 @@ struct V {
   static constexpr int W = 8;
   // 6 rows × 2 vectors = 12 accumulators, 2 weight vectors and a broadcast: 15 of 16 registers.
   static constexpr int kRowsMax = 6, kNvMany = 2;
-  // One row: 8 vectors (2 panels), 8 independent FMA chains; two rows: 4 vectors (8 chains).
+  // nv_for(a), a accumulators per vector column: one: 8 vectors (2 panels), 8 independent FMA
+  // chains; two: 4 vectors (8 chains).
   static constexpr int kNv1 = 8, kNv2 = 4;
-  static constexpr int nv_for(int m) { return m == 1 ? kNv1 : m == 2 ? kNv2 : kNvMany; }
+  static constexpr int nv_for(int a) { return a == 1 ? kNv1 : a == 2 ? kNv2 : kNvMany; }
 
   static R zero() { return _mm256_setzero_ps(); }
   static R bcast(const float* p) { return _mm256_broadcast_ss(p); }

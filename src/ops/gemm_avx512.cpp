@@ -13,12 +13,14 @@ namespace {
 struct V {
   using R = __m512;
   static constexpr int W = 16;
-  // 12 rows × 2 vectors = 24 accumulators, 2 weight vectors and a broadcast: 27 of 32 registers.
-  static constexpr int kRowsMax = 12, kNvMany = 2;
-  // One row: 8 vectors (4 panels) give 8 independent FMA chains, enough to cover the FMA latency
-  // of two pipes; 2–3 rows: 4 vectors.
+  // 10 rows × 2 vectors = 20 accumulators, 2 weight vectors and a broadcast (12 rows measured
+  // slower on Zen 4: the row addresses no longer fit the integer registers).
+  static constexpr int kRowsMax = 10, kNvMany = 2;
+  // nv_for(a): vectors per row for a accumulators per vector column. One row: 8 vectors
+  // (4 panels), 8 independent FMA chains, enough to cover two pipes' FMA latency; up to 5: 4
+  // vectors (≤ 20 accumulators), which halves the weight widening per FMA.
   static constexpr int kNv1 = 8, kNv2 = 4;
-  static constexpr int nv_for(int m) { return m == 1 ? kNv1 : m <= 3 ? kNv2 : kNvMany; }
+  static constexpr int nv_for(int a) { return a <= 2 ? kNv1 : a <= 5 ? kNv2 : kNvMany; }
 
   static R zero() { return _mm512_setzero_ps(); }
   static R bcast(const float* p) { return _mm512_set1_ps(*p); }
