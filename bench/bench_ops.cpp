@@ -133,6 +133,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
   for (const int64_t cold : {0, 1})
     for (const int64_t m : {1, 9, 17}) {
       b->Args({m, 1536, 512, 0, cold});
+      b->Args({m, 1536, 512, 2, cold});
       for (const int64_t fmt : {1, 2}) {
         b->Args({m, 3072, 1024, fmt, cold});
         b->Args({m, 1024, 3072, fmt, cold});

@@ -229,25 +229,48 @@ struct QuantizedRows {
       : q(size_t(M * K)), qf(size_t(M * K)), d(size_t(M * K / kQ8Block)), sum(d.size()) {
     const int64_t KB = K / kQ8Block;
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t b = 0; b < KB; ++b) {
-        const float* xb = x + m * ldx + b * kQ8Block;
-        float amax = 0;
-        for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(xb[i]));
-        const bool finite = std::isfinite(amax) && !std::isnan(amax);
-        bool any_nan = false;
-        for (int i = 0; i < kQ8Block; ++i) any_nan |= std::isnan(xb[i]);
-        const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
-        int32_t s = 0;
-        for (int i = 0; i < kQ8Block; ++i) {
-          const int v =
-              finite && !any_nan ? int(std::clamp(std::round(xb[i] * id), -127.0f, 127.0f)) : 0;
-          q[size_t(m * K + b * kQ8Block + i)] = int8_t(v);
-          qf[size_t(m * K + b * kQ8Block + i)] = float(v);
-          s += v;
-        }
-        d[size_t(m * KB + b)] = finite && !any_nan ? dx : NAN;
-        sum[size_t(m * KB + b)] = s;
-      }
+      for (int64_t b = 0; b < KB; ++b)
+        block(x + m * ldx + b * kQ8Block, m * K + b * kQ8Block, m * KB + b);
+  }
+
+ private:
+  // One block of 32 in two 16-lane vectors (GCC lowers them to what the build targets).
+  typedef float v16f __attribute__((vector_size(64)));
+  typedef int32_t v16i __attribute__((vector_size(64)));
+
+  // roundf (half away from zero) for |v| < 2³¹: truncate, then step away from zero where the
+  // dropped fraction (exact) is at least a half.
+  static v16i round_away(v16f v) {
+    const v16i t = __builtin_convertvector(v, v16i);
+    const v16f frac = v - __builtin_convertvector(t, v16f);
+    return t - (frac >= 0.5f) + (frac <= -0.5f);  // comparisons give −1 where true
+  }
+
+  void block(const float* xb, int64_t at, int64_t bi) {
+    v16f x[2];
+    std::memcpy(x, xb, sizeof(x));
+    const v16i abs_mask = v16i{} + 0x7fffffff;
+    const v16f a0 = (v16f)((v16i)x[0] & abs_mask), a1 = (v16f)((v16i)x[1] & abs_mask);
+    const v16f m = a0 > a1 ? a0 : a1;  // a NaN lane stays NaN in the max below, or is caught
+    float amax = 0;
+    bool finite = true;
+    for (int i = 0; i < 16; ++i) {
+      amax = std::max(amax, m[i]);
+      finite &= std::isfinite(a0[i]) && std::isfinite(a1[i]);
+    }
+    const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
+    v16i total = {};
+    for (int h = 0; h < 2; ++h) {
+      const v16i qi = finite ? round_away(x[h] * id) : v16i{};
+      total += qi;
+      const v16f qv = __builtin_convertvector(qi, v16f);
+      std::memcpy(qf.data() + at + h * 16, &qv, sizeof(qv));
+      for (int i = 0; i < 16; ++i) q[size_t(at + h * 16 + i)] = int8_t(qi[i]);
+    }
+    int32_t s = 0;
+    for (int i = 0; i < 16; ++i) s += total[i];
+    d[size_t(bi)] = finite ? dx : NAN;
+    sum[size_t(bi)] = s;
   }
 };
 
