@@ -63,29 +63,40 @@ inline float hsum(v16f v) {
   return a + b;
 }
 
-// hsum() of four vectors at once, the same tree per vector, so each result is bit-identical to
-// hsum() of that vector (which is why a key's score does not depend on whether it fell in a group
-// of four) with a quarter of the shuffles.
-inline v4f hsum4(v16f a0, v16f a1, v16f a2, v16f a3) {
-  const v16f t0 =
-      __builtin_shufflevector(a0, a1, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-      __builtin_shufflevector(a0, a1, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  const v16f t1 =
-      __builtin_shufflevector(a2, a3, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-      __builtin_shufflevector(a2, a3, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-  // Lanes 4v..4v+3 hold vector v's s4 (its lanes 0-3 plus 4-7 after the first fold).
-  const v16f u =
-      __builtin_shufflevector(t0, t1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-      __builtin_shufflevector(t0, t1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  // hsum's a = s4[0] + s4[2], b = s4[1] + s4[3], then a + b.
-  const v8f w = __builtin_shufflevector(u, u, 0, 1, 4, 5, 8, 9, 12, 13) +
-                __builtin_shufflevector(u, u, 2, 3, 6, 7, 10, 11, 14, 15);
-  return __builtin_shufflevector(w, w, 0, 2, 4, 6) + __builtin_shufflevector(w, w, 1, 3, 5, 7);
+// hsum() of 4·QB vectors (query b, key r at index 4b + r) at once: each level of hsum's tree
+// (lane i + lane i+8, then +4, +2, +1) is applied to two vectors' lanes per shuffle pair, so lane
+// 4b + r of the result is bit-identical to hsum(a[b][r]) (which is why a key's score does not
+// depend on whether it fell in a group of four), with 30 shuffles per 16 scores instead of 64.
+template <int QB>
+inline v16f hsum16(const v16f (&a)[QB][4]) {
+  auto at = [&](int i) { return i / 4 < QB ? a[i / 4][i % 4] : v16f{}; };
+  v16f s8[8], s4[4], ab[2];
+  for (int i = 0; i < 8; ++i)  // [s8 of vector 2i | s8 of vector 2i + 1]
+    s8[i] = __builtin_shufflevector(at(2 * i), at(2 * i + 1), 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18,
+                                    19, 20, 21, 22, 23) +
+            __builtin_shufflevector(at(2 * i), at(2 * i + 1), 8, 9, 10, 11, 12, 13, 14, 15, 24, 25,
+                                    26, 27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; ++i)  // s4 of vectors 4i .. 4i + 3
+    s4[i] = __builtin_shufflevector(s8[2 * i], s8[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18,
+                                    19, 24, 25, 26, 27) +
+            __builtin_shufflevector(s8[2 * i], s8[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21,
+                                    22, 23, 28, 29, 30, 31);
+  for (int i = 0; i < 2;
+       ++i)  // hsum's a = s4[0] + s4[2], b = s4[1] + s4[3] of vectors 8i .. 8i + 7
+    ab[i] = __builtin_shufflevector(s4[2 * i], s4[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20,
+                                    21, 24, 25, 28, 29) +
+            __builtin_shufflevector(s4[2 * i], s4[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19,
+                                    22, 23, 26, 27, 30, 31);
+  return __builtin_shufflevector(ab[0], ab[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                 28, 30) +
+         __builtin_shufflevector(ab[0], ab[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27,
+                                 29, 31);
 }
 
-// Rows `ahead` keys past the one being read are requested from memory (below `limit`, the keys the
-// job reads): a KV head's rows lie n_kv·head_dim·4 bytes apart, one per 4 KiB page at Qwen3's
-// shape, so the hardware prefetchers, which stay within a page, do not fetch them ahead.
+// The row `ahead` keys past the one being read is requested from memory (below `limit`, the keys
+// the job reads): a KV head's rows lie n_kv·head_dim·4 bytes apart, one per 4 KiB page at Qwen3's
+// shape, and the hardware prefetchers, which stay within a page, do not fetch the next row. Its
+// first line is enough: they stream the rest of the row once it is touched.
 struct Prefetch {
   int64_t ahead = 0, limit = 0;
 };
@@ -98,28 +109,29 @@ struct Geometry {
 };
 
 // A score's trailing head_dim % 16 columns, added in column order after the lane tree.
-inline float finish_score(float s, const float* q, const float* k, const Geometry& g) {
+inline float add_tail(float s, const float* q, const float* k, const Geometry& g) {
   for (int t = g.nv * kLanes; t < g.nv * kLanes + g.tail; ++t) s += q[t] * k[t];
-  return s * g.scale;
+  return s;
 }
 
-// Scores of QB queries against keys [j0, j1): out[b][j] = score(q[b], k_j). Four keys at a time
-// share the query loads and one hsum4 (the loads of a key are shared by the QB queries: this is
-// where grouping saves the reads).
+// Scores of QB queries against keys [j0, j1): out[b][j] = score(q[b], k_j). Four keys at a time:
+// each key's loads serve the QB queries (this is where grouping saves the reads), and the 4·QB
+// sums share one lane tree. Not inlined: GCC then keeps the accumulators in registers.
 template <int QB>
-void scores_block(const float* const* q, const float* k, int64_t j0, int64_t j1, const Geometry& g,
-                  Prefetch pf, float* const* out) {
+__attribute__((noinline)) void scores_block(const float* const* q, const float* k, int64_t j0,
+                                            int64_t j1, const Geometry& g, Prefetch pf,
+                                            float* const* out) {
   int64_t j = j0;
   for (; j + 4 <= j1; j += 4) {
     const float* kj = k + j * g.stride;
-    const bool fetch = pf.ahead > 0 && j + 3 + pf.ahead < pf.limit;
+    if (pf.ahead > 0 && j + 3 + pf.ahead < pf.limit)
+      for (int r = 0; r < 4; ++r) __builtin_prefetch(kj + (r + pf.ahead) * g.stride);
     v16f a[QB][4] = {};
     for (int c = 0; c < g.nv; ++c) {
       v16f kv[4];
       for (int r = 0; r < 4; ++r) {
         kv[r] = load(kj + r * g.stride + c * kLanes);
         pin(kv[r]);
-        if (fetch) __builtin_prefetch(kj + (r + pf.ahead) * g.stride + c * kLanes);
       }
       for (int b = 0; b < QB; ++b) {
         v16f qv = load(q[b] + c * kLanes);
@@ -127,10 +139,13 @@ void scores_block(const float* const* q, const float* k, int64_t j0, int64_t j1,
         for (int r = 0; r < 4; ++r) a[b][r] += qv * kv[r];
       }
     }
-    for (int b = 0; b < QB; ++b) {
-      const v4f d = hsum4(a[b][0], a[b][1], a[b][2], a[b][3]);
-      for (int r = 0; r < 4; ++r) out[b][j + r] = finish_score(d[r], q[b], kj + r * g.stride, g);
-    }
+    v16f d = hsum16<QB>(a);
+    if (g.tail > 0)
+      for (int i = 0; i < 4 * QB; ++i) d[i] = add_tail(d[i], q[i / 4], kj + (i % 4) * g.stride, g);
+    d *= g.scale;
+    float sc[kLanes];
+    std::memcpy(sc, &d, sizeof(d));
+    for (int b = 0; b < QB; ++b) std::memcpy(out[b] + j, sc + 4 * b, 4 * sizeof(float));
   }
   for (; j < j1; ++j) {
     const float* kj = k + j * g.stride;
@@ -139,7 +154,7 @@ void scores_block(const float* const* q, const float* k, int64_t j0, int64_t j1,
       const v16f kv = load(kj + c * kLanes);
       for (int b = 0; b < QB; ++b) a[b] += load(q[b] + c * kLanes) * kv;
     }
-    for (int b = 0; b < QB; ++b) out[b][j] = finish_score(hsum(a[b]), q[b], kj, g);
+    for (int b = 0; b < QB; ++b) out[b][j] = add_tail(hsum(a[b]), q[b], kj, g) * g.scale;
   }
 }
 
@@ -147,19 +162,20 @@ void scores_block(const float* const* q, const float* k, int64_t j0, int64_t j1,
 // live in registers across the keys and go back to acc between calls (an exact store and
 // reload), so splitting a query's keys over calls does not change its sums.
 template <int QB, int CW>
-void values_block(const float* const* p, const float* v, int64_t j0, int64_t j1, int c0,
-                  const Geometry& g, Prefetch pf, float* const* acc) {
+__attribute__((noinline)) void values_block(const float* const* p, const float* v, int64_t j0,
+                                            int64_t j1, int c0, const Geometry& g, Prefetch pf,
+                                            float* const* acc) {
   v16f a[QB][CW];
   for (int b = 0; b < QB; ++b)
     for (int w = 0; w < CW; ++w) a[b][w] = load(acc[b] + (c0 + w) * kLanes);
   for (int64_t j = j0; j < j1; ++j) {
     const float* vj = v + j * g.stride + c0 * kLanes;
     v16f vv[CW];
-    const bool fetch = pf.ahead > 0 && j + pf.ahead < pf.limit;
+    if (c0 == 0 && pf.ahead > 0 && j + pf.ahead < pf.limit)
+      __builtin_prefetch(vj + pf.ahead * g.stride);
     for (int w = 0; w < CW; ++w) {
       vv[w] = load(vj + w * kLanes);
       pin(vv[w]);
-      if (fetch) __builtin_prefetch(vj + pf.ahead * g.stride + w * kLanes);
     }
     for (int b = 0; b < QB; ++b) {
       const float pj = p[b][j];
@@ -299,7 +315,7 @@ void attend_group(const Call& c, int kh, int64_t r0, int64_t r1) {
     for (int b = 0; b < nq; b += kBlock) {
       const int qb = std::min(kBlock, nq - b);
       const int64_t e = std::min(t1, *std::max_element(&ns[size_t(b)], &ns[size_t(b + qb)]));
-      const Prefetch pf{b == 0 ? tile : 0, n_max};  // the first block fetches the next tile
+      const Prefetch pf{b == 0 ? 2 * tile : 0, n_max};  // the first block fetches ahead
       if (e > t0) scores_any(qb, &qs[size_t(b)], k, t0, e, c.g, pf, &ps[size_t(b)]);
     }
     for (int x = 0; x < nq; ++x) {
@@ -327,7 +343,7 @@ void attend_group(const Call& c, int kh, int64_t r0, int64_t r1) {
     for (int b = 0; b < nq; b += kBlock) {
       const int qb = std::min(kBlock, nq - b);
       const int64_t e = std::clamp(*std::min_element(&ns[size_t(b)], &ns[size_t(b + qb)]), t0, t1);
-      const Prefetch pf{b == 0 ? tile : 0, n_max};
+      const Prefetch pf{b == 0 ? 2 * tile : 0, n_max};
       if (e > t0) values_any(qb, &ps[size_t(b)], v, t0, e, c.g, pf, &accs[size_t(b)]);
       for (int x = b; x < b + qb; ++x) {
         const int64_t ex = std::min(t1, ns[size_t(x)]);
