@@ -6,14 +6,14 @@
 // order whatever nq, the other queries and the thread count are:
 //   score_j = (hsum(Σ_c q_c·k_jc, FMAs in c order from zero) + Σ_t q_t·k_jt) · scale, where c runs
 //             over the 16-lane vectors of the row, hsum is the fixed lane tree below and t over the
-//             head_dim % 16 trailing columns, in order;
-//   max over j < n, then p_j = exp(score_j − max) and sum = Σ p_j in key order;
+//             head_dim % 16 trailing columns, in order (the previous per-(query, head) kernel's
+//             scores, bit for bit, for head_dim a multiple of 16);
+//   max over j < n (exact, any order); p_j = exp16(score_j − max);
+//   sum = hsum(16 lane sums), lane l adding the p_j with j ≡ l (mod 16) in key order;
 //   o_d = (Σ_j p_j·v_jd, FMAs in key order from zero) · (1 / sum).
 // Blocking changes only which queries share a load: a block of queries never mixes their
 // arithmetic, each score is one independent accumulator, and each output element is one
-// accumulator that sees its keys in order however the keys are tiled. For head_dim a multiple of
-// 16 these are the operations of the per-(query, head) kernel this file replaced, so outputs are
-// bit-identical to it.
+// accumulator that sees its keys in order however the keys are tiled.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -83,8 +83,8 @@ inline v16f hsum16(const v16f (&a)[QB][4]) {
                                     19, 24, 25, 26, 27) +
             __builtin_shufflevector(s8[2 * i], s8[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21,
                                     22, 23, 28, 29, 30, 31);
-  for (int i = 0; i < 2;
-       ++i)  // hsum's a = s4[0] + s4[2], b = s4[1] + s4[3] of vectors 8i .. 8i + 7
+  // hsum's a = s4[0] + s4[2] and b = s4[1] + s4[3] of vectors 8i .. 8i + 7, then a + b.
+  for (int i = 0; i < 2; ++i)
     ab[i] = __builtin_shufflevector(s4[2 * i], s4[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20,
                                     21, 24, 25, 28, 29) +
             __builtin_shufflevector(s4[2 * i], s4[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19,
