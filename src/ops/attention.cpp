@@ -303,11 +303,14 @@ float max_of(const float* s, int64_t n, float mx) {
   return mx;
 }
 
-// Queries of rows [r0, r1) on KV head kh, in two sweeps over the keys, tile by tile: scores (and
-// their running maximum), then the softmax numerators and the values. Per-thread scratch: every
-// query's scores (overwritten by p = exp(score − max)) and output accumulators.
-void attend_group(const Call& c, int kh, int64_t r0, int64_t r1) {
-  const int nq = int((r1 - r0) * c.group);
+// Queries of rows [r0, r1) on KV heads [kh0, kh1), in two sweeps over the keys, tile by tile:
+// scores (and their running maximum), then the softmax numerators and the values. Several KV heads
+// per job read several adjacent head_dim-row segments of each key row: fewer pages touched per
+// byte (the rows of one head lie a page apart) and longer runs for the hardware prefetchers.
+// Per-thread scratch: every query's scores (overwritten by p = exp(score − max)) and output
+// accumulators.
+void attend_group(const Call& c, int kh0, int kh1, int64_t r0, int64_t r1) {
+  const int per_head = int((r1 - r0) * c.group), nq = per_head * (kh1 - kh0);
   int64_t n_max = 0;
   for (int64_t i = r0; i < r1; ++i) n_max = std::max(n_max, c.key_count[i]);
   const int64_t ld = (n_max + 15) & ~int64_t(15);
@@ -325,36 +328,38 @@ void attend_group(const Call& c, int kh, int64_t r0, int64_t r1) {
   accs.resize(size_t(nq));
   outs.resize(size_t(nq));
   ns.resize(size_t(nq));
-  for (int64_t i = r0; i < r1; ++i)
-    for (int h = kh * c.group; h < (kh + 1) * c.group; ++h) {
-      const size_t b = size_t((i - r0) * c.group + (h - kh * c.group));
-      qs[b] = c.q + (i * c.n_heads + h) * c.head_dim;
-      outs[b] = c.out + (i * c.n_heads + h) * c.head_dim;
-      ps[b] = scratch.data() + b * size_t(ld);
-      accs[b] = scratch.data() + size_t(nq) * size_t(ld) + b * size_t(hd_pad);
-      std::fill_n(accs[b], c.head_dim, 0.0f);
-      ns[b] = c.key_count[i];
-    }
-  const float* k = c.k + int64_t(kh) * c.head_dim;
-  const float* v = c.v + int64_t(kh) * c.head_dim;
+  for (int kh = kh0; kh < kh1; ++kh)
+    for (int64_t i = r0; i < r1; ++i)
+      for (int h = kh * c.group; h < (kh + 1) * c.group; ++h) {
+        const size_t b = size_t((kh - kh0) * per_head + (i - r0) * c.group + (h - kh * c.group));
+        qs[b] = c.q + (i * c.n_heads + h) * c.head_dim;
+        outs[b] = c.out + (i * c.n_heads + h) * c.head_dim;
+        ps[b] = scratch.data() + b * size_t(ld);
+        accs[b] = scratch.data() + size_t(nq) * size_t(ld) + b * size_t(hd_pad);
+        std::fill_n(accs[b], c.head_dim, 0.0f);
+        ns[b] = c.key_count[i];
+      }
   const int64_t tile = tile_keys(c.head_dim);
 
   // Scores. A block runs to the largest key count among its queries: a score past a query's own
   // count is computed from a valid key row (some query of the call attends to it) and never read.
   for (int64_t t0 = 0; t0 < n_max; t0 += tile) {
     const int64_t t1 = std::min(t0 + tile, n_max);
-    for (int b = 0; b < nq; b += kBlock) {
-      const int qb = std::min(kBlock, nq - b);
-      const int64_t e = std::min(t1, *std::max_element(&ns[size_t(b)], &ns[size_t(b + qb)]));
-      const Prefetch pf{b == 0 ? 2 * tile : 0, n_max};  // the first block fetches ahead
-      if (e > t0) scores_any(qb, &qs[size_t(b)], k, t0, e, c.g, pf, &ps[size_t(b)]);
+    for (int kh = kh0; kh < kh1; ++kh) {
+      const float* k = c.k + int64_t(kh) * c.head_dim;
+      const int b0 = (kh - kh0) * per_head;
+      for (int b = b0; b < b0 + per_head; b += kBlock) {
+        const int qb = std::min(kBlock, b0 + per_head - b);
+        const int64_t e = std::min(t1, *std::max_element(&ns[size_t(b)], &ns[size_t(b + qb)]));
+        const Prefetch pf{b == b0 ? 2 * tile : 0, n_max};  // a head's first block fetches ahead
+        if (e > t0) scores_any(qb, &qs[size_t(b)], k, t0, e, c.g, pf, &ps[size_t(b)]);
+      }
     }
     for (int x = 0; x < nq; ++x) {
       const int64_t e = std::min(t1, ns[size_t(x)]);
       if (e > t0) mx[size_t(x)] = max_of(ps[size_t(x)] + t0, e - t0, mx[size_t(x)]);
     }
   }
-
   // Values. Each query's p_j = exp(score_j − max) are formed 16 keys at a time while its tile of
   // scores is in L1, and summed in 16 lanes: lane l adds the p_j with j ≡ l (mod 16) in key order
   // (tiles start at multiples of 16, so a key's lane is fixed), and one hsum at the end folds them;
@@ -379,14 +384,19 @@ void attend_group(const Call& c, int kh, int64_t r0, int64_t r1) {
       }
       sum[size_t(x)] = s;
     }
-    for (int b = 0; b < nq; b += kBlock) {
-      const int qb = std::min(kBlock, nq - b);
-      const int64_t e = std::clamp(*std::min_element(&ns[size_t(b)], &ns[size_t(b + qb)]), t0, t1);
-      const Prefetch pf{b == 0 ? 2 * tile : 0, n_max};
-      if (e > t0) values_any(qb, &ps[size_t(b)], v, t0, e, c.g, pf, &accs[size_t(b)]);
-      for (int x = b; x < b + qb; ++x) {
-        const int64_t ex = std::min(t1, ns[size_t(x)]);
-        if (ex > e) values_any(1, &ps[size_t(x)], v, e, ex, c.g, Prefetch{}, &accs[size_t(x)]);
+    for (int kh = kh0; kh < kh1; ++kh) {
+      const float* v = c.v + int64_t(kh) * c.head_dim;
+      const int b0 = (kh - kh0) * per_head;
+      for (int b = b0; b < b0 + per_head; b += kBlock) {
+        const int qb = std::min(kBlock, b0 + per_head - b);
+        const int64_t e =
+            std::clamp(*std::min_element(&ns[size_t(b)], &ns[size_t(b + qb)]), t0, t1);
+        const Prefetch pf{b == b0 ? 2 * tile : 0, n_max};
+        if (e > t0) values_any(qb, &ps[size_t(b)], v, t0, e, c.g, pf, &accs[size_t(b)]);
+        for (int x = b; x < b + qb; ++x) {
+          const int64_t ex = std::min(t1, ns[size_t(x)]);
+          if (ex > e) values_any(1, &ps[size_t(x)], v, e, ex, c.g, Prefetch{}, &accs[size_t(x)]);
+        }
       }
     }
   }
@@ -414,24 +424,33 @@ void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head
       key_count,
       out,
       Geometry{int64_t(n_kv_heads) * head_dim, head_dim / kLanes, head_dim % kLanes, scale}};
-  // Jobs: (KV head, chunk of rows). Rows are split only to give every thread work when there are
-  // fewer KV heads than threads (or a count that does not divide evenly): each chunk rereads its
-  // head's keys and values.
+  // Jobs: (run of KV heads, chunk of rows). A run takes an equal share of the KV heads per thread
+  // (or half, a quarter...) while its queries' scores stay within 512 KiB (half a Zen 4 L2); rows
+  // are split only to give every thread work when there are fewer runs than threads (or a count
+  // that does not divide evenly): each chunk rereads its heads' keys and values.
   const int threads = pool.size();
+  int64_t n_max = 0, work = 0;
+  for (int64_t i = 0; i < nq; ++i) {
+    n_max = std::max(n_max, key_count[i]);
+    work += key_count[i];
+  }
+  work *= int64_t(n_heads) * head_dim;
+  int run = 1;
+  for (int spread = threads; spread < 2 * n_kv_heads; spread *= 2) {
+    run = (n_kv_heads + spread - 1) / spread;
+    if (run == 1 || nq * c.group * run * n_max * 4 <= (int64_t(512) << 10)) break;
+  }
+  const int runs = (n_kv_heads + run - 1) / run;
   int64_t chunks = 1;
-  while (chunks < nq && (n_kv_heads * chunks) % threads != 0 && n_kv_heads * chunks < 4 * threads)
-    ++chunks;
+  while (chunks < nq && (runs * chunks) % threads != 0 && runs * chunks < 4 * threads) ++chunks;
   const int64_t rows = (nq + chunks - 1) / chunks;
   chunks = (nq + rows - 1) / rows;
-  const int64_t jobs = n_kv_heads * chunks;
-  int64_t work = 0;
-  for (int64_t i = 0; i < nq; ++i) work += key_count[i];
-  work *= int64_t(n_heads) * head_dim;
+  const int64_t jobs = runs * chunks;
   pool.parallel_for(jobs, work < (int64_t(1) << 18) ? jobs : 1, [&](int64_t b, int64_t e) {
     for (int64_t job = b; job < e; ++job) {
-      const int kh = int(job / chunks);
+      const int kh0 = int(job / chunks) * run;
       const int64_t r0 = job % chunks * rows;
-      attend_group(c, kh, r0, std::min(nq, r0 + rows));
+      attend_group(c, kh0, std::min(n_kv_heads, kh0 + run), r0, std::min(nq, r0 + rows));
     }
   });
 }
