@@ -8,7 +8,8 @@
 // rows), 1, 3, 17, 33 rows (blocks of 4 with 1-3 left over; 33 > a tile's worth of causal rows),
 // key counts 1, 5, 63 and 600 (under one 4-key group, inside one tile, across tiles), all rows
 // over the same keys, causal (row i sees n + i keys) and ragged (counts in no order), and pools
-// of 1, 2 and 3 threads (3 threads over 2 or 3 KV heads splits the rows into chunks).
+// of 1, 2 and 3 threads (1: one job over every KV head; 2: a job per KV head; 3 over 2 or 3 KV
+// heads: the rows split into chunks).
 #include <gtest/gtest.h>
 
 #include <algorithm>
