@@ -170,4 +170,51 @@ BENCHMARK(BM_Linear)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// Attention at Qwen3-0.6B's shape (16 query heads, 8 KV heads, head_dim 128, f32 KV cache): a
+// decode step (1 row) and a verify pass (17 rows, block 16), causal over a cache of `context`
+// positions plus the pass's own rows. kv_GB/s counts the K and V bytes of the rows attended to
+// once (what a kernel that reads each of them once streams); "cold" cycles through copies of the
+// cache that overflow the 32 MiB L3, as a forward pass through 28 layers does, "hot" reuses one.
+//
+//   ./build/bench/bench_ops --benchmark_filter=Attention
+namespace {
+
+void BM_Attention(benchmark::State& state) {
+  const int64_t nq = state.range(0), context = state.range(1);
+  const bool cold = state.range(2) != 0;
+  const int heads = 16, kv_heads = 8, hd = 128;
+  const int64_t n_keys = context + nq;
+  const size_t kv = size_t(n_keys * kv_heads * hd);
+  const size_t copies = cold ? std::max<size_t>(1, (size_t(96) << 20) / (2 * kv * 4)) + 1 : 1;
+  Rng rng(11);
+  std::vector<float> q(size_t(nq * heads * hd)), k(kv * copies), v(kv * copies), out(q.size());
+  for (auto* t : {&q, &k, &v})
+    for (auto& x : *t) x = float(rng.normal());
+  std::vector<int64_t> counts(static_cast<size_t>(nq));
+  for (int64_t i = 0; i < nq; ++i) counts[size_t(i)] = context + i + 1;
+  ThreadPool& pool = ThreadPool::global();
+  size_t next = 0;
+  for (auto _ : state) {
+    ops::attention(q.data(), nq, heads, kv_heads, hd, k.data() + next * kv, v.data() + next * kv,
+                   counts.data(), 0.08838834764f, out.data(), pool);
+    next = next + 1 == copies ? 0 : next + 1;
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["kv_GB/s"] =
+      benchmark::Counter(double(2 * kv * 4) * double(state.iterations()),
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.SetLabel(cold ? "cold" : "hot");
+}
+
+void AttentionShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"nq", "context", "cold"});
+  for (const int64_t cold : {0, 1})
+    for (const int64_t context : {512, 2048, 8192})
+      for (const int64_t nq : {1, 17}) b->Args({nq, context, cold});
+}
+
+}  // namespace
+
+BENCHMARK(BM_Attention)->Apply(AttentionShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 BENCHMARK_MAIN();

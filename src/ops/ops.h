@@ -61,7 +61,8 @@ void rope_interleaved(float* x, int64_t rows, int heads, int head_dim, const int
                       double theta);
 
 // Multi-head attention with grouped KV heads. q: [nq, n_heads, hd]; k, v: [n_keys, n_kv, hd]
-// (row stride n_kv * hd); query i attends to keys [0, key_count[i]). out: [nq, n_heads, hd].
+// (row stride n_kv * hd); query i attends to keys [0, key_count[i]) (none: zeros). out: [nq,
+// n_heads, hd]. Defined in attention.cpp.
 void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head_dim,
                const float* k, const float* v, const int64_t* key_count, float scale, float* out,
                ThreadPool& pool);
