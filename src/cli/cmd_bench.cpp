@@ -4,6 +4,11 @@
 //   flashmap bench --shape qwen3-0.6b      random bf16 weights at a real shape, made in memory:
 //                                          decode / verify-17 ms against measured bandwidth, and
 //                                          tokens/s as a function of acceptance length (scripted)
+//   flashmap bench --shape qwen3-0.6b --target DIR
+//                                          the same on the weights of the Qwen3 folder DIR,
+//                                          which must have that shape (bench/vs_llama_cpp.py
+//                                          times it and llama.cpp on one folder); --no-sweep
+//                                          keeps to the decode / verify timings
 //   flashmap bench --device cuda --shape qwen3-8b
 //                                          the same on the GPU (CUDA builds): random device
 //                                          weights, HBM bandwidth, decode and verify with graphs
@@ -12,6 +17,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -35,6 +42,7 @@ using json = nlohmann::json;
 struct BenchArgs {
   ModelOptions model;
   std::string shape, json_out;
+  bool no_sweep = false;
   int reps = 3, max_new_tokens = 128, prompts = 4, context = 512, block = 16;
 };
 
@@ -117,6 +125,37 @@ std::unique_ptr<Qwen3Model> random_target(const Qwen3Config& c) {
       c, Checkpoint::from_tensors(std::move(t), "random " + std::to_string(H)));
 }
 
+// The fields of a Qwen3 config that set the cost of a step; the ones of `got` that differ from
+// `want`, as "name got (want)" (empty when it has the shape).
+std::vector<std::string> shape_mismatches(const Qwen3Config& got, const Qwen3Config& want) {
+  std::vector<std::string> diff;
+  auto cmp = [&](const char* name, int64_t g, int64_t w) {
+    if (g != w) diff.push_back(fmt::format("{} {} (shape: {})", name, g, w));
+  };
+  cmp("vocab_size", got.vocab_size, want.vocab_size);
+  cmp("hidden_size", got.hidden_size, want.hidden_size);
+  cmp("intermediate_size", got.intermediate_size, want.intermediate_size);
+  cmp("num_hidden_layers", got.num_hidden_layers, want.num_hidden_layers);
+  cmp("num_attention_heads", got.num_attention_heads, want.num_attention_heads);
+  cmp("num_key_value_heads", got.num_key_value_heads, want.num_key_value_heads);
+  cmp("head_dim", got.head_dim, want.head_dim);
+  return diff;
+}
+
+// The config of --shape S --target DIR, once it is known to have shape S (checked before
+// gigabytes of weights are read).
+Qwen3Config folder_config(const std::string& dir, const std::string& shape) {
+  const std::filesystem::path cfg_path = std::filesystem::path(dir) / "config.json";
+  std::error_code ec;
+  FLASHMAP_CHECK(std::filesystem::is_directory(dir, ec), "--target {}: not a folder", dir);
+  FLASHMAP_CHECK(std::filesystem::exists(cfg_path, ec), "--target {}: no config.json", dir);
+  const auto got = Qwen3Config::from_file(cfg_path.string());
+  const auto diff = shape_mismatches(got, qwen3_shape(shape));
+  FLASHMAP_CHECK(diff.empty(), "--target {} is not of shape {}: {}", dir, shape,
+                 fmt::join(diff, ", "));
+  return got;
+}
+
 // Per-round phase times and tokens/s of one decoding configuration over the prompts, through
 // an engine (a batch of one per prompt).
 json run_decode(Engine& engine, const std::vector<std::vector<int32_t>>& prompts, int max_new,
@@ -173,6 +212,11 @@ void write_json(const json& out, const std::string& path) {
 void run_bench(BenchArgs& a) {
   check_device(a.model.device);
   if (a.model.device != "cpu") {
+    FLASHMAP_CHECK(a.shape.empty() || a.model.target.empty(),
+                   "--shape with --target runs on the CPU only (drop --device {} or --target)",
+                   a.model.device);
+    FLASHMAP_CHECK(!a.no_sweep, "--no-sweep is for the CPU --shape bench (drop --device {})",
+                   a.model.device);
     if (!a.shape.empty())
       return bench_device_shape({.device = a.model.device,
                                  .shape = a.shape,
@@ -182,11 +226,19 @@ void run_bench(BenchArgs& a) {
                                  .reps = a.reps,
                                  .max_new_tokens = a.max_new_tokens});
   }
+  // The process-wide pool is made on first use, with FLASHMAP_THREADS threads: --threads must be
+  // in place before the first ThreadPool::global() (ModelOptions::resolve() comes too late).
+  if (a.model.threads > 0) setenv("FLASHMAP_THREADS", std::to_string(a.model.threads).c_str(), 1);
   json out;
   out["threads"] = ThreadPool::global().size();
   std::unique_ptr<Qwen3Model> target_ptr;
   if (!a.shape.empty()) {
-    const auto cfg = qwen3_shape(a.shape);
+    FLASHMAP_CHECK(a.model.steps == 0 && a.model.draft.empty(),
+                   "--shape times the target with its own scripted drafter: drop --draft and "
+                   "--steps");
+    // The folder's weights (of that shape) or random ones made in memory.
+    const bool from_folder = !a.model.target.empty();
+    const auto cfg = from_folder ? folder_config(a.model.target, a.shape) : qwen3_shape(a.shape);
     // The timed steps run a.block + 1 tokens at position a.context, in a cache of context + 64.
     FLASHMAP_CHECK(int64_t(a.context) + a.block + 64 <= cfg.max_position_embeddings,
                    "--context {} (+ --block {} + 64 positions of room) exceeds the {} positions "
@@ -196,17 +248,20 @@ void run_bench(BenchArgs& a) {
                    "--max-new-tokens {} (after an 8-token prompt, + --block {} + 1) exceeds the {} "
                    "positions of shape {}",
                    a.max_new_tokens, a.block, cfg.max_position_embeddings, a.shape);
-    FLASHMAP_CHECK(a.model.steps == 0 && a.model.draft.empty() && a.model.target.empty(),
-                   "--shape makes its own target and scripted drafter: drop --target, --draft "
-                   "and --steps");
-    fmt::print("# flashmap bench --shape {} ({} threads)\n\n", a.shape,
+    fmt::print("# flashmap bench --shape {}{} ({} threads)\n\n", a.shape,
+               from_folder ? " --target " + a.model.target : std::string(),
                ThreadPool::global().size());
     const double gbps = measure_read_gbps();
-    target_ptr = random_target(cfg);
+    // Loaded as the engine's CPU backend loads a target: a model option that changes how targets
+    // load (e.g. their weight format) applies here too.
+    target_ptr = from_folder ? std::make_unique<Qwen3Model>(a.model.target) : random_target(cfg);
     const Qwen3Model& target = *target_ptr;
-    // Bytes a decode step reads: every weight but the embedding table (one row).
-    const double bytes =
-        double(target.weight_bytes()) - double(cfg.vocab_size) * cfg.hidden_size * 2;
+    // Bytes a decode step reads: every weight but the embedding table (one row of it), unless
+    // the table is also the lm_head.
+    const bool tied = target.embedding().data == target.lm_head().data;
+    const double emb_bytes =
+        tied ? 0.0 : double(target.checkpoint().get("model.embed_tokens.weight").nbytes());
+    const double bytes = double(target.weight_bytes()) - emb_bytes;
     // A synthetic context of a.context positions (its values do not change the cost).
     KVCache base = target.new_cache();
     const int64_t kv = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
@@ -227,6 +282,10 @@ void run_bench(BenchArgs& a) {
     const double decode = step(1), verify = step(a.block + 1);
     const double eff = bytes / (decode * 1e-3) / 1e9;
     out["shape"] = a.shape;
+    out["target"] = from_folder ? json(a.model.target) : json(nullptr);
+    out["lm_head_dtype"] = std::string(dtype_name(target.lm_head().dtype));
+    out["tied_embeddings"] = tied;
+    out["context"] = a.context;
     out["read_bandwidth_gbps"] = gbps;
     out["weight_bytes_per_step"] = bytes;
     out["decode_ms"] = decode;
@@ -241,6 +300,7 @@ void run_bench(BenchArgs& a) {
         a.context, decode, eff, 100 * eff / gbps);
     fmt::print("| verify, {} tokens | {:.1f} ms ({:.2f}x decode) |\n\n", a.block + 1, verify,
                verify / decode);
+    if (a.no_sweep) return write_json(out, a.json_out);
 
     // Tokens/s against acceptance length: the scripted drafter proposes the target's own greedy
     // continuation, corrupted from slot j on, so each round commits j + 1 tokens.
@@ -333,13 +393,18 @@ void register_cmd(CLI::App& app) {
   // max_position_embeddings in run_bench.
   auto* shape = sub->add_option("--shape", args->shape,
                                 "random bf16 target at a real shape: qwen3-8b (meant for --device "
-                                "cuda), qwen3-0.6b, tiny")
+                                "cuda), qwen3-0.6b, tiny; with --target, that folder's weights "
+                                "(of this shape) instead")
                     ->check(non_empty());
   sub->add_option("--context", args->context, "context length for --shape decode timing (512)")
       ->check(CLI::Range(0, INT32_MAX))
       ->needs(shape);
   sub->add_option("--block", args->block, "block size K for --shape (16)")
       ->check(CLI::Range(1, kMaxBlockSize))
+      ->needs(shape);
+  sub->add_flag("--no-sweep", args->no_sweep,
+                "--shape: time decode and verify only, without the tokens/s sweep over acceptance "
+                "lengths")
       ->needs(shape);
   sub->add_option("--reps", args->reps, "repetitions (median or sum; 3)")
       ->check(CLI::Range(1, 100000));

@@ -1,0 +1,607 @@
+#!/usr/bin/env python3
+"""flashmap against llama.cpp on one random Qwen3-0.6B-shaped model, CPU, side by side.
+
+    python3 bench/vs_llama_cpp.py                      # everything, cached in ~/.cache/flashmap-bench
+    python3 bench/vs_llama_cpp.py --threads 2 --context 512 --reps 5 --json vs_llama.json
+
+In one run (each step reused from the cache folder when it is already there):
+  1. llama.cpp from the llama-cpp-python sdist on PyPI (vendor/llama.cpp), built CPU-only,
+     Release, native: libllama, llama-bench, llama-quantize, and bench/llama_api_timer.cpp
+     linked against libllama;
+  2. a venv with the Python requirements of llama.cpp's convert_hf_to_gguf.py (torch from PyPI,
+     gguf from the vendored gguf-py);
+  3. a Hugging Face folder with Qwen3-0.6B's config and random bf16 weights, plus the repo's
+     Qwen3 tokenizer files (tests/data/qwen3-tokenizer);
+  4. that folder converted by convert_hf_to_gguf.py to a bf16 GGUF, quantized to Q8_0 by
+     llama-quantize;
+  5. decode (1 token) and verify-17 (17 tokens, logits for all 17 rows) at --context, timed in
+     --reps interleaved rounds (flashmap bf16, llama.cpp bf16, flashmap q8, llama.cpp Q8_0);
+     each process reports the median of --inner-reps calls after a warm-up, and the table
+     shows the median over rounds.
+flashmap runs `flashmap bench --shape qwen3-0.6b --target DIR --no-sweep` (q8: plus
+`--weights q8`, reported as not available while flashmap has no such option); llama.cpp runs
+through its C API (llama_api_timer.cpp), since llama-bench's pp asks for the last logit only.
+Not part of CI. See bench/LLAMA_CPP.md.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+LLAMA_CPP_PYTHON = "0.3.36"
+REPO = Path(__file__).resolve().parent.parent
+TIMER_SRC = REPO / "bench" / "llama_api_timer.cpp"
+TOKENIZER_DIR = REPO / "tests" / "data" / "qwen3-tokenizer"
+SHAPE = "qwen3-0.6b"
+VERIFY_ROWS = 17  # a block of 16 drafts plus the bonus token
+MODEL_SEED = 1
+
+# Qwen/Qwen3-0.6B's config.json (the values that matter to a forward pass are all real).
+QWEN3_06B_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "initializer_range": 0.02,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 28,
+    "model_type": "qwen3",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+
+def log(msg):
+    print(f"[vs_llama_cpp] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    """Runs a command, its output to our stderr; raises with the command on failure."""
+    log("$ " + " ".join(str(c) for c in cmd))
+    r = subprocess.run([str(c) for c in cmd], stdout=sys.stderr, stderr=sys.stderr, **kw)
+    if r.returncode != 0:
+        raise SystemExit(f"vs_llama_cpp: command failed (exit {r.returncode}): "
+                         + " ".join(str(c) for c in cmd))
+
+
+def capture(cmd, **kw):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    return r.returncode, r.stdout, r.stderr
+
+
+def sha256_of(*paths_or_bytes):
+    h = hashlib.sha256()
+    for p in paths_or_bytes:
+        h.update(p if isinstance(p, bytes) else Path(p).read_bytes())
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. llama.cpp sources (the llama-cpp-python sdist) and build
+
+
+def ensure_sources(cache):
+    src = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
+    llama = src / "vendor" / "llama.cpp"
+    if (src / ".extracted").exists():
+        return llama
+    dl = cache / "sdist"
+    dl.mkdir(parents=True, exist_ok=True)
+    tgz = dl / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+    if not tgz.exists():
+        run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", dl])
+    if src.exists():
+        shutil.rmtree(src)
+    log(f"extracting {tgz.name}")
+    with tarfile.open(tgz) as t:
+        if hasattr(tarfile, "data_filter"):
+            t.extractall(cache, filter="data")
+        else:
+            t.extractall(cache)
+    if not (llama / "include" / "llama.h").exists():
+        raise SystemExit(f"vs_llama_cpp: {tgz} has no vendor/llama.cpp/include/llama.h")
+    (src / ".extracted").write_text("ok\n")
+    return llama
+
+
+CMAKE_FLAGS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_CUDA=OFF",
+]
+
+
+def ensure_build(cache, llama, jobs):
+    build = cache / "llama-build"
+    bin_dir = build / "bin"
+    stamp = build / ".flashmap-bench-built"
+    want = json.dumps({"version": LLAMA_CPP_PYTHON, "flags": CMAKE_FLAGS})
+    if not (stamp.exists() and stamp.read_text() == want):
+        run(["cmake", "-S", llama, "-B", build, *CMAKE_FLAGS])
+        run(["cmake", "--build", build, "-j", str(jobs), "--target", "llama", "llama-bench",
+             "llama-quantize"])
+        stamp.write_text(want)
+    # The timer, rebuilt when its source changes.
+    timer = bin_dir / f"llama-api-timer-{sha256_of(TIMER_SRC)}"
+    if not timer.exists():
+        libs = sorted({p.parent for p in build.rglob("libllama.so*")} |
+                      {p.parent for p in build.rglob("libggml*.so*")})
+        cmd = [os.environ.get("CXX", "c++"), "-O2", "-std=c++17", TIMER_SRC, "-o", timer,
+               "-I", llama / "include", "-I", llama / "ggml" / "include"]
+        for d in libs:
+            cmd += ["-L", d, f"-Wl,-rpath,{d}"]
+        cmd += ["-lllama", "-lggml", "-lggml-base"]
+        run(cmd)
+    return {"bench": bin_dir / "llama-bench", "quantize": bin_dir / "llama-quantize",
+            "timer": timer}
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. the converter's Python environment
+
+
+def converter_requirements(llama):
+    """The pins of requirements-convert_hf_to_gguf.txt (following -r), without index options
+    (its extra PyTorch index is not reachable here: torch comes from PyPI) and without gguf
+    (installed from the vendored gguf-py)."""
+    out, seen = [], set()
+
+    def read(path):
+        if path in seen:
+            return
+        seen.add(path)
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            if line.startswith("-r"):
+                read((path.parent / line[2:].strip()).resolve())
+            elif line.startswith("-"):
+                continue
+            elif line.split("=")[0].split(">")[0].split("<")[0].split("~")[0].strip() == "gguf":
+                continue
+            else:
+                out.append(line)
+
+    read(llama / "requirements" / "requirements-convert_hf_to_gguf.txt")
+    return out
+
+
+def ensure_venv(cache, llama):
+    venv = cache / "venv"
+    py = venv / "bin" / "python"
+    reqs = converter_requirements(llama)
+    stamp = venv / ".flashmap-bench-ok"
+    want = json.dumps({"reqs": reqs, "gguf-py": str(llama / "gguf-py")})
+    if stamp.exists() and stamp.read_text() == want:
+        return py
+    if not py.exists():
+        run([sys.executable, "-m", "venv", venv])
+    run([py, "-m", "pip", "install", "--upgrade", "pip"])
+    run([py, "-m", "pip", "install", *reqs, llama / "gguf-py"])
+    stamp.write_text(want)
+    return py
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. the random Qwen3-0.6B folder (runs in the venv: numpy)
+
+
+def make_model(out_dir, seed):
+    """Random bf16 weights of Qwen3-0.6B's shape: normal, std 1/sqrt(fan_in); norms 1."""
+    import numpy as np
+
+    c = QWEN3_06B_CONFIG
+    H, I, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
+    hd, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    tensors = [("model.embed_tokens.weight", (V, H)), ("model.norm.weight", (H,))]
+    for i in range(L):
+        p = f"model.layers.{i}."
+        tensors += [(p + "input_layernorm.weight", (H,)),
+                    (p + "post_attention_layernorm.weight", (H,)),
+                    (p + "self_attn.q_norm.weight", (hd,)),
+                    (p + "self_attn.k_norm.weight", (hd,)),
+                    (p + "self_attn.q_proj.weight", (nq * hd, H)),
+                    (p + "self_attn.k_proj.weight", (nkv * hd, H)),
+                    (p + "self_attn.v_proj.weight", (nkv * hd, H)),
+                    (p + "self_attn.o_proj.weight", (H, nq * hd)),
+                    (p + "mlp.gate_proj.weight", (I, H)),
+                    (p + "mlp.up_proj.weight", (I, H)),
+                    (p + "mlp.down_proj.weight", (H, I))]
+    # safetensors: u64 little-endian header length, JSON header (offsets into the data), data.
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in tensors:
+        n = int(np.prod(shape)) * 2
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    hjson = json.dumps(header, separators=(",", ":")).encode()
+    hjson += b" " * (-len(hjson) % 8)
+    rng = np.random.default_rng(seed)
+
+    def bf16(x):  # round to nearest even
+        u = x.astype(np.float32).view(np.uint32)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / "model.safetensors.partial"
+    with open(tmp, "wb") as f:
+        f.write(len(hjson).to_bytes(8, "little"))
+        f.write(hjson)
+        for name, shape in tensors:
+            if len(shape) == 1:
+                f.write(bf16(np.ones(shape, np.float32)).tobytes())
+                continue
+            rows, cols = shape
+            scale = np.float32(1.0 / np.sqrt(cols))
+            for r0 in range(0, rows, 16384):  # bounded memory for the embedding
+                r1 = min(rows, r0 + 16384)
+                x = rng.standard_normal((r1 - r0, cols), dtype=np.float32) * scale
+                f.write(bf16(x).tobytes())
+    tmp.rename(out_dir / "model.safetensors")
+    (out_dir / "config.json").write_text(json.dumps(QWEN3_06B_CONFIG, indent=2) + "\n")
+    (out_dir / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": False}) + "\n")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(TOKENIZER_DIR / name, out_dir / name)
+
+
+def ensure_model(cache, py):
+    d = cache / f"{SHAPE}-random"
+    stamp = d / ".flashmap-bench-ok"
+    want = json.dumps({"seed": MODEL_SEED, "config": QWEN3_06B_CONFIG,
+                       "tokenizer": sha256_of(TOKENIZER_DIR / "tokenizer.json",
+                                              TOKENIZER_DIR / "tokenizer_config.json")})
+    if stamp.exists() and stamp.read_text() == want:
+        return d
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if not (TOKENIZER_DIR / name).exists():
+            raise SystemExit(f"vs_llama_cpp: the repo's Qwen3 tokenizer is missing: "
+                             f"{TOKENIZER_DIR / name}")
+    if d.exists():
+        shutil.rmtree(d)
+    log(f"writing random {SHAPE} weights to {d}")
+    run([py, __file__, "--_make-model", d, "--_seed", str(MODEL_SEED)])
+    stamp.write_text(want)
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. GGUF: converted by llama.cpp's converter, quantized by llama-quantize
+
+
+def ensure_gguf(cache, py, llama, tools, model_dir):
+    stamp_text = (model_dir / ".flashmap-bench-ok").read_text()
+    key = sha256_of(stamp_text.encode(), LLAMA_CPP_PYTHON.encode())
+    bf16 = cache / f"{SHAPE}-random-bf16-{key}.gguf"
+    q8 = cache / f"{SHAPE}-random-q8_0-{key}.gguf"
+    if not bf16.exists():
+        tmp = bf16.with_suffix(".partial")
+        # NO_LOCAL_GGUF unset: the converter puts the vendored gguf-py first on its path.
+        run([py, llama / "convert_hf_to_gguf.py", model_dir, "--outtype", "bf16",
+             "--outfile", tmp])
+        tmp.rename(bf16)
+    if not q8.exists():
+        tmp = q8.with_suffix(".partial")
+        run([tools["quantize"], bf16, tmp, "Q8_0"])
+        tmp.rename(q8)
+    return {"bf16": bf16, "q8": q8}
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. timing
+
+
+class Unavailable(Exception):
+    pass
+
+
+def flashmap_once(args, model_dir, weights):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        cmd = [args.flashmap, "bench", "--shape", SHAPE, "--target", model_dir,
+               "--context", args.context, "--block", VERIFY_ROWS - 1, "--threads", args.threads,
+               "--reps", args.inner_reps, "--no-sweep", "--json", out]
+        if weights == "q8":
+            cmd += ["--weights", "q8"]
+        rc, so, se = capture(cmd)
+        if rc != 0:
+            msg = (se or so).strip()
+            if weights == "q8" and "--weights" in msg:
+                # CLI11's words for an option this build does not have.
+                raise Unavailable(f"flashmap has no --weights q8 yet ({msg.splitlines()[-1]})")
+            raise SystemExit(f"vs_llama_cpp: flashmap failed (exit {rc}): "
+                             + " ".join(map(str, cmd)) + "\n" + msg)
+        j = json.loads(out.read_text())
+    return {"decode_ms": j["decode_ms"], "verify_ms": j[f"verify{VERIFY_ROWS}_ms"],
+            "lm_head_dtype": j.get("lm_head_dtype"),
+            "weight_bytes_per_step": j.get("weight_bytes_per_step")}
+
+
+def llama_once(args, tools, gguf):
+    cmd = [tools["timer"], "--model", gguf, "--threads", args.threads, "--context", args.context,
+           "--reps", args.inner_reps, "--rows", f"1,{VERIFY_ROWS}"]
+    rc, so, se = capture(cmd)
+    if rc != 0:
+        raise SystemExit(f"vs_llama_cpp: llama-api-timer failed (exit {rc}): "
+                         + " ".join(map(str, cmd)) + "\n" + (se or so).strip())
+    j = json.loads(so.strip().splitlines()[-1])
+    return {"decode_ms": j["rows1_ms"], "verify_ms": j[f"rows{VERIFY_ROWS}_ms"],
+            "llama_version": j.get("llama_version")}
+
+
+def llama_bench_tg(args, tools, gguf):
+    """llama-bench's own decode figure at the same depth (a cross-check of the timer)."""
+    cmd = [tools["bench"], "-m", gguf, "-t", args.threads, "-p", 0, "-n", 16, "-d", args.context,
+           "-r", 3, "-o", "json"]
+    rc, so, se = capture(cmd)
+    if rc != 0:
+        log(f"llama-bench failed (exit {rc}): {(se or so).strip()[-500:]}")
+        return None
+    try:
+        rows = json.loads(so)
+        return 1000.0 / float(rows[0]["avg_ts"])
+    except (ValueError, KeyError, IndexError) as e:
+        log(f"llama-bench output not understood: {e}")
+        return None
+
+
+# Other processes' share of the CPUs: /proc/stat's busy time less what our children used.
+def cpu_snapshot():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]  # user .. steal
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.monotonic(), sum(v) - v[3] - v[4], ru.ru_utime + ru.ru_stime
+
+
+def others_share(a, b):
+    wall = max(b[0] - a[0], 1e-6)
+    busy = (b[1] - a[1]) / os.sysconf("SC_CLK_TCK")
+    return max(0.0, busy - (b[2] - a[2])) / (wall * (os.cpu_count() or 1))
+
+
+def wait_quiet(args):
+    """Waits (up to --quiet-wait s) for a second in which other processes use at most
+    --max-interference of the CPUs; returns the last second's share."""
+    t_end = time.monotonic() + args.quiet_wait
+    said = False
+    while True:
+        a = cpu_snapshot()
+        time.sleep(1.0)
+        share = others_share(a, cpu_snapshot())
+        if share <= args.max_interference or time.monotonic() >= t_end:
+            return share
+        if not said:
+            log(f"other processes use {100 * share:.0f}% of the CPUs: waiting up to "
+                f"{args.quiet_wait} s for a quiet second")
+            said = True
+
+
+def timed(args, what, fn):
+    """fn() in a quiet moment; run again (up to --retries times) when other processes took more
+    than --max-interference of the CPUs while it ran. Adds that share as "interference"."""
+    for attempt in range(args.retries + 1):
+        wait_quiet(args)
+        a = cpu_snapshot()
+        r = fn()
+        share = others_share(a, cpu_snapshot())
+        if share <= args.max_interference or attempt == args.retries:
+            r["interference"] = share
+            return r
+        log(f"{what}: other processes took {100 * share:.0f}% of the CPUs meanwhile; again")
+
+
+def cpu_model():
+    rc, so, _ = capture(["lscpu"])
+    for line in so.splitlines() if rc == 0 else []:
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+
+def fmt_ms(x):
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2, help="threads for both engines (2)")
+    ap.add_argument("--context", type=int, default=512,
+                    help="filled context before the timed steps (512)")
+    ap.add_argument("--reps", type=int, default=5,
+                    help="interleaved rounds (A B A B ...); the table shows their median (5)")
+    ap.add_argument("--inner-reps", type=int, default=5,
+                    help="timed calls per process after a warm-up; each process reports "
+                         "their median (5)")
+    ap.add_argument("--cache-dir", type=Path,
+                    default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                    / "flashmap-bench",
+                    help="llama.cpp build, venv, model folder and GGUFs (~/.cache/flashmap-bench)")
+    ap.add_argument("--flashmap", type=Path, default=REPO / "build" / "flashmap",
+                    help="the flashmap binary (build/flashmap)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2,
+                    help="parallel jobs for the llama.cpp build")
+    ap.add_argument("--no-llama-bench", action="store_true",
+                    help="skip llama-bench's own decode figure (a cross-check of the timer)")
+    ap.add_argument("--max-interference", type=float, default=0.10,
+                    help="share of the CPUs other processes may take during a timed run; a run "
+                         "past it is repeated (0.10)")
+    ap.add_argument("--retries", type=int, default=2,
+                    help="repeats of a run disturbed past --max-interference (2)")
+    ap.add_argument("--quiet-wait", type=int, default=60,
+                    help="seconds to wait, before each run, for a quiet second (60)")
+    ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
+    ap.add_argument("--_make-model", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--_seed", type=int, default=MODEL_SEED, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args._make_model:
+        make_model(args._make_model, args._seed)
+        return
+    for name in ("threads", "context", "reps", "inner_reps", "jobs"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.retries < 0 or args.quiet_wait < 0 or not 0 <= args.max_interference <= 1:
+        ap.error("--retries and --quiet-wait must be >= 0, --max-interference in [0, 1]")
+    if args.context + VERIFY_ROWS + 64 > QWEN3_06B_CONFIG["max_position_embeddings"]:
+        ap.error(f"--context {args.context} exceeds what {SHAPE} holds")
+    args.flashmap = args.flashmap.resolve()
+    if not (args.flashmap.is_file() and os.access(args.flashmap, os.X_OK)):
+        ap.error(f"--flashmap {args.flashmap}: no such executable (build it: cmake --build build "
+                 "--target flashmap)")
+    for tool in ("cmake", "lscpu"):
+        if shutil.which(tool) is None:
+            ap.error(f"{tool} is not installed")
+
+    cache = args.cache_dir.expanduser().resolve()
+    cache.mkdir(parents=True, exist_ok=True)
+    t_setup = time.time()
+    llama = ensure_sources(cache)
+    tools = ensure_build(cache, llama, args.jobs)
+    py = ensure_venv(cache, llama)
+    model_dir = ensure_model(cache, py)
+    gguf = ensure_gguf(cache, py, llama, tools, model_dir)
+    log(f"setup done in {time.time() - t_setup:.0f} s; timing {args.reps} interleaved rounds")
+
+    commit = capture(["git", "-C", REPO, "rev-parse", "HEAD"])[1].strip()
+    load_before = os.getloadavg()
+    res = {e: {w: {"decode_ms": [], "verify_ms": []} for w in ("bf16", "q8")}
+           for e in ("flashmap", "llama.cpp")}
+    q8_note = None
+    fm_dtype = {}
+    llama_version = None
+    interference = []
+    for r in range(args.reps):
+        for w in ("bf16", "q8"):
+            if not (w == "q8" and q8_note):
+                try:
+                    f = timed(args, f"flashmap {w}", lambda: flashmap_once(args, model_dir, w))
+                    fm_dtype[w] = f["lm_head_dtype"]
+                    interference.append(f["interference"])
+                    for k in ("decode_ms", "verify_ms"):
+                        res["flashmap"][w][k].append(f[k])
+                except Unavailable as e:
+                    q8_note = str(e)
+                    log(f"q8: not available: {q8_note}")
+            l = timed(args, f"llama.cpp {w}", lambda: llama_once(args, tools, gguf[w]))
+            interference.append(l["interference"])
+            llama_version = l["llama_version"]
+            for k in ("decode_ms", "verify_ms"):
+                res["llama.cpp"][w][k].append(l[k])
+            log(f"round {r + 1}/{args.reps} {w}: flashmap "
+                f"{fmt_ms((res['flashmap'][w]['decode_ms'] or [None])[-1])} / "
+                f"{fmt_ms((res['flashmap'][w]['verify_ms'] or [None])[-1])} ms, llama.cpp "
+                f"{l['decode_ms']:.2f} / {l['verify_ms']:.2f} ms (decode / verify-{VERIFY_ROWS})")
+    if "q8" in fm_dtype and fm_dtype["q8"] in ("BF16", "F16", "F32"):
+        log(f"warning: flashmap accepted --weights q8 but its lm_head is {fm_dtype['q8']}")
+
+    load_after = os.getloadavg()
+    m = {e: {w: {k: med(v) for k, v in res[e][w].items()} for w in res[e]} for e in res}
+    tg = {}
+    if not args.no_llama_bench:
+        for w in ("bf16", "q8"):
+            tg[w] = timed(args, f"llama-bench {w}",
+                          lambda: {"ms": llama_bench_tg(args, tools, gguf[w])})["ms"]
+
+    cpu = cpu_model()
+    rows = []
+
+    def row(label, fm, ll):
+        """fm, ll: per-round values (aligned by round; fm empty when flashmap has none). The
+        engines' columns are their medians; the ratio is the median of the rounds' ratios
+        (each round's two runs are adjacent in time, so a slow stretch of the machine hits
+        both)."""
+        pairs = list(zip(fm, ll))
+        rows.append({"figure": label, "flashmap_ms": med(fm), "llama_cpp_ms": med(ll),
+                     "ratio": med([a / b for a, b in pairs if b]),
+                     "flashmap_rounds": fm, "llama_cpp_rounds": ll})
+
+    def per_round(e, w, key):
+        return res[e][w][key]
+
+    def over(e, w):  # verify / decode of each round
+        return [v / d for v, d in zip(res[e][w]["verify_ms"], res[e][w]["decode_ms"]) if d]
+
+    for w, wl in (("bf16", "bf16"), ("q8", "q8 (Q8_0)")):
+        row(f"decode, {wl}", per_round("flashmap", w, "decode_ms"),
+            per_round("llama.cpp", w, "decode_ms"))
+        row(f"verify-{VERIFY_ROWS}, {wl}", per_round("flashmap", w, "verify_ms"),
+            per_round("llama.cpp", w, "verify_ms"))
+        row(f"verify-{VERIFY_ROWS} / decode, {wl} (x, not ms)", over("flashmap", w),
+            over("llama.cpp", w))
+
+    print(f"# flashmap vs llama.cpp, {SHAPE} shape, random weights\n")
+    print(f"CPU: {cpu}; threads: {args.threads}; context: {args.context}; "
+          f"{args.reps} interleaved rounds x {args.inner_reps} calls")
+    print(f"llama.cpp: llama-cpp-python {LLAMA_CPP_PYTHON} sdist (llama_version "
+          f"{llama_version}), via the C API; flashmap: {args.flashmap} ({commit[:12]})")
+    print(f"other processes' share of the {os.cpu_count()} CPUs during the timed runs: median "
+          f"{100 * med(interference):.0f}%, max {100 * max(interference):.0f}% (load average "
+          f"before / after: {load_before[0]:.2f} / {load_after[0]:.2f})\n")
+    print("| figure | flashmap ms | llama.cpp ms | ratio (flashmap/llama.cpp) |")
+    print("|---|---|---|---|")
+    for x in rows:
+        print(f"| {x['figure']} | {fmt_ms(x['flashmap_ms'])} | {fmt_ms(x['llama_cpp_ms'])} | "
+              f"{'n/a' if x['ratio'] is None else format(x['ratio'], '.2f')} |")
+    print("\nms: median over rounds of each process's median; ratio: median over rounds of the "
+          "round's flashmap/llama.cpp")
+    if q8_note:
+        print(f"flashmap q8: not available ({q8_note})")
+    if tg:
+        print("llama-bench cross-check (one run after the rounds), tg16 at depth {}: {}".format(
+            args.context, ", ".join(f"{w} {fmt_ms(v)} ms/token" for w, v in tg.items())))
+
+    if args.json:
+        args.json.write_text(json.dumps({
+            "cpu": cpu, "threads": args.threads, "context": args.context, "reps": args.reps,
+            "inner_reps": args.inner_reps, "verify_rows": VERIFY_ROWS,
+            "llama_cpp_python": LLAMA_CPP_PYTHON, "llama_version": llama_version,
+            "flashmap": str(args.flashmap), "flashmap_commit": commit,
+            "model_dir": str(model_dir), "gguf": {k: str(v) for k, v in gguf.items()},
+            "load_average_before": load_before, "load_average_after": load_after,
+            "interference": interference, "max_interference": args.max_interference,
+            "table": rows, "rounds": res, "medians": m,
+            "flashmap_q8": "not available: " + q8_note if q8_note else "ok",
+            "flashmap_lm_head_dtype": fm_dtype, "llama_bench_tg_ms": tg,
+        }, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
