@@ -85,7 +85,7 @@ double measure_read_gbps() {
 }
 
 // Random bf16 weights for a Qwen3 config, held in memory.
-std::unique_ptr<Qwen3Model> random_target(const Qwen3Config& c) {
+std::unique_ptr<Qwen3Model> random_target(const Qwen3Config& c, ops::WeightFormat format) {
   std::vector<TensorData> t;
   Rng rng(1);
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
@@ -122,7 +122,7 @@ std::unique_ptr<Qwen3Model> random_target(const Qwen3Config& c) {
     mat(p + "mlp.down_proj.weight", H, I);
   }
   return std::make_unique<Qwen3Model>(
-      c, Checkpoint::from_tensors(std::move(t), "random " + std::to_string(H)));
+      c, Checkpoint::from_tensors(std::move(t), "random " + std::to_string(H)), nullptr, format);
 }
 
 // The fields of a Qwen3 config that set the cost of a step; the ones of `got` that differ from
@@ -254,27 +254,33 @@ void run_bench(BenchArgs& a) {
     const double gbps = measure_read_gbps();
     // Loaded as the engine's CPU backend loads a target: a model option that changes how targets
     // load (e.g. their weight format) applies here too.
-    target_ptr = from_folder ? std::make_unique<Qwen3Model>(a.model.target) : random_target(cfg);
+    const auto format = ops::parse_weight_format(a.model.weights);
+    target_ptr = from_folder ? std::make_unique<Qwen3Model>(a.model.target, nullptr, format)
+                             : random_target(cfg, format);
     const Qwen3Model& target = *target_ptr;
     // Bytes a decode step reads: every weight but the embedding table (one row of it), unless
     // the table is also the lm_head.
     const bool tied = target.embedding().data == target.lm_head().data;
     const double emb_bytes =
         tied ? 0.0 : double(target.checkpoint().get("model.embed_tokens.weight").nbytes());
-    const double bytes = double(target.weight_bytes()) - emb_bytes;
+    // Packed, the linear layers are what a step streams (lm_head included, tied or not).
+    const double bytes = target.packed_bytes() > 0 ? double(target.packed_bytes())
+                                                   : double(target.weight_bytes()) - emb_bytes;
     // A synthetic context of a.context positions (its values do not change the cost).
     KVCache base = target.new_cache();
     const int64_t kv = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
     for (auto* side : {&base.k, &base.v})
       for (auto& layer : *side) layer.assign(size_t((a.context + 64) * kv), 0.01f);
     base.length = a.context;
+    // One output reused across steps, as the engine's backend reuses it (a fresh 10 MB of logits
+    // per step would time the kernel's page clearing too).
+    Qwen3Model::Output o;
     auto step = [&](int n) {
       std::vector<int32_t> toks(size_t(n), 7);
       return ms_of(
           [&] {
             base.truncate(a.context);
             Qwen3Model::SeqInput s{&base, toks};
-            Qwen3Model::Output o;
             target.forward({&s, 1}, Qwen3Model::Logits::All, {}, o);
           },
           a.reps);
@@ -283,7 +289,10 @@ void run_bench(BenchArgs& a) {
     const double eff = bytes / (decode * 1e-3) / 1e9;
     out["shape"] = a.shape;
     out["target"] = from_folder ? json(a.model.target) : json(nullptr);
-    out["lm_head_dtype"] = std::string(dtype_name(target.lm_head().dtype));
+    const bool q8 = target.weight_format() == ops::WeightFormat::Q8;
+    out["weights"] = ops::weight_format_name(target.weight_format());
+    out["lm_head_dtype"] =
+        q8 ? std::string("Q8_0") : std::string(dtype_name(target.lm_head().dtype));
     out["tied_embeddings"] = tied;
     out["context"] = a.context;
     out["read_bandwidth_gbps"] = gbps;
