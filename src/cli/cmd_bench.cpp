@@ -274,14 +274,14 @@ void run_bench(BenchArgs& a) {
     base.length = a.context;
     // One output reused across steps, as the engine's backend reuses it (a fresh 10 MB of logits
     // per step would time the kernel's page clearing too).
-    Qwen3Model::Output o;
+    Qwen3Model::Output step_out;
     auto step = [&](int n) {
       std::vector<int32_t> toks(size_t(n), 7);
       return ms_of(
           [&] {
             base.truncate(a.context);
             Qwen3Model::SeqInput s{&base, toks};
-            target.forward({&s, 1}, Qwen3Model::Logits::All, {}, o);
+            target.forward({&s, 1}, Qwen3Model::Logits::All, {}, step_out);
           },
           a.reps);
     };
