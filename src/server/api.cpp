@@ -174,6 +174,30 @@ std::vector<int32_t> get_ids(const json& v, const char* key) {
 
 }  // namespace
 
+std::string flatten_content(const json& parts, const std::string& param) {
+  std::string text;
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const json& part = parts[j];
+    const std::string p = fmt::format("{}[{}]", param, j);
+    if (!part.is_object()) bad(p, fmt::format("'{}' must be an object", p), "invalid_type");
+    const json* type = field(part, "type");
+    if (!type || !type->is_string())
+      bad(p + ".type", fmt::format("'{}.type' must be a string", p), "invalid_type");
+    if (type->get<std::string>() != "text")
+      bad(p + ".type",
+          fmt::format("'{}.type' is '{}': only text parts are supported (this server has no "
+                      "image, audio or file input)",
+                      p, type->get<std::string>()),
+          "unsupported_content");
+    const json* t = field(part, "text");
+    if (!t || !t->is_string())
+      bad(p + ".text", fmt::format("'{}.text' must be a string", p), "invalid_type");
+    if (j > 0) text += '\n';
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
 GenerationRequest parse_generation_request(const json& body, bool chat,
                                            const std::string& served_model) {
   if (!body.is_object())
@@ -208,13 +232,20 @@ GenerationRequest parse_generation_request(const json& body, bool chat,
         bad(p + ".content", fmt::format("'{}.content' must be a string or an array", p),
             "invalid_type");
     }
+    // Content given as an array of parts becomes one string before the template sees it.
+    json messages = *msgs;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      auto it = messages[i].find("content");
+      if (it != messages[i].end() && it->is_array())
+        *it = flatten_content(*it, fmt::format("messages[{}].content", i));
+    }
     r.chat_request = nlohmann::ordered_json::object();
     if (const json* kw = field(body, "chat_template_kwargs")) {
       if (!kw->is_object())
         bad("chat_template_kwargs", "'chat_template_kwargs' must be an object", "invalid_type");
       for (auto it = kw->begin(); it != kw->end(); ++it) r.chat_request[it.key()] = *it;
     }
-    r.chat_request["messages"] = *msgs;
+    r.chat_request["messages"] = messages;
     if (const json* tools = field(body, "tools")) r.chat_request["tools"] = *tools;
     r.chat_request["add_generation_prompt"] = true;
   } else {

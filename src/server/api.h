@@ -61,6 +61,12 @@ struct GenerationRequest {
   bool stream = false, include_usage = false, speculative = true;
 };
 
+// A message's `content` given as an array of parts, as one string: the text parts
+// ({"type": "text", "text": ...}) joined with "\n", as vLLM does for templates that take string
+// content. Any other part (image_url, input_audio, file, ...) is a 400 naming
+// `param[j].type`; `param` is e.g. "messages[2].content".
+std::string flatten_content(const nlohmann::json& parts, const std::string& param);
+
 // Parses and validates a body (already checked to be UTF-8 JSON). `served_model` is the only
 // model name accepted in `model` (absent is fine).
 GenerationRequest parse_generation_request(const nlohmann::json& body, bool chat,

@@ -92,3 +92,56 @@ TEST(JsonDepth, CountsBracketsOutsideStrings) {
   EXPECT_TRUE(json_nests_deeper_than(std::string(100000, '['), kMaxJsonDepth));
   EXPECT_FALSE(json_nests_deeper_than(std::string(kMaxJsonDepth, '['), kMaxJsonDepth));
 }
+
+namespace {
+// The status and param of the ApiError a body raises (200 and "" when it parses).
+std::pair<int, std::string> error_of(const json& body, bool chat) {
+  try {
+    parse_generation_request(body, chat, "m");
+  } catch (const ApiError& e) {
+    return {e.status, e.param};
+  }
+  return {200, ""};
+}
+}  // namespace
+
+TEST(ContentParts, TextPartsAreJoinedWithNewlines) {
+  auto r = parse_generation_request(json::parse(R"({"messages":[
+      {"role":"system","content":[{"type":"text","text":"be brief"}]},
+      {"role":"user","content":[{"type":"text","text":"one"},{"type":"text","text":"two"}]},
+      {"role":"user","content":[]},
+      {"role":"user","content":"plain"}]})"),
+                                    true, "m");
+  const auto& m = r.chat_request["messages"];
+  EXPECT_EQ(m[0]["content"], "be brief");
+  EXPECT_EQ(m[1]["content"], "one\ntwo");
+  EXPECT_EQ(m[2]["content"], "");
+  EXPECT_EQ(m[3]["content"], "plain");
+}
+
+TEST(ContentParts, NonTextPartsAndMalformedPartsNameTheField) {
+  auto chat = [](const char* content) {
+    return json::parse(std::string(R"({"messages":[{"role":"user","content":"x"},{"role":"user",
+        "content":)") + content +
+                       "}]}");
+  };
+  using E = std::pair<int, std::string>;
+  EXPECT_EQ(error_of(chat(R"([{"type":"text","text":"a"},
+                              {"type":"image_url","image_url":{"url":"http://x"}}])"),
+                     true),
+            E(400, "messages[1].content[1].type"));
+  EXPECT_EQ(error_of(chat(R"([{"type":"input_audio","input_audio":{}}])"), true),
+            E(400, "messages[1].content[0].type"));
+  EXPECT_EQ(error_of(chat(R"([{"text":"no type"}])"), true), E(400, "messages[1].content[0].type"));
+  EXPECT_EQ(error_of(chat(R"([{"type":7}])"), true), E(400, "messages[1].content[0].type"));
+  EXPECT_EQ(error_of(chat(R"([{"type":"text"}])"), true), E(400, "messages[1].content[0].text"));
+  EXPECT_EQ(error_of(chat(R"([{"type":"text","text":["a"]}])"), true),
+            E(400, "messages[1].content[0].text"));
+  EXPECT_EQ(error_of(chat(R"(["bare string"])"), true), E(400, "messages[1].content[0]"));
+  // A large array of parts is fine (the body size bounds it).
+  json many = json::array();
+  for (int i = 0; i < 10000; ++i) many.push_back({{"type", "text"}, {"text", "w"}});
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", many}}})}};
+  auto r = parse_generation_request(body, true, "m");
+  EXPECT_EQ(r.chat_request["messages"][0]["content"].get<std::string>().size(), 10000u * 2 - 1);
+}
