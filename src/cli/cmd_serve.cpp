@@ -153,6 +153,9 @@ void register_cmd(CLI::App& app) {
   sub->add_option("--default-max-tokens", s.default_max_tokens,
                   "max_tokens of /v1/completions requests that give none (default 16)")
       ->check(CLI::Range(1, INT32_MAX));
+  sub->add_flag("--strict", s.strict,
+                "refuse requests with unknown fields (400); without it each unknown field name "
+                "is logged once and ignored");
   sub->add_option("--max-connections", s.max_connections,
                   "connections held at once; past it a new client evicts the one that has "
                   "waited longest for its request to arrive (default 512)")

@@ -61,6 +61,28 @@ struct GenerationRequest {
   bool stream = false, include_usage = false, speculative = true;
 };
 
+enum class Endpoint { Completions, Chat, Tokenize, Detokenize };
+
+// Top-level fields of `body` that `endpoint` neither reads nor knows to refuse.
+std::vector<std::string> unknown_fields(const nlohmann::json& body, Endpoint endpoint);
+// Throws a 400 naming the first known-but-unimplemented field (presence_penalty, logit_bias,
+// response_format, n, logprobs, tool_choice "required", ...) whose value is not its no-op
+// default (presence_penalty 0, n 1, logprobs false, ...).
+void refuse_unsupported(const nlohmann::json& body, Endpoint endpoint);
+
+// POST /tokenize: {"prompt": str} or {"messages": [...]} (+ add_generation_prompt,
+// chat_template_kwargs, tools), add_special_tokens.
+struct TokenizeRequest {
+  std::optional<std::string> prompt;
+  nlohmann::ordered_json chat_request;  // when messages are given
+  bool add_special_tokens = true;
+};
+TokenizeRequest parse_tokenize_request(const nlohmann::json& body, const std::string& served_model);
+// POST /detokenize: {"tokens": [ids]}; an id outside [0, vocab_size) is a 400 naming
+// tokens[i].
+std::vector<int32_t> parse_detokenize_request(const nlohmann::json& body,
+                                              const std::string& served_model, int64_t vocab_size);
+
 // A message's `content` given as an array of parts, as one string: the text parts
 // ({"type": "text", "text": ...}) joined with "\n", as vLLM does for templates that take string
 // content. Any other part (image_url, input_audio, file, ...) is a 400 naming

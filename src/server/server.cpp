@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "server/api.h"
@@ -160,7 +161,46 @@ struct Server::Impl {
     std::fflush(stderr);
   }
 
+  std::mutex warn_mutex;
+  std::set<std::string> warned;  // unknown field names already logged (at most kMaxWarned)
+  static constexpr size_t kMaxWarned = 256;
+
+  // The checks every JSON body passes (UTF-8, nesting, syntax); throws ApiError.
+  static json parse_body(const std::string& text) {
+    if (!valid_utf8(text)) throw ApiError(400, "the request body is not valid UTF-8");
+    if (json_nests_deeper_than(text, kMaxJsonDepth))
+      throw ApiError(400,
+                     fmt::format("the request body nests arrays or objects deeper than {} levels",
+                                 kMaxJsonDepth),
+                     {}, "invalid_json");
+    try {
+      return json::parse(text);
+    } catch (const json::parse_error& e) {
+      throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), {},
+                     "invalid_json");
+    }
+  }
+  // Unknown fields: a 400 under --strict, else one warning line per field name (ever).
+  void check_unknown(const json& body, Endpoint e, const std::string& path) {
+    const auto unknown = unknown_fields(body, e);
+    if (unknown.empty()) return;
+    if (opt.strict)
+      throw ApiError(400,
+                     fmt::format("unknown field '{}' (this server runs with --strict)",
+                                 printable(unknown.front(), 100)),
+                     unknown.front(), "unknown_parameter");
+    std::lock_guard lk(warn_mutex);
+    for (const auto& k : unknown) {
+      if (warned.size() >= kMaxWarned || !warned.insert(k).second) continue;
+      log(fmt::format(
+          "warning: {} ignores the unknown request field '{}'{}", path, printable(k, 100),
+          warned.size() == kMaxWarned ? " (no more unknown fields will be logged)" : ""));
+    }
+  }
+
   void routes();
+  void tokenize(const httplib::Request& hreq, httplib::Response& res);
+  void detokenize(const httplib::Request& hreq, httplib::Response& res);
   void generation(const httplib::Request& hreq, httplib::Response& res, bool chat);
   RequestParams build(const GenerationRequest& g);
   json usage(const Request& r, const Output& out) const {
@@ -242,20 +282,9 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
   GenerationRequest g;
   try {
     if (draining) return fail(503, "the server is shutting down");
-    if (!valid_utf8(hreq.body)) return fail(400, "the request body is not valid UTF-8");
-    if (json_nests_deeper_than(hreq.body, kMaxJsonDepth))
-      return fail(400,
-                  fmt::format("the request body nests arrays or objects deeper than {} levels",
-                              kMaxJsonDepth),
-                  {}, "invalid_json");
-    json body;
-    try {
-      body = json::parse(hreq.body);
-    } catch (const json::parse_error& e) {
-      return fail(400, fmt::format("the request body is not valid JSON: {}", e.what()), {},
-                  "invalid_json");
-    }
+    const json body = parse_body(hreq.body);
     g = parse_generation_request(body, chat, opt.model_name);
+    check_unknown(body, chat ? Endpoint::Chat : Endpoint::Completions, path);
     req = sched.submit(build(g));
   } catch (const ApiError& e) {
     return fail(e.status, e.what(), e.param, e.code, e.type);
@@ -448,11 +477,56 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
       });
 }
 
+void Server::Impl::tokenize(const httplib::Request& hreq, httplib::Response& res) {
+  try {
+    if (!text)
+      throw ApiError(400, "/tokenize needs a tokenizer: start the server with --tokenizer", {},
+                     "tokenizer_required");
+    const json body = parse_body(hreq.body);
+    const TokenizeRequest t = parse_tokenize_request(body, opt.model_name);
+    check_unknown(body, Endpoint::Tokenize, hreq.path);
+    std::vector<int32_t> ids;
+    try {
+      ids = text->encode(t.prompt ? *t.prompt : text->render_chat(t.chat_request));
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), t.prompt ? "prompt" : "messages");
+    }
+    json out = {{"count", ids.size()},
+                {"max_model_len", sched.max_context()},
+                {"tokens", ids},
+                {"token_strs", nullptr}};
+    res.set_content(dump_json(out), "application/json");
+  } catch (const ApiError& e) {
+    send_error(res, e.status, e.what(), e.param, e.code, e.type);
+  }
+}
+
+void Server::Impl::detokenize(const httplib::Request& hreq, httplib::Response& res) {
+  try {
+    if (!text)
+      throw ApiError(400, "/detokenize needs a tokenizer: start the server with --tokenizer", {},
+                     "tokenizer_required");
+    const json body = parse_body(hreq.body);
+    const auto ids = parse_detokenize_request(body, opt.model_name, text->vocab_size());
+    check_unknown(body, Endpoint::Detokenize, hreq.path);
+    std::string prompt;
+    try {
+      prompt = text->decode(ids);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "tokens");
+    }
+    res.set_content(dump_json(json{{"prompt", prompt}}), "application/json");
+  } catch (const ApiError& e) {
+    send_error(res, e.status, e.what(), e.param, e.code, e.type);
+  }
+}
+
 void Server::Impl::routes() {
   http.set_payload_max_length(opt.max_body_bytes);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opt.api_key.empty() || req.path.rfind("/v1/", 0) != 0)
-      return httplib::Server::HandlerResponse::Unhandled;
+    const bool guarded =
+        req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
+    if (opt.api_key.empty() || !guarded) return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + opt.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, 401, "invalid or missing API key (Authorization: Bearer ...)", {},
@@ -497,8 +571,11 @@ void Server::Impl::routes() {
     if (req.method == "POST" &&
         (req.path == "/v1/completions" || req.path == "/v1/chat/completions"))
       return;
-    const bool known = req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models";
-    metrics.request_done(known ? req.path : "other", res.status);
+    const bool known = req.path == "/health" || req.path == "/metrics" ||
+                       req.path == "/v1/models" || req.path == "/tokenize" ||
+                       req.path == "/detokenize";
+    const bool model = req.path.rfind("/v1/models/", 0) == 0;
+    metrics.request_done(known ? req.path : model ? "/v1/models/{id}" : "other", res.status);
     if (req.path != "/metrics" && req.path != "/health")
       log(fmt::format("- {} {} {}", printable(req.method), printable(req.path), res.status));
   });
@@ -507,15 +584,35 @@ void Server::Impl::routes() {
     if (draining) return send_error(res, 503, "the server is shutting down");
     res.set_content(R"({"status":"ok"})", "application/json");
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json m = {{"id", opt.model_name},
-              {"object", "model"},
-              {"created", unix_now()},
-              {"owned_by", "flashmap"},
-              {"max_model_len", sched.max_context()}};
-    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({m})}}),
+  auto model_card = [this] {
+    return json{{"id", opt.model_name},
+                {"object", "model"},
+                {"created", unix_now()},
+                {"owned_by", "flashmap"},
+                {"root", opt.model_name},
+                {"parent", nullptr},
+                {"max_model_len", sched.max_context()}};
+  };
+  http.Get("/v1/models", [this, model_card](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({model_card()})}}),
                     "application/json");
   });
+  // Model names may hold '/' (Qwen/Qwen3-8B): everything after the prefix is the id.
+  http.Get(R"(/v1/models/(.+))",
+           [this, model_card](const httplib::Request& req, httplib::Response& res) {
+             const std::string id = req.matches[1];
+             if (id != opt.model_name)
+               return send_error(res, 404,
+                                 fmt::format("The model '{}' does not exist; this server serves "
+                                             "'{}'",
+                                             printable(id), opt.model_name),
+                                 "model", "model_not_found");
+             res.set_content(dump_json(model_card()), "application/json");
+           });
+  http.Post("/tokenize",
+            [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
+  http.Post("/detokenize",
+            [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.render(sched.stats()) + render_front(http.stats()),
                     "text/plain; version=0.0.4");

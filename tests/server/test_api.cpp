@@ -4,6 +4,7 @@
 #include "server/api.h"
 
 using namespace flashmap::server;
+using flashmap::SamplingParams;
 using json = nlohmann::json;
 
 TEST(StopMatcher, HoldsBackPossibleStartsAndCutsAcrossPieces) {
@@ -144,4 +145,137 @@ TEST(ContentParts, NonTextPartsAndMalformedPartsNameTheField) {
   json body = {{"messages", json::array({{{"role", "user"}, {"content", many}}})}};
   auto r = parse_generation_request(body, true, "m");
   EXPECT_EQ(r.chat_request["messages"][0]["content"].get<std::string>().size(), 10000u * 2 - 1);
+}
+
+TEST(UnsupportedFields, RefusedUnlessTheNoOpDefault) {
+  using E = std::pair<int, std::string>;
+  const char* fields[][3] = {
+      // name, accepted no-op value, refused value
+      {"presence_penalty", "0", "0.5"},
+      {"frequency_penalty", "0.0", "-1"},
+      {"repetition_penalty", "1", "1.1"},
+      {"logit_bias", "{}", R"({"5":100})"},
+      {"min_tokens", "0", "3"},
+      {"ignore_eos", "false", "true"},
+      {"logprobs", "false", "true"},
+      {"top_logprobs", "0", "5"},
+      {"n", "1", "2"},
+      {"response_format", R"({"type":"text"})", R"({"type":"json_object"})"},
+      {"skip_special_tokens", "true", "false"},
+      {"include_stop_str_in_output", "false", "true"},
+      {"parallel_tool_calls", "true", "false"},
+      {"continue_final_message", "false", "true"},
+  };
+  for (auto& f : fields) {
+    SCOPED_TRACE(f[0]);
+    auto body = [&](const char* v) {
+      return json::parse(std::string(R"({"messages":[{"role":"user","content":"x"}],")") + f[0] +
+                         "\":" + v + "}");
+    };
+    EXPECT_EQ(error_of(body(f[1]), true), E(200, ""));
+    EXPECT_EQ(error_of(body(f[2]), true), E(400, f[0]));
+    EXPECT_EQ(error_of(body(R"("wrong type")"), true), E(400, f[0]));
+    // Listed, so never reported as unknown.
+    EXPECT_TRUE(unknown_fields(body(f[1]), Endpoint::Chat).empty());
+  }
+  // Completions-only fields.
+  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","echo":false,"best_of":1,"suffix":""})"), false),
+            E(200, ""));
+  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","echo":true})"), false), E(400, "echo"));
+  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","best_of":3})"), false), E(400, "best_of"));
+  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","logprobs":2})"), false), E(400, "logprobs"));
+  // Fields refused with any value but null.
+  EXPECT_EQ(error_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],
+                                     "chat_template":"{{ 1 }}"})"),
+                     true),
+            E(400, "chat_template"));
+  EXPECT_EQ(error_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],
+                                     "guided_json":null})"),
+                     true),
+            E(200, ""));
+}
+
+TEST(UnsupportedFields, ToolChoice) {
+  using E = std::pair<int, std::string>;
+  auto body = [](const char* tools, const char* choice) {
+    return json::parse(std::string(R"({"messages":[{"role":"user","content":"x"}],"tools":)") +
+                       tools + R"(,"tool_choice":)" + choice + "}");
+  };
+  const char* tools = R"([{"type":"function","function":{"name":"f","parameters":{}}}])";
+  EXPECT_EQ(error_of(body(tools, R"("auto")"), true), E(200, ""));
+  EXPECT_EQ(error_of(body(tools, R"("required")"), true), E(400, "tool_choice"));
+  EXPECT_EQ(error_of(body(tools, R"("none")"), true), E(400, "tool_choice"));
+  EXPECT_EQ(error_of(body(tools, R"({"type":"function","function":{"name":"f"}})"), true),
+            E(400, "tool_choice"));
+  EXPECT_EQ(error_of(body(tools, "7"), true), E(400, "tool_choice"));
+  EXPECT_EQ(error_of(body("[]", R"("none")"), true), E(200, ""));
+  EXPECT_EQ(error_of(body(R"("not a list")", R"("auto")"), true), E(400, "tools"));
+}
+
+TEST(UnknownFields, ReportedPerEndpoint) {
+  using V = std::vector<std::string>;
+  auto b = json::parse(R"({"prompt":"x","max_tokens":3,"frobnicate":1,"messages":[],"user":"u"})");
+  EXPECT_EQ(unknown_fields(b, Endpoint::Completions), (V{"frobnicate", "messages"}));
+  EXPECT_EQ(unknown_fields(b, Endpoint::Chat), (V{"frobnicate", "prompt"}));
+  EXPECT_EQ(unknown_fields(b, Endpoint::Tokenize), (V{"frobnicate", "max_tokens", "user"}));
+  EXPECT_EQ(
+      unknown_fields(json::parse(R"({"tokens":[1],"model":"m","x":0})"), Endpoint::Detokenize),
+      V{"x"});
+  // Unknown fields never change the parse.
+  EXPECT_EQ(error_of(b, false), std::make_pair(200, std::string()));
+}
+
+TEST(Tokenize, PromptOrMessages) {
+  auto t = parse_tokenize_request(json::parse(R"({"prompt":"hi"})"), "m");
+  EXPECT_EQ(*t.prompt, "hi");
+  EXPECT_TRUE(t.add_special_tokens);
+  t = parse_tokenize_request(json::parse(R"({"model":"m","messages":[{"role":"user","content":
+      [{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"add_generation_prompt":false,
+      "chat_template_kwargs":{"enable_thinking":false}})"),
+                             "m");
+  EXPECT_FALSE(t.prompt);
+  EXPECT_FALSE(t.add_special_tokens);
+  EXPECT_EQ(t.chat_request["messages"][0]["content"], "a\nb");
+  EXPECT_EQ(t.chat_request["add_generation_prompt"], false);
+  EXPECT_EQ(t.chat_request["enable_thinking"], false);
+  auto param_of = [](const char* body) -> std::string {
+    try {
+      parse_tokenize_request(json::parse(body), "m");
+    } catch (const ApiError& e) {
+      return e.param;
+    }
+    return "ok";
+  };
+  EXPECT_EQ(param_of(R"({})"), "prompt");
+  EXPECT_EQ(param_of(R"({"prompt":[1,2]})"), "prompt");
+  EXPECT_EQ(param_of(R"({"prompt":"a","messages":[]})"), "prompt");
+  EXPECT_EQ(param_of(R"({"messages":"hi"})"), "messages");
+  EXPECT_EQ(param_of(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})"),
+            "messages[0].content[0].type");
+  EXPECT_EQ(param_of(R"({"prompt":"a","add_special_tokens":"yes"})"), "add_special_tokens");
+  EXPECT_EQ(param_of(R"({"prompt":"a","model":"other"})"), "model");
+  EXPECT_EQ(param_of(R"({"prompt":"a","return_token_strs":true})"), "return_token_strs");
+  EXPECT_EQ(param_of(R"([1])"), "");
+}
+
+TEST(Detokenize, IdsOutsideTheTokenizerNameTheIndex) {
+  EXPECT_EQ(parse_detokenize_request(json::parse(R"({"tokens":[0,5,9]})"), "m", 10),
+            (std::vector<int32_t>{0, 5, 9}));
+  EXPECT_TRUE(parse_detokenize_request(json::parse(R"({"tokens":[]})"), "m", 10).empty());
+  auto param_of = [](const char* body) -> std::string {
+    try {
+      parse_detokenize_request(json::parse(body), "m", 10);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      return e.param;
+    }
+    return "ok";
+  };
+  EXPECT_EQ(param_of(R"({"tokens":[1,10]})"), "tokens[1]");
+  EXPECT_EQ(param_of(R"({"tokens":[-1]})"), "tokens[0]");
+  EXPECT_EQ(param_of(R"({"tokens":[1,2,18446744073709551615]})"), "tokens[2]");
+  EXPECT_EQ(param_of(R"({"tokens":[1,2.5]})"), "tokens[1]");
+  EXPECT_EQ(param_of(R"({"tokens":[1,"2"]})"), "tokens[1]");
+  EXPECT_EQ(param_of(R"({"tokens":"1,2"})"), "tokens");
+  EXPECT_EQ(param_of(R"({})"), "tokens");
 }

@@ -153,6 +153,51 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(models["object"], "list")
         self.assertEqual([m["id"] for m in models["data"]], ["tiny"])
 
+    def test_model_by_id(self):
+        status, payload = request(self.port, "GET", "/v1/models/tiny")
+        self.assertEqual(status, 200)
+        model = json.loads(payload)
+        self.assertEqual((model["id"], model["object"], model["max_model_len"]),
+                         ("tiny", "model", 4096))
+        status, payload = request(self.port, "GET", "/v1/models/other/name")
+        self.assertError(status, json.loads(payload), 404, "model")
+        # No tokenizer in the fixture: the text endpoints say so.
+        status, body = post(self.port, {"prompt": "x"}, path="/tokenize")
+        self.assertError(status, body, 400)
+
+    def test_unknown_fields_are_logged_once_and_change_nothing(self):
+        body = {"prompt": [1, 2, 3], "max_tokens": 6, "temperature": 0}
+        want = post(self.port, body)[1]["choices"][0]["token_ids"]
+        for _ in range(3):
+            status, got = post(self.port, dict(body, frobnicate_xyz={"a": 1}))
+            self.assertEqual(status, 200, got)
+            self.assertEqual(got["choices"][0]["token_ids"], want)
+        time.sleep(0.2)
+        lines = [l for l in self.log if "frobnicate_xyz" in l]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("warning", lines[0])
+
+    def test_unsupported_fields(self):
+        base = {"prompt": [1, 2, 3], "max_tokens": 2}
+        for name, no_op, refused in [("presence_penalty", 0, 0.5), ("frequency_penalty", 0, 1),
+                                     ("repetition_penalty", 1, 1.2), ("logit_bias", {}, {"5": 9}),
+                                     ("min_tokens", 0, 2), ("ignore_eos", False, True),
+                                     ("echo", False, True), ("best_of", 1, 2),
+                                     ("logprobs", False, 1), ("n", 1, 2),
+                                     ("response_format", {"type": "text"},
+                                      {"type": "json_object"})]:
+            with self.subTest(field=name):
+                status, body = post(self.port, dict(base, **{name: no_op}))
+                self.assertEqual(status, 200, body)
+                status, body = post(self.port, dict(base, **{name: refused}))
+                self.assertError(status, body, 400, name)
+                self.assertIn("not supported", body["error"]["message"])
+        chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                "tool_choice": "required"}
+        status, body = post(self.port, chat, path="/v1/chat/completions")
+        self.assertError(status, body, 400, "tool_choice")
+
     def test_completion_equals_generate(self):
         for spec in (True, False):
             for prompt, n, ref in zip(PROMPTS, MAX_TOKENS, self.refs):
@@ -500,6 +545,20 @@ def write_text_model(out):
         json.dump({"eos_token_id": [151645, 151643]}, f)
 
 
+class StrictTest(unittest.TestCase):
+    def test_strict_refuses_unknown_fields(self):
+        proc, port, log = start_server("--strict")
+        try:
+            status, body = post(port, {"prompt": [1, 2], "max_tokens": 2, "frobnicate": True})
+            self.assertEqual(status, 400, body)
+            self.assertEqual(body["error"]["param"], "frobnicate")
+            status, body = post(port, {"prompt": [1, 2], "max_tokens": 2, "user": "u"})
+            self.assertEqual(status, 200, body)
+        finally:
+            proc.kill()
+            proc.wait()
+
+
 class TextTest(unittest.TestCase):
     """Text prompts, detokenized output, stop strings and chat on the real Qwen3 tokenizer."""
 
@@ -594,6 +653,94 @@ class TextTest(unittest.TestCase):
         content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
         self.assertEqual(content, msg["content"])
 
+
+    def tokenizer_ids(self, text):
+        tok = os.path.join(os.path.dirname(FIXTURE), "..", "data", "qwen3-tokenizer")
+        out = subprocess.run([FLASHMAP, "tokenize", "--tokenizer", tok, "--text", text],
+                             check=True, capture_output=True, text=True, timeout=60)
+        return json.loads(out.stdout)
+
+    def test_tokenize_detokenize_round_trip(self):
+        for text in ["The quick brown fox", "  leading spaces\n\ttabs", "漢字とかな 😀👍🏽",
+                     "<|im_start|>user\nhi<|im_end|>", "don't   stop\r\n", "x" * 3000]:
+            with self.subTest(text=text[:30]):
+                status, t = post(self.port, {"prompt": text}, path="/tokenize")
+                self.assertEqual(status, 200, t)
+                self.assertEqual(t["tokens"], self.tokenizer_ids(text))
+                self.assertEqual(t["count"], len(t["tokens"]))
+                self.assertEqual(t["max_model_len"], 2048)
+                status, d = post(self.port, {"tokens": t["tokens"]}, path="/detokenize")
+                self.assertEqual(status, 200, d)
+                self.assertEqual(d["prompt"], text)
+
+    def test_tokenize_chat_and_content_parts(self):
+        def tokens(messages, **kw):
+            status, t = post(self.port, {"messages": messages, **kw}, path="/tokenize")
+            self.assertEqual(status, 200, t)
+            return t["tokens"]
+
+        plain = tokens([{"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": "first\nsecond"}])
+        parts = tokens([{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                        {"role": "user", "content": [{"type": "text", "text": "first"},
+                                                     {"type": "text", "text": "second"}]}])
+        self.assertEqual(parts, plain)
+        want = self.tokenizer_ids("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+                                  "first\nsecond<|im_end|>\n<|im_start|>assistant\n")
+        self.assertEqual(plain, want)
+        no_think = tokens([{"role": "user", "content": "hi"}],
+                          chat_template_kwargs={"enable_thinking": False})
+        self.assertEqual(no_think[-len(self.tokenizer_ids("<think>\n\n</think>\n\n")):],
+                         self.tokenizer_ids("<think>\n\n</think>\n\n"))
+        no_prompt = tokens([{"role": "user", "content": "hi"}], add_generation_prompt=False)
+        self.assertEqual(no_prompt, self.tokenizer_ids("<|im_start|>user\nhi<|im_end|>\n"))
+        # A chat request with parts renders the same prompt as with the joined string.
+        body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                          {"type": "text", "text": "b"}]}],
+                "max_tokens": 1, "temperature": 0}
+        status, resp = post(self.port, body, path="/v1/chat/completions")
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["usage"]["prompt_tokens"],
+                         len(tokens([{"role": "user", "content": "a\nb"}])))
+
+    def test_text_endpoints_bad_input(self):
+        p = self.port
+        cases = [
+            ("/detokenize", {"tokens": [1, 151669]}, "tokens[1]"),
+            ("/detokenize", {"tokens": [1, -2]}, "tokens[1]"),
+            ("/detokenize", {"tokens": [0.5]}, "tokens[0]"),
+            ("/detokenize", {"tokens": "12"}, "tokens"),
+            ("/detokenize", {"tokens": [[1]]}, "tokens[0]"),
+            ("/detokenize", {}, "tokens"),
+            ("/tokenize", {"prompt": 5}, "prompt"),
+            ("/tokenize", {}, "prompt"),
+            ("/tokenize", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+             "messages[0].content[0].type"),
+            ("/tokenize", {"prompt": "x", "model": "nope"}, "model"),
+            ("/v1/chat/completions",
+             {"messages": [{"role": "user", "content": [
+                 {"type": "text", "text": "look"},
+                 {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+             "messages[0].content[1].type"),
+            ("/v1/chat/completions",
+             {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+             "messages[0].content[0].type"),
+            ("/v1/chat/completions",
+             {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+             "messages[0].content[0].text"),
+        ]
+        for path, body, param in cases:
+            with self.subTest(path=path, body=str(body)[:60]):
+                status, resp = post(p, body, path=path)
+                self.assertIn(status, (400, 404), resp)
+                self.assertEqual(resp["error"]["param"], param)
+        # A huge id list and invalid UTF-8: 400 or an answer, never a crash.
+        status, resp = post(p, {"tokens": list(range(100000))}, path="/detokenize")
+        self.assertEqual(status, 200)
+        for path in ("/tokenize", "/detokenize"):
+            status, payload = request(p, "POST", path, raw=b'{"prompt": "\xff\xfe"}')
+            self.assertEqual(status, 400)
+        self.assertEqual(request(p, "GET", "/health")[0], 200)
 
     def test_openai_client_text_and_chat(self):
         openai = openai_module()
