@@ -68,8 +68,9 @@ void run_serve(ServeArgs& a) {
         std::filesystem::path(a.model.target).lexically_normal().parent_path().filename();
   std::unique_ptr<server::TextCodec> text;
   if (!a.model.tokenizer.empty()) text = server::open_text_codec(a.model.tokenizer);
-  const auto eos = GenerationConfig::from_dir(a.model.target).eos_token_ids;
-  a.server.eos_ids.assign(eos.begin(), eos.end());
+  const auto gen = GenerationConfig::from_dir(a.model.target);
+  a.server.eos_ids.assign(gen.eos_token_ids.begin(), gen.eos_token_ids.end());
+  a.server.default_sampling = default_sampling(gen);
 
   // Ids past the tokenizer's are the embedding's padding: never sampled.
   EngineOptions eo = a.model.engine_options(text ? text->vocab_size() : 0);

@@ -302,20 +302,20 @@ GenerationRequest parse_generation_request(const json& body, bool chat,
   }
   if (auto t = get_number(body, "temperature")) {
     if (!(*t >= 0)) bad("temperature", fmt::format("'temperature' must be >= 0, got {}", *t));
-    r.sampling.temperature = float(*t);
+    r.temperature = float(*t);
   }
   if (auto t = get_number(body, "top_p")) {
     if (!(*t > 0 && *t <= 1)) bad("top_p", fmt::format("'top_p' must be in (0, 1], got {}", *t));
-    r.sampling.top_p = float(*t);
+    r.top_p = float(*t);
   }
   if (auto t = get_int(body, "top_k")) {
     // -1 means "off" in vLLM's API, 0 in ours.
     if (*t < -1) bad("top_k", fmt::format("'top_k' must be -1, 0 (off) or positive, got {}", *t));
-    r.sampling.top_k = *t < 0 ? 0 : int(std::min<int64_t>(*t, INT32_MAX));
+    r.top_k = *t < 0 ? 0 : int(std::min<int64_t>(*t, INT32_MAX));
   }
   if (auto t = get_number(body, "min_p")) {
     if (!(*t >= 0 && *t <= 1)) bad("min_p", fmt::format("'min_p' must be in [0, 1], got {}", *t));
-    r.sampling.min_p = float(*t);
+    r.min_p = float(*t);
   }
   if (auto s = get_int(body, "seed")) r.seed = uint64_t(*s);
   if (const json* st = field(body, "stop")) {
@@ -489,6 +489,15 @@ void refuse_unsupported(const json& body, Endpoint e) {
                     dump_json(*tc).substr(0, 100), has_tools ? "" : ", or \"none\" without tools"),
         "unsupported_parameter");
   }
+}
+
+SamplingParams GenerationRequest::sampling_over(const SamplingParams& defaults) const {
+  SamplingParams p = defaults;
+  if (temperature) p.temperature = *temperature;
+  if (top_k) p.top_k = *top_k;
+  if (top_p) p.top_p = *top_p;
+  if (min_p) p.min_p = *min_p;
+  return p;
 }
 
 TokenizeRequest parse_tokenize_request(const json& body, const std::string& served_model) {

@@ -54,7 +54,11 @@ struct GenerationRequest {
   std::optional<std::string> prompt_text;
   nlohmann::ordered_json chat_request;
   std::optional<int> max_tokens;  // absent: the endpoint's default
-  SamplingParams sampling;
+  // Sampling fields the request gives; the others come from the server's defaults
+  // (generation_config.json, else greedy).
+  std::optional<float> temperature, top_p, min_p;
+  std::optional<int> top_k;
+  SamplingParams sampling_over(const SamplingParams& defaults) const;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;

@@ -258,7 +258,7 @@ RequestParams Server::Impl::build(const GenerationRequest& g) {
                                "context of {} tokens",
                                p.prompt.size(), p.max_tokens, ctx),
                    "max_tokens", "context_length_exceeded");
-  p.sampling = g.sampling;
+  p.sampling = g.sampling_over(opt.default_sampling);
   p.seed = g.seed ? *g.seed
                   : (uint64_t(std::random_device{}()) << 32) | uint64_t(std::random_device{}());
   p.seeded = g.seed.has_value();

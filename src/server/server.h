@@ -47,6 +47,9 @@ struct ServerOptions {
   size_t max_body_bytes = 4u << 20;
   int default_max_tokens = 16;   // /v1/completions without max_tokens (OpenAI's default)
   std::vector<int32_t> eos_ids;  // always stop tokens (the target's generation_config eos)
+  // Sampling for the fields a request leaves out (the target's generation_config.json values,
+  // else greedy).
+  SamplingParams default_sampling;
   // Unknown request fields: false: one warning line per field name; true: 400.
   bool strict = false;
   int http_threads = 0;  // 0: enough for every running and queued request

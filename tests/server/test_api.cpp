@@ -42,7 +42,10 @@ TEST(ParseRequest, FieldsAndErrors) {
       false, "m");
   EXPECT_EQ(*r.prompt_ids, (std::vector<int32_t>{1, 2}));
   EXPECT_EQ(*r.max_tokens, 5);
-  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_EQ(r.top_k, 0);
+  EXPECT_EQ(r.temperature, 0.5f);
+  EXPECT_FALSE(r.top_p);
+  EXPECT_FALSE(r.min_p);
   EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
   EXPECT_TRUE(r.include_usage);
   EXPECT_FALSE(r.speculative);
@@ -223,6 +226,25 @@ TEST(UnknownFields, ReportedPerEndpoint) {
       V{"x"});
   // Unknown fields never change the parse.
   EXPECT_EQ(error_of(b, false), std::make_pair(200, std::string()));
+}
+
+TEST(Sampling, RequestFieldsOverrideTheServerDefaults) {
+  const SamplingParams qwen3{0.6f, 20, 0.95f, 0.0f};
+  auto r = parse_generation_request(json::parse(R"({"prompt":"x"})"), false, "m");
+  auto p = r.sampling_over(qwen3);
+  EXPECT_EQ(p.temperature, 0.6f);
+  EXPECT_EQ(p.top_k, 20);
+  EXPECT_EQ(p.top_p, 0.95f);
+  r = parse_generation_request(json::parse(R"({"prompt":"x","temperature":0,"top_k":-1,
+                                                "min_p":0.1})"),
+                               false, "m");
+  p = r.sampling_over(qwen3);
+  EXPECT_EQ(p.temperature, 0.0f);
+  EXPECT_EQ(p.top_k, 0);
+  EXPECT_EQ(p.top_p, 0.95f);  // not given: the default
+  EXPECT_EQ(p.min_p, 0.1f);
+  p = parse_generation_request(json::parse(R"({"prompt":"x"})"), false, "m").sampling_over({});
+  EXPECT_TRUE(p.greedy());
 }
 
 TEST(Tokenize, PromptOrMessages) {

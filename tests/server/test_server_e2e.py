@@ -559,6 +559,53 @@ class StrictTest(unittest.TestCase):
             proc.wait()
 
 
+class GenerationConfigDefaultsTest(unittest.TestCase):
+    """Sampling fields a request leaves out come from the target's generation_config.json."""
+
+    def test_defaults_from_generation_config(self):
+        import shutil
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            target = os.path.join(tmp, "target")
+            shutil.copytree(FIXTURE + "/target", target)
+            with open(os.path.join(target, "generation_config.json"), "w") as f:
+                json.dump({"do_sample": True, "temperature": 1.3, "top_k": 50, "top_p": 0.9}, f)
+            proc = subprocess.Popen(
+                [FLASHMAP, "serve", "--target", target, "--draft", FIXTURE + "/draft",
+                 "--port", "0"], stderr=subprocess.PIPE, text=True)
+            try:
+                port = None
+                for line in proc.stderr:
+                    m = re.search(r"listening on http://[\d.]+:(\d+)", line)
+                    if m:
+                        port = int(m.group(1))
+                        threading.Thread(target=lambda: proc.stderr.read(), daemon=True).start()
+                        break
+                self.assertIsNotNone(port)
+                base = {"prompt": [5, 6, 7, 8], "max_tokens": 24, "seed": 11}
+
+                def ids(**kw):
+                    status, body = post(port, dict(base, **kw))
+                    self.assertEqual(status, 200, body)
+                    return body["choices"][0]["token_ids"]
+
+                implicit = ids()
+                self.assertEqual(implicit, ids(temperature=1.3, top_k=50, top_p=0.9))
+                self.assertNotEqual(implicit, ids(temperature=0))
+                # A request field overrides its default only.
+                self.assertEqual(ids(top_k=3), ids(temperature=1.3, top_k=3, top_p=0.9))
+                # `flashmap generate` without sampling flags follows the same defaults.
+                out = subprocess.run(
+                    [FLASHMAP, "generate", "--target", target, "--draft", FIXTURE + "/draft",
+                     "--prompt-ids", "5,6,7,8", "--max-new-tokens", "24", "--seed", "11",
+                     "--json", "--stop-ids", "none"],
+                    check=True, capture_output=True, text=True, timeout=120)
+                self.assertEqual(json.loads(out.stdout)["ids"], implicit)
+            finally:
+                proc.kill()
+                proc.wait()
+
+
 class TextTest(unittest.TestCase):
     """Text prompts, detokenized output, stop strings and chat on the real Qwen3 tokenizer."""
 
