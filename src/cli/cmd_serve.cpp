@@ -154,6 +154,12 @@ void register_cmd(CLI::App& app) {
   sub->add_option("--default-max-tokens", s.default_max_tokens,
                   "max_tokens of /v1/completions requests that give none (default 16)")
       ->check(CLI::Range(1, INT32_MAX));
+  sub->add_option_function<std::string>(
+         "--reasoning",
+         [args](const std::string& v) { args->server.split_reasoning = v == "split"; },
+         "chat completions: split (default: text inside <think>...</think> goes to "
+         "reasoning_content) or raw (everything in content)")
+      ->check(CLI::IsMember({"split", "raw"}));
   sub->add_flag("--strict", s.strict,
                 "refuse requests with unknown fields (400); without it each unknown field name "
                 "is logged once and ignored");

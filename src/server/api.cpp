@@ -577,4 +577,55 @@ std::string StopMatcher::finish() {
   return std::exchange(pending_, {});
 }
 
+namespace {
+constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
+}
+
+bool prompt_opens_think(std::string_view prompt) {
+  const size_t open = prompt.rfind(kThinkOpen), close = prompt.rfind(kThinkClose);
+  return open != std::string_view::npos && (close == std::string_view::npos || open > close);
+}
+
+ReasoningSplitter::Piece ReasoningSplitter::feed(std::string_view text) {
+  Piece out;
+  pending_.append(text);
+  if (state_ == State::Start) {
+    if (pending_.size() < kThinkOpen.size() && kThinkOpen.starts_with(pending_)) return out;
+    if (pending_.starts_with(kThinkOpen)) {
+      pending_.erase(0, kThinkOpen.size());
+      state_ = State::Reasoning;
+    } else {
+      state_ = State::Content;
+    }
+  }
+  if (state_ == State::Reasoning) {
+    saw_ = true;
+    const size_t end = pending_.find(kThinkClose);
+    if (end == std::string::npos) {
+      // Hold back the longest tail that could start "</think>".
+      size_t hold = std::min(pending_.size(), kThinkClose.size() - 1);
+      while (hold > 0 &&
+             !kThinkClose.starts_with(std::string_view(pending_).substr(pending_.size() - hold)))
+        --hold;
+      out.reasoning = pending_.substr(0, pending_.size() - hold);
+      pending_.erase(0, pending_.size() - hold);
+      return out;
+    }
+    out.reasoning = pending_.substr(0, end);
+    pending_.erase(0, end + kThinkClose.size());
+    state_ = State::Content;
+  }
+  out.content = std::exchange(pending_, {});
+  return out;
+}
+
+ReasoningSplitter::Piece ReasoningSplitter::finish() {
+  Piece out;
+  if (state_ == State::Reasoning)
+    out.reasoning = std::exchange(pending_, {});
+  else
+    out.content = std::exchange(pending_, {});
+  return out;
+}
+
 }  // namespace flashmap::server

@@ -116,4 +116,33 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
+// Splits a chat completion's text into reasoning (inside <think>...</think>) and content, on
+// text streamed in pieces cut anywhere: a possible partial tag is held back until it is
+// decided. `starts_inside`: the prompt ends inside an open think block (the model's first token
+// is already reasoning). Otherwise a think block counts only at the very start of the output
+// (Qwen3 writes <think> first when thinking; with enable_thinking false its template has
+// already closed an empty block, and the output is all content). The tags are not returned.
+class ReasoningSplitter {
+ public:
+  explicit ReasoningSplitter(bool starts_inside)
+      : state_(starts_inside ? State::Reasoning : State::Start) {}
+  struct Piece {
+    std::string reasoning, content;
+  };
+  Piece feed(std::string_view text);
+  // What is held back, once no more text will come (an unclosed block stays reasoning).
+  Piece finish();
+  // Whether any reasoning was seen (a think block opened).
+  bool saw_reasoning() const { return saw_; }
+
+ private:
+  enum class State { Start, Reasoning, Content } state_;
+  std::string pending_;
+  bool saw_ = false;
+};
+
+// Whether a rendered prompt ends inside an open think block (its last "<think>" comes after its
+// last "</think>").
+bool prompt_opens_think(std::string_view prompt);
+
 }  // namespace flashmap::server

@@ -202,7 +202,8 @@ struct Server::Impl {
   void tokenize(const httplib::Request& hreq, httplib::Response& res);
   void detokenize(const httplib::Request& hreq, httplib::Response& res);
   void generation(const httplib::Request& hreq, httplib::Response& res, bool chat);
-  RequestParams build(const GenerationRequest& g);
+  // `opens_think`: set to whether a chat prompt ends inside an open think block.
+  RequestParams build(const GenerationRequest& g, bool& opens_think);
   json usage(const Request& r, const Output& out) const {
     return {{"prompt_tokens", r.params.prompt.size()},
             {"completion_tokens", out.ids.size()},
@@ -222,13 +223,15 @@ struct Server::Impl {
   }
 };
 
-RequestParams Server::Impl::build(const GenerationRequest& g) {
+RequestParams Server::Impl::build(const GenerationRequest& g, bool& opens_think) {
   RequestParams p;
   if (g.chat) {
     if (!text)
       throw ApiError(400, "chat completions need a tokenizer: start the server with --tokenizer",
                      "messages", "tokenizer_required");
-    p.prompt = text->encode(text->render_chat(g.chat_request));
+    const std::string prompt = text->render_chat(g.chat_request);
+    opens_think = prompt_opens_think(prompt);
+    p.prompt = text->encode(prompt);
   } else if (g.prompt_ids) {
     p.prompt = *g.prompt_ids;
   } else {
@@ -280,12 +283,13 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
   };
   std::shared_ptr<Request> req;
   GenerationRequest g;
+  bool opens_think = false;
   try {
     if (draining) return fail(503, "the server is shutting down");
     const json body = parse_body(hreq.body);
     g = parse_generation_request(body, chat, opt.model_name);
     check_unknown(body, chat ? Endpoint::Chat : Endpoint::Completions, path);
-    req = sched.submit(build(g));
+    req = sched.submit(build(g, opens_think));
   } catch (const ApiError& e) {
     return fail(e.status, e.what(), e.param, e.code, e.type);
   } catch (const AdmissionError& e) {
@@ -300,6 +304,9 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
   const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", req->id);
   const int64_t created = unix_now();
   auto out = std::make_shared<Output>(text, g.stop);
+  // Chat output split into reasoning_content and content (unless --reasoning raw).
+  std::shared_ptr<ReasoningSplitter> think;
+  if (chat && opt.split_reasoning) think = std::make_shared<ReasoningSplitter>(opens_think);
   // Maps the engine's end to the API's: a stop string or stop token is "stop".
   auto api_reason = [](const std::string& r) { return r == "length" ? "length" : "stop"; };
 
@@ -332,7 +339,17 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     }
     json choice = {{"index", 0}, {"finish_reason", reason}, {"logprobs", nullptr}};
     if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", out->text}};
+      if (think) {
+        auto a = think->feed(out->text);
+        auto b = think->finish();
+        choice["message"] = {
+            {"role", "assistant"},
+            {"content", a.content + b.content},
+            {"reasoning_content",
+             think->saw_reasoning() ? json(a.reasoning + b.reasoning) : json(nullptr)}};
+      } else {
+        choice["message"] = {{"role", "assistant"}, {"content", out->text}};
+      }
     } else {
       choice["text"] = out->text;
       choice["token_ids"] = out->ids;
@@ -418,8 +435,20 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
               reason = api_reason(u.finish_reason);
             }
           }
-          if (!piece.empty() || !ids.empty())
+          if (think) {
+            auto split = think->feed(piece);
+            if (!reason.empty()) {
+              auto tail = think->finish();
+              split.reasoning += tail.reasoning;
+              split.content += tail.content;
+            }
+            if (!split.reasoning.empty())
+              buf += chunk(json{{"reasoning_content", split.reasoning}}, {}, nullptr);
+            if (!split.content.empty() || (split.reasoning.empty() && !ids.empty()))
+              buf += chunk(json{{"content", split.content}}, {}, nullptr);
+          } else if (!piece.empty() || !ids.empty()) {
             buf += chunk(chat ? json{{"content", piece}} : json(piece), ids, nullptr);
+          }
           if (!reason.empty()) {
             if (reason != "error")
               buf += chunk(chat ? json::object() : json(""), {}, reason.c_str());

@@ -52,6 +52,9 @@ struct ServerOptions {
   SamplingParams default_sampling;
   // Unknown request fields: false: one warning line per field name; true: 400.
   bool strict = false;
+  // Chat completions: text inside <think>...</think> goes to reasoning_content (false: all of
+  // it stays in content, `--reasoning raw`).
+  bool split_reasoning = true;
   int http_threads = 0;  // 0: enough for every running and queued request
   // The HTTP front's bounds (http_front.h): connections held at once, the time from a request's
   // first byte to its last (and for each write of a response), a kept-alive connection's wait.

@@ -1,4 +1,5 @@
 // Request validation and stop-string matching, without a server.
+#include <flashmap/chat.h>
 #include <gtest/gtest.h>
 
 #include "server/api.h"
@@ -300,4 +301,105 @@ TEST(Detokenize, IdsOutsideTheTokenizerNameTheIndex) {
   EXPECT_EQ(param_of(R"({"tokens":[1,"2"]})"), "tokens[1]");
   EXPECT_EQ(param_of(R"({"tokens":"1,2"})"), "tokens");
   EXPECT_EQ(param_of(R"({})"), "tokens");
+}
+
+namespace {
+struct Split {
+  std::string reasoning, content;
+  bool saw;
+};
+// Feeds `pieces` and checks that no reasoning comes out after content has.
+Split run_splitter(bool starts_inside, const std::vector<std::string>& pieces) {
+  ReasoningSplitter s(starts_inside);
+  Split out{};
+  auto take = [&](const ReasoningSplitter::Piece& p) {
+    if (!out.content.empty()) EXPECT_EQ(p.reasoning, "") << "reasoning after content";
+    out.reasoning += p.reasoning;
+    out.content += p.content;
+  };
+  for (const auto& p : pieces) take(s.feed(p));
+  take(s.finish());
+  out.saw = s.saw_reasoning();
+  return out;
+}
+}  // namespace
+
+TEST(ReasoningSplitter, EverySplitPointGivesTheWholeStringsAnswer) {
+  struct Case {
+    bool inside;
+    std::string text, reasoning, content;
+    bool saw;
+  };
+  const Case cases[] = {
+      {false, "<think>\nplan\n</think>\n\nanswer", "\nplan\n", "\n\nanswer", true},
+      {false, "plain answer <think>x</think>", "", "plain answer <think>x</think>", false},
+      {false, " <think>x</think>", "", " <think>x</think>", false},
+      {false, "<thin", "", "<thin", false},
+      {false, "<think>never closed </thi", "never closed </thi", "", true},
+      {false, "", "", "", false},
+      {false, "<think></think>", "", "", true},
+      {false, "<think>a</think>b<think>c</think>", "a", "b<think>c</think>", true},
+      {false, "<think>a<</think>", "a<", "", true},
+      {false, "<think>a</</think>z", "a</", "z", true},
+      {false, "<think>思考 </think>答え", "思考 ", "答え", true},
+      {true, "reasoning</think>content</think>", "reasoning", "content</think>", true},
+      {true, "all reasoning <", "all reasoning <", "", true},
+      {true, "<think>x</think>y", "<think>x", "y", true},
+      {true, "</think>", "", "", true},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(testing::Message() << c.inside << " " << c.text);
+    auto check = [&](const std::vector<std::string>& pieces) {
+      const Split s = run_splitter(c.inside, pieces);
+      EXPECT_EQ(s.reasoning, c.reasoning);
+      EXPECT_EQ(s.content, c.content);
+      EXPECT_EQ(s.saw, c.saw);
+    };
+    const auto& t = c.text;
+    check({t});
+    for (size_t i = 0; i <= t.size(); ++i) {
+      check({t.substr(0, i), t.substr(i)});
+      for (size_t j = i; j <= t.size(); ++j)
+        check({t.substr(0, i), t.substr(i, j - i), t.substr(j)});
+    }
+    std::vector<std::string> bytes;
+    for (char ch : t) bytes.push_back(std::string(1, ch));
+    check(bytes);
+  }
+}
+
+TEST(ReasoningSplitter, HoldsBackOnlyWhatCouldBeATag) {
+  ReasoningSplitter s(false);
+  auto p = s.feed("<th");
+  EXPECT_EQ(p.reasoning + p.content, "");
+  p = s.feed("ink>ab</th");
+  EXPECT_EQ(p.reasoning, "ab");
+  p = s.feed("x");
+  EXPECT_EQ(p.reasoning, "</thx");
+  p = s.feed("</think>rest");
+  EXPECT_EQ(p.reasoning, "");
+  EXPECT_EQ(p.content, "rest");
+  EXPECT_EQ(s.feed("<think>").content, "<think>");  // later tags are content
+}
+
+TEST(ReasoningSplitter, WhereTheQwen3TemplateLeavesThePrompt) {
+  const auto tmpl = flashmap::ChatTemplate::from_dir("tests/data/chat/qwen3-official");
+  nlohmann::ordered_json req = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                {"add_generation_prompt", true}};
+  // Absent or true: the prompt ends with "<|im_start|>assistant\n" and the model opens its own
+  // think block; false: the template has closed an empty one.
+  const std::string absent = tmpl.render(req);
+  EXPECT_TRUE(absent.ends_with("<|im_start|>assistant\n"));
+  EXPECT_FALSE(prompt_opens_think(absent));
+  req["enable_thinking"] = true;
+  EXPECT_EQ(tmpl.render(req), absent);
+  req["enable_thinking"] = false;
+  const std::string off = tmpl.render(req);
+  EXPECT_TRUE(off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(prompt_opens_think(off));
+  // A template that opens the block itself (Qwen3-2507 Thinking style) leaves it open.
+  EXPECT_TRUE(prompt_opens_think(absent + "<think>\n"));
+  EXPECT_FALSE(prompt_opens_think("no tags"));
+  // An earlier turn's closed block does not count.
+  EXPECT_FALSE(prompt_opens_think("<think>a</think>b<|im_start|>assistant\n"));
 }

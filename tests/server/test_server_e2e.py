@@ -690,6 +690,8 @@ class TextTest(unittest.TestCase):
         msg = resp["choices"][0]["message"]
         self.assertEqual(msg["role"], "assistant")
         self.assertIsInstance(msg["content"], str)
+        # enable_thinking false: the template closed an empty think block; all is content.
+        self.assertIsNone(msg["reasoning_content"])
         # <|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n + empty think block
         self.assertGreater(resp["usage"]["prompt_tokens"], 8)
         body["stream"] = True
@@ -824,6 +826,80 @@ class TextTest(unittest.TestCase):
         self.assertEqual(chunks[-1].usage.completion_tokens, 8)
         with self.assertRaises(openai.BadRequestError):
             client.chat.completions.create(model="text", messages=[], max_tokens=8)
+
+
+class ReasoningTest(unittest.TestCase):
+    """reasoning_content on a template that leaves the prompt inside an open think block (as
+    Qwen3-2507 Thinking's does), so that a random model's output is all reasoning."""
+
+    @classmethod
+    def setUpClass(cls):
+        import shutil
+        import tempfile
+        tok = os.path.join(os.path.dirname(FIXTURE), "..", "data", "qwen3-tokenizer")
+        if not os.path.exists(os.path.join(tok, "tokenizer.json")):
+            raise unittest.SkipTest("tests/data/qwen3-tokenizer is missing")
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.model = os.path.join(cls.tmp.name, "model")
+        write_text_model(cls.model)
+        cls.tok = os.path.join(cls.tmp.name, "tok")
+        os.makedirs(cls.tok)
+        shutil.copy(os.path.join(tok, "tokenizer.json"), cls.tok)
+        with open(os.path.join(cls.tok, "chat_template.jinja"), "w") as f:
+            f.write("{{ '<|im_start|>user\\n' + messages[-1].content + '<|im_end|>\\n' }}"
+                    "{{ '<|im_start|>assistant\\n<think>\\n' }}")
+        cls.servers = []
+
+    @classmethod
+    def tearDownClass(cls):
+        for proc in cls.servers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        cls.tmp.cleanup()
+
+    def serve(self, *extra):
+        proc = subprocess.Popen(
+            [FLASHMAP, "serve", "--target", self.model, "--tokenizer", self.tok, "--port", "0",
+             *extra], stderr=subprocess.PIPE, text=True)
+        self.servers.append(proc)
+        for line in proc.stderr:
+            m = re.search(r"listening on http://[\d.]+:(\d+)", line)
+            if m:
+                threading.Thread(target=lambda: proc.stderr.read(), daemon=True).start()
+                return int(m.group(1))
+        self.fail("server did not start")
+
+    def test_reasoning_split_and_raw(self):
+        port = self.serve()
+        body = {"messages": [{"role": "user", "content": "Why?"}], "max_tokens": 12,
+                "temperature": 0}
+        status, resp = post(port, body, path="/v1/chat/completions")
+        self.assertEqual(status, 200, resp)
+        msg = resp["choices"][0]["message"]
+        # The same prompt as a completion: its text is reasoning [+ </think> + content].
+        prompt = "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+        status, whole = post(port, {"prompt": prompt, "max_tokens": 12, "temperature": 0})
+        self.assertEqual(status, 200, whole)
+        text = whole["choices"][0]["text"]
+        self.assertTrue(msg["reasoning_content"])
+        self.assertEqual(msg["reasoning_content"] + ("</think>" + msg["content"]
+                                                     if "</think>" in text else ""), text)
+        # Streaming: reasoning_content deltas, then content deltas, adding up to the same.
+        status, chunks, done = stream(port, dict(body, stream=True), path="/v1/chat/completions")
+        self.assertTrue(done)
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        self.assertEqual("".join(d.get("reasoning_content", "") for d in deltas),
+                         msg["reasoning_content"])
+        self.assertEqual("".join(d.get("content", "") for d in deltas), msg["content"])
+        kinds = [k for d in deltas for k in ("reasoning_content", "content") if d.get(k)]
+        self.assertEqual(kinds, sorted(kinds, key=lambda k: k == "content"))
+        # --reasoning raw: everything stays in content, as before.
+        raw = self.serve("--reasoning", "raw")
+        status, resp = post(raw, body, path="/v1/chat/completions")
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["choices"][0]["message"]["content"], text)
+        self.assertNotIn("reasoning_content", resp["choices"][0]["message"])
 
 
 class ShutdownTest(unittest.TestCase):
