@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 namespace flashmap::server {
 
@@ -219,6 +220,50 @@ std::string check_model(const json& body, const std::string& served_model) {
   return m->get<std::string>();
 }
 
+// An assistant message's tool_calls as chat templates take them: each function's arguments an
+// object (OpenAI sends a JSON string; Qwen3's template writes a string as it is and an object
+// with tojson, the form the model was trained on), and content null as "" (templates that test
+// `'</think>' in message.content` fail on null).
+void normalize_tool_calls(json& m, const std::string& p) {
+  auto it = m.find("tool_calls");
+  if (it == m.end() || it->is_null()) return;
+  if (!it->is_array())
+    bad(p + ".tool_calls", fmt::format("'{}.tool_calls' must be an array", p), "invalid_type");
+  for (size_t j = 0; j < it->size(); ++j) {
+    json& call = (*it)[j];
+    const std::string q = fmt::format("{}.tool_calls[{}]", p, j);
+    if (!call.is_object()) bad(q, fmt::format("'{}' must be an object", q), "invalid_type");
+    auto fn = call.find("function");
+    if (fn == call.end() || !fn->is_object())
+      bad(q + ".function", fmt::format("'{}.function' must be an object", q), "invalid_type");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string())
+      bad(q + ".function.name", fmt::format("'{}.function.name' must be a string", q),
+          "invalid_type");
+    auto args = fn->find("arguments");
+    if (args == fn->end() || args->is_null()) {
+      (*fn)["arguments"] = json::object();
+    } else if (args->is_string()) {
+      json parsed;
+      try {
+        parsed = json::parse(args->get<std::string>());
+      } catch (const json::exception&) {
+        bad(q + ".function.arguments",
+            fmt::format("'{}.function.arguments' must be a JSON object (as a string)", q));
+      }
+      if (!parsed.is_object())
+        bad(q + ".function.arguments",
+            fmt::format("'{}.function.arguments' must be a JSON object (as a string)", q));
+      *args = std::move(parsed);
+    } else if (!args->is_object()) {
+      bad(q + ".function.arguments",
+          fmt::format("'{}.function.arguments' must be a JSON object or a string holding one", q),
+          "invalid_type");
+    }
+  }
+  if (auto c = m.find("content"); c == m.end() || c->is_null()) m["content"] = "";
+}
+
 // The request object for the chat template: messages (content parts flattened), tools,
 // chat_template_kwargs merged in, add_generation_prompt.
 nlohmann::ordered_json chat_request_of(const json& body) {
@@ -244,6 +289,7 @@ nlohmann::ordered_json chat_request_of(const json& body) {
     auto it = messages[i].find("content");
     if (it != messages[i].end() && it->is_array())
       *it = flatten_content(*it, fmt::format("messages[{}].content", i));
+    normalize_tool_calls(messages[i], fmt::format("messages[{}]", i));
   }
   nlohmann::ordered_json req = nlohmann::ordered_json::object();
   if (const json* kw = field(body, "chat_template_kwargs")) {
@@ -272,6 +318,7 @@ GenerationRequest parse_generation_request(const json& body, bool chat,
 
   if (chat) {
     r.chat_request = chat_request_of(body);
+    r.tools = r.chat_request.contains("tools") && !r.chat_request["tools"].empty();
   } else {
     const json* p = field(body, "prompt");
     if (!p) bad("prompt", "'prompt' is required", "missing_required_parameter");
@@ -625,6 +672,92 @@ ReasoningSplitter::Piece ReasoningSplitter::finish() {
     out.reasoning = std::exchange(pending_, {});
   else
     out.content = std::exchange(pending_, {});
+  return out;
+}
+
+namespace {
+constexpr std::string_view kToolOpen = "<tool_call>", kToolClose = "</tool_call>";
+
+bool blank(std::string_view s) {
+  return s.find_first_not_of(" \t\r\n") == std::string_view::npos;
+}
+
+std::string call_id() {
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{(uint64_t(std::random_device{}()) << 32) ^
+                                   std::random_device{}()};
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kChars[rng() % (sizeof(kChars) - 1)];
+  return id;
+}
+}  // namespace
+
+ToolCalls parse_tool_calls(const std::string& text) {
+  ToolCalls out;
+  size_t pos = 0;
+  bool first = true;
+  auto fail = [&](std::string why) {
+    out.calls = json::array();
+    out.content = text;
+    out.error = std::move(why);
+    return out;
+  };
+  for (;;) {
+    const size_t open = text.find(kToolOpen, pos);
+    const std::string_view outside = std::string_view(text).substr(
+        pos, open == std::string::npos ? std::string::npos : open - pos);
+    if (first || !blank(outside)) out.content += outside;
+    first = false;
+    if (open == std::string::npos) break;
+    const size_t body = open + kToolOpen.size();
+    const size_t close = text.find(kToolClose, body);
+    if (close == std::string::npos)
+      return fail(fmt::format("tool call {} is not closed with </tool_call>", out.calls.size()));
+    json call;
+    try {
+      call = json::parse(text.substr(body, close - body));
+    } catch (const json::exception&) {
+      return fail(fmt::format("tool call {} is not valid JSON", out.calls.size()));
+    }
+    if (!call.is_object() || !call.contains("name") || !call["name"].is_string())
+      return fail(
+          fmt::format("tool call {} is not an object with a string 'name'", out.calls.size()));
+    json args = call.value("arguments", json::object());
+    if (args.is_string()) {
+      // Some models write the arguments as a JSON string; OpenAI's field is one anyway.
+      try {
+        args = json::parse(args.get<std::string>());
+      } catch (const json::exception&) {
+        return fail(fmt::format("tool call {} has arguments that are not JSON", out.calls.size()));
+      }
+    }
+    if (!args.is_object())
+      return fail(
+          fmt::format("tool call {} has arguments that are not an object", out.calls.size()));
+    out.calls.push_back({{"id", call_id()},
+                         {"type", "function"},
+                         {"function", {{"name", call["name"]}, {"arguments", dump_json(args)}}}});
+    pos = close + kToolClose.size();
+  }
+  return out;
+}
+
+std::string ToolCallHolder::feed(std::string_view text) {
+  pending_.append(text);
+  if (holding_) return {};
+  const size_t open = pending_.find(kToolOpen);
+  if (open != std::string::npos) {
+    holding_ = true;
+    std::string out = pending_.substr(0, open);
+    pending_.erase(0, open);
+    return out;
+  }
+  size_t hold = std::min(pending_.size(), kToolOpen.size() - 1);
+  while (hold > 0 &&
+         !kToolOpen.starts_with(std::string_view(pending_).substr(pending_.size() - hold)))
+    --hold;
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
   return out;
 }
 

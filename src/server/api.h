@@ -63,6 +63,7 @@ struct GenerationRequest {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool stream = false, include_usage = false, speculative = true;
+  bool tools = false;  // chat with tools: <tool_call> blocks in the output become tool_calls
 };
 
 enum class Endpoint { Completions, Chat, Tokenize, Detokenize };
@@ -139,6 +140,34 @@ class ReasoningSplitter {
   enum class State { Start, Reasoning, Content } state_;
   std::string pending_;
   bool saw_ = false;
+};
+
+// Qwen3's (Hermes-style) tool calls in a chat completion's content:
+// <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, any number of them.
+struct ToolCalls {
+  // The content without the blocks: the text before the first block as it is, plus any other
+  // text outside them that is not only whitespace.
+  std::string content;
+  // OpenAI tool_calls: {id: "call_<24 random alphanumerics>", type: "function",
+  // function: {name, arguments: the arguments object as a JSON string}}.
+  nlohmann::json calls = nlohmann::json::array();
+  // Non-empty when a block is not a JSON object with a string name and object arguments, or is
+  // not closed: then calls is empty and content is the whole text.
+  std::string error;
+};
+ToolCalls parse_tool_calls(const std::string& text);
+
+// Streaming side of parse_tool_calls: passes text through until a "<tool_call>" may begin (a
+// possible partial tag is held back), then holds everything from there to the end.
+class ToolCallHolder {
+ public:
+  std::string feed(std::string_view text);
+  // Text from the first "<tool_call>" on (or a partial tag), once no more text will come.
+  const std::string& held() const { return pending_; }
+
+ private:
+  std::string pending_;
+  bool holding_ = false;
 };
 
 // Whether a rendered prompt ends inside an open think block (its last "<think>" comes after its

@@ -52,6 +52,10 @@ std::string printable(std::string_view s, size_t limit = 200) {
   return out;
 }
 
+bool blank_content(const std::string& s) {
+  return s.find_first_not_of(" \t\r\n") == std::string::npos;
+}
+
 // Holds one count of the handlers still writing, however the handler leaves.
 class ActiveGuard {
  public:
@@ -307,6 +311,9 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
   // Chat output split into reasoning_content and content (unless --reasoning raw).
   std::shared_ptr<ReasoningSplitter> think;
   if (chat && opt.split_reasoning) think = std::make_shared<ReasoningSplitter>(opens_think);
+  // With tools, text from a <tool_call> on is held until the end and parsed.
+  std::shared_ptr<ToolCallHolder> tools;
+  if (g.tools) tools = std::make_shared<ToolCallHolder>();
   // Maps the engine's end to the API's: a stop string or stop token is "stop".
   auto api_reason = [](const std::string& r) { return r == "length" ? "length" : "stop"; };
 
@@ -339,17 +346,25 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     }
     json choice = {{"index", 0}, {"finish_reason", reason}, {"logprobs", nullptr}};
     if (chat) {
+      json message = {{"role", "assistant"}, {"content", out->text}};
       if (think) {
         auto a = think->feed(out->text);
         auto b = think->finish();
-        choice["message"] = {
-            {"role", "assistant"},
-            {"content", a.content + b.content},
-            {"reasoning_content",
-             think->saw_reasoning() ? json(a.reasoning + b.reasoning) : json(nullptr)}};
-      } else {
-        choice["message"] = {{"role", "assistant"}, {"content", out->text}};
+        message["content"] = a.content + b.content;
+        message["reasoning_content"] =
+            think->saw_reasoning() ? json(a.reasoning + b.reasoning) : json(nullptr);
       }
+      if (g.tools) {
+        const ToolCalls tc = parse_tool_calls(message["content"].get<std::string>());
+        if (!tc.error.empty()) {
+          log(fmt::format("{} warning: tool-call text returned as content: {}", rid, tc.error));
+        } else if (!tc.calls.empty()) {
+          message["content"] = blank_content(tc.content) ? json(nullptr) : json(tc.content);
+          message["tool_calls"] = tc.calls;
+          if (reason == "stop") choice["finish_reason"] = reason = "tool_calls";
+        }
+      }
+      choice["message"] = std::move(message);
     } else {
       choice["text"] = out->text;
       choice["token_ids"] = out->ids;
@@ -435,19 +450,42 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
               reason = api_reason(u.finish_reason);
             }
           }
-          if (think) {
-            auto split = think->feed(piece);
-            if (!reason.empty()) {
-              auto tail = think->finish();
-              split.reasoning += tail.reasoning;
-              split.content += tail.content;
+          const bool ending = !reason.empty() && reason != "error";
+          if (chat) {
+            ReasoningSplitter::Piece split;
+            if (think) {
+              split = think->feed(piece);
+              if (ending) {
+                auto tail = think->finish();
+                split.reasoning += tail.reasoning;
+                split.content += tail.content;
+              }
+            } else {
+              split.content = piece;
+            }
+            json calls;
+            if (tools) {
+              split.content = tools->feed(split.content);
+              if (ending && !tools->held().empty()) {
+                const ToolCalls tc = parse_tool_calls(tools->held());
+                if (!tc.error.empty())
+                  log(fmt::format("{} warning: tool-call text returned as content: {}", rid,
+                                  tc.error));
+                split.content += tc.content;
+                if (!tc.calls.empty()) {
+                  calls = tc.calls;
+                  for (size_t i = 0; i < calls.size(); ++i) calls[i]["index"] = i;
+                  if (reason == "stop") reason = "tool_calls";
+                }
+              }
             }
             if (!split.reasoning.empty())
               buf += chunk(json{{"reasoning_content", split.reasoning}}, {}, nullptr);
             if (!split.content.empty() || (split.reasoning.empty() && !ids.empty()))
               buf += chunk(json{{"content", split.content}}, {}, nullptr);
+            if (!calls.is_null()) buf += chunk(json{{"tool_calls", calls}}, {}, nullptr);
           } else if (!piece.empty() || !ids.empty()) {
-            buf += chunk(chat ? json{{"content", piece}} : json(piece), ids, nullptr);
+            buf += chunk(json(piece), ids, nullptr);
           }
           if (!reason.empty()) {
             if (reason != "error")

@@ -244,6 +244,11 @@ class HostileRequests(unittest.TestCase):
                 (chat, user("x") | {"tools": {"f": 1}}, "tools"),
                 (chat, user("x") | {"response_format": {"type": "json_schema"}},
                  "response_format"),
+                (chat, {"messages": [{"role": "assistant", "tool_calls": [{"function": [1]}]}]},
+                 "messages[0].tool_calls[0].function"),
+                (chat, {"messages": [{"role": "assistant", "tool_calls": [{"function": {
+                    "name": "f", "arguments": "[" * 60 + "]" * 60}}]}]},
+                 "messages[0].tool_calls[0].function.arguments"),
             ]
             for path, body, param in cases:
                 with self.subTest(path=path, param=param):

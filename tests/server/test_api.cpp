@@ -403,3 +403,113 @@ TEST(ReasoningSplitter, WhereTheQwen3TemplateLeavesThePrompt) {
   // An earlier turn's closed block does not count.
   EXPECT_FALSE(prompt_opens_think("<think>a</think>b<|im_start|>assistant\n"));
 }
+
+TEST(ToolCalls, QwenBlocksBecomeOpenAIToolCalls) {
+  const std::string text =
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\", \"days\": [1, 2]}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", "
+      "\"arguments\": \"{\\\"tz\\\": \\\"UTC\\\"}\"}\n</tool_call>";
+  const ToolCalls tc = parse_tool_calls(text);
+  EXPECT_EQ(tc.error, "");
+  EXPECT_EQ(tc.content, "Let me check.\n");
+  ASSERT_EQ(tc.calls.size(), 2u);
+  for (const auto& c : tc.calls) {
+    EXPECT_EQ(c["type"], "function");
+    const std::string id = c["id"];
+    EXPECT_TRUE(id.starts_with("call_")) << id;
+    EXPECT_EQ(id.size(), 29u);
+  }
+  EXPECT_NE(tc.calls[0]["id"], tc.calls[1]["id"]);
+  EXPECT_EQ(tc.calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(tc.calls[0]["function"]["arguments"].get<std::string>()),
+            json::parse(R"({"city":"Paris","days":[1,2]})"));
+  EXPECT_EQ(tc.calls[1]["function"]["arguments"], R"({"tz":"UTC"})");
+  // Nothing to parse: all content.
+  EXPECT_EQ(parse_tool_calls("plain").content, "plain");
+  EXPECT_TRUE(parse_tool_calls("plain").calls.empty());
+}
+
+TEST(ToolCalls, TextThatIsNotACallStaysContent) {
+  for (const std::string text : {
+           "a <tool_call>\n{not json}\n</tool_call>",
+           "a <tool_call>\n{\"name\": \"f\", \"arguments\": {}}",  // cut off
+           "<tool_call>[1, 2]</tool_call>",
+           "<tool_call>{\"arguments\": {}}</tool_call>",
+           "<tool_call>{\"name\": 5}</tool_call>",
+           "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
+           "<tool_call>{\"name\": \"f\", \"arguments\": \"{oops\"}</tool_call>",
+           "<tool_call>{\"name\": \"f\"}</tool_call><tool_call>bad</tool_call>",
+       }) {
+    SCOPED_TRACE(text);
+    const ToolCalls tc = parse_tool_calls(text);
+    EXPECT_NE(tc.error, "");
+    EXPECT_TRUE(tc.calls.empty());
+    EXPECT_EQ(tc.content, text);
+  }
+}
+
+TEST(ToolCalls, HolderPassesContentUpToTheFirstBlockAtEverySplitPoint) {
+  for (const std::string text : {"Sure.\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+                                 "no call here <tool_ca", "<tool_call>x", "<<tool_call>>"}) {
+    const size_t first = text.find("<tool_call>");
+    const std::string shown = first == std::string::npos ? text : text.substr(0, first);
+    for (size_t i = 0; i <= text.size(); ++i) {
+      for (size_t j = i; j <= text.size(); ++j) {
+        ToolCallHolder h;
+        std::string out = h.feed(text.substr(0, i));
+        out += h.feed(text.substr(i, j - i));
+        out += h.feed(text.substr(j));
+        EXPECT_EQ(out + h.held(), text);
+        // A partial tag at the very end stays held, everything before the block comes out.
+        if (first != std::string::npos)
+          EXPECT_EQ(out, shown) << i << " " << j;
+        else
+          EXPECT_TRUE(shown.starts_with(out));
+      }
+    }
+  }
+}
+
+TEST(ToolCalls, AssistantCallsAndToolResultsRenderAsQwen3Expects) {
+  auto r = parse_generation_request(json::parse(R"({"messages":[
+      {"role":"user","content":"Weather in Paris?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",
+        "function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+      {"role":"tool","tool_call_id":"call_1","content":[{"type":"text","text":"18 C"}]}],
+    "tools":[{"type":"function","function":{"name":"get_weather","parameters":{}}}]})"),
+                                    true, "m");
+  EXPECT_TRUE(r.tools);
+  const auto& m = r.chat_request["messages"];
+  EXPECT_EQ(m[1]["content"], "");
+  EXPECT_EQ(m[1]["tool_calls"][0]["function"]["arguments"], json::parse(R"({"city":"Paris"})"));
+  for (const char* dir : {"tests/data/chat/qwen3-official", "tests/data/qwen3-tokenizer"}) {
+    SCOPED_TRACE(dir);
+    const std::string prompt = flashmap::ChatTemplate::from_dir(dir).render(r.chat_request);
+    const std::string call =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+        "</tool_call>";
+    EXPECT_NE(prompt.find("<|im_start|>assistant\n" + call + "<|im_end|>"), std::string::npos)
+        << prompt;
+    EXPECT_NE(prompt.find("<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>"),
+              std::string::npos)
+        << prompt;
+    // What the template writes parses back into the same call.
+    const ToolCalls back = parse_tool_calls(call);
+    ASSERT_EQ(back.calls.size(), 1u);
+    EXPECT_EQ(back.calls[0]["function"]["arguments"], R"({"city":"Paris"})");
+  }
+  using E = std::pair<int, std::string>;
+  auto with_calls = [](const char* calls) {
+    return json::parse(std::string(R"({"messages":[{"role":"assistant","tool_calls":)") + calls +
+                       "}]}");
+  };
+  EXPECT_EQ(error_of(with_calls(R"("x")"), true), E(400, "messages[0].tool_calls"));
+  EXPECT_EQ(error_of(with_calls(R"([5])"), true), E(400, "messages[0].tool_calls[0]"));
+  EXPECT_EQ(error_of(with_calls(R"([{"function":{"arguments":"{}"}}])"), true),
+            E(400, "messages[0].tool_calls[0].function.name"));
+  EXPECT_EQ(error_of(with_calls(R"([{"function":{"name":"f","arguments":"{bad"}}])"), true),
+            E(400, "messages[0].tool_calls[0].function.arguments"));
+  EXPECT_EQ(error_of(with_calls(R"([{"function":{"name":"f","arguments":7}}])"), true),
+            E(400, "messages[0].tool_calls[0].function.arguments"));
+  EXPECT_EQ(error_of(with_calls(R"([{"function":{"name":"f"}}])"), true), E(200, ""));
+}

@@ -752,6 +752,42 @@ class TextTest(unittest.TestCase):
         self.assertEqual(resp["usage"]["prompt_tokens"],
                          len(tokens([{"role": "user", "content": "a\nb"}])))
 
+    def test_tool_calls_in_the_history(self):
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}]
+        messages = [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+        status, t = post(self.port, {"messages": messages, "tools": tools}, path="/tokenize")
+        self.assertEqual(status, 200, t)
+        status, d = post(self.port, {"tokens": t["tokens"]}, path="/detokenize")
+        self.assertIn('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", '
+                      '"arguments": {"city": "Paris"}}\n</tool_call><|im_end|>', d["prompt"])
+        self.assertIn("<tool_response>\n18 C\n</tool_response>", d["prompt"])
+        self.assertIn("# Tools", d["prompt"])
+        # A chat completion with tools: this random model writes no call, so content and no
+        # tool_calls (the parsing itself is unit-tested in test_api.cpp).
+        body = {"messages": messages, "tools": tools, "max_tokens": 6, "temperature": 0}
+        status, resp = post(self.port, body, path="/v1/chat/completions")
+        self.assertEqual(status, 200, resp)
+        choice = resp["choices"][0]
+        self.assertNotIn("tool_calls", choice["message"])
+        self.assertIn(choice["finish_reason"], ("stop", "length"))
+        status, chunks, done = stream(self.port, dict(body, stream=True),
+                                      path="/v1/chat/completions")
+        self.assertTrue(done)
+        self.assertEqual("".join(c["choices"][0]["delta"].get("content", "") for c in chunks
+                                 if c["choices"]), choice["message"]["content"])
+        status, resp = post(self.port, dict(body, messages=[
+            messages[0], dict(messages[1], tool_calls=[{"function": {"name": "f",
+                                                                     "arguments": "{oops"}}])]),
+            path="/v1/chat/completions")
+        self.assertEqual(status, 400)
+        self.assertEqual(resp["error"]["param"], "messages[1].tool_calls[0].function.arguments")
+
     def test_text_endpoints_bad_input(self):
         p = self.port
         cases = [
