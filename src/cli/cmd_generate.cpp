@@ -29,7 +29,9 @@ void run_generate(GenerateArgs& a) {
   a.model.resolve();
   RequestParams p;
   p.max_tokens = a.max_new_tokens;
-  p.sampling = a.sampling.params();
+  // Sampling flags not given come from the target's generation_config.json (as in serve).
+  const auto gen = GenerationConfig::from_dir(a.model.target);
+  p.sampling = a.sampling.params(default_sampling(gen));
   p.seed = a.sampling.resolved_seed();
   p.seeded = a.sampling.seed >= 0;
   p.sampling.validate();
@@ -44,7 +46,7 @@ void run_generate(GenerateArgs& a) {
   p.prompt = a.prompt.ids_of(text.get());
   if (a.stop_ids.empty()) {
     // Stop on the generation config's eos ids, as spec_generate does by default.
-    p.stop_ids = GenerationConfig::from_dir(a.model.target).eos_token_ids;
+    p.stop_ids = gen.eos_token_ids;
   } else if (a.stop_ids != "none") {
     p.stop_ids = parse_ids(a.stop_ids, "--stop-ids");
   }

@@ -68,8 +68,9 @@ void run_serve(ServeArgs& a) {
         std::filesystem::path(a.model.target).lexically_normal().parent_path().filename();
   std::unique_ptr<server::TextCodec> text;
   if (!a.model.tokenizer.empty()) text = server::open_text_codec(a.model.tokenizer);
-  const auto eos = GenerationConfig::from_dir(a.model.target).eos_token_ids;
-  a.server.eos_ids.assign(eos.begin(), eos.end());
+  const auto gen = GenerationConfig::from_dir(a.model.target);
+  a.server.eos_ids.assign(gen.eos_token_ids.begin(), gen.eos_token_ids.end());
+  a.server.default_sampling = default_sampling(gen);
 
   // Ids past the tokenizer's are the embedding's padding: never sampled.
   EngineOptions eo = a.model.engine_options(text ? text->vocab_size() : 0);
@@ -153,6 +154,15 @@ void register_cmd(CLI::App& app) {
   sub->add_option("--default-max-tokens", s.default_max_tokens,
                   "max_tokens of /v1/completions requests that give none (default 16)")
       ->check(CLI::Range(1, INT32_MAX));
+  sub->add_option_function<std::string>(
+         "--reasoning",
+         [args](const std::string& v) { args->server.split_reasoning = v == "split"; },
+         "chat completions: split (default: text inside <think>...</think> goes to "
+         "reasoning_content) or raw (everything in content)")
+      ->check(CLI::IsMember({"split", "raw"}));
+  sub->add_flag("--strict", s.strict,
+                "refuse requests with unknown fields (400); without it each unknown field name "
+                "is logged once and ignored");
   sub->add_option("--max-connections", s.max_connections,
                   "connections held at once; past it a new client evicts the one that has "
                   "waited longest for its request to arrive (default 512)")

@@ -83,11 +83,36 @@ uint64_t SamplingOptions::resolved_seed() const {
   return (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
 }
 
+SamplingParams SamplingOptions::params(const SamplingParams& defaults) const {
+  SamplingParams p = defaults;
+  auto given = [](const CLI::Option* o) { return !o || o->count() > 0; };
+  if (given(temperature_opt)) p.temperature = temperature;
+  if (given(top_k_opt)) p.top_k = top_k;
+  if (given(top_p_opt)) p.top_p = top_p;
+  if (given(min_p_opt)) p.min_p = min_p;
+  return p;
+}
+
+SamplingParams default_sampling(const GenerationConfig& gen) {
+  SamplingParams p;
+  if (gen.temperature) p.temperature = float(*gen.temperature);
+  if (gen.top_k) p.top_k = *gen.top_k;
+  if (gen.top_p) p.top_p = float(*gen.top_p);
+  if (gen.min_p) p.min_p = float(*gen.min_p);
+  return p;
+}
+
 void add_sampling_options(CLI::App& app, SamplingOptions& s) {
-  app.add_option("--temperature", s.temperature, "sampling temperature (0: greedy)");
-  app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0: off)");
-  app.add_option("--top-p", s.top_p, "nucleus sampling mass in (0, 1]");
-  app.add_option("--min-p", s.min_p, "drop tokens below min_p times the top probability");
+  const char* from = " (default: the target's generation_config.json, else ";
+  s.temperature_opt = app.add_option("--temperature", s.temperature,
+                                     std::string("sampling temperature") + from + "0: greedy)");
+  s.top_k_opt = app.add_option("--top-k", s.top_k,
+                               std::string("keep the k most likely tokens") + from + "0: off)");
+  s.top_p_opt = app.add_option("--top-p", s.top_p,
+                               std::string("nucleus sampling mass in (0, 1]") + from + "1)");
+  s.min_p_opt = app.add_option(
+      "--min-p", s.min_p,
+      std::string("drop tokens below min_p times the top probability") + from + "0)");
   app.add_option("--seed", s.seed, "random seed (default: random)")
       ->check(CLI::Range(int64_t(0), INT64_MAX));
 }

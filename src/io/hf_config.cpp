@@ -296,6 +296,26 @@ GenerationConfig GenerationConfig::from_dir(const std::string& dir) {
       for (auto& v : e) g.eos_token_ids.push_back(id_of(v));
     }
   }
+  if (auto ds = j.find("do_sample"); ds != j.end() && ds->is_boolean() && !ds->get<bool>())
+    return g;
+  auto number = [&](const char* key, double lo, double hi, bool lo_open) -> std::optional<double> {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    FLASHMAP_CHECK(it->is_number(), "{}: field '{}' must be a number, got {}", path, key,
+                   it->dump());
+    const double v = it->get<double>();
+    FLASHMAP_CHECK(std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi,
+                   "{}: field '{}' = {} is out of range {}{}, {}]", path, key, v,
+                   lo_open ? "(" : "[", lo, hi);
+    return v;
+  };
+  g.temperature = number("temperature", 0, 1e6, false);
+  g.top_p = number("top_p", 0, 1, true);
+  g.min_p = number("min_p", 0, 1, false);
+  if (auto k = number("top_k", -1, double(INT32_MAX), false)) {
+    FLASHMAP_CHECK(*k == std::floor(*k), "{}: field 'top_k' = {} is not an integer", path, *k);
+    g.top_k = *k < 0 ? 0 : int(*k);
+  }
   return g;
 }
 

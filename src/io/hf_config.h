@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,9 +65,14 @@ struct FlashMapConfig {
   static std::map<int, std::vector<double>> default_jump_grids();
 };
 
-// generation_config.json: the ids that end generation.
+// generation_config.json: the ids that end generation and the checkpoint's sampling defaults.
 struct GenerationConfig {
   std::vector<int> eos_token_ids;
+  // Sampling values the file gives (Qwen3: temperature 0.6, top_k 20, top_p 0.95). With
+  // "do_sample": false they are left out (greedy), as transformers does; without do_sample they
+  // count (as vLLM reads them). Out-of-range values are an Error naming the file and field.
+  std::optional<double> temperature, top_p, min_p;
+  std::optional<int> top_k;
   // Missing file -> empty config.
   static GenerationConfig from_dir(const std::string& dir);
 };

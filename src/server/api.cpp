@@ -1,7 +1,9 @@
 #include "server/api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 namespace flashmap::server {
 
@@ -174,49 +176,149 @@ std::vector<int32_t> get_ids(const json& v, const char* key) {
 
 }  // namespace
 
-GenerationRequest parse_generation_request(const json& body, bool chat,
-                                           const std::string& served_model) {
+std::string flatten_content(const json& parts, const std::string& param) {
+  std::string text;
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const json& part = parts[j];
+    const std::string p = fmt::format("{}[{}]", param, j);
+    if (!part.is_object()) bad(p, fmt::format("'{}' must be an object", p), "invalid_type");
+    const json* type = field(part, "type");
+    if (!type || !type->is_string())
+      bad(p + ".type", fmt::format("'{}.type' must be a string", p), "invalid_type");
+    if (type->get<std::string>() != "text")
+      bad(p + ".type",
+          fmt::format("'{}.type' is '{}': only text parts are supported (this server has no "
+                      "image, audio or file input)",
+                      p, type->get<std::string>()),
+          "unsupported_content");
+    const json* t = field(part, "text");
+    if (!t || !t->is_string())
+      bad(p + ".text", fmt::format("'{}.text' must be a string", p), "invalid_type");
+    if (j > 0) text += '\n';
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+namespace {
+
+void check_object(const json& body) {
   if (!body.is_object())
     throw ApiError(400,
                    fmt::format("the request body must be a JSON object, got {}", type_name(body)));
+}
+
+std::string check_model(const json& body, const std::string& served_model) {
+  const json* m = field(body, "model");
+  if (!m) return {};
+  if (!m->is_string()) bad("model", "'model' must be a string", "invalid_type");
+  if (m->get<std::string>() != served_model)
+    throw ApiError(404,
+                   fmt::format("The model '{}' does not exist; this server serves '{}'",
+                               m->get<std::string>(), served_model),
+                   "model", "model_not_found");
+  return m->get<std::string>();
+}
+
+// An assistant message's tool_calls as chat templates take them: each function's arguments an
+// object (OpenAI sends a JSON string; Qwen3's template writes a string as it is and an object
+// with tojson, the form the model was trained on), and content null as "" (templates that test
+// `'</think>' in message.content` fail on null).
+void normalize_tool_calls(json& m, const std::string& p) {
+  auto it = m.find("tool_calls");
+  if (it == m.end() || it->is_null()) return;
+  if (!it->is_array())
+    bad(p + ".tool_calls", fmt::format("'{}.tool_calls' must be an array", p), "invalid_type");
+  for (size_t j = 0; j < it->size(); ++j) {
+    json& call = (*it)[j];
+    const std::string q = fmt::format("{}.tool_calls[{}]", p, j);
+    if (!call.is_object()) bad(q, fmt::format("'{}' must be an object", q), "invalid_type");
+    auto fn = call.find("function");
+    if (fn == call.end() || !fn->is_object())
+      bad(q + ".function", fmt::format("'{}.function' must be an object", q), "invalid_type");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string())
+      bad(q + ".function.name", fmt::format("'{}.function.name' must be a string", q),
+          "invalid_type");
+    auto args = fn->find("arguments");
+    if (args == fn->end() || args->is_null()) {
+      (*fn)["arguments"] = json::object();
+    } else if (args->is_string()) {
+      json parsed;
+      try {
+        parsed = json::parse(args->get<std::string>());
+      } catch (const json::exception&) {
+        bad(q + ".function.arguments",
+            fmt::format("'{}.function.arguments' must be a JSON object (as a string)", q));
+      }
+      if (!parsed.is_object())
+        bad(q + ".function.arguments",
+            fmt::format("'{}.function.arguments' must be a JSON object (as a string)", q));
+      *args = std::move(parsed);
+    } else if (!args->is_object()) {
+      bad(q + ".function.arguments",
+          fmt::format("'{}.function.arguments' must be a JSON object or a string holding one", q),
+          "invalid_type");
+    }
+  }
+  if (auto c = m.find("content"); c == m.end() || c->is_null()) m["content"] = "";
+}
+
+// The request object for the chat template: messages (content parts flattened), tools,
+// chat_template_kwargs merged in, add_generation_prompt.
+nlohmann::ordered_json chat_request_of(const json& body) {
+  const json* msgs = field(body, "messages");
+  if (!msgs) bad("messages", "'messages' is required", "missing_required_parameter");
+  if (!msgs->is_array()) bad("messages", "'messages' must be an array", "invalid_type");
+  if (msgs->empty()) bad("messages", "'messages' must not be empty");
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string p = fmt::format("messages[{}]", i);
+    if (!m.is_object()) bad(p, fmt::format("'{}' must be an object", p), "invalid_type");
+    const json* role = field(m, "role");
+    if (!role || !role->is_string())
+      bad(p + ".role", fmt::format("'{}.role' must be a string", p), "invalid_type");
+    const json* content = field(m, "content");
+    if (content && !content->is_string() && !content->is_array())
+      bad(p + ".content", fmt::format("'{}.content' must be a string or an array", p),
+          "invalid_type");
+  }
+  // Content given as an array of parts becomes one string before the template sees it.
+  json messages = *msgs;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    auto it = messages[i].find("content");
+    if (it != messages[i].end() && it->is_array())
+      *it = flatten_content(*it, fmt::format("messages[{}].content", i));
+    normalize_tool_calls(messages[i], fmt::format("messages[{}]", i));
+  }
+  nlohmann::ordered_json req = nlohmann::ordered_json::object();
+  if (const json* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object())
+      bad("chat_template_kwargs", "'chat_template_kwargs' must be an object", "invalid_type");
+    for (auto it = kw->begin(); it != kw->end(); ++it) req[it.key()] = *it;
+  }
+  req["messages"] = messages;
+  if (const json* tools = field(body, "tools")) {
+    if (!tools->is_array()) bad("tools", "'tools' must be an array", "invalid_type");
+    req["tools"] = *tools;
+  }
+  req["add_generation_prompt"] = get_bool(body, "add_generation_prompt").value_or(true);
+  return req;
+}
+
+}  // namespace
+
+GenerationRequest parse_generation_request(const json& body, bool chat,
+                                           const std::string& served_model) {
+  check_object(body);
   GenerationRequest r;
   r.chat = chat;
-  if (const json* m = field(body, "model")) {
-    if (!m->is_string()) bad("model", "'model' must be a string", "invalid_type");
-    r.model = m->get<std::string>();
-    if (r.model != served_model)
-      throw ApiError(404,
-                     fmt::format("The model '{}' does not exist; this server serves '{}'", r.model,
-                                 served_model),
-                     "model", "model_not_found");
-  }
+  r.model = check_model(body, served_model);
+  refuse_unsupported(body, chat ? Endpoint::Chat : Endpoint::Completions);
 
   if (chat) {
-    const json* msgs = field(body, "messages");
-    if (!msgs) bad("messages", "'messages' is required", "missing_required_parameter");
-    if (!msgs->is_array()) bad("messages", "'messages' must be an array", "invalid_type");
-    if (msgs->empty()) bad("messages", "'messages' must not be empty");
-    for (size_t i = 0; i < msgs->size(); ++i) {
-      const json& m = (*msgs)[i];
-      const std::string p = fmt::format("messages[{}]", i);
-      if (!m.is_object()) bad(p, fmt::format("'{}' must be an object", p), "invalid_type");
-      const json* role = field(m, "role");
-      if (!role || !role->is_string())
-        bad(p + ".role", fmt::format("'{}.role' must be a string", p), "invalid_type");
-      const json* content = field(m, "content");
-      if (content && !content->is_string() && !content->is_array())
-        bad(p + ".content", fmt::format("'{}.content' must be a string or an array", p),
-            "invalid_type");
-    }
-    r.chat_request = nlohmann::ordered_json::object();
-    if (const json* kw = field(body, "chat_template_kwargs")) {
-      if (!kw->is_object())
-        bad("chat_template_kwargs", "'chat_template_kwargs' must be an object", "invalid_type");
-      for (auto it = kw->begin(); it != kw->end(); ++it) r.chat_request[it.key()] = *it;
-    }
-    r.chat_request["messages"] = *msgs;
-    if (const json* tools = field(body, "tools")) r.chat_request["tools"] = *tools;
-    r.chat_request["add_generation_prompt"] = true;
+    r.chat_request = chat_request_of(body);
+    r.tools = r.chat_request.contains("tools") && !r.chat_request["tools"].empty();
   } else {
     const json* p = field(body, "prompt");
     if (!p) bad("prompt", "'prompt' is required", "missing_required_parameter");
@@ -247,24 +349,22 @@ GenerationRequest parse_generation_request(const json& body, bool chat,
   }
   if (auto t = get_number(body, "temperature")) {
     if (!(*t >= 0)) bad("temperature", fmt::format("'temperature' must be >= 0, got {}", *t));
-    r.sampling.temperature = float(*t);
+    r.temperature = float(*t);
   }
   if (auto t = get_number(body, "top_p")) {
     if (!(*t > 0 && *t <= 1)) bad("top_p", fmt::format("'top_p' must be in (0, 1], got {}", *t));
-    r.sampling.top_p = float(*t);
+    r.top_p = float(*t);
   }
   if (auto t = get_int(body, "top_k")) {
     // -1 means "off" in vLLM's API, 0 in ours.
     if (*t < -1) bad("top_k", fmt::format("'top_k' must be -1, 0 (off) or positive, got {}", *t));
-    r.sampling.top_k = *t < 0 ? 0 : int(std::min<int64_t>(*t, INT32_MAX));
+    r.top_k = *t < 0 ? 0 : int(std::min<int64_t>(*t, INT32_MAX));
   }
   if (auto t = get_number(body, "min_p")) {
     if (!(*t >= 0 && *t <= 1)) bad("min_p", fmt::format("'min_p' must be in [0, 1], got {}", *t));
-    r.sampling.min_p = float(*t);
+    r.min_p = float(*t);
   }
   if (auto s = get_int(body, "seed")) r.seed = uint64_t(*s);
-  if (auto n = get_int(body, "n"); n && *n != 1)
-    bad("n", fmt::format("only n = 1 is supported, got {}", *n));
   if (const json* st = field(body, "stop")) {
     if (st->is_string()) {
       r.stop.push_back(st->get<std::string>());
@@ -302,9 +402,197 @@ GenerationRequest parse_generation_request(const json& body, bool chat,
     r.include_usage = get_bool(*so, "include_usage").value_or(false);
   }
   r.speculative = get_bool(body, "speculative").value_or(true);
-  if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
-    bad("logprobs", "'logprobs' is not supported");
   return r;
+}
+
+namespace {
+
+// Fields each endpoint reads (or knowingly ignores: `user` only tags a request at OpenAI).
+const std::vector<std::string_view>& known_fields(Endpoint e) {
+  static const std::vector<std::string_view> common = {
+      "model",          "max_tokens", "max_completion_tokens",
+      "temperature",    "top_p",      "top_k",
+      "min_p",          "seed",       "stop",
+      "stop_token_ids", "stream",     "stream_options",
+      "speculative",    "user"};
+  static const std::vector<std::string_view> completions = [] {
+    auto v = common;
+    v.insert(v.end(), {"prompt"});
+    return v;
+  }();
+  static const std::vector<std::string_view> chat = [] {
+    auto v = common;
+    v.insert(v.end(), {"messages", "chat_template_kwargs", "tools", "add_generation_prompt"});
+    return v;
+  }();
+  static const std::vector<std::string_view> tokenize = {"model",
+                                                         "prompt",
+                                                         "messages",
+                                                         "add_special_tokens",
+                                                         "add_generation_prompt",
+                                                         "chat_template_kwargs",
+                                                         "tools"};
+  static const std::vector<std::string_view> detokenize = {"model", "tokens"};
+  switch (e) {
+    case Endpoint::Completions:
+      return completions;
+    case Endpoint::Chat:
+      return chat;
+    case Endpoint::Tokenize:
+      return tokenize;
+    default:
+      return detokenize;
+  }
+}
+
+// Fields this server knows but does not implement, with the one value of each that changes
+// nothing (accepted); any other value is refused rather than ignored.
+struct Unsupported {
+  std::string_view name;
+  json no_op;  // null: no value but null (absent) is accepted
+  bool completions, chat, tokenize;
+};
+const std::vector<Unsupported>& unsupported_fields() {
+  static const std::vector<Unsupported> v = {
+      {"n", 1, true, true, false},
+      {"best_of", 1, true, false, false},
+      {"echo", false, true, false, false},
+      {"suffix", "", true, false, false},
+      {"logprobs", false, true, true, false},
+      {"top_logprobs", 0, false, true, false},
+      {"prompt_logprobs", nullptr, true, true, false},
+      {"presence_penalty", 0, true, true, false},
+      {"frequency_penalty", 0, true, true, false},
+      {"repetition_penalty", 1, true, true, false},
+      {"logit_bias", json::object(), true, true, false},
+      {"min_tokens", 0, true, true, false},
+      {"ignore_eos", false, true, true, false},
+      {"skip_special_tokens", true, true, true, false},
+      {"include_stop_str_in_output", false, true, true, false},
+      {"response_format", {{"type", "text"}}, true, true, false},
+      {"guided_json", nullptr, true, true, false},
+      {"guided_regex", nullptr, true, true, false},
+      {"guided_choice", nullptr, true, true, false},
+      {"guided_grammar", nullptr, true, true, false},
+      {"structured_outputs", nullptr, true, true, false},
+      {"parallel_tool_calls", true, false, true, false},
+      {"continue_final_message", false, false, true, true},
+      {"chat_template", nullptr, false, true, true},
+      {"functions", nullptr, false, true, false},
+      {"function_call", nullptr, false, true, false},
+      {"return_token_strs", false, false, false, true},
+  };
+  return v;
+}
+
+bool applies(const Unsupported& u, Endpoint e) {
+  return e == Endpoint::Completions ? u.completions
+         : e == Endpoint::Chat      ? u.chat
+         : e == Endpoint::Tokenize  ? u.tokenize
+                                    : false;
+}
+
+}  // namespace
+
+std::vector<std::string> unknown_fields(const json& body, Endpoint e) {
+  std::vector<std::string> out;
+  if (!body.is_object()) return out;
+  const auto& known = known_fields(e);
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& k = it.key();
+    if (std::find(known.begin(), known.end(), k) != known.end()) continue;
+    bool listed = false;
+    for (const auto& u : unsupported_fields()) listed |= applies(u, e) && u.name == k;
+    if (e == Endpoint::Chat && k == "tool_choice") listed = true;
+    if (!listed) out.push_back(k);
+  }
+  return out;
+}
+
+void refuse_unsupported(const json& body, Endpoint e) {
+  for (const auto& u : unsupported_fields()) {
+    if (!applies(u, e)) continue;
+    const json* v = field(body, std::string(u.name).c_str());
+    if (!v || (!u.no_op.is_null() && *v == u.no_op)) continue;
+    const std::string name(u.name);
+    if (u.no_op.is_null())
+      bad(name, fmt::format("'{}' is not supported yet", name), "unsupported_parameter");
+    bad(name,
+        fmt::format("'{}' = {} is not supported yet (only the default, {}, is accepted)", name,
+                    dump_json(*v).substr(0, 100), dump_json(u.no_op)),
+        "unsupported_parameter");
+  }
+  if (e != Endpoint::Chat) return;
+  // tool_choice: "auto" is what the template does with tools; "none" is only a no-op without
+  // tools; "required" and a named function would need constrained decoding.
+  if (const json* tc = field(body, "tool_choice")) {
+    const json* tools = field(body, "tools");
+    const bool has_tools = tools && tools->is_array() && !tools->empty();
+    if (*tc == "auto" || (*tc == "none" && !has_tools)) return;
+    if (!tc->is_string() && !tc->is_object())
+      bad("tool_choice", "'tool_choice' must be a string or an object", "invalid_type");
+    bad("tool_choice",
+        fmt::format("'tool_choice' = {} is not supported yet (only \"auto\" is accepted{})",
+                    dump_json(*tc).substr(0, 100), has_tools ? "" : ", or \"none\" without tools"),
+        "unsupported_parameter");
+  }
+}
+
+SamplingParams GenerationRequest::sampling_over(const SamplingParams& defaults) const {
+  SamplingParams p = defaults;
+  if (temperature) p.temperature = *temperature;
+  if (top_k) p.top_k = *top_k;
+  if (top_p) p.top_p = *top_p;
+  if (min_p) p.min_p = *min_p;
+  return p;
+}
+
+TokenizeRequest parse_tokenize_request(const json& body, const std::string& served_model) {
+  check_object(body);
+  TokenizeRequest r;
+  check_model(body, served_model);
+  refuse_unsupported(body, Endpoint::Tokenize);
+  const json* p = field(body, "prompt");
+  const json* m = field(body, "messages");
+  if (p && m) bad("prompt", "give either 'prompt' or 'messages', not both");
+  if (p) {
+    if (!p->is_string()) bad("prompt", "'prompt' must be a string", "invalid_type");
+    r.prompt = p->get<std::string>();
+  } else if (m) {
+    r.chat_request = chat_request_of(body);
+  } else {
+    bad("prompt", "'prompt' (a string) or 'messages' is required", "missing_required_parameter");
+  }
+  // vLLM's defaults: true for a prompt, false for messages (the template writes them).
+  r.add_special_tokens = get_bool(body, "add_special_tokens").value_or(!m);
+  return r;
+}
+
+std::vector<int32_t> parse_detokenize_request(const json& body, const std::string& served_model,
+                                              int64_t vocab_size) {
+  check_object(body);
+  check_model(body, served_model);
+  const json* t = field(body, "tokens");
+  if (!t) bad("tokens", "'tokens' is required", "missing_required_parameter");
+  if (!t->is_array()) bad("tokens", "'tokens' must be an array of token ids", "invalid_type");
+  std::vector<int32_t> ids;
+  ids.reserve(t->size());
+  for (size_t i = 0; i < t->size(); ++i) {
+    const json& x = (*t)[i];
+    const std::string p = fmt::format("tokens[{}]", i);
+    if (!x.is_number_integer())
+      bad(p,
+          fmt::format("'{}' must be an integer token id, got {}", p, dump_json(x).substr(0, 100)),
+          "invalid_type");
+    const bool in_range = x.is_number_unsigned()
+                              ? x.get<uint64_t>() < uint64_t(vocab_size)
+                              : x.get<int64_t>() >= 0 && x.get<int64_t>() < vocab_size;
+    if (!in_range)
+      bad(p, fmt::format("'{}' = {} is not a token id of this tokenizer (ids are 0..{})", p,
+                         dump_json(x), vocab_size - 1));
+    ids.push_back(int32_t(x.get<int64_t>()));
+  }
+  return ids;
 }
 
 std::string StopMatcher::feed(std::string_view text) {
@@ -334,6 +622,143 @@ std::string StopMatcher::feed(std::string_view text) {
 std::string StopMatcher::finish() {
   if (stopped_) return {};
   return std::exchange(pending_, {});
+}
+
+namespace {
+constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
+}
+
+bool prompt_opens_think(std::string_view prompt) {
+  const size_t open = prompt.rfind(kThinkOpen), close = prompt.rfind(kThinkClose);
+  return open != std::string_view::npos && (close == std::string_view::npos || open > close);
+}
+
+ReasoningSplitter::Piece ReasoningSplitter::feed(std::string_view text) {
+  Piece out;
+  pending_.append(text);
+  if (state_ == State::Start) {
+    if (pending_.size() < kThinkOpen.size() && kThinkOpen.starts_with(pending_)) return out;
+    if (pending_.starts_with(kThinkOpen)) {
+      pending_.erase(0, kThinkOpen.size());
+      state_ = State::Reasoning;
+    } else {
+      state_ = State::Content;
+    }
+  }
+  if (state_ == State::Reasoning) {
+    saw_ = true;
+    const size_t end = pending_.find(kThinkClose);
+    if (end == std::string::npos) {
+      // Hold back the longest tail that could start "</think>".
+      size_t hold = std::min(pending_.size(), kThinkClose.size() - 1);
+      while (hold > 0 &&
+             !kThinkClose.starts_with(std::string_view(pending_).substr(pending_.size() - hold)))
+        --hold;
+      out.reasoning = pending_.substr(0, pending_.size() - hold);
+      pending_.erase(0, pending_.size() - hold);
+      return out;
+    }
+    out.reasoning = pending_.substr(0, end);
+    pending_.erase(0, end + kThinkClose.size());
+    state_ = State::Content;
+  }
+  out.content = std::exchange(pending_, {});
+  return out;
+}
+
+ReasoningSplitter::Piece ReasoningSplitter::finish() {
+  Piece out;
+  if (state_ == State::Reasoning)
+    out.reasoning = std::exchange(pending_, {});
+  else
+    out.content = std::exchange(pending_, {});
+  return out;
+}
+
+namespace {
+constexpr std::string_view kToolOpen = "<tool_call>", kToolClose = "</tool_call>";
+
+bool blank(std::string_view s) {
+  return s.find_first_not_of(" \t\r\n") == std::string_view::npos;
+}
+
+std::string call_id() {
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{(uint64_t(std::random_device{}()) << 32) ^
+                                   std::random_device{}()};
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kChars[rng() % (sizeof(kChars) - 1)];
+  return id;
+}
+}  // namespace
+
+ToolCalls parse_tool_calls(const std::string& text) {
+  ToolCalls out;
+  size_t pos = 0;
+  bool first = true;
+  auto fail = [&](std::string why) {
+    out.calls = json::array();
+    out.content = text;
+    out.error = std::move(why);
+    return out;
+  };
+  for (;;) {
+    const size_t open = text.find(kToolOpen, pos);
+    const std::string_view outside = std::string_view(text).substr(
+        pos, open == std::string::npos ? std::string::npos : open - pos);
+    if (first || !blank(outside)) out.content += outside;
+    first = false;
+    if (open == std::string::npos) break;
+    const size_t body = open + kToolOpen.size();
+    const size_t close = text.find(kToolClose, body);
+    if (close == std::string::npos)
+      return fail(fmt::format("tool call {} is not closed with </tool_call>", out.calls.size()));
+    json call;
+    try {
+      call = json::parse(text.substr(body, close - body));
+    } catch (const json::exception&) {
+      return fail(fmt::format("tool call {} is not valid JSON", out.calls.size()));
+    }
+    if (!call.is_object() || !call.contains("name") || !call["name"].is_string())
+      return fail(
+          fmt::format("tool call {} is not an object with a string 'name'", out.calls.size()));
+    json args = call.value("arguments", json::object());
+    if (args.is_string()) {
+      // Some models write the arguments as a JSON string; OpenAI's field is one anyway.
+      try {
+        args = json::parse(args.get<std::string>());
+      } catch (const json::exception&) {
+        return fail(fmt::format("tool call {} has arguments that are not JSON", out.calls.size()));
+      }
+    }
+    if (!args.is_object())
+      return fail(
+          fmt::format("tool call {} has arguments that are not an object", out.calls.size()));
+    out.calls.push_back({{"id", call_id()},
+                         {"type", "function"},
+                         {"function", {{"name", call["name"]}, {"arguments", dump_json(args)}}}});
+    pos = close + kToolClose.size();
+  }
+  return out;
+}
+
+std::string ToolCallHolder::feed(std::string_view text) {
+  pending_.append(text);
+  if (holding_) return {};
+  const size_t open = pending_.find(kToolOpen);
+  if (open != std::string::npos) {
+    holding_ = true;
+    std::string out = pending_.substr(0, open);
+    pending_.erase(0, open);
+    return out;
+  }
+  size_t hold = std::min(pending_.size(), kToolOpen.size() - 1);
+  while (hold > 0 &&
+         !kToolOpen.starts_with(std::string_view(pending_).substr(pending_.size() - hold)))
+    --hold;
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
 }
 
 }  // namespace flashmap::server

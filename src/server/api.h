@@ -54,12 +54,45 @@ struct GenerationRequest {
   std::optional<std::string> prompt_text;
   nlohmann::ordered_json chat_request;
   std::optional<int> max_tokens;  // absent: the endpoint's default
-  SamplingParams sampling;
+  // Sampling fields the request gives; the others come from the server's defaults
+  // (generation_config.json, else greedy).
+  std::optional<float> temperature, top_p, min_p;
+  std::optional<int> top_k;
+  SamplingParams sampling_over(const SamplingParams& defaults) const;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool stream = false, include_usage = false, speculative = true;
+  bool tools = false;  // chat with tools: <tool_call> blocks in the output become tool_calls
 };
+
+enum class Endpoint { Completions, Chat, Tokenize, Detokenize };
+
+// Top-level fields of `body` that `endpoint` neither reads nor knows to refuse.
+std::vector<std::string> unknown_fields(const nlohmann::json& body, Endpoint endpoint);
+// Throws a 400 naming the first known-but-unimplemented field (presence_penalty, logit_bias,
+// response_format, n, logprobs, tool_choice "required", ...) whose value is not its no-op
+// default (presence_penalty 0, n 1, logprobs false, ...).
+void refuse_unsupported(const nlohmann::json& body, Endpoint endpoint);
+
+// POST /tokenize: {"prompt": str} or {"messages": [...]} (+ add_generation_prompt,
+// chat_template_kwargs, tools), add_special_tokens.
+struct TokenizeRequest {
+  std::optional<std::string> prompt;
+  nlohmann::ordered_json chat_request;  // when messages are given
+  bool add_special_tokens = true;
+};
+TokenizeRequest parse_tokenize_request(const nlohmann::json& body, const std::string& served_model);
+// POST /detokenize: {"tokens": [ids]}; an id outside [0, vocab_size) is a 400 naming
+// tokens[i].
+std::vector<int32_t> parse_detokenize_request(const nlohmann::json& body,
+                                              const std::string& served_model, int64_t vocab_size);
+
+// A message's `content` given as an array of parts, as one string: the text parts
+// ({"type": "text", "text": ...}) joined with "\n", as vLLM does for templates that take string
+// content. Any other part (image_url, input_audio, file, ...) is a 400 naming
+// `param[j].type`; `param` is e.g. "messages[2].content".
+std::string flatten_content(const nlohmann::json& parts, const std::string& param);
 
 // Parses and validates a body (already checked to be UTF-8 JSON). `served_model` is the only
 // model name accepted in `model` (absent is fine).
@@ -83,5 +116,62 @@ class StopMatcher {
   std::string pending_;
   bool stopped_ = false;
 };
+
+// Splits a chat completion's text into reasoning (inside <think>...</think>) and content, on
+// text streamed in pieces cut anywhere: a possible partial tag is held back until it is
+// decided. `starts_inside`: the prompt ends inside an open think block (the model's first token
+// is already reasoning). Otherwise a think block counts only at the very start of the output
+// (Qwen3 writes <think> first when thinking; with enable_thinking false its template has
+// already closed an empty block, and the output is all content). The tags are not returned.
+class ReasoningSplitter {
+ public:
+  explicit ReasoningSplitter(bool starts_inside)
+      : state_(starts_inside ? State::Reasoning : State::Start) {}
+  struct Piece {
+    std::string reasoning, content;
+  };
+  Piece feed(std::string_view text);
+  // What is held back, once no more text will come (an unclosed block stays reasoning).
+  Piece finish();
+  // Whether any reasoning was seen (a think block opened).
+  bool saw_reasoning() const { return saw_; }
+
+ private:
+  enum class State { Start, Reasoning, Content } state_;
+  std::string pending_;
+  bool saw_ = false;
+};
+
+// Qwen3's (Hermes-style) tool calls in a chat completion's content:
+// <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, any number of them.
+struct ToolCalls {
+  // The content without the blocks: the text before the first block as it is, plus any other
+  // text outside them that is not only whitespace.
+  std::string content;
+  // OpenAI tool_calls: {id: "call_<24 random alphanumerics>", type: "function",
+  // function: {name, arguments: the arguments object as a JSON string}}.
+  nlohmann::json calls = nlohmann::json::array();
+  // Non-empty when a block is not a JSON object with a string name and object arguments, or is
+  // not closed: then calls is empty and content is the whole text.
+  std::string error;
+};
+ToolCalls parse_tool_calls(const std::string& text);
+
+// Streaming side of parse_tool_calls: passes text through until a "<tool_call>" may begin (a
+// possible partial tag is held back), then holds everything from there to the end.
+class ToolCallHolder {
+ public:
+  std::string feed(std::string_view text);
+  // Text from the first "<tool_call>" on (or a partial tag), once no more text will come.
+  const std::string& held() const { return pending_; }
+
+ private:
+  std::string pending_;
+  bool holding_ = false;
+};
+
+// Whether a rendered prompt ends inside an open think block (its last "<think>" comes after its
+// last "</think>").
+bool prompt_opens_think(std::string_view prompt);
 
 }  // namespace flashmap::server

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "server/api.h"
@@ -49,6 +50,10 @@ std::string printable(std::string_view s, size_t limit = 200) {
   }
   if (s.size() > limit) out += "...";
   return out;
+}
+
+bool blank_content(const std::string& s) {
+  return s.find_first_not_of(" \t\r\n") == std::string::npos;
 }
 
 // Holds one count of the handlers still writing, however the handler leaves.
@@ -160,9 +165,49 @@ struct Server::Impl {
     std::fflush(stderr);
   }
 
+  std::mutex warn_mutex;
+  std::set<std::string> warned;  // unknown field names already logged (at most kMaxWarned)
+  static constexpr size_t kMaxWarned = 256;
+
+  // The checks every JSON body passes (UTF-8, nesting, syntax); throws ApiError.
+  static json parse_body(const std::string& text) {
+    if (!valid_utf8(text)) throw ApiError(400, "the request body is not valid UTF-8");
+    if (json_nests_deeper_than(text, kMaxJsonDepth))
+      throw ApiError(400,
+                     fmt::format("the request body nests arrays or objects deeper than {} levels",
+                                 kMaxJsonDepth),
+                     {}, "invalid_json");
+    try {
+      return json::parse(text);
+    } catch (const json::parse_error& e) {
+      throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), {},
+                     "invalid_json");
+    }
+  }
+  // Unknown fields: a 400 under --strict, else one warning line per field name (ever).
+  void check_unknown(const json& body, Endpoint e, const std::string& path) {
+    const auto unknown = unknown_fields(body, e);
+    if (unknown.empty()) return;
+    if (opt.strict)
+      throw ApiError(400,
+                     fmt::format("unknown field '{}' (this server runs with --strict)",
+                                 printable(unknown.front(), 100)),
+                     unknown.front(), "unknown_parameter");
+    std::lock_guard lk(warn_mutex);
+    for (const auto& k : unknown) {
+      if (warned.size() >= kMaxWarned || !warned.insert(k).second) continue;
+      log(fmt::format(
+          "warning: {} ignores the unknown request field '{}'{}", path, printable(k, 100),
+          warned.size() == kMaxWarned ? " (no more unknown fields will be logged)" : ""));
+    }
+  }
+
   void routes();
+  void tokenize(const httplib::Request& hreq, httplib::Response& res);
+  void detokenize(const httplib::Request& hreq, httplib::Response& res);
   void generation(const httplib::Request& hreq, httplib::Response& res, bool chat);
-  RequestParams build(const GenerationRequest& g);
+  // `opens_think`: set to whether a chat prompt ends inside an open think block.
+  RequestParams build(const GenerationRequest& g, bool& opens_think);
   json usage(const Request& r, const Output& out) const {
     return {{"prompt_tokens", r.params.prompt.size()},
             {"completion_tokens", out.ids.size()},
@@ -182,13 +227,15 @@ struct Server::Impl {
   }
 };
 
-RequestParams Server::Impl::build(const GenerationRequest& g) {
+RequestParams Server::Impl::build(const GenerationRequest& g, bool& opens_think) {
   RequestParams p;
   if (g.chat) {
     if (!text)
       throw ApiError(400, "chat completions need a tokenizer: start the server with --tokenizer",
                      "messages", "tokenizer_required");
-    p.prompt = text->encode(text->render_chat(g.chat_request));
+    const std::string prompt = text->render_chat(g.chat_request);
+    opens_think = prompt_opens_think(prompt);
+    p.prompt = text->encode(prompt);
   } else if (g.prompt_ids) {
     p.prompt = *g.prompt_ids;
   } else {
@@ -218,7 +265,7 @@ RequestParams Server::Impl::build(const GenerationRequest& g) {
                                "context of {} tokens",
                                p.prompt.size(), p.max_tokens, ctx),
                    "max_tokens", "context_length_exceeded");
-  p.sampling = g.sampling;
+  p.sampling = g.sampling_over(opt.default_sampling);
   p.seed = g.seed ? *g.seed
                   : (uint64_t(std::random_device{}()) << 32) | uint64_t(std::random_device{}());
   p.seeded = g.seed.has_value();
@@ -240,23 +287,13 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
   };
   std::shared_ptr<Request> req;
   GenerationRequest g;
+  bool opens_think = false;
   try {
     if (draining) return fail(503, "the server is shutting down");
-    if (!valid_utf8(hreq.body)) return fail(400, "the request body is not valid UTF-8");
-    if (json_nests_deeper_than(hreq.body, kMaxJsonDepth))
-      return fail(400,
-                  fmt::format("the request body nests arrays or objects deeper than {} levels",
-                              kMaxJsonDepth),
-                  {}, "invalid_json");
-    json body;
-    try {
-      body = json::parse(hreq.body);
-    } catch (const json::parse_error& e) {
-      return fail(400, fmt::format("the request body is not valid JSON: {}", e.what()), {},
-                  "invalid_json");
-    }
+    const json body = parse_body(hreq.body);
     g = parse_generation_request(body, chat, opt.model_name);
-    req = sched.submit(build(g));
+    check_unknown(body, chat ? Endpoint::Chat : Endpoint::Completions, path);
+    req = sched.submit(build(g, opens_think));
   } catch (const ApiError& e) {
     return fail(e.status, e.what(), e.param, e.code, e.type);
   } catch (const AdmissionError& e) {
@@ -271,6 +308,12 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
   const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", req->id);
   const int64_t created = unix_now();
   auto out = std::make_shared<Output>(text, g.stop);
+  // Chat output split into reasoning_content and content (unless --reasoning raw).
+  std::shared_ptr<ReasoningSplitter> think;
+  if (chat && opt.split_reasoning) think = std::make_shared<ReasoningSplitter>(opens_think);
+  // With tools, text from a <tool_call> on is held until the end and parsed.
+  std::shared_ptr<ToolCallHolder> tools;
+  if (g.tools) tools = std::make_shared<ToolCallHolder>();
   // Maps the engine's end to the API's: a stop string or stop token is "stop".
   auto api_reason = [](const std::string& r) { return r == "length" ? "length" : "stop"; };
 
@@ -303,7 +346,25 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     }
     json choice = {{"index", 0}, {"finish_reason", reason}, {"logprobs", nullptr}};
     if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", out->text}};
+      json message = {{"role", "assistant"}, {"content", out->text}};
+      if (think) {
+        auto a = think->feed(out->text);
+        auto b = think->finish();
+        message["content"] = a.content + b.content;
+        message["reasoning_content"] =
+            think->saw_reasoning() ? json(a.reasoning + b.reasoning) : json(nullptr);
+      }
+      if (g.tools) {
+        const ToolCalls tc = parse_tool_calls(message["content"].get<std::string>());
+        if (!tc.error.empty()) {
+          log(fmt::format("{} warning: tool-call text returned as content: {}", rid, tc.error));
+        } else if (!tc.calls.empty()) {
+          message["content"] = blank_content(tc.content) ? json(nullptr) : json(tc.content);
+          message["tool_calls"] = tc.calls;
+          if (reason == "stop") choice["finish_reason"] = reason = "tool_calls";
+        }
+      }
+      choice["message"] = std::move(message);
     } else {
       choice["text"] = out->text;
       choice["token_ids"] = out->ids;
@@ -389,8 +450,43 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
               reason = api_reason(u.finish_reason);
             }
           }
-          if (!piece.empty() || !ids.empty())
-            buf += chunk(chat ? json{{"content", piece}} : json(piece), ids, nullptr);
+          const bool ending = !reason.empty() && reason != "error";
+          if (chat) {
+            ReasoningSplitter::Piece split;
+            if (think) {
+              split = think->feed(piece);
+              if (ending) {
+                auto tail = think->finish();
+                split.reasoning += tail.reasoning;
+                split.content += tail.content;
+              }
+            } else {
+              split.content = piece;
+            }
+            json calls;
+            if (tools) {
+              split.content = tools->feed(split.content);
+              if (ending && !tools->held().empty()) {
+                const ToolCalls tc = parse_tool_calls(tools->held());
+                if (!tc.error.empty())
+                  log(fmt::format("{} warning: tool-call text returned as content: {}", rid,
+                                  tc.error));
+                split.content += tc.content;
+                if (!tc.calls.empty()) {
+                  calls = tc.calls;
+                  for (size_t i = 0; i < calls.size(); ++i) calls[i]["index"] = i;
+                  if (reason == "stop") reason = "tool_calls";
+                }
+              }
+            }
+            if (!split.reasoning.empty())
+              buf += chunk(json{{"reasoning_content", split.reasoning}}, {}, nullptr);
+            if (!split.content.empty() || (split.reasoning.empty() && !ids.empty()))
+              buf += chunk(json{{"content", split.content}}, {}, nullptr);
+            if (!calls.is_null()) buf += chunk(json{{"tool_calls", calls}}, {}, nullptr);
+          } else if (!piece.empty() || !ids.empty()) {
+            buf += chunk(json(piece), ids, nullptr);
+          }
           if (!reason.empty()) {
             if (reason != "error")
               buf += chunk(chat ? json::object() : json(""), {}, reason.c_str());
@@ -448,11 +544,56 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
       });
 }
 
+void Server::Impl::tokenize(const httplib::Request& hreq, httplib::Response& res) {
+  try {
+    if (!text)
+      throw ApiError(400, "/tokenize needs a tokenizer: start the server with --tokenizer", {},
+                     "tokenizer_required");
+    const json body = parse_body(hreq.body);
+    const TokenizeRequest t = parse_tokenize_request(body, opt.model_name);
+    check_unknown(body, Endpoint::Tokenize, hreq.path);
+    std::vector<int32_t> ids;
+    try {
+      ids = text->encode(t.prompt ? *t.prompt : text->render_chat(t.chat_request));
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), t.prompt ? "prompt" : "messages");
+    }
+    json out = {{"count", ids.size()},
+                {"max_model_len", sched.max_context()},
+                {"tokens", ids},
+                {"token_strs", nullptr}};
+    res.set_content(dump_json(out), "application/json");
+  } catch (const ApiError& e) {
+    send_error(res, e.status, e.what(), e.param, e.code, e.type);
+  }
+}
+
+void Server::Impl::detokenize(const httplib::Request& hreq, httplib::Response& res) {
+  try {
+    if (!text)
+      throw ApiError(400, "/detokenize needs a tokenizer: start the server with --tokenizer", {},
+                     "tokenizer_required");
+    const json body = parse_body(hreq.body);
+    const auto ids = parse_detokenize_request(body, opt.model_name, text->vocab_size());
+    check_unknown(body, Endpoint::Detokenize, hreq.path);
+    std::string prompt;
+    try {
+      prompt = text->decode(ids);
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "tokens");
+    }
+    res.set_content(dump_json(json{{"prompt", prompt}}), "application/json");
+  } catch (const ApiError& e) {
+    send_error(res, e.status, e.what(), e.param, e.code, e.type);
+  }
+}
+
 void Server::Impl::routes() {
   http.set_payload_max_length(opt.max_body_bytes);
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opt.api_key.empty() || req.path.rfind("/v1/", 0) != 0)
-      return httplib::Server::HandlerResponse::Unhandled;
+    const bool guarded =
+        req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
+    if (opt.api_key.empty() || !guarded) return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + opt.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, 401, "invalid or missing API key (Authorization: Bearer ...)", {},
@@ -497,8 +638,11 @@ void Server::Impl::routes() {
     if (req.method == "POST" &&
         (req.path == "/v1/completions" || req.path == "/v1/chat/completions"))
       return;
-    const bool known = req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models";
-    metrics.request_done(known ? req.path : "other", res.status);
+    const bool known = req.path == "/health" || req.path == "/metrics" ||
+                       req.path == "/v1/models" || req.path == "/tokenize" ||
+                       req.path == "/detokenize";
+    const bool model = req.path.rfind("/v1/models/", 0) == 0;
+    metrics.request_done(known ? req.path : model ? "/v1/models/{id}" : "other", res.status);
     if (req.path != "/metrics" && req.path != "/health")
       log(fmt::format("- {} {} {}", printable(req.method), printable(req.path), res.status));
   });
@@ -507,15 +651,35 @@ void Server::Impl::routes() {
     if (draining) return send_error(res, 503, "the server is shutting down");
     res.set_content(R"({"status":"ok"})", "application/json");
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json m = {{"id", opt.model_name},
-              {"object", "model"},
-              {"created", unix_now()},
-              {"owned_by", "flashmap"},
-              {"max_model_len", sched.max_context()}};
-    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({m})}}),
+  auto model_card = [this] {
+    return json{{"id", opt.model_name},
+                {"object", "model"},
+                {"created", unix_now()},
+                {"owned_by", "flashmap"},
+                {"root", opt.model_name},
+                {"parent", nullptr},
+                {"max_model_len", sched.max_context()}};
+  };
+  http.Get("/v1/models", [this, model_card](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({model_card()})}}),
                     "application/json");
   });
+  // Model names may hold '/' (Qwen/Qwen3-8B): everything after the prefix is the id.
+  http.Get(R"(/v1/models/(.+))",
+           [this, model_card](const httplib::Request& req, httplib::Response& res) {
+             const std::string id = req.matches[1];
+             if (id != opt.model_name)
+               return send_error(res, 404,
+                                 fmt::format("The model '{}' does not exist; this server serves "
+                                             "'{}'",
+                                             printable(id), opt.model_name),
+                                 "model", "model_not_found");
+             res.set_content(dump_json(model_card()), "application/json");
+           });
+  http.Post("/tokenize",
+            [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
+  http.Post("/detokenize",
+            [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.render(sched.stats()) + render_front(http.stats()),
                     "text/plain; version=0.0.4");

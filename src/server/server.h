@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "specdec/sampling.h"
+
 namespace flashmap::server {
 
 // The text layer the server needs: prompts to ids, chat requests to prompts, ids back to text
@@ -30,6 +32,9 @@ class TextCodec {
     virtual std::string flush() = 0;
   };
   virtual std::unique_ptr<Stream> stream() const = 0;
+  // Ids to text at once, special tokens included (ids are < vocab_size()); throws
+  // flashmap::Error for an id that names no token.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   // Largest id the tokenizer knows + 1: the model must not sample past it (padding rows).
   virtual int64_t vocab_size() const = 0;
 };
@@ -42,7 +47,15 @@ struct ServerOptions {
   size_t max_body_bytes = 4u << 20;
   int default_max_tokens = 16;   // /v1/completions without max_tokens (OpenAI's default)
   std::vector<int32_t> eos_ids;  // always stop tokens (the target's generation_config eos)
-  int http_threads = 0;          // 0: enough for every running and queued request
+  // Sampling for the fields a request leaves out (the target's generation_config.json values,
+  // else greedy).
+  SamplingParams default_sampling;
+  // Unknown request fields: false: one warning line per field name; true: 400.
+  bool strict = false;
+  // Chat completions: text inside <think>...</think> goes to reasoning_content (false: all of
+  // it stays in content, `--reasoning raw`).
+  bool split_reasoning = true;
+  int http_threads = 0;  // 0: enough for every running and queued request
   // The HTTP front's bounds (http_front.h): connections held at once, the time from a request's
   // first byte to its last (and for each write of a response), a kept-alive connection's wait.
   int max_connections = 512;

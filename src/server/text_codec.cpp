@@ -58,6 +58,9 @@ class HfTextCodec : public TextCodec {
     (void)request;
     throw Error(fmt::format("chat completions are unavailable: {}", chat_error_));
   }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    return tok_.decode(ids, /*skip_special_tokens=*/false);
+  }
   int64_t vocab_size() const override {
     return int64_t(tok_.vocab_size());
   }

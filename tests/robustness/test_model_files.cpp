@@ -185,6 +185,43 @@ TEST(ModelFiles, EosIdsAreNotNarrowedSilently) {
                 ": field 'eos_token_id' has a bad entry 1099511627776 (expected a token id)");
 }
 
+TEST(ModelFiles, GenerationConfigSamplingDefaults) {
+  const auto d = temp_dir();
+  const auto path = (d / "generation_config.json").string();
+  // Qwen3's file.
+  write(d / "generation_config.json",
+        R"({"do_sample": true, "eos_token_id": [151645, 151643], "temperature": 0.6,
+            "top_k": 20, "top_p": 0.95})");
+  auto g = GenerationConfig::from_dir(d.string());
+  EXPECT_EQ(g.temperature, 0.6);
+  EXPECT_EQ(g.top_k, 20);
+  EXPECT_EQ(g.top_p, 0.95);
+  EXPECT_FALSE(g.min_p);
+  // do_sample false: greedy, the values are not defaults (transformers' reading).
+  write(d / "generation_config.json", R"({"do_sample": false, "temperature": 0.6, "top_k": 20})");
+  g = GenerationConfig::from_dir(d.string());
+  EXPECT_FALSE(g.temperature);
+  EXPECT_FALSE(g.top_k);
+  write(d / "generation_config.json", R"({"top_k": -1, "min_p": 0.05, "temperature": null})");
+  g = GenerationConfig::from_dir(d.string());
+  EXPECT_EQ(g.top_k, 0);
+  EXPECT_EQ(g.min_p, 0.05);
+  EXPECT_FALSE(g.temperature);
+  // Bad values name the file and the field.
+  write(d / "generation_config.json", R"({"top_p": 0})");
+  EXPECT_EQ(error_of([&] { GenerationConfig::from_dir(d.string()); }),
+            path + ": field 'top_p' = 0 is out of range (0, 1]");
+  write(d / "generation_config.json", R"({"temperature": "hot"})");
+  EXPECT_EQ(error_of([&] { GenerationConfig::from_dir(d.string()); }),
+            path + ": field 'temperature' must be a number, got \"hot\"");
+  write(d / "generation_config.json", R"({"top_k": 2.5})");
+  EXPECT_EQ(error_of([&] { GenerationConfig::from_dir(d.string()); }),
+            path + ": field 'top_k' = 2.5 is not an integer");
+  write(d / "generation_config.json", R"({"temperature": -1})");
+  EXPECT_EQ(error_of([&] { GenerationConfig::from_dir(d.string()); }),
+            path + ": field 'temperature' = -1 is out of range [0, 1000000]");
+}
+
 TEST(ModelFiles, DeepJsonIsRefusedBeforeParsing) {
   const auto d = temp_dir();
   const auto path = write(d / "config.json",

@@ -208,6 +208,81 @@ class HostileRequests(unittest.TestCase):
         finally:
             shutil.rmtree(tmp)
 
+    def test_text_endpoints_and_request_fields(self):
+        # /tokenize, /detokenize, /v1/models/{id}, content parts, unknown and unsupported fields:
+        # wrong types, huge arrays and numbers, invalid UTF-8 get a 400 naming the field.
+        tmp = tempfile.mkdtemp()
+        default = os.path.join(ROOT, "models", "default", "target")
+        trimmed_tokenizer(default, tmp, 1000)  # the fixture's target has 1024 rows
+        shutil.copy(os.path.join(default, "tokenizer_config.json"), tmp)
+        srv = Server("--tokenizer", tmp)
+        try:
+            p = srv.port
+            chat = "/v1/chat/completions"
+            user = lambda content: {"messages": [{"role": "user", "content": content}]}
+            cases = [
+                ("/detokenize", {"tokens": [2 ** 64]}, "tokens[0]"),
+                ("/detokenize", {"tokens": [-2 ** 63]}, "tokens[0]"),
+                ("/detokenize", {"tokens": [1, 1e300]}, "tokens[1]"),
+                ("/detokenize", {"tokens": [1, None]}, "tokens[1]"),
+                ("/detokenize", {"tokens": [{"id": 1}]}, "tokens[0]"),
+                ("/detokenize", {"tokens": [1] * 400000 + [1000]}, "tokens[400000]"),
+                ("/detokenize", {"tokens": {"0": 1}}, "tokens"),
+                ("/tokenize", {"prompt": ["a"]}, "prompt"),
+                ("/tokenize", {"prompt": None, "messages": None}, "prompt"),
+                ("/tokenize", user([{"type": "text", "text": "a"}] * 50000 + [{"type": 1}]),
+                 "messages[0].content[50000].type"),
+                ("/tokenize", user("x") | {"add_generation_prompt": "yes"},
+                 "add_generation_prompt"),
+                (chat, user([[{"type": "text", "text": "nested"}]]), "messages[0].content[0]"),
+                (chat, user([{"type": "file", "file": {"file_data": "AAAA"}}]),
+                 "messages[0].content[0].type"),
+                (chat, user("x") | {"presence_penalty": "high"}, "presence_penalty"),
+                (chat, user("x") | {"logit_bias": [1, 2]}, "logit_bias"),
+                (chat, user("x") | {"n": 10 ** 30}, "n"),
+                (chat, user("x") | {"tool_choice": 5}, "tool_choice"),
+                (chat, user("x") | {"tools": {"f": 1}}, "tools"),
+                (chat, user("x") | {"response_format": {"type": "json_schema"}},
+                 "response_format"),
+                (chat, {"messages": [{"role": "assistant", "tool_calls": [{"function": [1]}]}]},
+                 "messages[0].tool_calls[0].function"),
+                (chat, {"messages": [{"role": "assistant", "tool_calls": [{"function": {
+                    "name": "f", "arguments": "[" * 60 + "]" * 60}}]}]},
+                 "messages[0].tool_calls[0].function.arguments"),
+            ]
+            for path, body, param in cases:
+                with self.subTest(path=path, param=param):
+                    status, resp = e2e.post(p, body, path=path, timeout=30)
+                    self.assertEqual(status, 400, resp)
+                    self.assertEqual(resp["error"]["param"], param)
+            # Invalid UTF-8 in a body and in a model id.
+            for path in ("/tokenize", "/detokenize", chat):
+                status, _ = e2e.request(p, "POST", path, raw=b'{"prompt": "a\xc0\xaf"}')
+                self.assertEqual(status, 400)
+            answer = raw_exchange(p, b"GET /v1/models/\xff\xfe%ff HTTP/1.1\r\nHost: x\r\n"
+                                     b"Connection: close\r\n\r\n")
+            self.assertEqual(status_of(answer), 404)
+            self.assertEqual(json_of(answer)["error"]["param"], "model")
+            status, payload = e2e.request(p, "GET", "/v1/models/" + "m" * 20000)
+            self.assertIn(status, (404, 414, 431))
+            # 20,000 distinct unknown fields: accepted, and the log stays bounded.
+            body = {"prompt": [1, 2], "max_tokens": 2}
+            body.update({"unknown_%d" % i: i for i in range(20000)})
+            status, resp = e2e.post(p, body, timeout=30)
+            self.assertEqual(status, 200, resp)
+            time.sleep(0.3)
+            warnings = [l for l in srv.log if "unknown request field" in l]
+            self.assertLessEqual(len(warnings), 256)
+            self.assertIn("no more unknown fields will be logged", warnings[-1])
+            # A 3 MB prompt tokenizes (the body limit is 4 MiB).
+            status, resp = e2e.post(p, {"prompt": "ab " * 1000000}, path="/tokenize", timeout=60)
+            self.assertEqual(status, 200)
+            self.assertEqual(resp["count"], len(resp["tokens"]))
+            srv.alive_and_correct(self)
+        finally:
+            srv.stop(self)
+            shutil.rmtree(tmp)
+
     def test_generation_to_the_end_of_the_context(self):
         # A copy of the fixture's target whose context is 64 positions; speculation forced, so
         # every round wants a full block near the end.

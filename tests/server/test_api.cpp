@@ -1,9 +1,11 @@
 // Request validation and stop-string matching, without a server.
+#include <flashmap/chat.h>
 #include <gtest/gtest.h>
 
 #include "server/api.h"
 
 using namespace flashmap::server;
+using flashmap::SamplingParams;
 using json = nlohmann::json;
 
 TEST(StopMatcher, HoldsBackPossibleStartsAndCutsAcrossPieces) {
@@ -41,7 +43,10 @@ TEST(ParseRequest, FieldsAndErrors) {
       false, "m");
   EXPECT_EQ(*r.prompt_ids, (std::vector<int32_t>{1, 2}));
   EXPECT_EQ(*r.max_tokens, 5);
-  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_EQ(r.top_k, 0);
+  EXPECT_EQ(r.temperature, 0.5f);
+  EXPECT_FALSE(r.top_p);
+  EXPECT_FALSE(r.min_p);
   EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
   EXPECT_TRUE(r.include_usage);
   EXPECT_FALSE(r.speculative);
@@ -91,4 +96,420 @@ TEST(JsonDepth, CountsBracketsOutsideStrings) {
   EXPECT_FALSE(json_nests_deeper_than(R"({"a":"[[[[\"[[[[", "b":"\\"})", 1));
   EXPECT_TRUE(json_nests_deeper_than(std::string(100000, '['), kMaxJsonDepth));
   EXPECT_FALSE(json_nests_deeper_than(std::string(kMaxJsonDepth, '['), kMaxJsonDepth));
+}
+
+namespace {
+// The status and param of the ApiError a body raises (200 and "" when it parses).
+std::pair<int, std::string> error_of(const json& body, bool chat) {
+  try {
+    parse_generation_request(body, chat, "m");
+  } catch (const ApiError& e) {
+    return {e.status, e.param};
+  }
+  return {200, ""};
+}
+}  // namespace
+
+TEST(ContentParts, TextPartsAreJoinedWithNewlines) {
+  auto r = parse_generation_request(json::parse(R"({"messages":[
+      {"role":"system","content":[{"type":"text","text":"be brief"}]},
+      {"role":"user","content":[{"type":"text","text":"one"},{"type":"text","text":"two"}]},
+      {"role":"user","content":[]},
+      {"role":"user","content":"plain"}]})"),
+                                    true, "m");
+  const auto& m = r.chat_request["messages"];
+  EXPECT_EQ(m[0]["content"], "be brief");
+  EXPECT_EQ(m[1]["content"], "one\ntwo");
+  EXPECT_EQ(m[2]["content"], "");
+  EXPECT_EQ(m[3]["content"], "plain");
+}
+
+TEST(ContentParts, NonTextPartsAndMalformedPartsNameTheField) {
+  auto chat = [](const char* content) {
+    return json::parse(std::string(R"({"messages":[{"role":"user","content":"x"},{"role":"user",
+        "content":)") + content +
+                       "}]}");
+  };
+  using E = std::pair<int, std::string>;
+  EXPECT_EQ(error_of(chat(R"([{"type":"text","text":"a"},
+                              {"type":"image_url","image_url":{"url":"http://x"}}])"),
+                     true),
+            E(400, "messages[1].content[1].type"));
+  EXPECT_EQ(error_of(chat(R"([{"type":"input_audio","input_audio":{}}])"), true),
+            E(400, "messages[1].content[0].type"));
+  EXPECT_EQ(error_of(chat(R"([{"text":"no type"}])"), true), E(400, "messages[1].content[0].type"));
+  EXPECT_EQ(error_of(chat(R"([{"type":7}])"), true), E(400, "messages[1].content[0].type"));
+  EXPECT_EQ(error_of(chat(R"([{"type":"text"}])"), true), E(400, "messages[1].content[0].text"));
+  EXPECT_EQ(error_of(chat(R"([{"type":"text","text":["a"]}])"), true),
+            E(400, "messages[1].content[0].text"));
+  EXPECT_EQ(error_of(chat(R"(["bare string"])"), true), E(400, "messages[1].content[0]"));
+  // A large array of parts is fine (the body size bounds it).
+  json many = json::array();
+  for (int i = 0; i < 10000; ++i) many.push_back({{"type", "text"}, {"text", "w"}});
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", many}}})}};
+  auto r = parse_generation_request(body, true, "m");
+  EXPECT_EQ(r.chat_request["messages"][0]["content"].get<std::string>().size(), 10000u * 2 - 1);
+}
+
+TEST(UnsupportedFields, RefusedUnlessTheNoOpDefault) {
+  using E = std::pair<int, std::string>;
+  const char* fields[][3] = {
+      // name, accepted no-op value, refused value
+      {"presence_penalty", "0", "0.5"},
+      {"frequency_penalty", "0.0", "-1"},
+      {"repetition_penalty", "1", "1.1"},
+      {"logit_bias", "{}", R"({"5":100})"},
+      {"min_tokens", "0", "3"},
+      {"ignore_eos", "false", "true"},
+      {"logprobs", "false", "true"},
+      {"top_logprobs", "0", "5"},
+      {"n", "1", "2"},
+      {"response_format", R"({"type":"text"})", R"({"type":"json_object"})"},
+      {"skip_special_tokens", "true", "false"},
+      {"include_stop_str_in_output", "false", "true"},
+      {"parallel_tool_calls", "true", "false"},
+      {"continue_final_message", "false", "true"},
+  };
+  for (auto& f : fields) {
+    SCOPED_TRACE(f[0]);
+    auto body = [&](const char* v) {
+      return json::parse(std::string(R"({"messages":[{"role":"user","content":"x"}],")") + f[0] +
+                         "\":" + v + "}");
+    };
+    EXPECT_EQ(error_of(body(f[1]), true), E(200, ""));
+    EXPECT_EQ(error_of(body(f[2]), true), E(400, f[0]));
+    EXPECT_EQ(error_of(body(R"("wrong type")"), true), E(400, f[0]));
+    // Listed, so never reported as unknown.
+    EXPECT_TRUE(unknown_fields(body(f[1]), Endpoint::Chat).empty());
+  }
+  // Completions-only fields.
+  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","echo":false,"best_of":1,"suffix":""})"), false),
+            E(200, ""));
+  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","echo":true})"), false), E(400, "echo"));
+  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","best_of":3})"), false), E(400, "best_of"));
+  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","logprobs":2})"), false), E(400, "logprobs"));
+  // Fields refused with any value but null.
+  EXPECT_EQ(error_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],
+                                     "chat_template":"{{ 1 }}"})"),
+                     true),
+            E(400, "chat_template"));
+  EXPECT_EQ(error_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],
+                                     "guided_json":null})"),
+                     true),
+            E(200, ""));
+}
+
+TEST(UnsupportedFields, ToolChoice) {
+  using E = std::pair<int, std::string>;
+  auto body = [](const char* tools, const char* choice) {
+    return json::parse(std::string(R"({"messages":[{"role":"user","content":"x"}],"tools":)") +
+                       tools + R"(,"tool_choice":)" + choice + "}");
+  };
+  const char* tools = R"([{"type":"function","function":{"name":"f","parameters":{}}}])";
+  EXPECT_EQ(error_of(body(tools, R"("auto")"), true), E(200, ""));
+  EXPECT_EQ(error_of(body(tools, R"("required")"), true), E(400, "tool_choice"));
+  EXPECT_EQ(error_of(body(tools, R"("none")"), true), E(400, "tool_choice"));
+  EXPECT_EQ(error_of(body(tools, R"({"type":"function","function":{"name":"f"}})"), true),
+            E(400, "tool_choice"));
+  EXPECT_EQ(error_of(body(tools, "7"), true), E(400, "tool_choice"));
+  EXPECT_EQ(error_of(body("[]", R"("none")"), true), E(200, ""));
+  EXPECT_EQ(error_of(body(R"("not a list")", R"("auto")"), true), E(400, "tools"));
+}
+
+TEST(UnknownFields, ReportedPerEndpoint) {
+  using V = std::vector<std::string>;
+  auto b = json::parse(R"({"prompt":"x","max_tokens":3,"frobnicate":1,"messages":[],"user":"u"})");
+  EXPECT_EQ(unknown_fields(b, Endpoint::Completions), (V{"frobnicate", "messages"}));
+  EXPECT_EQ(unknown_fields(b, Endpoint::Chat), (V{"frobnicate", "prompt"}));
+  EXPECT_EQ(unknown_fields(b, Endpoint::Tokenize), (V{"frobnicate", "max_tokens", "user"}));
+  EXPECT_EQ(
+      unknown_fields(json::parse(R"({"tokens":[1],"model":"m","x":0})"), Endpoint::Detokenize),
+      V{"x"});
+  // Unknown fields never change the parse.
+  EXPECT_EQ(error_of(b, false), std::make_pair(200, std::string()));
+}
+
+TEST(Sampling, RequestFieldsOverrideTheServerDefaults) {
+  const SamplingParams qwen3{0.6f, 20, 0.95f, 0.0f};
+  auto r = parse_generation_request(json::parse(R"({"prompt":"x"})"), false, "m");
+  auto p = r.sampling_over(qwen3);
+  EXPECT_EQ(p.temperature, 0.6f);
+  EXPECT_EQ(p.top_k, 20);
+  EXPECT_EQ(p.top_p, 0.95f);
+  r = parse_generation_request(json::parse(R"({"prompt":"x","temperature":0,"top_k":-1,
+                                                "min_p":0.1})"),
+                               false, "m");
+  p = r.sampling_over(qwen3);
+  EXPECT_EQ(p.temperature, 0.0f);
+  EXPECT_EQ(p.top_k, 0);
+  EXPECT_EQ(p.top_p, 0.95f);  // not given: the default
+  EXPECT_EQ(p.min_p, 0.1f);
+  p = parse_generation_request(json::parse(R"({"prompt":"x"})"), false, "m").sampling_over({});
+  EXPECT_TRUE(p.greedy());
+}
+
+TEST(Tokenize, PromptOrMessages) {
+  auto t = parse_tokenize_request(json::parse(R"({"prompt":"hi"})"), "m");
+  EXPECT_EQ(*t.prompt, "hi");
+  EXPECT_TRUE(t.add_special_tokens);
+  t = parse_tokenize_request(json::parse(R"({"model":"m","messages":[{"role":"user","content":
+      [{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"add_generation_prompt":false,
+      "chat_template_kwargs":{"enable_thinking":false}})"),
+                             "m");
+  EXPECT_FALSE(t.prompt);
+  EXPECT_FALSE(t.add_special_tokens);
+  EXPECT_EQ(t.chat_request["messages"][0]["content"], "a\nb");
+  EXPECT_EQ(t.chat_request["add_generation_prompt"], false);
+  EXPECT_EQ(t.chat_request["enable_thinking"], false);
+  auto param_of = [](const char* body) -> std::string {
+    try {
+      parse_tokenize_request(json::parse(body), "m");
+    } catch (const ApiError& e) {
+      return e.param;
+    }
+    return "ok";
+  };
+  EXPECT_EQ(param_of(R"({})"), "prompt");
+  EXPECT_EQ(param_of(R"({"prompt":[1,2]})"), "prompt");
+  EXPECT_EQ(param_of(R"({"prompt":"a","messages":[]})"), "prompt");
+  EXPECT_EQ(param_of(R"({"messages":"hi"})"), "messages");
+  EXPECT_EQ(param_of(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})"),
+            "messages[0].content[0].type");
+  EXPECT_EQ(param_of(R"({"prompt":"a","add_special_tokens":"yes"})"), "add_special_tokens");
+  EXPECT_EQ(param_of(R"({"prompt":"a","model":"other"})"), "model");
+  EXPECT_EQ(param_of(R"({"prompt":"a","return_token_strs":true})"), "return_token_strs");
+  EXPECT_EQ(param_of(R"([1])"), "");
+}
+
+TEST(Detokenize, IdsOutsideTheTokenizerNameTheIndex) {
+  EXPECT_EQ(parse_detokenize_request(json::parse(R"({"tokens":[0,5,9]})"), "m", 10),
+            (std::vector<int32_t>{0, 5, 9}));
+  EXPECT_TRUE(parse_detokenize_request(json::parse(R"({"tokens":[]})"), "m", 10).empty());
+  auto param_of = [](const char* body) -> std::string {
+    try {
+      parse_detokenize_request(json::parse(body), "m", 10);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      return e.param;
+    }
+    return "ok";
+  };
+  EXPECT_EQ(param_of(R"({"tokens":[1,10]})"), "tokens[1]");
+  EXPECT_EQ(param_of(R"({"tokens":[-1]})"), "tokens[0]");
+  EXPECT_EQ(param_of(R"({"tokens":[1,2,18446744073709551615]})"), "tokens[2]");
+  EXPECT_EQ(param_of(R"({"tokens":[1,2.5]})"), "tokens[1]");
+  EXPECT_EQ(param_of(R"({"tokens":[1,"2"]})"), "tokens[1]");
+  EXPECT_EQ(param_of(R"({"tokens":"1,2"})"), "tokens");
+  EXPECT_EQ(param_of(R"({})"), "tokens");
+}
+
+namespace {
+struct Split {
+  std::string reasoning, content;
+  bool saw;
+};
+// Feeds `pieces` and checks that no reasoning comes out after content has.
+Split run_splitter(bool starts_inside, const std::vector<std::string>& pieces) {
+  ReasoningSplitter s(starts_inside);
+  Split out{};
+  auto take = [&](const ReasoningSplitter::Piece& p) {
+    if (!out.content.empty()) EXPECT_EQ(p.reasoning, "") << "reasoning after content";
+    out.reasoning += p.reasoning;
+    out.content += p.content;
+  };
+  for (const auto& p : pieces) take(s.feed(p));
+  take(s.finish());
+  out.saw = s.saw_reasoning();
+  return out;
+}
+}  // namespace
+
+TEST(ReasoningSplitter, EverySplitPointGivesTheWholeStringsAnswer) {
+  struct Case {
+    bool inside;
+    std::string text, reasoning, content;
+    bool saw;
+  };
+  const Case cases[] = {
+      {false, "<think>\nplan\n</think>\n\nanswer", "\nplan\n", "\n\nanswer", true},
+      {false, "plain answer <think>x</think>", "", "plain answer <think>x</think>", false},
+      {false, " <think>x</think>", "", " <think>x</think>", false},
+      {false, "<thin", "", "<thin", false},
+      {false, "<think>never closed </thi", "never closed </thi", "", true},
+      {false, "", "", "", false},
+      {false, "<think></think>", "", "", true},
+      {false, "<think>a</think>b<think>c</think>", "a", "b<think>c</think>", true},
+      {false, "<think>a<</think>", "a<", "", true},
+      {false, "<think>a</</think>z", "a</", "z", true},
+      {false, "<think>思考 </think>答え", "思考 ", "答え", true},
+      {true, "reasoning</think>content</think>", "reasoning", "content</think>", true},
+      {true, "all reasoning <", "all reasoning <", "", true},
+      {true, "<think>x</think>y", "<think>x", "y", true},
+      {true, "</think>", "", "", true},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(testing::Message() << c.inside << " " << c.text);
+    auto check = [&](const std::vector<std::string>& pieces) {
+      const Split s = run_splitter(c.inside, pieces);
+      EXPECT_EQ(s.reasoning, c.reasoning);
+      EXPECT_EQ(s.content, c.content);
+      EXPECT_EQ(s.saw, c.saw);
+    };
+    const auto& t = c.text;
+    check({t});
+    for (size_t i = 0; i <= t.size(); ++i) {
+      check({t.substr(0, i), t.substr(i)});
+      for (size_t j = i; j <= t.size(); ++j)
+        check({t.substr(0, i), t.substr(i, j - i), t.substr(j)});
+    }
+    std::vector<std::string> bytes;
+    for (char ch : t) bytes.push_back(std::string(1, ch));
+    check(bytes);
+  }
+}
+
+TEST(ReasoningSplitter, HoldsBackOnlyWhatCouldBeATag) {
+  ReasoningSplitter s(false);
+  auto p = s.feed("<th");
+  EXPECT_EQ(p.reasoning + p.content, "");
+  p = s.feed("ink>ab</th");
+  EXPECT_EQ(p.reasoning, "ab");
+  p = s.feed("x");
+  EXPECT_EQ(p.reasoning, "</thx");
+  p = s.feed("</think>rest");
+  EXPECT_EQ(p.reasoning, "");
+  EXPECT_EQ(p.content, "rest");
+  EXPECT_EQ(s.feed("<think>").content, "<think>");  // later tags are content
+}
+
+TEST(ReasoningSplitter, WhereTheQwen3TemplateLeavesThePrompt) {
+  const auto tmpl = flashmap::ChatTemplate::from_dir("tests/data/chat/qwen3-official");
+  nlohmann::ordered_json req = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                {"add_generation_prompt", true}};
+  // Absent or true: the prompt ends with "<|im_start|>assistant\n" and the model opens its own
+  // think block; false: the template has closed an empty one.
+  const std::string absent = tmpl.render(req);
+  EXPECT_TRUE(absent.ends_with("<|im_start|>assistant\n"));
+  EXPECT_FALSE(prompt_opens_think(absent));
+  req["enable_thinking"] = true;
+  EXPECT_EQ(tmpl.render(req), absent);
+  req["enable_thinking"] = false;
+  const std::string off = tmpl.render(req);
+  EXPECT_TRUE(off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(prompt_opens_think(off));
+  // A template that opens the block itself (Qwen3-2507 Thinking style) leaves it open.
+  EXPECT_TRUE(prompt_opens_think(absent + "<think>\n"));
+  EXPECT_FALSE(prompt_opens_think("no tags"));
+  // An earlier turn's closed block does not count.
+  EXPECT_FALSE(prompt_opens_think("<think>a</think>b<|im_start|>assistant\n"));
+}
+
+TEST(ToolCalls, QwenBlocksBecomeOpenAIToolCalls) {
+  const std::string text =
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\", \"days\": [1, 2]}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", "
+      "\"arguments\": \"{\\\"tz\\\": \\\"UTC\\\"}\"}\n</tool_call>";
+  const ToolCalls tc = parse_tool_calls(text);
+  EXPECT_EQ(tc.error, "");
+  EXPECT_EQ(tc.content, "Let me check.\n");
+  ASSERT_EQ(tc.calls.size(), 2u);
+  for (const auto& c : tc.calls) {
+    EXPECT_EQ(c["type"], "function");
+    const std::string id = c["id"];
+    EXPECT_TRUE(id.starts_with("call_")) << id;
+    EXPECT_EQ(id.size(), 29u);
+  }
+  EXPECT_NE(tc.calls[0]["id"], tc.calls[1]["id"]);
+  EXPECT_EQ(tc.calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(tc.calls[0]["function"]["arguments"].get<std::string>()),
+            json::parse(R"({"city":"Paris","days":[1,2]})"));
+  EXPECT_EQ(tc.calls[1]["function"]["arguments"], R"({"tz":"UTC"})");
+  // Nothing to parse: all content.
+  EXPECT_EQ(parse_tool_calls("plain").content, "plain");
+  EXPECT_TRUE(parse_tool_calls("plain").calls.empty());
+}
+
+TEST(ToolCalls, TextThatIsNotACallStaysContent) {
+  for (const std::string text : {
+           "a <tool_call>\n{not json}\n</tool_call>",
+           "a <tool_call>\n{\"name\": \"f\", \"arguments\": {}}",  // cut off
+           "<tool_call>[1, 2]</tool_call>",
+           "<tool_call>{\"arguments\": {}}</tool_call>",
+           "<tool_call>{\"name\": 5}</tool_call>",
+           "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
+           "<tool_call>{\"name\": \"f\", \"arguments\": \"{oops\"}</tool_call>",
+           "<tool_call>{\"name\": \"f\"}</tool_call><tool_call>bad</tool_call>",
+       }) {
+    SCOPED_TRACE(text);
+    const ToolCalls tc = parse_tool_calls(text);
+    EXPECT_NE(tc.error, "");
+    EXPECT_TRUE(tc.calls.empty());
+    EXPECT_EQ(tc.content, text);
+  }
+}
+
+TEST(ToolCalls, HolderPassesContentUpToTheFirstBlockAtEverySplitPoint) {
+  for (const std::string text : {"Sure.\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+                                 "no call here <tool_ca", "<tool_call>x", "<<tool_call>>"}) {
+    const size_t first = text.find("<tool_call>");
+    const std::string shown = first == std::string::npos ? text : text.substr(0, first);
+    for (size_t i = 0; i <= text.size(); ++i) {
+      for (size_t j = i; j <= text.size(); ++j) {
+        ToolCallHolder h;
+        std::string out = h.feed(text.substr(0, i));
+        out += h.feed(text.substr(i, j - i));
+        out += h.feed(text.substr(j));
+        EXPECT_EQ(out + h.held(), text);
+        // A partial tag at the very end stays held, everything before the block comes out.
+        if (first != std::string::npos)
+          EXPECT_EQ(out, shown) << i << " " << j;
+        else
+          EXPECT_TRUE(shown.starts_with(out));
+      }
+    }
+  }
+}
+
+TEST(ToolCalls, AssistantCallsAndToolResultsRenderAsQwen3Expects) {
+  auto r = parse_generation_request(json::parse(R"({"messages":[
+      {"role":"user","content":"Weather in Paris?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",
+        "function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+      {"role":"tool","tool_call_id":"call_1","content":[{"type":"text","text":"18 C"}]}],
+    "tools":[{"type":"function","function":{"name":"get_weather","parameters":{}}}]})"),
+                                    true, "m");
+  EXPECT_TRUE(r.tools);
+  const auto& m = r.chat_request["messages"];
+  EXPECT_EQ(m[1]["content"], "");
+  EXPECT_EQ(m[1]["tool_calls"][0]["function"]["arguments"], json::parse(R"({"city":"Paris"})"));
+  for (const char* dir : {"tests/data/chat/qwen3-official", "tests/data/qwen3-tokenizer"}) {
+    SCOPED_TRACE(dir);
+    const std::string prompt = flashmap::ChatTemplate::from_dir(dir).render(r.chat_request);
+    const std::string call =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+        "</tool_call>";
+    EXPECT_NE(prompt.find("<|im_start|>assistant\n" + call + "<|im_end|>"), std::string::npos)
+        << prompt;
+    EXPECT_NE(prompt.find("<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>"),
+              std::string::npos)
+        << prompt;
+    // What the template writes parses back into the same call.
+    const ToolCalls back = parse_tool_calls(call);
+    ASSERT_EQ(back.calls.size(), 1u);
+    EXPECT_EQ(back.calls[0]["function"]["arguments"], R"({"city":"Paris"})");
+  }
+  using E = std::pair<int, std::string>;
+  auto with_calls = [](const char* calls) {
+    return json::parse(std::string(R"({"messages":[{"role":"assistant","tool_calls":)") + calls +
+                       "}]}");
+  };
+  EXPECT_EQ(error_of(with_calls(R"("x")"), true), E(400, "messages[0].tool_calls"));
+  EXPECT_EQ(error_of(with_calls(R"([5])"), true), E(400, "messages[0].tool_calls[0]"));
+  EXPECT_EQ(error_of(with_calls(R"([{"function":{"arguments":"{}"}}])"), true),
+            E(400, "messages[0].tool_calls[0].function.name"));
+  EXPECT_EQ(error_of(with_calls(R"([{"function":{"name":"f","arguments":"{bad"}}])"), true),
+            E(400, "messages[0].tool_calls[0].function.arguments"));
+  EXPECT_EQ(error_of(with_calls(R"([{"function":{"name":"f","arguments":7}}])"), true),
+            E(400, "messages[0].tool_calls[0].function.arguments"));
+  EXPECT_EQ(error_of(with_calls(R"([{"function":{"name":"f"}}])"), true), E(200, ""));
 }

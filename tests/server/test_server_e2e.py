@@ -153,6 +153,51 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(models["object"], "list")
         self.assertEqual([m["id"] for m in models["data"]], ["tiny"])
 
+    def test_model_by_id(self):
+        status, payload = request(self.port, "GET", "/v1/models/tiny")
+        self.assertEqual(status, 200)
+        model = json.loads(payload)
+        self.assertEqual((model["id"], model["object"], model["max_model_len"]),
+                         ("tiny", "model", 4096))
+        status, payload = request(self.port, "GET", "/v1/models/other/name")
+        self.assertError(status, json.loads(payload), 404, "model")
+        # No tokenizer in the fixture: the text endpoints say so.
+        status, body = post(self.port, {"prompt": "x"}, path="/tokenize")
+        self.assertError(status, body, 400)
+
+    def test_unknown_fields_are_logged_once_and_change_nothing(self):
+        body = {"prompt": [1, 2, 3], "max_tokens": 6, "temperature": 0}
+        want = post(self.port, body)[1]["choices"][0]["token_ids"]
+        for _ in range(3):
+            status, got = post(self.port, dict(body, frobnicate_xyz={"a": 1}))
+            self.assertEqual(status, 200, got)
+            self.assertEqual(got["choices"][0]["token_ids"], want)
+        time.sleep(0.2)
+        lines = [l for l in self.log if "frobnicate_xyz" in l]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("warning", lines[0])
+
+    def test_unsupported_fields(self):
+        base = {"prompt": [1, 2, 3], "max_tokens": 2}
+        for name, no_op, refused in [("presence_penalty", 0, 0.5), ("frequency_penalty", 0, 1),
+                                     ("repetition_penalty", 1, 1.2), ("logit_bias", {}, {"5": 9}),
+                                     ("min_tokens", 0, 2), ("ignore_eos", False, True),
+                                     ("echo", False, True), ("best_of", 1, 2),
+                                     ("logprobs", False, 1), ("n", 1, 2),
+                                     ("response_format", {"type": "text"},
+                                      {"type": "json_object"})]:
+            with self.subTest(field=name):
+                status, body = post(self.port, dict(base, **{name: no_op}))
+                self.assertEqual(status, 200, body)
+                status, body = post(self.port, dict(base, **{name: refused}))
+                self.assertError(status, body, 400, name)
+                self.assertIn("not supported", body["error"]["message"])
+        chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                "tool_choice": "required"}
+        status, body = post(self.port, chat, path="/v1/chat/completions")
+        self.assertError(status, body, 400, "tool_choice")
+
     def test_completion_equals_generate(self):
         for spec in (True, False):
             for prompt, n, ref in zip(PROMPTS, MAX_TOKENS, self.refs):
@@ -500,6 +545,67 @@ def write_text_model(out):
         json.dump({"eos_token_id": [151645, 151643]}, f)
 
 
+class StrictTest(unittest.TestCase):
+    def test_strict_refuses_unknown_fields(self):
+        proc, port, log = start_server("--strict")
+        try:
+            status, body = post(port, {"prompt": [1, 2], "max_tokens": 2, "frobnicate": True})
+            self.assertEqual(status, 400, body)
+            self.assertEqual(body["error"]["param"], "frobnicate")
+            status, body = post(port, {"prompt": [1, 2], "max_tokens": 2, "user": "u"})
+            self.assertEqual(status, 200, body)
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+class GenerationConfigDefaultsTest(unittest.TestCase):
+    """Sampling fields a request leaves out come from the target's generation_config.json."""
+
+    def test_defaults_from_generation_config(self):
+        import shutil
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            target = os.path.join(tmp, "target")
+            shutil.copytree(FIXTURE + "/target", target)
+            with open(os.path.join(target, "generation_config.json"), "w") as f:
+                json.dump({"do_sample": True, "temperature": 1.3, "top_k": 50, "top_p": 0.9}, f)
+            proc = subprocess.Popen(
+                [FLASHMAP, "serve", "--target", target, "--draft", FIXTURE + "/draft",
+                 "--port", "0"], stderr=subprocess.PIPE, text=True)
+            try:
+                port = None
+                for line in proc.stderr:
+                    m = re.search(r"listening on http://[\d.]+:(\d+)", line)
+                    if m:
+                        port = int(m.group(1))
+                        threading.Thread(target=lambda: proc.stderr.read(), daemon=True).start()
+                        break
+                self.assertIsNotNone(port)
+                base = {"prompt": [5, 6, 7, 8], "max_tokens": 24, "seed": 11}
+
+                def ids(**kw):
+                    status, body = post(port, dict(base, **kw))
+                    self.assertEqual(status, 200, body)
+                    return body["choices"][0]["token_ids"]
+
+                implicit = ids()
+                self.assertEqual(implicit, ids(temperature=1.3, top_k=50, top_p=0.9))
+                self.assertNotEqual(implicit, ids(temperature=0))
+                # A request field overrides its default only.
+                self.assertEqual(ids(top_k=3), ids(temperature=1.3, top_k=3, top_p=0.9))
+                # `flashmap generate` without sampling flags follows the same defaults.
+                out = subprocess.run(
+                    [FLASHMAP, "generate", "--target", target, "--draft", FIXTURE + "/draft",
+                     "--prompt-ids", "5,6,7,8", "--max-new-tokens", "24", "--seed", "11",
+                     "--json", "--stop-ids", "none"],
+                    check=True, capture_output=True, text=True, timeout=120)
+                self.assertEqual(json.loads(out.stdout)["ids"], implicit)
+            finally:
+                proc.kill()
+                proc.wait()
+
+
 class TextTest(unittest.TestCase):
     """Text prompts, detokenized output, stop strings and chat on the real Qwen3 tokenizer."""
 
@@ -584,6 +690,8 @@ class TextTest(unittest.TestCase):
         msg = resp["choices"][0]["message"]
         self.assertEqual(msg["role"], "assistant")
         self.assertIsInstance(msg["content"], str)
+        # enable_thinking false: the template closed an empty think block; all is content.
+        self.assertIsNone(msg["reasoning_content"])
         # <|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n + empty think block
         self.assertGreater(resp["usage"]["prompt_tokens"], 8)
         body["stream"] = True
@@ -594,6 +702,130 @@ class TextTest(unittest.TestCase):
         content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
         self.assertEqual(content, msg["content"])
 
+
+    def tokenizer_ids(self, text):
+        tok = os.path.join(os.path.dirname(FIXTURE), "..", "data", "qwen3-tokenizer")
+        out = subprocess.run([FLASHMAP, "tokenize", "--tokenizer", tok, "--text", text],
+                             check=True, capture_output=True, text=True, timeout=60)
+        return json.loads(out.stdout)
+
+    def test_tokenize_detokenize_round_trip(self):
+        for text in ["The quick brown fox", "  leading spaces\n\ttabs", "漢字とかな 😀👍🏽",
+                     "<|im_start|>user\nhi<|im_end|>", "don't   stop\r\n", "x" * 3000]:
+            with self.subTest(text=text[:30]):
+                status, t = post(self.port, {"prompt": text}, path="/tokenize")
+                self.assertEqual(status, 200, t)
+                self.assertEqual(t["tokens"], self.tokenizer_ids(text))
+                self.assertEqual(t["count"], len(t["tokens"]))
+                self.assertEqual(t["max_model_len"], 2048)
+                status, d = post(self.port, {"tokens": t["tokens"]}, path="/detokenize")
+                self.assertEqual(status, 200, d)
+                self.assertEqual(d["prompt"], text)
+
+    def test_tokenize_chat_and_content_parts(self):
+        def tokens(messages, **kw):
+            status, t = post(self.port, {"messages": messages, **kw}, path="/tokenize")
+            self.assertEqual(status, 200, t)
+            return t["tokens"]
+
+        plain = tokens([{"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": "first\nsecond"}])
+        parts = tokens([{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                        {"role": "user", "content": [{"type": "text", "text": "first"},
+                                                     {"type": "text", "text": "second"}]}])
+        self.assertEqual(parts, plain)
+        want = self.tokenizer_ids("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+                                  "first\nsecond<|im_end|>\n<|im_start|>assistant\n")
+        self.assertEqual(plain, want)
+        no_think = tokens([{"role": "user", "content": "hi"}],
+                          chat_template_kwargs={"enable_thinking": False})
+        self.assertEqual(no_think[-len(self.tokenizer_ids("<think>\n\n</think>\n\n")):],
+                         self.tokenizer_ids("<think>\n\n</think>\n\n"))
+        no_prompt = tokens([{"role": "user", "content": "hi"}], add_generation_prompt=False)
+        self.assertEqual(no_prompt, self.tokenizer_ids("<|im_start|>user\nhi<|im_end|>\n"))
+        # A chat request with parts renders the same prompt as with the joined string.
+        body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                          {"type": "text", "text": "b"}]}],
+                "max_tokens": 1, "temperature": 0}
+        status, resp = post(self.port, body, path="/v1/chat/completions")
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["usage"]["prompt_tokens"],
+                         len(tokens([{"role": "user", "content": "a\nb"}])))
+
+    def test_tool_calls_in_the_history(self):
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}]
+        messages = [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]
+        status, t = post(self.port, {"messages": messages, "tools": tools}, path="/tokenize")
+        self.assertEqual(status, 200, t)
+        status, d = post(self.port, {"tokens": t["tokens"]}, path="/detokenize")
+        self.assertIn('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", '
+                      '"arguments": {"city": "Paris"}}\n</tool_call><|im_end|>', d["prompt"])
+        self.assertIn("<tool_response>\n18 C\n</tool_response>", d["prompt"])
+        self.assertIn("# Tools", d["prompt"])
+        # A chat completion with tools: this random model writes no call, so content and no
+        # tool_calls (the parsing itself is unit-tested in test_api.cpp).
+        body = {"messages": messages, "tools": tools, "max_tokens": 6, "temperature": 0}
+        status, resp = post(self.port, body, path="/v1/chat/completions")
+        self.assertEqual(status, 200, resp)
+        choice = resp["choices"][0]
+        self.assertNotIn("tool_calls", choice["message"])
+        self.assertIn(choice["finish_reason"], ("stop", "length"))
+        status, chunks, done = stream(self.port, dict(body, stream=True),
+                                      path="/v1/chat/completions")
+        self.assertTrue(done)
+        self.assertEqual("".join(c["choices"][0]["delta"].get("content", "") for c in chunks
+                                 if c["choices"]), choice["message"]["content"])
+        status, resp = post(self.port, dict(body, messages=[
+            messages[0], dict(messages[1], tool_calls=[{"function": {"name": "f",
+                                                                     "arguments": "{oops"}}])]),
+            path="/v1/chat/completions")
+        self.assertEqual(status, 400)
+        self.assertEqual(resp["error"]["param"], "messages[1].tool_calls[0].function.arguments")
+
+    def test_text_endpoints_bad_input(self):
+        p = self.port
+        cases = [
+            ("/detokenize", {"tokens": [1, 151669]}, "tokens[1]"),
+            ("/detokenize", {"tokens": [1, -2]}, "tokens[1]"),
+            ("/detokenize", {"tokens": [0.5]}, "tokens[0]"),
+            ("/detokenize", {"tokens": "12"}, "tokens"),
+            ("/detokenize", {"tokens": [[1]]}, "tokens[0]"),
+            ("/detokenize", {}, "tokens"),
+            ("/tokenize", {"prompt": 5}, "prompt"),
+            ("/tokenize", {}, "prompt"),
+            ("/tokenize", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+             "messages[0].content[0].type"),
+            ("/tokenize", {"prompt": "x", "model": "nope"}, "model"),
+            ("/v1/chat/completions",
+             {"messages": [{"role": "user", "content": [
+                 {"type": "text", "text": "look"},
+                 {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+             "messages[0].content[1].type"),
+            ("/v1/chat/completions",
+             {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+             "messages[0].content[0].type"),
+            ("/v1/chat/completions",
+             {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+             "messages[0].content[0].text"),
+        ]
+        for path, body, param in cases:
+            with self.subTest(path=path, body=str(body)[:60]):
+                status, resp = post(p, body, path=path)
+                self.assertIn(status, (400, 404), resp)
+                self.assertEqual(resp["error"]["param"], param)
+        # A huge id list and invalid UTF-8: 400 or an answer, never a crash.
+        status, resp = post(p, {"tokens": list(range(100000))}, path="/detokenize")
+        self.assertEqual(status, 200)
+        for path in ("/tokenize", "/detokenize"):
+            status, payload = request(p, "POST", path, raw=b'{"prompt": "\xff\xfe"}')
+            self.assertEqual(status, 400)
+        self.assertEqual(request(p, "GET", "/health")[0], 200)
 
     def test_openai_client_text_and_chat(self):
         openai = openai_module()
@@ -630,6 +862,80 @@ class TextTest(unittest.TestCase):
         self.assertEqual(chunks[-1].usage.completion_tokens, 8)
         with self.assertRaises(openai.BadRequestError):
             client.chat.completions.create(model="text", messages=[], max_tokens=8)
+
+
+class ReasoningTest(unittest.TestCase):
+    """reasoning_content on a template that leaves the prompt inside an open think block (as
+    Qwen3-2507 Thinking's does), so that a random model's output is all reasoning."""
+
+    @classmethod
+    def setUpClass(cls):
+        import shutil
+        import tempfile
+        tok = os.path.join(os.path.dirname(FIXTURE), "..", "data", "qwen3-tokenizer")
+        if not os.path.exists(os.path.join(tok, "tokenizer.json")):
+            raise unittest.SkipTest("tests/data/qwen3-tokenizer is missing")
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.model = os.path.join(cls.tmp.name, "model")
+        write_text_model(cls.model)
+        cls.tok = os.path.join(cls.tmp.name, "tok")
+        os.makedirs(cls.tok)
+        shutil.copy(os.path.join(tok, "tokenizer.json"), cls.tok)
+        with open(os.path.join(cls.tok, "chat_template.jinja"), "w") as f:
+            f.write("{{ '<|im_start|>user\\n' + messages[-1].content + '<|im_end|>\\n' }}"
+                    "{{ '<|im_start|>assistant\\n<think>\\n' }}")
+        cls.servers = []
+
+    @classmethod
+    def tearDownClass(cls):
+        for proc in cls.servers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        cls.tmp.cleanup()
+
+    def serve(self, *extra):
+        proc = subprocess.Popen(
+            [FLASHMAP, "serve", "--target", self.model, "--tokenizer", self.tok, "--port", "0",
+             *extra], stderr=subprocess.PIPE, text=True)
+        self.servers.append(proc)
+        for line in proc.stderr:
+            m = re.search(r"listening on http://[\d.]+:(\d+)", line)
+            if m:
+                threading.Thread(target=lambda: proc.stderr.read(), daemon=True).start()
+                return int(m.group(1))
+        self.fail("server did not start")
+
+    def test_reasoning_split_and_raw(self):
+        port = self.serve()
+        body = {"messages": [{"role": "user", "content": "Why?"}], "max_tokens": 12,
+                "temperature": 0}
+        status, resp = post(port, body, path="/v1/chat/completions")
+        self.assertEqual(status, 200, resp)
+        msg = resp["choices"][0]["message"]
+        # The same prompt as a completion: its text is reasoning [+ </think> + content].
+        prompt = "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+        status, whole = post(port, {"prompt": prompt, "max_tokens": 12, "temperature": 0})
+        self.assertEqual(status, 200, whole)
+        text = whole["choices"][0]["text"]
+        self.assertTrue(msg["reasoning_content"])
+        self.assertEqual(msg["reasoning_content"] + ("</think>" + msg["content"]
+                                                     if "</think>" in text else ""), text)
+        # Streaming: reasoning_content deltas, then content deltas, adding up to the same.
+        status, chunks, done = stream(port, dict(body, stream=True), path="/v1/chat/completions")
+        self.assertTrue(done)
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        self.assertEqual("".join(d.get("reasoning_content", "") for d in deltas),
+                         msg["reasoning_content"])
+        self.assertEqual("".join(d.get("content", "") for d in deltas), msg["content"])
+        kinds = [k for d in deltas for k in ("reasoning_content", "content") if d.get(k)]
+        self.assertEqual(kinds, sorted(kinds, key=lambda k: k == "content"))
+        # --reasoning raw: everything stays in content, as before.
+        raw = self.serve("--reasoning", "raw")
+        status, resp = post(raw, body, path="/v1/chat/completions")
+        self.assertEqual(status, 200, resp)
+        self.assertEqual(resp["choices"][0]["message"]["content"], text)
+        self.assertNotIn("reasoning_content", resp["choices"][0]["message"])
 
 
 class ShutdownTest(unittest.TestCase):
