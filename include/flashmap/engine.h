@@ -37,8 +37,8 @@ using RequestParams = engine::SequenceParams;
 using Clock = std::chrono::steady_clock;
 
 struct EngineOptions {
-  std::string target;          // Hugging Face folder of a Qwen3 target
-  std::string draft;           // FlashMap drafter folder; empty: the target alone
+  std::string target = {};     // Hugging Face folder of a Qwen3 target
+  std::string draft = {};      // FlashMap drafter folder; empty: the target alone
   std::string device = "cpu";  // cpu, cuda or cuda:N
   int steps = 0;               // drafter jumps (a key of its jump_grids; 0: its num_steps)
   // How the CPU backend holds linear weights: "native" (their file dtype, packed for the GEMM
