@@ -17,7 +17,9 @@ In one run (each step reused from the cache folder when it is already there):
   5. decode (1 token) and verify-17 (17 tokens, logits for all 17 rows) at --context, timed in
      --reps interleaved rounds (flashmap bf16, llama.cpp bf16, flashmap q8, llama.cpp Q8_0);
      each process reports the median of --inner-reps calls after a warm-up, and the table
-     shows the median over rounds.
+     shows the median over rounds. Each run waits for a quiet second and is repeated when
+     other processes took more than --max-interference of the CPUs meanwhile; runs still
+     disturbed are kept out of the medians.
 flashmap runs `flashmap bench --shape qwen3-0.6b --target DIR --no-sweep` (q8: plus
 `--weights q8`, reported as not available while flashmap has no such option); llama.cpp runs
 through its C API (llama_api_timer.cpp), since llama-bench's pp asks for the last logit only.
@@ -548,18 +550,25 @@ def main():
     def clean(x):
         return x is not None and x["interference"] <= args.max_interference
 
+    disturbed = set()  # figures that had to use disturbed runs
+
     def values(e, w, fn):
-        """fn of each round's run, over the runs other processes left alone (all runs when
-        none was)."""
-        xs = [x for x in runs[e][w] if clean(x)] or [x for x in runs[e][w] if x]
+        """fn of each round's run, over the runs other processes left alone (all runs, and the
+        figure marked, when none was)."""
+        xs = [x for x in runs[e][w] if clean(x)]
+        if not xs and any(runs[e][w]):
+            xs = [x for x in runs[e][w] if x]
+            disturbed.add(w)
         return [fn(x) for x in xs]
 
     def ratios(w, fn):
         """fn(flashmap run) / fn(llama.cpp run) of each round, over the rounds where both were
-        left alone (all rounds with both when none was)."""
+        left alone (all rounds with both, and the figure marked, when none was)."""
         both = list(zip(runs["flashmap"][w], runs["llama.cpp"][w]))
         pairs = [(a, b) for a, b in both if clean(a) and clean(b)]
-        pairs = pairs or [(a, b) for a, b in both if a and b]
+        if not pairs and any(a and b for a, b in both):
+            pairs = [(a, b) for a, b in both if a and b]
+            disturbed.add(w)
         return [fn(a) / fn(b) for a, b in pairs if fn(b)]
 
     cpu = cpu_model()
@@ -570,10 +579,11 @@ def main():
                 lambda x: x["verify_ms"] / x["decode_ms"]))
     for w, wl in (("bf16", "bf16"), ("q8", "q8 (Q8_0)")):
         for label, key, fn in figures:
-            fm, ll = values("flashmap", w, fn), values("llama.cpp", w, fn)
-            rows.append({"figure": f"{label}, {wl}" + ("" if key else " (x, not ms)"),
+            fm, ll, ratio = values("flashmap", w, fn), values("llama.cpp", w, fn), ratios(w, fn)
+            rows.append({"figure": f"{label}, {wl}" + ("" if key else " (x, not ms)")
+                         + (" *" if w in disturbed else ""),
                          "flashmap_ms": med(fm), "llama_cpp_ms": med(ll),
-                         "ratio": med(ratios(w, fn)),
+                         "ratio": med(ratio), "disturbed": w in disturbed,
                          "flashmap_runs_used": len(fm), "llama_cpp_runs_used": len(ll)})
 
     def used(e, w):
@@ -596,6 +606,9 @@ def main():
               f"{'n/a' if x['ratio'] is None else format(x['ratio'], '.2f')} |")
     print("\nms: median, over the rounds left alone, of each process's median; ratio: median of "
           "the round's flashmap/llama.cpp over the rounds where both runs were left alone")
+    if disturbed:
+        print("* WARNING: no run of these figures was left alone by other processes: they come "
+              "from disturbed runs and compare nothing (run again on a quieter machine)")
     if q8_note:
         print(f"flashmap q8: not available ({q8_note})")
     if tg:
