@@ -17,7 +17,9 @@ In one run (each step reused from the cache folder when it is already there):
   5. decode (1 token) and verify-17 (17 tokens, logits for all 17 rows) at --context, timed in
      --reps interleaved rounds (flashmap bf16, llama.cpp bf16, flashmap q8, llama.cpp Q8_0);
      each process reports the median of --inner-reps calls after a warm-up, and the table
-     shows the median over rounds.
+     shows the median over rounds. Each run waits for a quiet second and is repeated when
+     other processes took more than --max-interference of the CPUs meanwhile; runs still
+     disturbed are kept out of the medians.
 flashmap runs `flashmap bench --shape qwen3-0.6b --target DIR --no-sweep` (q8: plus
 `--weights q8`, reported as not available while flashmap has no such option); llama.cpp runs
 through its C API (llama_api_timer.cpp), since llama-bench's pp asks for the last logit only.
@@ -502,86 +504,111 @@ def main():
 
     commit = capture(["git", "-C", REPO, "rev-parse", "HEAD"])[1].strip()
     load_before = os.getloadavg()
-    res = {e: {w: {"decode_ms": [], "verify_ms": []} for w in ("bf16", "q8")}
-           for e in ("flashmap", "llama.cpp")}
-    q8_note = None
+    # runs[engine][weights][round]: {"decode_ms", "verify_ms", "interference"}, or None (not run)
+    runs = {e: {w: [] for w in ("bf16", "q8")} for e in ("flashmap", "llama.cpp")}
     fm_dtype = {}
     llama_version = None
-    interference = []
+    q8_note = None
+    # Whether flashmap takes --weights q8, from a command that fails at once either way: on the
+    # unknown option, or (the option known) on the missing folder, before any weights load.
+    rc, so, se = capture([args.flashmap, "bench", "--shape", SHAPE, "--no-sweep", "--weights",
+                          "q8", "--target", cache / "no-such-folder"])
+    if rc != 0 and "--weights" in so + se:
+        q8_note = f"flashmap has no --weights q8 yet ({(se or so).strip().splitlines()[-1]})"
+        log(f"q8: not available: {q8_note}")
     for r in range(args.reps):
         for w in ("bf16", "q8"):
+            f = None
             if not (w == "q8" and q8_note):
                 try:
                     f = timed(args, f"flashmap {w}", lambda: flashmap_once(args, model_dir, w))
                     fm_dtype[w] = f["lm_head_dtype"]
-                    interference.append(f["interference"])
-                    for k in ("decode_ms", "verify_ms"):
-                        res["flashmap"][w][k].append(f[k])
                 except Unavailable as e:
                     q8_note = str(e)
                     log(f"q8: not available: {q8_note}")
+            runs["flashmap"][w].append(f)
             l = timed(args, f"llama.cpp {w}", lambda: llama_once(args, tools, gguf[w]))
-            interference.append(l["interference"])
             llama_version = l["llama_version"]
-            for k in ("decode_ms", "verify_ms"):
-                res["llama.cpp"][w][k].append(l[k])
+            runs["llama.cpp"][w].append(l)
             log(f"round {r + 1}/{args.reps} {w}: flashmap "
-                f"{fmt_ms((res['flashmap'][w]['decode_ms'] or [None])[-1])} / "
-                f"{fmt_ms((res['flashmap'][w]['verify_ms'] or [None])[-1])} ms, llama.cpp "
-                f"{l['decode_ms']:.2f} / {l['verify_ms']:.2f} ms (decode / verify-{VERIFY_ROWS})")
+                f"{fmt_ms(f and f['decode_ms'])} / {fmt_ms(f and f['verify_ms'])} ms, llama.cpp "
+                f"{l['decode_ms']:.2f} / {l['verify_ms']:.2f} ms (decode / verify-{VERIFY_ROWS})"
+                + "".join(f"; {n} disturbed ({100 * x['interference']:.0f}%)"
+                          for n, x in (("flashmap", f), ("llama.cpp", l))
+                          if x and x["interference"] > args.max_interference))
     if "q8" in fm_dtype and fm_dtype["q8"] in ("BF16", "F16", "F32"):
         log(f"warning: flashmap accepted --weights q8 but its lm_head is {fm_dtype['q8']}")
-
     load_after = os.getloadavg()
-    m = {e: {w: {k: med(v) for k, v in res[e][w].items()} for w in res[e]} for e in res}
+    interference = [x["interference"] for e in runs.values() for w in e.values() for x in w if x]
+
     tg = {}
     if not args.no_llama_bench:
         for w in ("bf16", "q8"):
             tg[w] = timed(args, f"llama-bench {w}",
                           lambda: {"ms": llama_bench_tg(args, tools, gguf[w])})["ms"]
 
+    def clean(x):
+        return x is not None and x["interference"] <= args.max_interference
+
+    disturbed = set()  # figures that had to use disturbed runs
+
+    def values(e, w, fn):
+        """fn of each round's run, over the runs other processes left alone (all runs, and the
+        figure marked, when none was)."""
+        xs = [x for x in runs[e][w] if clean(x)]
+        if not xs and any(runs[e][w]):
+            xs = [x for x in runs[e][w] if x]
+            disturbed.add(w)
+        return [fn(x) for x in xs]
+
+    def ratios(w, fn):
+        """fn(flashmap run) / fn(llama.cpp run) of each round, over the rounds where both were
+        left alone (all rounds with both, and the figure marked, when none was)."""
+        both = list(zip(runs["flashmap"][w], runs["llama.cpp"][w]))
+        pairs = [(a, b) for a, b in both if clean(a) and clean(b)]
+        if not pairs and any(a and b for a, b in both):
+            pairs = [(a, b) for a, b in both if a and b]
+            disturbed.add(w)
+        return [fn(a) / fn(b) for a, b in pairs if fn(b)]
+
     cpu = cpu_model()
     rows = []
-
-    def row(label, fm, ll):
-        """fm, ll: per-round values (aligned by round; fm empty when flashmap has none). The
-        engines' columns are their medians; the ratio is the median of the rounds' ratios
-        (each round's two runs are adjacent in time, so a slow stretch of the machine hits
-        both)."""
-        pairs = list(zip(fm, ll))
-        rows.append({"figure": label, "flashmap_ms": med(fm), "llama_cpp_ms": med(ll),
-                     "ratio": med([a / b for a, b in pairs if b]),
-                     "flashmap_rounds": fm, "llama_cpp_rounds": ll})
-
-    def per_round(e, w, key):
-        return res[e][w][key]
-
-    def over(e, w):  # verify / decode of each round
-        return [v / d for v, d in zip(res[e][w]["verify_ms"], res[e][w]["decode_ms"]) if d]
-
+    figures = (("decode", "decode_ms", lambda x: x["decode_ms"]),
+               (f"verify-{VERIFY_ROWS}", "verify_ms", lambda x: x["verify_ms"]),
+               (f"verify-{VERIFY_ROWS} / decode", None,
+                lambda x: x["verify_ms"] / x["decode_ms"]))
     for w, wl in (("bf16", "bf16"), ("q8", "q8 (Q8_0)")):
-        row(f"decode, {wl}", per_round("flashmap", w, "decode_ms"),
-            per_round("llama.cpp", w, "decode_ms"))
-        row(f"verify-{VERIFY_ROWS}, {wl}", per_round("flashmap", w, "verify_ms"),
-            per_round("llama.cpp", w, "verify_ms"))
-        row(f"verify-{VERIFY_ROWS} / decode, {wl} (x, not ms)", over("flashmap", w),
-            over("llama.cpp", w))
+        for label, key, fn in figures:
+            fm, ll, ratio = values("flashmap", w, fn), values("llama.cpp", w, fn), ratios(w, fn)
+            rows.append({"figure": f"{label}, {wl}" + ("" if key else " (x, not ms)")
+                         + (" *" if w in disturbed else ""),
+                         "flashmap_ms": med(fm), "llama_cpp_ms": med(ll),
+                         "ratio": med(ratio), "disturbed": w in disturbed,
+                         "flashmap_runs_used": len(fm), "llama_cpp_runs_used": len(ll)})
+
+    def used(e, w):
+        return f"{sum(clean(x) for x in runs[e][w])}/{sum(x is not None for x in runs[e][w])}"
 
     print(f"# flashmap vs llama.cpp, {SHAPE} shape, random weights\n")
     print(f"CPU: {cpu}; threads: {args.threads}; context: {args.context}; "
           f"{args.reps} interleaved rounds x {args.inner_reps} calls")
     print(f"llama.cpp: llama-cpp-python {LLAMA_CPP_PYTHON} sdist (llama_version "
-          f"{llama_version}), via the C API; flashmap: {args.flashmap} ({commit[:12]})")
+          f"{llama_version}), via the C API; flashmap: {args.flashmap} (repo at {commit[:12]})")
     print(f"other processes' share of the {os.cpu_count()} CPUs during the timed runs: median "
-          f"{100 * med(interference):.0f}%, max {100 * max(interference):.0f}% (load average "
-          f"before / after: {load_before[0]:.2f} / {load_after[0]:.2f})\n")
+          f"{100 * med(interference):.0f}%, max {100 * max(interference):.0f}%; runs left "
+          f"alone (<= {100 * args.max_interference:.0f}%): "
+          + ", ".join(f"{e} {w} {used(e, w)}" for e in runs for w in runs[e]
+                      if any(runs[e][w])) + "\n")
     print("| figure | flashmap ms | llama.cpp ms | ratio (flashmap/llama.cpp) |")
     print("|---|---|---|---|")
     for x in rows:
         print(f"| {x['figure']} | {fmt_ms(x['flashmap_ms'])} | {fmt_ms(x['llama_cpp_ms'])} | "
               f"{'n/a' if x['ratio'] is None else format(x['ratio'], '.2f')} |")
-    print("\nms: median over rounds of each process's median; ratio: median over rounds of the "
-          "round's flashmap/llama.cpp")
+    print("\nms: median, over the rounds left alone, of each process's median; ratio: median of "
+          "the round's flashmap/llama.cpp over the rounds where both runs were left alone")
+    if disturbed:
+        print("* WARNING: no run of these figures was left alone by other processes: they come "
+              "from disturbed runs and compare nothing (run again on a quieter machine)")
     if q8_note:
         print(f"flashmap q8: not available ({q8_note})")
     if tg:
@@ -597,7 +624,7 @@ def main():
             "model_dir": str(model_dir), "gguf": {k: str(v) for k, v in gguf.items()},
             "load_average_before": load_before, "load_average_after": load_after,
             "interference": interference, "max_interference": args.max_interference,
-            "table": rows, "rounds": res, "medians": m,
+            "table": rows, "runs": runs,
             "flashmap_q8": "not available: " + q8_note if q8_note else "ok",
             "flashmap_lm_head_dtype": fm_dtype, "llama_bench_tg_ms": tg,
         }, indent=2) + "\n")
