@@ -77,11 +77,29 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();  // no system call when no worker sleeps
-  fn(0, std::min(n, chunk));
+  // An exception (e.g. a weight that fails a check while it is packed) must not leave the
+  // workers running on `fn` after the caller returns, nor end a worker thread: each part catches
+  // its own, and the first is rethrown here once every part is done.
+  try {
+    fn(0, std::min(n, chunk));
+  } catch (...) {
+    keep_error(std::current_exception());
+  }
   if (!spin_until([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
     std::unique_lock lock(mutex_);
     done_cv_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
   }
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(mutex_);
+    std::swap(error, error_);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void ThreadPool::keep_error(std::exception_ptr e) {
+  std::lock_guard lock(mutex_);
+  if (!error_) error_ = std::move(e);
 }
 
 void ThreadPool::worker_loop(int index) {
@@ -102,7 +120,13 @@ void ThreadPool::worker_loop(int index) {
       chunk = job_chunk_;
     }
     const int64_t begin = chunk * index;
-    if (begin < n) (*job)(begin, std::min(n, begin + chunk));
+    if (begin < n) {
+      try {
+        (*job)(begin, std::min(n, begin + chunk));
+      } catch (...) {
+        keep_error(std::current_exception());
+      }
+    }
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard lock(mutex_);  // the caller may be between its check and its wait
       done_cv_.notify_one();

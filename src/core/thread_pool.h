@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -23,7 +24,8 @@ class ThreadPool {
   int size() const { return int(workers_.size()) + 1; }
 
   // Calls fn(begin, end) on disjoint ranges covering [0, n), each a multiple of `grain` long
-  // (but the last), on the calling thread and the workers; returns when all are done.
+  // (but the last), on the calling thread and the workers; returns when all are done, then
+  // rethrows the first exception any of them threw.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
   // The process-wide pool (threads from FLASHMAP_THREADS, else the hardware's).
@@ -31,6 +33,7 @@ class ThreadPool {
 
  private:
   void worker_loop(int index);
+  void keep_error(std::exception_ptr e);
 
   std::vector<std::thread> workers_;
   // A forward pass calls parallel_for a few hundred times, back to back, for tens of
@@ -44,6 +47,7 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   bool stop_ = false;
+  std::exception_ptr error_;  // the first exception of the running parallel_for
 };
 
 }  // namespace flashmap

@@ -136,8 +136,8 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
     P->panel_bytes = W.cols * kPanel * int64_t(dtype_size(W.dtype));
   }
   P->data = {alloc_panels(P->bytes()), std::free};
-  // A pack of a whole model runs once at load; one per call (an unpacked weight) stays on the
-  // calling thread, which may itself be a pool worker.
+  // Packs of a model's weights run once at load, on the pool; small ones (a test's unpacked
+  // weight packed per call) stay on the calling thread.
   const int64_t grain = P->bytes() < (int64_t(1) << 20) ? std::max<int64_t>(P->panels, 1) : 8;
   auto body = [&](int64_t p0, int64_t p1) {
     if (P->q8)

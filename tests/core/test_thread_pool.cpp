@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <future>
 #include <iostream>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -105,6 +106,29 @@ TEST(ThreadPool, DestroysWhileWorkersSpinOrSleep) {
       if (i % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
     }
   });
+}
+
+// An exception in any part (a worker's or the caller's) reaches the caller once every part has
+// finished, and the pool keeps working: before, a worker's exception ended the process.
+TEST(ThreadPool, RethrowsTheFirstExceptionAfterEveryPartFinished) {
+  ThreadPool pool(3);
+  for (const int64_t thrower : {0, 1, 2}) {
+    std::atomic<int> finished{0};
+    EXPECT_THROW(pool.parallel_for(3, 1,
+                                   [&](int64_t b, int64_t) {
+                                     if (b == thrower) throw std::runtime_error("bad weight");
+                                     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                                     ++finished;
+                                   }),
+                 std::runtime_error)
+        << "part " << thrower;
+    EXPECT_EQ(finished.load(), 2) << "returned before the other parts finished";
+  }
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(100, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) sum += i;
+  });
+  EXPECT_EQ(sum.load(), 4950);
 }
 
 }  // namespace

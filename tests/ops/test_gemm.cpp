@@ -265,6 +265,16 @@ TEST(Gemm, Q8RefusesShapesAndValuesItCannotHold) {
   bad.f32[70] = 1e9f;  // d = 7.9e6, past fp16's 65504
   EXPECT_THROW(ops::pack(bad.view(), WeightFormat::Q8, "w", pool), Error);
   EXPECT_THROW(ops::parse_weight_format("q4"), Error);
+  // Large enough to be packed on the pool, the NaN in a worker's part: an Error, not an abort.
+  ThreadPool two(2);
+  Mat big = make(1024, 512, DType::F32, 3);
+  big.f32[size_t(1000 * 512 + 7)] = NAN;
+  try {
+    ops::pack(big.view(), WeightFormat::Q8, "big.weight", two);
+    FAIL() << "a NaN weight packed as q8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("big.weight: row 1000"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Gemm, InstructionSetCapNeverExceedsTheCpu) {
