@@ -22,3 +22,11 @@ for isa in generic avx2 avx512 avx512-vnni; do
   echo "== FLASHMAP_ISA=$isa"
   FLASHMAP_ISA=$isa "$dir/tests/ops/test_ops" --gtest_brief=1 --gtest_filter='Gemm.*:OpsVsReference.Linear*'
 done
+# A misspelt cap is reported and ignored, not a silent fall back to the scalar kernel.
+out=$(FLASHMAP_ISA=avx-512 "$dir/tests/ops/test_ops" --gtest_brief=1 --gtest_filter='Gemm.Every*' 2>&1)
+if ! grep -q "FLASHMAP_ISA=avx-512 is not one of" <<<"$out" || grep -q "(generic CPU)" <<<"$out"; then
+  echo "a misspelt FLASHMAP_ISA was not reported, or capped the kernels:" >&2
+  echo "$out" >&2
+  exit 1
+fi
+echo "== misspelt FLASHMAP_ISA reported and ignored"

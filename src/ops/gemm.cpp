@@ -183,11 +183,18 @@ Isa detect() {
 #endif
   if (const char* cap = std::getenv("FLASHMAP_ISA")) {
     const std::string c = cap;
-    const Isa want = c == "avx512-vnni" ? Isa::Avx512Vnni
-                     : c == "avx512"    ? Isa::Avx512
-                     : c == "avx2"      ? Isa::Avx2
-                                        : Isa::Generic;
-    best = std::min(best, want);
+    const Isa* want = nullptr;
+    static const Isa kAll[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni};
+    for (const Isa& isa : kAll)
+      if (c == isa_name(isa)) want = &isa;
+    // A misspelt cap must not quietly run everything on the scalar kernel.
+    if (want)
+      best = std::min(best, *want);
+    else
+      fmt::print(stderr,
+                 "flashmap: FLASHMAP_ISA={} is not one of generic, avx2, avx512, avx512-vnni; "
+                 "ignored\n",
+                 c);
   }
   return best;
 }
