@@ -33,6 +33,8 @@ class BlockProposer;
 
 using engine::PhaseTimes;
 using engine::SpecPolicyKind;
+using flashmap::LogitControls;
+using flashmap::TokenLogprob;
 using RequestParams = engine::SequenceParams;
 using Clock = std::chrono::steady_clock;
 
@@ -70,6 +72,7 @@ void bench_device_shape(const DeviceShapeBench& spec);
 // The result of a batch-of-one generation.
 struct GenerateResult {
   std::vector<int32_t> ids;             // generated tokens, without the prompt
+  std::vector<TokenLogprob> logprobs;   // one per id when RequestParams::logprobs >= 0
   std::vector<int> acceptance_lengths;  // tokens committed by each verify pass (the reference's)
   std::vector<int64_t> accepted_at;     // [K]: rounds in which draft slot k was accepted
   int rounds = 0;
@@ -93,7 +96,8 @@ class Request {
   Request(uint64_t id, RequestParams params);
 
   struct Update {
-    std::vector<int32_t> tokens;  // new tokens since the `seen` passed to wait()
+    std::vector<int32_t> tokens;         // new tokens since the `seen` passed to wait()
+    std::vector<TokenLogprob> logprobs;  // theirs, when the request asked for logprobs
     bool finished = false;
     std::string finish_reason;  // "stop", "length", "cancelled" or "error"
     std::string error;          // the engine's message when finish_reason == "error"
@@ -117,13 +121,15 @@ class Request {
 
  private:
   friend class Engine;
-  void push(std::span<const int32_t> tokens, int committed_in_round);
+  void push(std::span<const int32_t> tokens, int committed_in_round,
+            std::span<const TokenLogprob> logprobs);
   void finish(const std::string& reason, const std::string& error = {});
 
   std::atomic<bool> cancelled_{false};
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<int32_t> tokens_;
+  std::vector<TokenLogprob> logprobs_;
   std::vector<int> acceptance_;
   std::vector<std::pair<Clock::time_point, int>> emissions_;
   bool finished_ = false;
@@ -151,6 +157,8 @@ struct GenerateOptions {
   uint64_t seed = 0;
   bool seeded = false;  // RequestParams::seeded
   std::vector<int32_t> stop_ids;
+  LogitControls controls;  // RequestParams::controls
+  int logprobs = -1;       // RequestParams::logprobs
   // Called with the tokens each round commits (after stop-token truncation and the
   // max_new_tokens cut), as they are accepted.
   std::function<void(std::span<const int32_t>)> on_tokens;

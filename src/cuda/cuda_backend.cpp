@@ -209,6 +209,27 @@ class CudaBackend : public engine::Backend {
 
   void truncate(Slot& slot, int64_t length) override { cu(slot).lane->kv->truncate(length); }
 
+  // The loop's logit controls and logprobs run on the host (src/engine/rounds.cpp): the rows
+  // travel through pageable memory, a cost only requests that ask for them pay.
+  void read_logits(Slot& slot, int64_t first, int64_t n, float* dst) override {
+    check(cudaMemcpyAsync(dst, cu(slot).lane->logits.data() + first * V_,
+                          size_t(n * V_) * sizeof(float), cudaMemcpyDeviceToHost, ctx_.stream()),
+          "cudaMemcpyAsync D2H (logits rows)");
+    ctx_.sync();
+  }
+  void write_logits(Slot& slot, int64_t first, int64_t n, const float* src) override {
+    check(cudaMemcpyAsync(cu(slot).lane->logits.data() + first * V_, src,
+                          size_t(n * V_) * sizeof(float), cudaMemcpyHostToDevice, ctx_.stream()),
+          "cudaMemcpyAsync H2D (logits rows)");
+    ctx_.sync();
+  }
+  void read_drafts(Slot& slot, int n, int32_t* dst) override {
+    check(cudaMemcpyAsync(dst, cu(slot).lane->round.data() + 3, size_t(n) * sizeof(int32_t),
+                          cudaMemcpyDeviceToHost, ctx_.stream()),
+          "cudaMemcpyAsync D2H (drafts)");
+    ctx_.sync();
+  }
+
   void commit(std::span<Slot* const> slots, std::span<const int64_t> n) override {
     for (size_t i = 0; i < slots.size(); ++i) {
       CudaSlot& s = cu(*slots[i]);

@@ -62,6 +62,13 @@ class Target {
   virtual void verify(std::span<const SeqStep> steps) = 0;
   // Keeps the first `length` positions of a sequence's cache (drops rejected drafts).
   virtual void truncate(Slot& slot, int64_t length) = 0;
+  // Host access to a sequence's rows of the last prefill (its one row) or verify (anchor +
+  // drafts), for what the loop computes itself: logit controls (read, changed, written back
+  // before pick/accept) and logprobs. Rows count from the sequence's first.
+  virtual void read_logits(Slot& slot, int64_t first, int64_t n, float* dst) = 0;
+  virtual void write_logits(Slot& slot, int64_t first, int64_t n, const float* src) = 0;
+  // The first n drafts of the sequence's block, as proposed.
+  virtual void read_drafts(Slot& slot, int n, int32_t* dst) = 0;
 };
 
 class Proposer {

@@ -1,5 +1,7 @@
 #include "engine/cpu_backend.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "specdec/verify.h"
 
@@ -103,6 +105,24 @@ void CpuBackend::verify(std::span<const SeqStep> steps) {
 
 void CpuBackend::truncate(Slot& slot, int64_t length) {
   cpu(slot).cache.truncate(length);
+}
+
+void CpuBackend::read_logits(Slot& slot, int64_t first, int64_t n, float* dst) {
+  const int64_t V = target_.config().vocab_size;
+  const float* rows = out_.logits.data() + (cpu(slot).logits_row + first) * V;
+  std::copy(rows, rows + n * V, dst);
+}
+
+void CpuBackend::write_logits(Slot& slot, int64_t first, int64_t n, const float* src) {
+  const int64_t V = target_.config().vocab_size;
+  std::copy(src, src + n * V, out_.logits.data() + (cpu(slot).logits_row + first) * V);
+}
+
+void CpuBackend::read_drafts(Slot& slot, int n, int32_t* dst) {
+  // fed = anchor + the drafts the last verify ran.
+  const auto& fed = cpu(slot).fed;
+  FLASHMAP_ASSERT(size_t(n) < fed.size());
+  std::copy(fed.begin() + 1, fed.begin() + 1 + n, dst);
 }
 
 void CpuBackend::commit(std::span<Slot* const> slots, std::span<const int64_t> n) {

@@ -33,6 +33,9 @@ class CpuBackend : public Backend {
                std::span<const std::span<const int32_t>> prompts) override;
   void verify(std::span<const SeqStep> steps) override;
   void truncate(Slot& slot, int64_t length) override;
+  void read_logits(Slot& slot, int64_t first, int64_t n, float* dst) override;
+  void write_logits(Slot& slot, int64_t first, int64_t n, const float* src) override;
+  void read_drafts(Slot& slot, int n, int32_t* dst) override;
 
   int block_size() const override { return proposer_ ? proposer_->block_size() : 0; }
   void commit(std::span<Slot* const> slots, std::span<const int64_t> n) override;

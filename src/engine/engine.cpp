@@ -90,6 +90,8 @@ RequestParams GenerateOptions::request(std::span<const int32_t> prompt) const {
   p.seed = seed;
   p.seeded = seeded;
   p.stop_ids = stop_ids;
+  p.controls = controls;
+  p.logprobs = logprobs;
   return p;
 }
 
@@ -103,6 +105,8 @@ Request::Update Request::wait(size_t seen, std::chrono::milliseconds timeout) {
   cv_.wait_for(lk, timeout, [&] { return finished_ || tokens_.size() > seen; });
   Update u;
   if (tokens_.size() > seen) u.tokens.assign(tokens_.begin() + std::ptrdiff_t(seen), tokens_.end());
+  if (logprobs_.size() > seen)
+    u.logprobs.assign(logprobs_.begin() + std::ptrdiff_t(seen), logprobs_.end());
   u.finished = finished_;
   u.finish_reason = finish_reason_;
   u.error = error_;
@@ -132,10 +136,12 @@ std::vector<std::pair<Clock::time_point, int>> Request::emissions() const {
   return emissions_;
 }
 
-void Request::push(std::span<const int32_t> tokens, int committed_in_round) {
+void Request::push(std::span<const int32_t> tokens, int committed_in_round,
+                   std::span<const TokenLogprob> logprobs) {
   {
     std::lock_guard lk(mutex_);
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+    logprobs_.insert(logprobs_.end(), logprobs.begin(), logprobs.end());
     if (committed_in_round > 0) acceptance_.push_back(committed_in_round);
     if (!tokens.empty()) emissions_.emplace_back(Clock::now(), int(tokens.size()));
   }
@@ -233,8 +239,9 @@ GenerateResult Engine::generate(const RequestParams& params,
   }
   GenerateResult res;
   Sequence seq(params);
-  seq.sink = [&](std::span<const int32_t> t, int) {
+  seq.sink = [&](std::span<const int32_t> t, int, std::span<const TokenLogprob> lp) {
     res.ids.insert(res.ids.end(), t.begin(), t.end());
+    res.logprobs.insert(res.logprobs.end(), lp.begin(), lp.end());
     if (on_tokens && !t.empty()) on_tokens(t);
   };
   impl_->loop->run(seq);
@@ -340,7 +347,8 @@ void Engine::loop() {
           continue;
         }
         Request* r = s->req.get();
-        s->seq.sink = [r](std::span<const int32_t> t, int committed) { r->push(t, committed); };
+        s->seq.sink = [r](std::span<const int32_t> t, int committed,
+                          std::span<const TokenLogprob> lp) { r->push(t, committed, lp); };
         fresh.push_back(&s->seq);
         running.push_back(std::move(s));
       }

@@ -20,6 +20,34 @@ bool is_stop(const SequenceParams& p, int32_t t) {
 Sequence::Sequence(SequenceParams p)
     : params(std::move(p)), sampler(params.sampling, params.seed, params.seeded) {}
 
+std::vector<float> RoundLoop::control(Sequence& s, int rows) {
+  if (!s.controls.active()) return {};
+  const int64_t V = backend_.config().vocab_size;
+  std::vector<float> raw(size_t(rows) * size_t(V));
+  backend_.read_logits(*s.slot, 0, rows, raw.data());
+  std::vector<int32_t> drafts(size_t(rows - 1));
+  if (rows > 1) backend_.read_drafts(*s.slot, rows - 1, drafts.data());
+  std::vector<float> rows_now = raw;
+  s.controls.apply(rows_now.data(), drafts);
+  backend_.write_logits(*s.slot, 0, rows, rows_now.data());
+  return s.params.logprobs >= 0 ? raw : std::vector<float>{};
+}
+
+std::vector<TokenLogprob> RoundLoop::logprobs(Sequence& s, std::span<const int32_t> tokens,
+                                              std::vector<float> raw) {
+  if (s.params.logprobs < 0) return {};
+  const int64_t V = backend_.config().vocab_size;
+  const int64_t n = int64_t(tokens.size());
+  if (raw.empty()) {
+    raw.resize(size_t(n * V));
+    backend_.read_logits(*s.slot, 0, n, raw.data());
+  }
+  std::vector<TokenLogprob> out;
+  for (int64_t k = 0; k < n; ++k)
+    out.push_back(token_logprob(raw.data() + k * V, V, tokens[size_t(k)], s.params.logprobs));
+  return out;
+}
+
 RoundLoop::RoundLoop(Backend& backend, SpecPolicyOptions policy, int64_t max_context,
                      std::function<double()> clock)
     : backend_(backend), policy_(policy), clock_(std::move(clock)) {
@@ -42,13 +70,17 @@ void RoundLoop::validate(const SequenceParams& p) const {
   for (int32_t s : p.stop_ids)
     FLASHMAP_CHECK(s >= 0 && s < V, "stop token {} is outside the vocabulary [0, {})", s, V);
   p.sampling.validate();
+  p.controls.validate(V);
+  FLASHMAP_CHECK(p.logprobs >= -1 && p.logprobs <= kMaxTopLogprobs,
+                 "top_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, p.logprobs);
   const int64_t need = int64_t(p.prompt.size()) + p.max_tokens;
   FLASHMAP_CHECK(need <= max_context_,
                  "prompt ({} tokens) + max_new_tokens ({}) exceeds the context of {} positions",
                  p.prompt.size(), p.max_tokens, max_context_);
 }
 
-bool RoundLoop::emit(Sequence& s, std::span<const int32_t> fresh, bool verified) {
+bool RoundLoop::emit(Sequence& s, std::span<const int32_t> fresh, bool verified,
+                     std::span<const TokenLogprob> logprobs) {
   const auto& p = s.params;
   // The tokens through the first stop token: what the round commits (the reference's
   // acceptance length counts them).
@@ -61,10 +93,12 @@ bool RoundLoop::emit(Sequence& s, std::span<const int32_t> fresh, bool verified)
     }
   const int committed = verified ? int(fresh.size()) : 0;
   if (verified) s.acceptance_lengths.push_back(committed);
+  s.controls.commit(fresh);
   const size_t room = size_t(p.max_tokens) - s.generated;
   const size_t shown = std::min(room, fresh.size());
   s.generated += shown;
-  if (s.sink) s.sink(fresh.first(shown), committed);
+  if (s.sink)
+    s.sink(fresh.first(shown), committed, logprobs.first(std::min(shown, logprobs.size())));
   if (stopped && fresh.size() <= room) {
     s.finish_reason = "stop";
     return false;
@@ -84,6 +118,8 @@ void RoundLoop::admit(std::span<Sequence* const> fresh) {
   for (Sequence* s : fresh) {
     s->drafting = backend_.has_drafter() && s->params.speculative;
     s->slot = backend_.open(s->drafting);
+    s->controls = ControlState(s->params.controls, s->params.prompt, s->params.stop_ids,
+                               backend_.config().vocab_size);
     if (s->drafting) s->accepted_at.assign(size_t(backend_.block_size()), 0);
     slots.push_back(s->slot.get());
     prompts.push_back(s->params.prompt);
@@ -95,13 +131,16 @@ void RoundLoop::admit(std::span<Sequence* const> fresh) {
     // The first token is drawn at the prompt's length: the "anchor" is the last prompt token.
     steps.push_back({s->slot.get(), s->length - 1, 0, &s->sampler});
   }
+  std::vector<std::vector<float>> raw(fresh.size());
+  for (size_t i = 0; i < fresh.size(); ++i) raw[i] = control(*fresh[i], 1);
   std::vector<int32_t> first(fresh.size());
   backend_.pick(steps, first);
   const double ms = ms_since(t0);
   for (size_t i = 0; i < fresh.size(); ++i) {
     Sequence& s = *fresh[i];
     s.times.prefill_ms += ms;
-    if (!emit(s, {&first[i], 1}, false)) s.done = true;
+    const auto lp = logprobs(s, {&first[i], 1}, std::move(raw[i]));
+    if (!emit(s, {&first[i], 1}, false, lp)) s.done = true;
   }
 }
 
@@ -141,6 +180,8 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
 
   // Accept, emit, commit.
   t0 = Clock::now();
+  std::vector<std::vector<float>> raw(active.size());
+  for (size_t i = 0; i < active.size(); ++i) raw[i] = control(*active[i], active[i]->room + 1);
   std::vector<Accepted> results(active.size());
   backend_.accept(steps, results);
   int round_tokens = 0;
@@ -153,7 +194,8 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
                     r.tokens.size() == size_t(r.accepted) + 1);
     ++s.rounds;
     for (int k = 0; k < r.accepted; ++k) ++s.accepted_at[size_t(k)];
-    const bool going = emit(s, r.tokens, true);
+    const auto lp = logprobs(s, r.tokens, std::move(raw[i]));
+    const bool going = emit(s, r.tokens, true, lp);
     const int committed = s.acceptance_lengths.back();
     round_tokens += committed;
     if (s.room > 0) {

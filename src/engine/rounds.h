@@ -15,6 +15,8 @@
 
 #include "engine/backend.h"
 #include "engine/spec_policy.h"
+#include "specdec/controls.h"
+#include "specdec/logprobs.h"
 #include "specdec/sampling.h"
 
 namespace flashmap::engine {
@@ -30,6 +32,11 @@ struct SequenceParams {
   bool seeded = false;
   std::vector<int32_t> stop_ids;
   bool speculative = true;  // false: this sequence never drafts
+  // Penalties, logit_bias, min_tokens (min_tokens masks stop_ids): specdec/controls.h.
+  LogitControls controls;
+  // -1: no logprobs; n >= 0: each emitted token's logprob under the target and its n most likely
+  // alternatives (n <= kMaxTopLogprobs).
+  int logprobs = -1;
 };
 
 struct PhaseTimes {
@@ -41,6 +48,7 @@ struct Sequence {
   explicit Sequence(SequenceParams p);
   SequenceParams params;
   SeqSampler sampler;
+  ControlState controls;
   std::unique_ptr<Slot> slot;
   int64_t length = 0;  // positions in the target's cache (the anchor's position)
   size_t generated = 0;
@@ -53,9 +61,10 @@ struct Sequence {
   std::vector<int> acceptance_lengths;
   std::vector<int64_t> accepted_at;  // [K]: rounds in which draft slot k was accepted
   PhaseTimes times;
-  // Receives the tokens each step emits (cut at a stop token and at max_tokens) and the number
-  // committed by the verify pass that produced them (0 for the prefill's first token).
-  std::function<void(std::span<const int32_t>, int)> sink;
+  // Receives the tokens each step emits (cut at a stop token and at max_tokens), the number
+  // committed by the verify pass that produced them (0 for the prefill's first token) and, when
+  // params.logprobs >= 0, their logprobs (else empty).
+  std::function<void(std::span<const int32_t>, int, std::span<const TokenLogprob>)> sink;
 };
 
 // Acceptance histogram etc. of one round, for the engine's counters.
@@ -92,7 +101,14 @@ class RoundLoop {
   // Emits fresh tokens, cut at a stop token and at max_tokens; false when the sequence ends.
   // verified: they come from a verify pass, whose acceptance length (the tokens through the
   // first stop token) is recorded.
-  bool emit(Sequence& s, std::span<const int32_t> fresh, bool verified);
+  bool emit(Sequence& s, std::span<const int32_t> fresh, bool verified,
+            std::span<const TokenLogprob> logprobs);
+  // Before pick/accept: the sequence's logit controls applied to its `rows` rows (anchor +
+  // drafts); returns the raw rows when it read them (for logprobs), else empty.
+  std::vector<float> control(Sequence& s, int rows);
+  // The logprobs of `tokens`, token k from raw row k (`raw` when control() read it).
+  std::vector<TokenLogprob> logprobs(Sequence& s, std::span<const int32_t> tokens,
+                                     std::vector<float> raw);
 
   Backend& backend_;
   SpecPolicy policy_;

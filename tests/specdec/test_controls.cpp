@@ -1,0 +1,319 @@
+// Logit controls (penalties, logit_bias, min_tokens) and logprobs in the round loop: checked
+// against an independent fp64 implementation of vLLM's rules driven by the target model alone
+// (no round loop, no drafter), for greedy equality, the exact joint distribution at T > 0 and
+// the target's own log-softmax at every emitted token.
+#include <flashmap/engine.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "core/check.h"
+#include "models/flashmap.h"
+#include "models/qwen3.h"
+#include "random_models.h"
+#include "specdec/proposer.h"
+#include "stats.h"
+
+using namespace flashmap;
+using ::testing::HasSubstr;
+
+namespace {
+const std::string kA = "tests/fixtures/tiny-a";
+const std::vector<int32_t> kPrompt = {3, 141, 59, 265, 358, 979};
+
+// vLLM's logits processing in double precision, written from its documentation rather than
+// from ControlState: logit_bias added, stop ids at -inf before min_tokens tokens, then the
+// repetition penalty over prompt ∪ output, then −frequency·count − presence·[count > 0] over
+// the output.
+std::vector<double> reference_controls(const float* logits, int64_t V, const LogitControls& c,
+                                       const std::vector<int32_t>& prompt,
+                                       const std::vector<int32_t>& output,
+                                       const std::vector<int32_t>& stop_ids) {
+  std::vector<double> x(logits, logits + V);
+  for (const auto& [id, b] : c.logit_bias) x[size_t(id)] += b;
+  if (int64_t(output.size()) < c.min_tokens)
+    for (int32_t s : stop_ids) x[size_t(s)] = -std::numeric_limits<double>::infinity();
+  std::set<int32_t> seen(prompt.begin(), prompt.end());
+  seen.insert(output.begin(), output.end());
+  std::map<int32_t, int> count;
+  for (int32_t t : output) ++count[t];
+  for (int32_t id : seen) {
+    double& v = x[size_t(id)];
+    v = v > 0 ? v / c.repetition_penalty : v * c.repetition_penalty;
+    if (count.count(id)) v -= c.frequency_penalty * count[id] + c.presence_penalty;
+  }
+  return x;
+}
+
+// The target's next-token logits after `prefix`, by one full forward (no cache reuse).
+std::vector<float> next_logits(const Qwen3Model& target, const std::vector<int32_t>& prefix) {
+  KVCache c = target.new_cache();
+  Qwen3Model::Output out;
+  Qwen3Model::SeqInput s{&c, prefix};
+  target.forward({&s, 1}, Qwen3Model::Logits::Last, {}, out);
+  return out.logits;
+}
+
+LogitControls some_controls() {
+  LogitControls c;
+  c.repetition_penalty = 1.4f;
+  c.frequency_penalty = 0.6f;
+  c.presence_penalty = 0.3f;
+  c.logit_bias = {{17, 2.5f}, {500, -3.0f}, {901, 1.5f}};
+  c.min_tokens = 12;
+  return c;
+}
+}  // namespace
+
+// ControlState against the reference on random rows, prompts and draft prefixes; applying a
+// block leaves the committed state as it was.
+TEST(Controls, RowsEqualTheReference) {
+  const int64_t V = 50;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_int_distribution<int32_t> id(0, int32_t(V) - 1);
+  LogitControls c;
+  c.repetition_penalty = 1.7f;
+  c.frequency_penalty = -0.4f;
+  c.presence_penalty = 1.1f;
+  c.logit_bias = {{3, 5.0f}, {4, -100.0f}};
+  c.min_tokens = 5;
+  const std::vector<int32_t> stop = {0, 9};
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<int32_t> prompt(size_t(1 + trial % 7)), output, drafts(size_t(trial % 6));
+    for (auto& t : prompt) t = id(gen);
+    for (auto& t : drafts) t = id(gen) % 12;  // repeats among drafts and with the output
+    ControlState st(c, prompt, stop, V);
+    for (int g = 0; g < trial % 9; ++g) output.push_back(id(gen) % 12);
+    st.commit(output);
+    std::vector<float> rows(size_t(V) * (drafts.size() + 1));
+    for (auto& x : rows) x = normal(gen);
+    for (int pass = 0; pass < 2; ++pass) {  // the second pass sees the same committed state
+      auto got = rows;
+      st.apply(got.data(), drafts);
+      for (size_t k = 0; k <= drafts.size(); ++k) {
+        auto out_k = output;
+        out_k.insert(out_k.end(), drafts.begin(), drafts.begin() + int64_t(k));
+        const auto want =
+            reference_controls(rows.data() + int64_t(k) * V, V, c, prompt, out_k, stop);
+        for (int64_t v = 0; v < V; ++v) {
+          const float g = got[size_t(int64_t(k) * V + v)];
+          if (std::isinf(want[size_t(v)]))
+            ASSERT_TRUE(std::isinf(g) && g < 0) << trial << " row " << k << " id " << v;
+          else
+            ASSERT_NEAR(g, want[size_t(v)], 1e-4) << trial << " row " << k << " id " << v;
+        }
+      }
+    }
+  }
+}
+
+// Greedy decoding with controls: the reference loop (target alone, fp64 controls, argmax) and
+// the round loop with drafters of every acceptance pattern give the same tokens.
+TEST(Controls, GreedyEqualsTargetAloneWithControls) {
+  Qwen3Model target(kA + "/target");
+  FlashMapModel model(kA + "/draft", target);
+  const int64_t V = target.config().vocab_size;
+  const int n = 40;
+  const auto c = some_controls();
+  // A stop id the model would produce early without min_tokens.
+  GenerateOptions six;
+  six.max_new_tokens = 6;
+  const auto plain = generate(target, nullptr, kPrompt, six).ids;
+  const std::vector<int32_t> stop = {plain[2]};
+  std::vector<int32_t> want;
+  for (int i = 0; i < n; ++i) {
+    auto prefix = kPrompt;
+    prefix.insert(prefix.end(), want.begin(), want.end());
+    const auto row =
+        reference_controls(next_logits(target, prefix).data(), V, c, kPrompt, want, stop);
+    const auto t = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    want.push_back(t);
+    if (t == stop[0]) break;
+  }
+  ASSERT_GT(want.size(), size_t(c.min_tokens));  // the stop id was held back
+  GenerateOptions o;
+  o.max_new_tokens = n;
+  o.controls = c;
+  o.stop_ids = stop;
+  FlashMapProposer one(model, 1), two(model, 2);
+  ScriptedProposer right(8, V, want, 8), half(8, V, want, 4);
+  EXPECT_EQ(generate(target, nullptr, kPrompt, o).ids, want);
+  for (const BlockProposer* d :
+       {static_cast<const BlockProposer*>(&one), static_cast<const BlockProposer*>(&two),
+        static_cast<const BlockProposer*>(&right), static_cast<const BlockProposer*>(&half)})
+    EXPECT_EQ(generate(target, d, kPrompt, o).ids, want);
+  // The scripted drafter that knows the answer is accepted through the controls.
+  EXPECT_GE(generate(target, &right, kPrompt, o).acceptance_length(), 4.0);
+}
+
+// T > 0: the joint distribution of the first three tokens under controls equals the target's
+// (exact enumeration over an 8-token vocabulary), for rejection sampling and keyed draws. The
+// third token comes from the second row of a verify pass, whose prefix holds a draft: the row
+// only a correct draft-prefix count gets right. 8 × 8 × 9 cells (the third "token" of a run
+// that stopped at its second is a cell of its own); 60000 runs.
+TEST(Controls, SpeculativeSamplingWithControlsMatchesTarget) {
+  const auto pair = flashmap::testing::write_random_pair("tiny-v8-controls", 8, 8, 2, 4, 77);
+  Qwen3Model target(pair.target);
+  FlashMapModel model(pair.draft, target);
+  FlashMapProposer d(model, 1);
+  const int64_t V = 8;
+  const std::vector<int32_t> prompt = {1, 5, 2};
+  LogitControls c;
+  c.repetition_penalty = 1.8f;
+  c.frequency_penalty = 0.9f;
+  c.presence_penalty = 0.5f;
+  c.logit_bias = {{3, 1.0f}, {6, -0.7f}};
+  c.min_tokens = 1;
+  const int32_t stop = 4;
+  const SamplingParams sp{1.0f, 0, 1.0f, 0.0f};
+  auto probs = [&](const std::vector<int32_t>& output) {
+    auto prefix = prompt;
+    prefix.insert(prefix.end(), output.begin(), output.end());
+    const auto x =
+        reference_controls(next_logits(target, prefix).data(), V, c, prompt, output, {stop});
+    std::vector<double> p(x.size());
+    const double mx = *std::max_element(x.begin(), x.end());
+    double sum = 0;
+    for (size_t i = 0; i < x.size(); ++i) sum += p[i] = std::exp(x[i] - mx);
+    for (auto& v : p) v /= sum;
+    return p;
+  };
+  auto cell = [&](int32_t t1, int32_t t2, int32_t t3) {
+    return size_t((t1 * V + t2) * (V + 1) + t3);
+  };
+  std::vector<double> exact(size_t(V * V * (V + 1)), 0.0);
+  const auto p1 = probs({});
+  EXPECT_EQ(p1[size_t(stop)], 0.0);  // min_tokens
+  for (int32_t t1 = 0; t1 < V; ++t1) {
+    if (p1[size_t(t1)] == 0) continue;
+    const auto p2 = probs({t1});
+    for (int32_t t2 = 0; t2 < V; ++t2) {
+      if (t2 == stop) {
+        exact[cell(t1, t2, int32_t(V))] = p1[size_t(t1)] * p2[size_t(t2)];
+        continue;
+      }
+      const auto p3 = probs({t1, t2});
+      for (int32_t t3 = 0; t3 < V; ++t3)
+        exact[cell(t1, t2, t3)] = p1[size_t(t1)] * p2[size_t(t2)] * p3[size_t(t3)];
+    }
+  }
+  for (bool seeded : {false, true}) {
+    std::vector<double> counts(exact.size(), 0.0);
+    GenerateOptions o;
+    // Four tokens: the round after the first verifies two drafts (for the second and third).
+    o.max_new_tokens = 4;
+    o.sampling = sp;
+    o.seeded = seeded;
+    o.controls = c;
+    o.stop_ids = {stop};
+    const int n = 60000;
+    double first_accepted = 0;
+    for (int i = 0; i < n; ++i) {
+      o.seed = uint64_t(i) * 7919 + 1;
+      const auto r = generate(target, &d, prompt, o);
+      ASSERT_GE(r.ids.size(), 2u);
+      counts[cell(r.ids[0], r.ids[1], r.ids.size() > 2 ? r.ids[2] : int32_t(V))] += 1;
+      first_accepted += r.accepted_at[0] > 0;
+    }
+    const auto chi = flashmap::testing::chi_square(counts, exact);
+    EXPECT_TRUE(chi.pass()) << "seeded=" << seeded << " chi2 " << chi.statistic << " > "
+                            << chi.critical << " " << chi.impossible;
+    // The third token comes from the verify's second row (prefix: an accepted draft) often.
+    EXPECT_GT(first_accepted, n * 0.05) << "seeded=" << seeded;
+  }
+}
+
+// Logprobs are the target's own log-softmax at every emitted token (not the drafter's, not after
+// temperature or controls), with the top alternatives in order, for greedy and sampled requests
+// with speculation on: a drafter scripted with the seeded target-alone output (accepted in
+// blocks, so rows past the first of a verify pass are read) and the FlashMap drafter.
+TEST(Controls, LogprobsAreTheTargetsLogSoftmax) {
+  Qwen3Model target(kA + "/target");
+  FlashMapModel model(kA + "/draft", target);
+  FlashMapProposer flow(model, 1);
+  const int64_t V = target.config().vocab_size;
+  for (float T : {0.0f, 0.9f})
+    for (bool controls : {false, true})
+      for (bool scripted : {true, false}) {
+        GenerateOptions o;
+        o.max_new_tokens = 25;
+        o.sampling.temperature = T;
+        o.seed = 4;
+        o.seeded = true;
+        o.logprobs = 5;
+        if (controls) o.controls = some_controls();
+        const auto alone = generate(target, nullptr, kPrompt, o);
+        ScriptedProposer script(8, V, alone.ids, 8);
+        const auto r = generate(
+            target, scripted ? static_cast<const BlockProposer*>(&script) : &flow, kPrompt, o);
+        ASSERT_EQ(r.ids, alone.ids);
+        ASSERT_EQ(r.logprobs.size(), r.ids.size());
+        if (scripted) {
+          EXPECT_GT(r.acceptance_length(), 4.0);
+        }
+        auto prefix = kPrompt;
+        for (size_t k = 0; k < r.ids.size(); ++k) {
+          const auto row = next_logits(target, prefix);
+          double mx = -1e300, sum = 0;
+          for (float x : row) mx = std::max(mx, double(x));
+          for (float x : row) sum += std::exp(double(x) - mx);
+          auto lsm = [&](int32_t id) { return double(row[size_t(id)]) - mx - std::log(sum); };
+          const TokenLogprob& lp = r.logprobs[k];
+          EXPECT_EQ(lp.token, r.ids[k]);
+          // 1e-4: the verify pass and this full forward order the attention sums differently.
+          EXPECT_NEAR(lp.logprob, lsm(r.ids[k]), 1e-4) << "T=" << T << " token " << k;
+          ASSERT_EQ(lp.top.size(), 5u);
+          std::vector<int32_t> order(static_cast<size_t>(V));
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(),
+                           [&](int32_t a, int32_t b) { return row[size_t(a)] > row[size_t(b)]; });
+          for (size_t j = 0; j < 5; ++j) {
+            EXPECT_EQ(lp.top[j].first, order[j]) << "token " << k << " rank " << j;
+            EXPECT_NEAR(lp.top[j].second, lsm(order[j]), 1e-4);
+          }
+          prefix.push_back(r.ids[k]);
+        }
+      }
+}
+
+TEST(Controls, OutOfRangeValuesNameTheField) {
+  Qwen3Model target(kA + "/target");
+  auto err = [&](GenerateOptions o) -> std::string {
+    o.max_new_tokens = 3;
+    try {
+      generate(target, nullptr, kPrompt, o);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "<no error>";
+  };
+  GenerateOptions o;
+  o.controls.presence_penalty = 2.5f;
+  EXPECT_THAT(err(o), HasSubstr("presence_penalty must be in [-2, 2]"));
+  o = {};
+  o.controls.frequency_penalty = -3.0f;
+  EXPECT_THAT(err(o), HasSubstr("frequency_penalty"));
+  o = {};
+  o.controls.repetition_penalty = 0.0f;
+  EXPECT_THAT(err(o), HasSubstr("repetition_penalty must be in (0, 10]"));
+  o = {};
+  o.controls.repetition_penalty = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THAT(err(o), HasSubstr("repetition_penalty"));
+  o = {};
+  o.controls.logit_bias = {{int32_t(target.config().vocab_size), 1.0f}};
+  EXPECT_THAT(err(o), HasSubstr("logit_bias: token"));
+  o = {};
+  o.controls.logit_bias = {{5, 101.0f}};
+  EXPECT_THAT(err(o), HasSubstr("[-100, 100]"));
+  o = {};
+  o.controls.min_tokens = -1;
+  EXPECT_THAT(err(o), HasSubstr("min_tokens"));
+  o = {};
+  o.logprobs = 21;
+  EXPECT_THAT(err(o), HasSubstr("top_logprobs must be in [0, 20]"));
+}
