@@ -71,6 +71,7 @@ void run_serve(ServeArgs& a) {
   const auto gen = GenerationConfig::from_dir(a.model.target);
   a.server.eos_ids.assign(gen.eos_token_ids.begin(), gen.eos_token_ids.end());
   a.server.default_sampling = default_sampling(gen);
+  if (gen.repetition_penalty) a.server.default_repetition_penalty = float(*gen.repetition_penalty);
 
   // Ids past the tokenizer's are the embedding's padding: never sampled.
   EngineOptions eo = a.model.engine_options(text ? text->vocab_size() : 0);

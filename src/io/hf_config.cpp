@@ -296,8 +296,6 @@ GenerationConfig GenerationConfig::from_dir(const std::string& dir) {
       for (auto& v : e) g.eos_token_ids.push_back(id_of(v));
     }
   }
-  if (auto ds = j.find("do_sample"); ds != j.end() && ds->is_boolean() && !ds->get<bool>())
-    return g;
   auto number = [&](const char* key, double lo, double hi, bool lo_open) -> std::optional<double> {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return std::nullopt;
@@ -309,6 +307,10 @@ GenerationConfig GenerationConfig::from_dir(const std::string& dir) {
                    lo_open ? "(" : "[", lo, hi);
     return v;
   };
+  // A logits processor in transformers, applied with or without do_sample.
+  g.repetition_penalty = number("repetition_penalty", 0, 10, true);
+  if (auto ds = j.find("do_sample"); ds != j.end() && ds->is_boolean() && !ds->get<bool>())
+    return g;
   g.temperature = number("temperature", 0, 1e6, false);
   g.top_p = number("top_p", 0, 1, true);
   g.min_p = number("min_p", 0, 1, false);

@@ -73,6 +73,7 @@ struct GenerationConfig {
   // count (as vLLM reads them). Out-of-range values are an Error naming the file and field.
   std::optional<double> temperature, top_p, min_p;
   std::optional<int> top_k;
+  std::optional<double> repetition_penalty;  // (0, 10]; read whatever do_sample says
   // Missing file -> empty config.
   static GenerationConfig from_dir(const std::string& dir);
 };

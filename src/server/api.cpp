@@ -306,6 +306,96 @@ nlohmann::ordered_json chat_request_of(const json& body) {
   return req;
 }
 
+// presence/frequency/repetition penalties, logit_bias, min_tokens, ignore_eos: OpenAI's ranges
+// (vLLM's for the fields OpenAI lacks), checked here so the error names the field.
+void parse_controls(const json& body, GenerationRequest& r) {
+  auto penalty = [&](const char* key, float& out) {
+    if (auto v = get_number(body, key)) {
+      if (!(*v >= -2 && *v <= 2)) bad(key, fmt::format("'{}' must be in [-2, 2], got {}", key, *v));
+      out = float(*v);
+    }
+  };
+  penalty("presence_penalty", r.controls.presence_penalty);
+  penalty("frequency_penalty", r.controls.frequency_penalty);
+  if (auto v = get_number(body, "repetition_penalty")) {
+    if (!(*v > 0 && *v <= 10))
+      bad("repetition_penalty", fmt::format("'repetition_penalty' must be in (0, 10], got {}", *v));
+    r.repetition_penalty = float(*v);
+  }
+  if (const json* lb = field(body, "logit_bias")) {
+    if (!lb->is_object())
+      bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases",
+          "invalid_type");
+    if (lb->size() > kMaxLogitBias)
+      bad("logit_bias",
+          fmt::format("'logit_bias' holds at most {} entries, got {}", kMaxLogitBias, lb->size()));
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+      const std::string& k = it.key();
+      const bool digits =
+          !k.empty() && k.size() <= 10 && k.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || std::stoll(k) > INT32_MAX)
+        bad("logit_bias",
+            fmt::format("'logit_bias' keys must be token ids, got \"{}\"", k.substr(0, 40)));
+      if (!it->is_number())
+        bad("logit_bias", fmt::format("'logit_bias' values must be numbers (token {})", k),
+            "invalid_type");
+      const double b = it->get<double>();
+      if (!(b >= -100 && b <= 100))
+        bad("logit_bias",
+            fmt::format("'logit_bias' values must be in [-100, 100], got {} for token {}", b, k));
+      r.controls.logit_bias.emplace_back(int32_t(std::stoll(k)), float(b));
+    }
+  }
+  if (auto v = get_int(body, "min_tokens")) {
+    if (*v < 0) bad("min_tokens", fmt::format("'min_tokens' must be >= 0, got {}", *v));
+    if (r.max_tokens && *v > *r.max_tokens)
+      bad("min_tokens",
+          fmt::format("'min_tokens' ({}) exceeds 'max_tokens' ({})", *v, *r.max_tokens));
+    r.controls.min_tokens = int(std::min<int64_t>(*v, INT32_MAX));
+  }
+  r.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
+}
+
+// logprobs/top_logprobs, n, best_of, echo.
+void parse_choices(const json& body, bool chat, GenerationRequest& r) {
+  if (chat) {
+    const bool lp = get_bool(body, "logprobs").value_or(false);
+    auto top = get_int(body, "top_logprobs");
+    if (top && (*top < 0 || *top > kMaxTopLogprobs))
+      bad("top_logprobs",
+          fmt::format("'top_logprobs' must be in [0, {}], got {}", kMaxTopLogprobs, *top));
+    if (top && *top > 0 && !lp) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (lp) r.logprobs = int(top.value_or(0));
+  } else if (const json* b = field(body, "logprobs"); b && b->is_boolean()) {
+    // Chat's spelling on the completions endpoint: false is "none", true the token's own only.
+    if (b->get<bool>()) r.logprobs = 0;
+  } else if (auto v = get_int(body, "logprobs")) {
+    if (*v < 0 || *v > kMaxTopLogprobs)
+      bad("logprobs", fmt::format("'logprobs' must be in [0, {}], got {}", kMaxTopLogprobs, *v));
+    r.logprobs = int(*v);
+  }
+  if (auto v = get_int(body, "n")) {
+    if (*v < 1 || *v > kMaxChoices)
+      bad("n", fmt::format("'n' must be in [1, {}], got {}", kMaxChoices, *v));
+    r.n = int(*v);
+  }
+  r.best_of = r.n;
+  if (!chat) {
+    if (auto v = get_int(body, "best_of")) {
+      if (*v < r.n || *v > kMaxChoices)
+        bad("best_of",
+            fmt::format("'best_of' must be in [n = {}, {}], got {}", r.n, kMaxChoices, *v));
+      if (*v > r.n && r.stream)
+        bad("best_of", "'best_of' > 'n' cannot be streamed (the best are known at the end)");
+      r.best_of = int(*v);
+    }
+    r.echo = get_bool(body, "echo").value_or(false);
+    if (r.echo && r.logprobs >= 0)
+      bad("echo",
+          "'echo' with 'logprobs' (the prompt's logprobs) is not supported yet; echo alone is");
+  }
+}
+
 }  // namespace
 
 GenerationRequest parse_generation_request(const json& body, bool chat,
@@ -402,6 +492,8 @@ GenerationRequest parse_generation_request(const json& body, bool chat,
     r.include_usage = get_bool(*so, "include_usage").value_or(false);
   }
   r.speculative = get_bool(body, "speculative").value_or(true);
+  parse_controls(body, r);
+  parse_choices(body, chat, r);
   return r;
 }
 
@@ -409,20 +501,37 @@ namespace {
 
 // Fields each endpoint reads (or knowingly ignores: `user` only tags a request at OpenAI).
 const std::vector<std::string_view>& known_fields(Endpoint e) {
-  static const std::vector<std::string_view> common = {
-      "model",          "max_tokens", "max_completion_tokens",
-      "temperature",    "top_p",      "top_k",
-      "min_p",          "seed",       "stop",
-      "stop_token_ids", "stream",     "stream_options",
-      "speculative",    "user"};
+  static const std::vector<std::string_view> common = {"model",
+                                                       "max_tokens",
+                                                       "max_completion_tokens",
+                                                       "temperature",
+                                                       "top_p",
+                                                       "top_k",
+                                                       "min_p",
+                                                       "seed",
+                                                       "stop",
+                                                       "stop_token_ids",
+                                                       "stream",
+                                                       "stream_options",
+                                                       "speculative",
+                                                       "user",
+                                                       "presence_penalty",
+                                                       "frequency_penalty",
+                                                       "repetition_penalty",
+                                                       "logit_bias",
+                                                       "min_tokens",
+                                                       "ignore_eos",
+                                                       "logprobs",
+                                                       "n"};
   static const std::vector<std::string_view> completions = [] {
     auto v = common;
-    v.insert(v.end(), {"prompt"});
+    v.insert(v.end(), {"prompt", "echo", "best_of"});
     return v;
   }();
   static const std::vector<std::string_view> chat = [] {
     auto v = common;
-    v.insert(v.end(), {"messages", "chat_template_kwargs", "tools", "add_generation_prompt"});
+    v.insert(v.end(), {"messages", "chat_template_kwargs", "tools", "add_generation_prompt",
+                       "top_logprobs"});
     return v;
   }();
   static const std::vector<std::string_view> tokenize = {"model",
@@ -454,19 +563,8 @@ struct Unsupported {
 };
 const std::vector<Unsupported>& unsupported_fields() {
   static const std::vector<Unsupported> v = {
-      {"n", 1, true, true, false},
-      {"best_of", 1, true, false, false},
-      {"echo", false, true, false, false},
       {"suffix", "", true, false, false},
-      {"logprobs", false, true, true, false},
-      {"top_logprobs", 0, false, true, false},
       {"prompt_logprobs", nullptr, true, true, false},
-      {"presence_penalty", 0, true, true, false},
-      {"frequency_penalty", 0, true, true, false},
-      {"repetition_penalty", 1, true, true, false},
-      {"logit_bias", json::object(), true, true, false},
-      {"min_tokens", 0, true, true, false},
-      {"ignore_eos", false, true, true, false},
       {"skip_special_tokens", true, true, true, false},
       {"include_stop_str_in_output", false, true, true, false},
       {"response_format", {{"type", "text"}}, true, true, false},

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "core/check.h"
+#include "specdec/controls.h"
+#include "specdec/logprobs.h"
 #include "specdec/sampling.h"
 
 namespace flashmap::server {
@@ -64,7 +66,22 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids;
   bool stream = false, include_usage = false, speculative = true;
   bool tools = false;  // chat with tools: <tool_call> blocks in the output become tool_calls
+  // Penalties, logit_bias, min_tokens (repetition_penalty may come from generation_config.json:
+  // given here only when the request sets it).
+  LogitControls controls;
+  std::optional<float> repetition_penalty;
+  bool ignore_eos = false;  // the model's eos ids do not end the output (stop_token_ids still do)
+  // -1: no logprobs; else how many alternatives (chat: logprobs + top_logprobs; completions:
+  // logprobs).
+  int logprobs = -1;
+  int n = 1;          // choices returned
+  int best_of = 1;    // completions: sequences generated, the n with the highest logprob returned
+  bool echo = false;  // completions: the prompt's text before the output
 };
+// Most choices (n, best_of) one request may ask for.
+inline constexpr int kMaxChoices = 16;
+// Most logit_bias entries one request may give (each is applied at every verified row).
+inline constexpr size_t kMaxLogitBias = 1024;
 
 enum class Endpoint { Completions, Chat, Tokenize, Detokenize };
 

@@ -5,8 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <numeric>
 #include <random>
 #include <set>
+#include <span>
 #include <thread>
 
 #include "server/api.h"
@@ -113,15 +115,19 @@ FrontOptions front_options(const ServerOptions& o, const Engine& sched) {
   return f;
 }
 
-// The client's view of a generation: ids as they arrive, detokenized, with stop strings cut.
+// The client's view of a generation: ids as they arrive, detokenized, with stop strings cut
+// (not within the first min_tokens tokens: vLLM's rule).
 struct Output {
   std::unique_ptr<TextCodec::Stream> decoder;
   StopMatcher stop;
+  size_t min_tokens = 0;
   std::vector<int32_t> ids;  // counted up to the token that completed a stop string
   std::string text;
 
-  Output(const TextCodec* codec, std::vector<std::string> stops)
-      : decoder(codec ? codec->stream() : nullptr), stop(std::move(stops)) {}
+  Output(const TextCodec* codec, std::vector<std::string> stops, int min_tokens)
+      : decoder(codec ? codec->stream() : nullptr),
+        stop(std::move(stops)),
+        min_tokens(size_t(std::max(min_tokens, 0))) {}
   // Returns the newly visible text; `fresh_ids` gets the ids taken.
   std::string feed(const std::vector<int32_t>& tokens, std::vector<int32_t>& fresh_ids) {
     std::string shown;
@@ -129,7 +135,11 @@ struct Output {
       if (stop.stopped()) break;
       ids.push_back(t);
       fresh_ids.push_back(t);
-      if (decoder) shown += stop.feed(decoder->push(t));
+      if (!decoder) continue;
+      if (ids.size() <= min_tokens)
+        shown += decoder->push(t);
+      else
+        shown += stop.feed(decoder->push(t));
     }
     text += shown;
     return shown;
@@ -140,6 +150,37 @@ struct Output {
     tail += stop.finish();
     text += tail;
     return tail;
+  }
+};
+
+// One choice of a response: its sequence in the engine and what the client has seen of it.
+struct Choice {
+  std::shared_ptr<Request> req;
+  Output out;
+  std::unique_ptr<ReasoningSplitter> think;  // chat: <think> text to reasoning_content
+  std::unique_ptr<ToolCallHolder> tools;     // chat with tools: <tool_call> text held
+  std::vector<TokenLogprob> logprobs;        // of out.ids, when the request asked for them
+  size_t seen = 0;
+  std::string reason;  // set when it ended: "stop", "length", "tool_calls", "error"
+
+  Choice(const TextCodec* codec, std::vector<std::string> stops, int min_tokens)
+      : out(codec, std::move(stops), min_tokens) {}
+  // Takes an update's tokens (through a stop string) with their logprobs; returns the newly
+  // visible text and, in `ids`, the ids taken.
+  std::string take(const Request::Update& u, std::vector<int32_t>* ids = nullptr) {
+    seen += u.tokens.size();
+    std::vector<int32_t> fresh;
+    std::string shown = out.feed(u.tokens, fresh);
+    for (size_t i = 0; i < fresh.size() && i < u.logprobs.size(); ++i)
+      logprobs.push_back(u.logprobs[i]);
+    if (ids) *ids = std::move(fresh);
+    return shown;
+  }
+  // best_of's ranking: the sequence's log-likelihood under the target.
+  double sum_logprob() const {
+    double s = 0;
+    for (const auto& lp : logprobs) s += lp.logprob;
+    return s;
   }
 };
 
@@ -208,22 +249,54 @@ struct Server::Impl {
   void generation(const httplib::Request& hreq, httplib::Response& res, bool chat);
   // `opens_think`: set to whether a chat prompt ends inside an open think block.
   RequestParams build(const GenerationRequest& g, bool& opens_think);
-  json usage(const Request& r, const Output& out) const {
-    return {{"prompt_tokens", r.params.prompt.size()},
-            {"completion_tokens", out.ids.size()},
-            {"total_tokens", r.params.prompt.size() + out.ids.size()}};
+  // A token as logprobs show it: its text (special tokens included; without a tokenizer,
+  // "token_id:N" as vLLM writes it).
+  std::string token_text(int32_t id) const {
+    if (!text) return fmt::format("token_id:{}", id);
+    try {
+      return text->decode({id});
+    } catch (const Error&) {
+      return fmt::format("token_id:{}", id);
+    }
   }
-  void finished(const std::string& rid, const std::string& path, const Request& r,
-                const Output& out, const std::string& reason, bool stream) {
-    metrics.generation_done(r, out.ids.size());
-    metrics.request_done(path, 200);
-    const auto em = r.emissions();
-    const double ttft = em.empty() ? 0 : ms_between(r.submitted, em.front().first);
-    log(
-        fmt::format("{} POST {} 200 stream={} prompt={} completion={} finish={} ttft_ms={:.1f} "
-                    "total_ms={:.1f} acceptance={:.2f}",
-                    rid, path, stream, r.params.prompt.size(), out.ids.size(), reason, ttft,
-                    ms_between(r.submitted, Clock::now()), r.acceptance_length()));
+  // OpenAI's logprobs object: chat {"content": [{token, logprob, bytes, top_logprobs}]};
+  // completions {tokens, token_logprobs, top_logprobs, text_offset} (offsets from `offset`).
+  json logprobs_json(std::span<const TokenLogprob> lps, bool chat, size_t offset) const {
+    auto bytes = [](const std::string& t) {
+      json b = json::array();
+      for (unsigned char ch : t) b.push_back(int(ch));
+      return b;
+    };
+    if (chat) {
+      json content = json::array();
+      for (const auto& lp : lps) {
+        const std::string t = token_text(lp.token);
+        json top = json::array();
+        for (const auto& [id, v] : lp.top) {
+          const std::string tt = token_text(id);
+          top.push_back({{"token", tt}, {"logprob", v}, {"bytes", bytes(tt)}});
+        }
+        content.push_back(
+            {{"token", t}, {"logprob", lp.logprob}, {"bytes", bytes(t)}, {"top_logprobs", top}});
+      }
+      return {{"content", content}};
+    }
+    json tokens = json::array(), values = json::array(), tops = json::array(),
+         offsets = json::array();
+    for (const auto& lp : lps) {
+      const std::string t = token_text(lp.token);
+      tokens.push_back(t);
+      values.push_back(lp.logprob);
+      json top = json::object();
+      for (const auto& [id, v] : lp.top) top[token_text(id)] = v;
+      tops.push_back(std::move(top));
+      offsets.push_back(offset);
+      offset += t.size();
+    }
+    return {{"tokens", tokens},
+            {"token_logprobs", values},
+            {"top_logprobs", tops},
+            {"text_offset", offsets}};
   }
 };
 
@@ -269,9 +342,21 @@ RequestParams Server::Impl::build(const GenerationRequest& g, bool& opens_think)
   p.seed = g.seed ? *g.seed
                   : (uint64_t(std::random_device{}()) << 32) | uint64_t(std::random_device{}());
   p.seeded = g.seed.has_value();
-  p.stop_ids = opt.eos_ids;
+  if (!g.ignore_eos) p.stop_ids = opt.eos_ids;
   p.stop_ids.insert(p.stop_ids.end(), g.stop_token_ids.begin(), g.stop_token_ids.end());
   p.speculative = g.speculative;
+  p.controls = g.controls;
+  const int64_t vocab = sched.target_config().vocab_size;
+  for (const auto& [tok, bias] : p.controls.logit_bias)
+    if (tok >= vocab)
+      throw ApiError(400,
+                     fmt::format("'logit_bias' names token {}, outside this model's vocabulary "
+                                 "(ids 0..{})",
+                                 tok, vocab - 1),
+                     "logit_bias");
+  p.controls.repetition_penalty = g.repetition_penalty.value_or(opt.default_repetition_penalty);
+  // best_of ranks its sequences by their summed logprobs: it needs them even when not returned.
+  p.logprobs = g.logprobs >= 0 ? g.logprobs : (g.best_of > g.n ? 0 : -1);
   return p;
 }
 
@@ -285,106 +370,167 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     metrics.request_done(path, status);
     log(fmt::format("{} POST {} {} error: {}", rid, path, status, message));
   };
-  std::shared_ptr<Request> req;
   GenerationRequest g;
   bool opens_think = false;
+  // One engine request per sequence (n, or best_of of them), each with its own seed stream.
+  auto choices = std::make_shared<std::vector<Choice>>();
   try {
     if (draining) return fail(503, "the server is shutting down");
     const json body = parse_body(hreq.body);
     g = parse_generation_request(body, chat, opt.model_name);
     check_unknown(body, chat ? Endpoint::Chat : Endpoint::Completions, path);
-    req = sched.submit(build(g, opens_think));
+    const RequestParams params = build(g, opens_think);
+    if (g.best_of > sched.options().max_running)
+      throw ApiError(
+          400,
+          fmt::format("{} = {} exceeds the sequences this server decodes together "
+                      "(--max-running {})",
+                      g.best_of > g.n ? "best_of" : "n", g.best_of, sched.options().max_running),
+          g.best_of > g.n ? "best_of" : "n");
+    for (int i = 0; i < g.best_of; ++i) {
+      RequestParams p = params;
+      // Sequence i's stream: the seed moved by a multiple of the golden-ratio increment (choice 0
+      // keeps the request's seed, so n = 1 is unchanged).
+      p.seed = params.seed + uint64_t(i) * 0x9E3779B97F4A7C15ull;
+      Choice c(text, g.stop, p.controls.min_tokens);
+      if (chat && opt.split_reasoning) c.think = std::make_unique<ReasoningSplitter>(opens_think);
+      if (g.tools) c.tools = std::make_unique<ToolCallHolder>();
+      c.req = sched.submit(std::move(p));
+      choices->push_back(std::move(c));
+    }
   } catch (const ApiError& e) {
+    for (auto& c : *choices) c.req->cancel();
     return fail(e.status, e.what(), e.param, e.code, e.type);
   } catch (const AdmissionError& e) {
+    for (auto& c : *choices) c.req->cancel();
     if (e.status == 429) res.set_header("Retry-After", "1");
     return fail(e.status, e.what());
   } catch (const Error& e) {
+    for (auto& c : *choices) c.req->cancel();
     return fail(400, e.what());
   } catch (const std::exception& e) {
+    for (auto& c : *choices) c.req->cancel();
     return fail(500, fmt::format("internal error: {}", e.what()));
   }
 
-  const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", req->id);
+  const Request& first = *choices->front().req;
+  const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", first.id);
   const int64_t created = unix_now();
-  auto out = std::make_shared<Output>(text, g.stop);
-  // Chat output split into reasoning_content and content (unless --reasoning raw).
-  std::shared_ptr<ReasoningSplitter> think;
-  if (chat && opt.split_reasoning) think = std::make_shared<ReasoningSplitter>(opens_think);
-  // With tools, text from a <tool_call> on is held until the end and parsed.
-  std::shared_ptr<ToolCallHolder> tools;
-  if (g.tools) tools = std::make_shared<ToolCallHolder>();
-  // Maps the engine's end to the API's: a stop string or stop token is "stop".
-  auto api_reason = [](const std::string& r) { return r == "length" ? "length" : "stop"; };
+  // Completions with echo: the prompt's text before the output.
+  const std::string echo =
+      g.echo ? (g.prompt_text ? *g.prompt_text : (text ? text->decode(first.params.prompt) : ""))
+             : "";
+  const bool want_logprobs = g.logprobs >= 0;
+  auto usage_of = [choices] {
+    size_t completion = 0;
+    for (const auto& c : *choices) completion += c.out.ids.size();
+    const size_t prompt = choices->front().req->params.prompt.size();
+    return json{{"prompt_tokens", prompt},
+                {"completion_tokens", completion},
+                {"total_tokens", prompt + completion}};
+  };
+  auto acceptance_of = [choices] {
+    double sum = 0;
+    for (const auto& c : *choices) sum += c.req->acceptance_length();
+    return sum / double(choices->size());
+  };
+  auto log_end = [=, this](int status, bool stream) {
+    for (const auto& c : *choices) metrics.generation_done(*c.req, c.out.ids.size());
+    metrics.request_done(path, status);
+    const Request& r = *choices->front().req;
+    const auto em = r.emissions();
+    const double ttft = em.empty() ? 0 : ms_between(r.submitted, em.front().first);
+    size_t completion = 0;
+    for (const auto& c : *choices) completion += c.out.ids.size();
+    log(fmt::format(
+        "{} POST {} {} stream={} n={} prompt={} completion={} finish={} "
+        "ttft_ms={:.1f} total_ms={:.1f} acceptance={:.2f}",
+        rid, path, status, stream, choices->size(), r.params.prompt.size(), completion,
+        choices->front().reason, ttft, ms_between(r.submitted, Clock::now()), acceptance_of()));
+  };
 
   if (!g.stream) {
     ActiveGuard guard(active);
-    std::string reason;
-    size_t seen = 0;
     try {
-      for (;;) {
-        auto u = req->wait(seen, std::chrono::milliseconds(1000));
-        seen += u.tokens.size();
-        std::vector<int32_t> ids;
-        out->feed(u.tokens, ids);
-        if (out->stop.stopped()) {
-          req->cancel();  // leaves at the next round boundary
-          reason = "stop";
-          break;
-        }
-        if (u.finished) {
-          if (u.finish_reason == "error")
-            return fail(500, "generation failed: " + u.error, {}, {}, "server_error");
-          out->finish();
-          reason = api_reason(u.finish_reason);
-          break;
+      for (auto& c : *choices) {
+        for (;;) {
+          auto u = c.req->wait(c.seen, std::chrono::milliseconds(1000));
+          c.take(u);
+          if (c.out.stop.stopped()) {
+            c.req->cancel();  // leaves at the next round boundary
+            c.reason = "stop";
+            break;
+          }
+          if (u.finished) {
+            if (u.finish_reason == "error") {
+              for (auto& o : *choices) o.req->cancel();
+              return fail(500, "generation failed: " + u.error, {}, {}, "server_error");
+            }
+            c.out.finish();
+            c.reason = u.finish_reason == "length" ? "length" : "stop";
+            break;
+          }
         }
       }
     } catch (const std::exception& e) {
-      req->cancel();
+      for (auto& c : *choices) c.req->cancel();
       return fail(500, fmt::format("generation failed: {}", e.what()), {}, {}, "server_error");
     }
-    json choice = {{"index", 0}, {"finish_reason", reason}, {"logprobs", nullptr}};
-    if (chat) {
-      json message = {{"role", "assistant"}, {"content", out->text}};
-      if (think) {
-        auto a = think->feed(out->text);
-        auto b = think->finish();
-        message["content"] = a.content + b.content;
-        message["reasoning_content"] =
-            think->saw_reasoning() ? json(a.reasoning + b.reasoning) : json(nullptr);
-      }
-      if (g.tools) {
-        const ToolCalls tc = parse_tool_calls(message["content"].get<std::string>());
-        if (!tc.error.empty()) {
-          log(fmt::format("{} warning: tool-call text returned as content: {}", rid, tc.error));
-        } else if (!tc.calls.empty()) {
-          message["content"] = blank_content(tc.content) ? json(nullptr) : json(tc.content);
-          message["tool_calls"] = tc.calls;
-          if (reason == "stop") choice["finish_reason"] = reason = "tool_calls";
+    // best_of: the n sequences with the highest summed logprob, best first.
+    std::vector<size_t> order(choices->size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    if (g.best_of > g.n) {
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return (*choices)[a].sum_logprob() > (*choices)[b].sum_logprob();
+      });
+      order.resize(size_t(g.n));
+    }
+    json list = json::array();
+    for (size_t k = 0; k < order.size(); ++k) {
+      Choice& c = (*choices)[order[k]];
+      json choice = {{"index", k}, {"finish_reason", c.reason}, {"logprobs", nullptr}};
+      if (want_logprobs) choice["logprobs"] = logprobs_json(c.logprobs, chat, echo.size());
+      if (chat) {
+        json message = {{"role", "assistant"}, {"content", c.out.text}};
+        if (c.think) {
+          auto a = c.think->feed(c.out.text);
+          auto b = c.think->finish();
+          message["content"] = a.content + b.content;
+          message["reasoning_content"] =
+              c.think->saw_reasoning() ? json(a.reasoning + b.reasoning) : json(nullptr);
         }
+        if (c.tools) {
+          const ToolCalls tc = parse_tool_calls(message["content"].get<std::string>());
+          if (!tc.error.empty()) {
+            log(fmt::format("{} warning: tool-call text returned as content: {}", rid, tc.error));
+          } else if (!tc.calls.empty()) {
+            message["content"] = blank_content(tc.content) ? json(nullptr) : json(tc.content);
+            message["tool_calls"] = tc.calls;
+            if (c.reason == "stop") choice["finish_reason"] = c.reason = "tool_calls";
+          }
+        }
+        choice["message"] = std::move(message);
+      } else {
+        choice["text"] = echo + c.out.text;
+        choice["token_ids"] = c.out.ids;
       }
-      choice["message"] = std::move(message);
-    } else {
-      choice["text"] = out->text;
-      choice["token_ids"] = out->ids;
+      list.push_back(std::move(choice));
     }
     json body = {{"id", id},
                  {"object", chat ? "chat.completion" : "text_completion"},
                  {"created", created},
                  {"model", opt.model_name},
-                 {"choices", json::array({choice})},
-                 {"usage", usage(*req, *out)},
-                 {"acceptance_length", req->acceptance_length()}};
+                 {"choices", std::move(list)},
+                 {"usage", usage_of()},
+                 {"acceptance_length", acceptance_of()}};
     res.set_content(dump_json(body), "application/json");
-    finished(rid, path, *req, *out, reason, false);
+    log_end(200, false);
     return;
   }
 
-  // Streaming: the provider runs on this handler thread until the request ends or the client
-  // goes away (a failed write), and a failed write cancels the request.
+  // Streaming: the provider runs on this handler thread until every choice ends or the client
+  // goes away (a failed write), and a failed write cancels the requests.
   struct StreamState {
-    size_t seen = 0;
     bool started = false, done = false, logged = false;
     Clock::time_point last_write = Clock::now();
   };
@@ -393,10 +539,10 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
   // Released by the provider's releaser, which httplib calls however the response ends.
   auto guard = std::make_shared<ActiveGuard>(active);
   res.set_header("Cache-Control", "no-cache");
-  auto chunk = [=, this](const json& delta_or_text, const std::vector<int32_t>& ids,
-                         const char* finish) {
-    json choice = {{"index", 0},
-                   {"logprobs", nullptr},
+  auto chunk = [=, this](size_t index, const json& delta_or_text, const std::vector<int32_t>& ids,
+                         const char* finish, json logprobs) {
+    json choice = {{"index", index},
+                   {"logprobs", std::move(logprobs)},
                    {"finish_reason", finish ? json(finish) : json(nullptr)}};
     if (chat) {
       choice["delta"] = delta_or_text;
@@ -412,6 +558,9 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     if (include_usage) c["usage"] = nullptr;
     return "data: " + dump_json(c) + "\n\n";
   };
+  auto cancel_all = [choices] {
+    for (auto& c : *choices) c.req->cancel();
+  };
   res.set_chunked_content_provider(
       "text/event-stream",
       [=, this](size_t, httplib::DataSink& sink) -> bool {
@@ -424,80 +573,102 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
           auto write = [&](const std::string& s) {
             st->last_write = Clock::now();
             if (sink.write(s.data(), s.size())) return true;
-            req->cancel();
+            cancel_all();
             return false;
           };
           std::string buf;
-          if (!st->started && chat)
-            buf += chunk({{"role", "assistant"}, {"content", ""}}, {}, nullptr);
+          if (!st->started)
+            for (size_t i = 0; i < choices->size(); ++i) {
+              if (chat)
+                buf += chunk(i, {{"role", "assistant"}, {"content", ""}}, {}, nullptr, nullptr);
+              else if (!echo.empty())
+                buf += chunk(i, json(echo), {}, nullptr, nullptr);
+            }
           st->started = true;
-          auto u = req->wait(st->seen, std::chrono::milliseconds(250));
-          st->seen += u.tokens.size();
-          std::vector<int32_t> ids;
-          std::string piece = out->feed(u.tokens, ids);
-          std::string reason;
-          if (out->stop.stopped()) {
-            req->cancel();
-            reason = "stop";
-          } else if (u.finished) {
-            if (u.finish_reason == "error") {
-              buf += "data: " +
-                     dump_json(error_body("generation failed: " + u.error, "server_error")) +
-                     "\n\n";
-              reason = "error";
-            } else {
-              piece += out->finish();
-              reason = api_reason(u.finish_reason);
-            }
-          }
-          const bool ending = !reason.empty() && reason != "error";
-          if (chat) {
-            ReasoningSplitter::Piece split;
-            if (think) {
-              split = think->feed(piece);
-              if (ending) {
-                auto tail = think->finish();
-                split.reasoning += tail.reasoning;
-                split.content += tail.content;
+          bool waited = false, failed = false;
+          for (size_t i = 0; i < choices->size() && !failed; ++i) {
+            Choice& c = (*choices)[i];
+            if (!c.reason.empty()) continue;
+            // The first choice still running waits for tokens; the others are only polled.
+            auto u = c.req->wait(c.seen, std::chrono::milliseconds(waited ? 0 : 250));
+            waited = true;
+            const size_t lp_from = c.logprobs.size();
+            std::vector<int32_t> ids;
+            std::string piece = c.take(u, &ids);
+            if (c.out.stop.stopped()) {
+              c.req->cancel();
+              c.reason = "stop";
+            } else if (u.finished) {
+              if (u.finish_reason == "error") {
+                buf += "data: " +
+                       dump_json(error_body("generation failed: " + u.error, "server_error")) +
+                       "\n\n";
+                c.reason = "error";
+                failed = true;
+                break;
               }
-            } else {
-              split.content = piece;
+              piece += c.out.finish();
+              c.reason = u.finish_reason == "length" ? "length" : "stop";
             }
-            json calls;
-            if (tools) {
-              split.content = tools->feed(split.content);
-              if (ending && !tools->held().empty()) {
-                const ToolCalls tc = parse_tool_calls(tools->held());
-                if (!tc.error.empty())
-                  log(fmt::format("{} warning: tool-call text returned as content: {}", rid,
-                                  tc.error));
-                split.content += tc.content;
-                if (!tc.calls.empty()) {
-                  calls = tc.calls;
-                  for (size_t i = 0; i < calls.size(); ++i) calls[i]["index"] = i;
-                  if (reason == "stop") reason = "tool_calls";
+            const bool ending = !c.reason.empty();
+            json lp = nullptr;
+            if (want_logprobs && !ids.empty())
+              lp = logprobs_json(std::span(c.logprobs).subspan(lp_from), chat,
+                                 echo.size() + c.out.text.size() - piece.size());
+            if (chat) {
+              ReasoningSplitter::Piece split;
+              if (c.think) {
+                split = c.think->feed(piece);
+                if (ending) {
+                  auto tail = c.think->finish();
+                  split.reasoning += tail.reasoning;
+                  split.content += tail.content;
+                }
+              } else {
+                split.content = piece;
+              }
+              json calls;
+              if (c.tools) {
+                split.content = c.tools->feed(split.content);
+                if (ending && !c.tools->held().empty()) {
+                  const ToolCalls tc = parse_tool_calls(c.tools->held());
+                  if (!tc.error.empty())
+                    log(fmt::format("{} warning: tool-call text returned as content: {}", rid,
+                                    tc.error));
+                  split.content += tc.content;
+                  if (!tc.calls.empty()) {
+                    calls = tc.calls;
+                    for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
+                    if (c.reason == "stop") c.reason = "tool_calls";
+                  }
                 }
               }
+              const bool content_chunk =
+                  !split.content.empty() || (split.reasoning.empty() && !ids.empty());
+              if (!split.reasoning.empty())
+                buf += chunk(i, json{{"reasoning_content", split.reasoning}}, {}, nullptr,
+                             content_chunk ? json(nullptr) : lp);
+              if (content_chunk) buf += chunk(i, json{{"content", split.content}}, {}, nullptr, lp);
+              if (!calls.is_null())
+                buf += chunk(i, json{{"tool_calls", calls}}, {}, nullptr, nullptr);
+            } else if (!piece.empty() || !ids.empty()) {
+              buf += chunk(i, json(piece), ids, nullptr, lp);
             }
-            if (!split.reasoning.empty())
-              buf += chunk(json{{"reasoning_content", split.reasoning}}, {}, nullptr);
-            if (!split.content.empty() || (split.reasoning.empty() && !ids.empty()))
-              buf += chunk(json{{"content", split.content}}, {}, nullptr);
-            if (!calls.is_null()) buf += chunk(json{{"tool_calls", calls}}, {}, nullptr);
-          } else if (!piece.empty() || !ids.empty()) {
-            buf += chunk(json(piece), ids, nullptr);
+            if (ending)
+              buf += chunk(i, chat ? json::object() : json(""), {}, c.reason.c_str(), nullptr);
           }
-          if (!reason.empty()) {
-            if (reason != "error")
-              buf += chunk(chat ? json::object() : json(""), {}, reason.c_str());
-            if (include_usage && reason != "error") {
+          bool all_done = !failed;
+          for (const auto& c : *choices) all_done = all_done && !c.reason.empty();
+          if (failed || all_done) {
+            if (failed) cancel_all();
+            if (include_usage && !failed) {
               json c = {{"id", id},
                         {"object", chat ? "chat.completion.chunk" : "text_completion"},
                         {"created", created},
                         {"model", opt.model_name},
                         {"choices", json::array()},
-                        {"usage", usage(*req, *out)},
-                        {"acceptance_length", req->acceptance_length()}};
+                        {"usage", usage_of()},
+                        {"acceptance_length", acceptance_of()}};
               buf += "data: " + dump_json(c) + "\n\n";
             }
             buf += "data: [DONE]\n\n";
@@ -505,7 +676,7 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
             if (!write(buf)) return false;
             if (!st->logged) {
               st->logged = true;
-              finished(rid, path, *req, *out, reason, true);
+              log_end(200, true);
             }
             sink.done();
             return true;
@@ -516,7 +687,7 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
             return write(": keep-alive\n\n");
           return true;
         } catch (const std::exception& e) {
-          req->cancel();
+          cancel_all();
           if (!st->done) {
             st->done = true;
             const std::string tail =
@@ -531,13 +702,17 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
       },
       [=, this](bool success) {
         if (!success || !st->done) {
-          req->cancel();
+          cancel_all();
           if (!st->logged) {
             st->logged = true;
-            metrics.generation_done(*req, out->ids.size());
+            size_t n = 0;
+            for (const auto& c : *choices) {
+              metrics.generation_done(*c.req, c.out.ids.size());
+              n += c.out.ids.size();
+            }
             metrics.request_done(path, 499);
             log(fmt::format("{} POST {} 499 stream cancelled by the client after {} tokens", rid,
-                            path, out->ids.size()));
+                            path, n));
           }
         }
         guard->release();

@@ -50,6 +50,7 @@ struct ServerOptions {
   // Sampling for the fields a request leaves out (the target's generation_config.json values,
   // else greedy).
   SamplingParams default_sampling;
+  float default_repetition_penalty = 1.0f;  // generation_config.json's, for requests without one
   // Unknown request fields: false: one warning line per field name; true: 400.
   bool strict = false;
   // Chat completions: text inside <think>...</think> goes to reasoning_content (false: all of

@@ -63,7 +63,8 @@ TEST(ParseRequest, FieldsAndErrors) {
   EXPECT_EQ(status_of(R"({"prompt":"hi","max_completion_tokens":0})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"hi","top_p":0})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":"hi","min_p":2})"), 400);
-  EXPECT_EQ(status_of(R"({"prompt":"hi","n":3})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"hi","n":17})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"hi","n":3})"), 200);
   EXPECT_EQ(status_of(R"({"prompt":["a","b"]})"), 400);
   EXPECT_EQ(status_of(R"({"prompt":["one prompt"]})"), 200);
   EXPECT_EQ(status_of(R"({"messages":[{"content":"no role"}]})", true), 400);
@@ -151,19 +152,67 @@ TEST(ContentParts, NonTextPartsAndMalformedPartsNameTheField) {
   EXPECT_EQ(r.chat_request["messages"][0]["content"].get<std::string>().size(), 10000u * 2 - 1);
 }
 
+// Penalties, logit_bias, min_tokens, ignore_eos, logprobs, n, best_of, echo: parsed into the
+// request, out-of-range values refused naming the field.
+TEST(ParseRequest, SamplingControlsAndChoices) {
+  using E = std::pair<int, std::string>;
+  auto chat = [](const std::string& extra) {
+    return json::parse(R"({"messages":[{"role":"user","content":"x"}],)" + extra + "}");
+  };
+  auto r = parse_generation_request(
+      chat(R"("presence_penalty":0.5,"frequency_penalty":-1,"repetition_penalty":1.2,
+              "logit_bias":{"5":-100,"77":2.5},"min_tokens":3,"ignore_eos":true,
+              "logprobs":true,"top_logprobs":4,"n":3)"),
+      true, "m");
+  EXPECT_FLOAT_EQ(r.controls.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.controls.frequency_penalty, -1.0f);
+  EXPECT_FLOAT_EQ(r.repetition_penalty.value(), 1.2f);
+  ASSERT_EQ(r.controls.logit_bias.size(), 2u);
+  EXPECT_EQ(r.controls.logit_bias[0], (std::pair<int32_t, float>{5, -100.0f}));
+  EXPECT_EQ(r.controls.min_tokens, 3);
+  EXPECT_TRUE(r.ignore_eos);
+  EXPECT_EQ(r.logprobs, 4);
+  EXPECT_EQ(r.n, 3);
+  EXPECT_EQ(parse_generation_request(chat(R"("logprobs":false)"), true, "m").logprobs, -1);
+  auto c = parse_generation_request(
+      json::parse(R"({"prompt":"x","logprobs":2,"best_of":4,"n":2,"max_tokens":3})"), false, "m");
+  EXPECT_EQ(c.logprobs, 2);
+  EXPECT_EQ(c.best_of, 4);
+  EXPECT_TRUE(
+      parse_generation_request(json::parse(R"({"prompt":"x","echo":true})"), false, "m").echo);
+  for (const auto& [extra, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"("presence_penalty":2.01)", "presence_penalty"},
+           {R"("frequency_penalty":"high")", "frequency_penalty"},
+           {R"("repetition_penalty":0)", "repetition_penalty"},
+           {R"("logit_bias":{"-5":1})", "logit_bias"},
+           {R"("logit_bias":{"5":"up"})", "logit_bias"},
+           {R"("logit_bias":{"5":-100.5})", "logit_bias"},
+           {R"("logit_bias":{"99999999999":1})", "logit_bias"},
+           {R"("min_tokens":-2)", "min_tokens"},
+           {R"("min_tokens":9,"max_tokens":4)", "min_tokens"},
+           {R"("ignore_eos":1)", "ignore_eos"},
+           {R"("logprobs":true,"top_logprobs":21)", "top_logprobs"},
+           {R"("top_logprobs":3)", "top_logprobs"},
+           {R"("n":0)", "n"}}) {
+    SCOPED_TRACE(extra);
+    EXPECT_EQ(error_of(chat(extra), true), E(400, field));
+  }
+  std::string big = R"("logit_bias":{)";
+  for (size_t i = 0; i <= kMaxLogitBias; ++i) big += fmt::format(R"({}"{}":1)", i ? "," : "", i);
+  EXPECT_EQ(error_of(chat(big + "}"), true), E(400, "logit_bias"));
+  auto completion = [](const std::string& extra) {
+    return json::parse(R"({"prompt":"x",)" + extra + "}");
+  };
+  EXPECT_EQ(error_of(completion(R"("logprobs":21)"), false), E(400, "logprobs"));
+  EXPECT_EQ(error_of(completion(R"("n":3,"best_of":2)"), false), E(400, "best_of"));
+  EXPECT_EQ(error_of(completion(R"("best_of":3,"stream":true)"), false), E(400, "best_of"));
+  EXPECT_EQ(error_of(completion(R"("echo":true,"logprobs":1)"), false), E(400, "echo"));
+}
+
 TEST(UnsupportedFields, RefusedUnlessTheNoOpDefault) {
   using E = std::pair<int, std::string>;
   const char* fields[][3] = {
       // name, accepted no-op value, refused value
-      {"presence_penalty", "0", "0.5"},
-      {"frequency_penalty", "0.0", "-1"},
-      {"repetition_penalty", "1", "1.1"},
-      {"logit_bias", "{}", R"({"5":100})"},
-      {"min_tokens", "0", "3"},
-      {"ignore_eos", "false", "true"},
-      {"logprobs", "false", "true"},
-      {"top_logprobs", "0", "5"},
-      {"n", "1", "2"},
       {"response_format", R"({"type":"text"})", R"({"type":"json_object"})"},
       {"skip_special_tokens", "true", "false"},
       {"include_stop_str_in_output", "false", "true"},
@@ -185,9 +234,7 @@ TEST(UnsupportedFields, RefusedUnlessTheNoOpDefault) {
   // Completions-only fields.
   EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","echo":false,"best_of":1,"suffix":""})"), false),
             E(200, ""));
-  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","echo":true})"), false), E(400, "echo"));
-  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","best_of":3})"), false), E(400, "best_of"));
-  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","logprobs":2})"), false), E(400, "logprobs"));
+  EXPECT_EQ(error_of(json::parse(R"({"prompt":"x","suffix":"y"})"), false), E(400, "suffix"));
   // Fields refused with any value but null.
   EXPECT_EQ(error_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],
                                      "chat_template":"{{ 1 }}"})"),
@@ -313,7 +360,9 @@ Split run_splitter(bool starts_inside, const std::vector<std::string>& pieces) {
   ReasoningSplitter s(starts_inside);
   Split out{};
   auto take = [&](const ReasoningSplitter::Piece& p) {
-    if (!out.content.empty()) EXPECT_EQ(p.reasoning, "") << "reasoning after content";
+    if (!out.content.empty()) {
+      EXPECT_EQ(p.reasoning, "") << "reasoning after content";
+    }
     out.reasoning += p.reasoning;
     out.content += p.content;
   };

@@ -179,12 +179,7 @@ class ServerTest(unittest.TestCase):
 
     def test_unsupported_fields(self):
         base = {"prompt": [1, 2, 3], "max_tokens": 2}
-        for name, no_op, refused in [("presence_penalty", 0, 0.5), ("frequency_penalty", 0, 1),
-                                     ("repetition_penalty", 1, 1.2), ("logit_bias", {}, {"5": 9}),
-                                     ("min_tokens", 0, 2), ("ignore_eos", False, True),
-                                     ("echo", False, True), ("best_of", 1, 2),
-                                     ("logprobs", False, 1), ("n", 1, 2),
-                                     ("response_format", {"type": "text"},
+        for name, no_op, refused in [("response_format", {"type": "text"},
                                       {"type": "json_object"})]:
             with self.subTest(field=name):
                 status, body = post(self.port, dict(base, **{name: no_op}))
@@ -197,6 +192,114 @@ class ServerTest(unittest.TestCase):
                 "tool_choice": "required"}
         status, body = post(self.port, chat, path="/v1/chat/completions")
         self.assertError(status, body, 400, "tool_choice")
+
+    def test_sampling_controls_out_of_range(self):
+        base = {"prompt": [1, 2, 3], "max_tokens": 2}
+        for name, value in [("presence_penalty", 2.5), ("frequency_penalty", -3),
+                            ("repetition_penalty", 0), ("repetition_penalty", 11),
+                            ("logit_bias", {"x": 1}), ("logit_bias", {"5": 101}),
+                            ("logit_bias", {"99999999": 1}), ("logit_bias", [1]),
+                            ("min_tokens", -1), ("min_tokens", 3), ("logprobs", 21),
+                            ("n", 0), ("n", 17), ("best_of", 1), ("ignore_eos", "yes")]:
+            with self.subTest(field=name, value=value):
+                body = dict(base, **{name: value})
+                if name == "best_of":
+                    body["n"] = 2
+                status, got = post(self.port, body)
+                self.assertError(status, got, 400, name)
+        chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+        status, got = post(self.port, dict(chat, logprobs=True, top_logprobs=21),
+                           path="/v1/chat/completions")
+        self.assertError(status, got, 400, "top_logprobs")
+        status, got = post(self.port, dict(chat, top_logprobs=2), path="/v1/chat/completions")
+        self.assertError(status, got, 400, "top_logprobs")
+        status, got = post(self.port, dict(base, n=9))  # this server runs 8 sequences at once
+        self.assertError(status, got, 400, "n")
+        status, got = post(self.port, dict(base, best_of=3, stream=True))
+        self.assertError(status, got, 400, "best_of")
+        status, got = post(self.port, dict(base, echo=True, logprobs=1))
+        self.assertError(status, got, 400, "echo")
+
+    def test_penalties_are_lossless_and_applied(self):
+        # Greedy with penalties and a bias: the same tokens with and without speculation, and
+        # not the plain greedy continuation.
+        body = {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0,
+                "presence_penalty": 1.5, "frequency_penalty": 0.5, "repetition_penalty": 1.3,
+                "logit_bias": {"7": 4.0}, "min_tokens": 5}
+        got = {}
+        for spec in (True, False):
+            status, r = post(self.port, dict(body, speculative=spec))
+            self.assertEqual(status, 200, r)
+            got[spec] = r["choices"][0]["token_ids"]
+        self.assertEqual(got[True], got[False])
+        status, plain = post(self.port, {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0})
+        self.assertNotEqual(plain["choices"][0]["token_ids"], got[True])
+        # A bias of -100 on the plain continuation's first token removes it.
+        first = plain["choices"][0]["token_ids"][0]
+        status, r = post(self.port, {"prompt": PROMPTS[0], "max_tokens": 1, "temperature": 0,
+                                     "logit_bias": {str(first): -100}})
+        self.assertNotEqual(r["choices"][0]["token_ids"][0], first)
+
+    def test_logprobs(self):
+        for spec in (True, False):
+            status, r = post(self.port, {"prompt": PROMPTS[1], "max_tokens": 12, "temperature": 0,
+                                         "logprobs": 3, "speculative": spec})
+            self.assertEqual(status, 200, r)
+            c = r["choices"][0]
+            lp = c["logprobs"]
+            self.assertEqual(len(lp["tokens"]), len(c["token_ids"]))
+            self.assertEqual(len(lp["token_logprobs"]), len(c["token_ids"]))
+            for v, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
+                self.assertLessEqual(v, 0.0)
+                self.assertEqual(len(top), 3)
+                # Greedy: the emitted token is the most likely one.
+                self.assertAlmostEqual(max(top.values()), v, places=5)
+            if spec:
+                with_spec = lp["token_logprobs"]
+            else:
+                for a, b in zip(with_spec, lp["token_logprobs"]):
+                    self.assertAlmostEqual(a, b, places=4)
+        self.assertEqual(lp["tokens"][0], "token_id:%d" % c["token_ids"][0])  # no tokenizer
+
+    def test_n_and_best_of(self):
+        body = {"prompt": PROMPTS[0], "max_tokens": 10, "temperature": 1.0, "seed": 11}
+        status, one = post(self.port, body)
+        status, many = post(self.port, dict(body, n=3))
+        self.assertEqual(status, 200, many)
+        ids = [c["token_ids"] for c in many["choices"]]
+        self.assertEqual([c["index"] for c in many["choices"]], [0, 1, 2])
+        self.assertEqual(ids[0], one["choices"][0]["token_ids"])  # choice 0 keeps the seed
+        self.assertGreater(len({tuple(x) for x in ids}), 1)
+        self.assertEqual(many["usage"]["completion_tokens"], sum(len(x) for x in ids))
+        # Each choice is the seeded request with its own seed stream.
+        golden = 0x9E3779B97F4A7C15
+        for i in (1, 2):
+            seed = (11 + i * golden) % (1 << 64)
+            if seed >= 1 << 63:
+                continue  # the API takes signed seeds
+            status, r = post(self.port, dict(body, seed=seed))
+            self.assertEqual(r["choices"][0]["token_ids"], ids[i])
+        # best_of 3: the one with the highest summed logprob among the three.
+        status, scored = post(self.port, dict(body, n=3, logprobs=0))
+        sums = [sum(c["logprobs"]["token_logprobs"]) for c in scored["choices"]]
+        status, best = post(self.port, dict(body, best_of=3))
+        self.assertEqual(status, 200, best)
+        self.assertEqual(len(best["choices"]), 1)
+        self.assertEqual(best["choices"][0]["token_ids"],
+                         scored["choices"][sums.index(max(sums))]["token_ids"])
+        # Streaming n = 2: chunks carry their choice's index; each ends once.
+        status, events, done = stream(self.port, dict(body, n=2, stream=True))
+        self.assertTrue(done)
+        got = {0: [], 1: []}
+        ends = []
+        for ev in events:
+            for ch in ev["choices"]:
+                got[ch["index"]] += ch.get("token_ids") or []
+                if ch["finish_reason"]:
+                    ends.append(ch["index"])
+        self.assertEqual(sorted(ends), [0, 1])
+        self.assertEqual(got[0], ids[0])
+        self.assertEqual(got[1], ids[1])
 
     def test_completion_equals_generate(self):
         for spec in (True, False):
@@ -265,7 +368,6 @@ class ServerTest(unittest.TestCase):
             (dict(body={"prompt": [1, 2], "temperature": "hot"}), 400, "temperature"),
             (dict(body={"prompt": [1, 2], "top_p": 1.5}), 400, "top_p"),
             (dict(body={"prompt": [1, 2], "top_p": 0}), 400, "top_p"),
-            (dict(body={"prompt": [1, 2], "n": 2}), 400, "n"),
             (dict(body={"prompt": [1, 2], "stream": "yes"}), 400, "stream"),
             (dict(body={"prompt": [1, 2], "stop": ["a", "b", "c", "d", "e"]}), 400, "stop"),
             (dict(body={"prompt": [1, 2], "model": "gpt-4"}), 404, "model"),
@@ -644,6 +746,34 @@ class TextTest(unittest.TestCase):
         status, resp = post(self.port, body)
         self.assertEqual(status, 200, resp)
         return resp
+
+    def test_chat_logprobs(self):
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                "temperature": 0, "logprobs": True, "top_logprobs": 2,
+                "chat_template_kwargs": {"enable_thinking": False}}
+        status, r = post(self.port, chat, path="/v1/chat/completions")
+        self.assertEqual(status, 200, r)
+        content = r["choices"][0]["logprobs"]["content"]
+        self.assertEqual(len(content), r["usage"]["completion_tokens"])
+        for e in content:
+            self.assertEqual(len(e["top_logprobs"]), 2)
+            self.assertEqual(e["top_logprobs"][0]["logprob"], e["logprob"])  # greedy
+            self.assertEqual(bytes(e["bytes"]).decode("utf-8", "replace"), e["token"])
+        # Streamed: the same values, chunk by chunk.
+        status, events, done = stream(self.port, dict(chat, stream=True),
+                                      path="/v1/chat/completions")
+        streamed = [e for ev in events for ch in ev["choices"]
+                    if ch.get("logprobs") for e in ch["logprobs"]["content"]]
+        self.assertEqual([e["logprob"] for e in streamed], [e["logprob"] for e in content])
+
+    def test_echo(self):
+        plain = self.complete(max_tokens=5)["choices"][0]["text"]
+        echoed = self.complete(max_tokens=5, echo=True)["choices"][0]["text"]
+        self.assertEqual(echoed, "The quick brown fox jumps over" + plain)
+        status, events, done = stream(self.port, {"prompt": "The quick brown fox jumps over",
+                                                  "max_tokens": 5, "temperature": 0,
+                                                  "echo": True, "stream": True})
+        self.assertEqual("".join(ch["text"] for ev in events for ch in ev["choices"]), echoed)
 
     def streamed(self, **kw):
         body = {"prompt": "The quick brown fox jumps over", "max_tokens": 40, "stream": True}
