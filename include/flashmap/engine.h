@@ -57,6 +57,9 @@ struct EngineOptions {
   int spec_max_batch = 0;
   SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;
   int explore_min = 16, explore_max = 256;
+  // The prefix cache's budget in MiB (engine/prefix_cache.h; 0: off): finished sequences keep
+  // their KV cache and drafter context for requests that share their prefix. CPU backend only.
+  size_t prefix_cache_mb = 0;
   // Seconds on a monotonic clock for timing rounds; null: steady_clock (tests inject one).
   std::function<double()> clock = nullptr;
 };
@@ -116,6 +119,8 @@ class Request {
   std::vector<int32_t> tokens() const;
   std::vector<int> acceptance_lengths() const;  // tokens committed per verify round
   double acceptance_length() const;             // their mean; 0 without rounds
+  // Prompt tokens served from the prefix cache (known once the request started).
+  int64_t cached_tokens() const { return cached_tokens_.load(); }
   // Time of each emission and how many tokens it carried (the first is the prefill's token).
   std::vector<std::pair<Clock::time_point, int>> emissions() const;
 
@@ -126,6 +131,7 @@ class Request {
   void finish(const std::string& reason, const std::string& error = {});
 
   std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> cached_tokens_{0};
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<int32_t> tokens_;
@@ -147,6 +153,7 @@ struct EngineStats {
   std::vector<engine::SpecPolicy::Bucket> buckets;  // the adaptive policy's estimates
   // acceptance_hist[n]: verify rounds that committed n tokens (n in 1..K+1).
   std::vector<uint64_t> acceptance_hist;
+  engine::PrefixCacheStats prefix_cache;
 };
 
 // A batch of one on CPU models the caller holds (tests, parity, tools): through an Engine over

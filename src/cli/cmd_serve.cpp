@@ -25,7 +25,8 @@ struct ServeArgs {
   server::ServerOptions server;
   // The serving fields of EngineOptions (max_running, max_queue, max_context, the policy); the
   // models and the device come from `model`.
-  EngineOptions sched{.max_running = 8, .max_queue = 64, .spec_max_batch = 4};
+  EngineOptions sched{
+      .max_running = 8, .max_queue = 64, .spec_max_batch = 4, .prefix_cache_mb = 1024};
   std::string spec_policy;  // empty: adaptive, or batch when only --spec-max-batch is given
   bool spec_max_batch_given = false;
 };
@@ -80,6 +81,8 @@ void run_serve(ServeArgs& a) {
   eo.max_context = a.sched.max_context;
   eo.spec_policy = a.sched.spec_policy;
   eo.spec_max_batch = a.sched.spec_max_batch;
+  // The prefix cache keeps slots of the CPU backend only (CUDA: issue 18).
+  eo.prefix_cache_mb = eo.device == "cpu" ? a.sched.prefix_cache_mb : 0;
   Engine engine(eo);
   const bool drafter = engine.block_size() > 0;
   server::Server srv(engine, text.get(), a.server);
@@ -133,6 +136,10 @@ void register_cmd(CLI::App& app) {
   sub->add_option("--max-context", q.max_context,
                   "prompt + max_tokens limit (default: the target's max_position_embeddings)")
       ->check(CLI::Range(int64_t(1), int64_t(INT32_MAX)));
+  sub->add_option("--prefix-cache-mb", q.prefix_cache_mb,
+                  "memory for finished sequences' KV caches, reused by requests that share their "
+                  "prefix (default 1024; 0: off; CPU only)")
+      ->check(CLI::Range(size_t(0), size_t(1) << 20));
   sub->add_option("--spec-policy", args->spec_policy,
                   "when rounds speculate: adaptive (measure tokens/s of speculative and plain "
                   "rounds per batch size, pick the faster; default), always, never, or batch "

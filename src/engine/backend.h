@@ -69,6 +69,22 @@ class Target {
   virtual void write_logits(Slot& slot, int64_t first, int64_t n, const float* src) = 0;
   // The first n drafts of the sequence's block, as proposed.
   virtual void read_drafts(Slot& slot, int n, int32_t* dst) = 0;
+  // The prefix cache (engine/prefix_cache.h). fork: a new sequence holding the first `length`
+  // positions of `from` (KV cache and, when `drafting`, drafter context), to be prefilled
+  // with the rest of its prompt; null where the backend cannot. forkable: the positions `slot`
+  // holds in both. bytes: the memory it holds.
+  virtual std::unique_ptr<Slot> fork(Slot& from, int64_t length, bool drafting) {
+    (void)from, (void)length, (void)drafting;
+    return nullptr;
+  }
+  virtual int64_t forkable(Slot& slot) {
+    (void)slot;
+    return 0;
+  }
+  virtual size_t bytes(Slot& slot) {
+    (void)slot;
+    return 0;
+  }
 };
 
 class Proposer {

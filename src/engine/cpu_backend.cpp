@@ -125,6 +125,31 @@ void CpuBackend::read_drafts(Slot& slot, int n, int32_t* dst) {
   std::copy(fed.begin() + 1, fed.begin() + 1 + n, dst);
 }
 
+std::unique_ptr<Slot> CpuBackend::fork(Slot& from, int64_t length, bool drafting) {
+  CpuSlot& f = cpu(from);
+  FLASHMAP_ASSERT(length <= forkable(from));
+  auto s = std::make_unique<CpuSlot>();
+  const auto& c = target_.config();
+  s->cache = f.cache.prefix(length, int64_t(c.num_key_value_heads) * c.head_dim);
+  if (drafting) {
+    FLASHMAP_ASSERT(f.draft);
+    s->draft = proposer_->fork(*f.draft, length);
+    if (!s->draft) return nullptr;
+  }
+  return s;
+}
+
+int64_t CpuBackend::forkable(Slot& slot) {
+  CpuSlot& s = cpu(slot);
+  if (!s.draft) return s.cache.length;
+  return std::min(s.cache.length, proposer_->context_length(*s.draft));
+}
+
+size_t CpuBackend::bytes(Slot& slot) {
+  CpuSlot& s = cpu(slot);
+  return s.cache.bytes() + (s.draft ? proposer_->bytes(*s.draft) : 0);
+}
+
 void CpuBackend::commit(std::span<Slot* const> slots, std::span<const int64_t> n) {
   const int64_t F = int64_t(taps().size()) * target_.config().hidden_size;
   for (size_t i = 0; i < slots.size(); ++i) {

@@ -36,6 +36,9 @@ class CpuBackend : public Backend {
   void read_logits(Slot& slot, int64_t first, int64_t n, float* dst) override;
   void write_logits(Slot& slot, int64_t first, int64_t n, const float* src) override;
   void read_drafts(Slot& slot, int n, int32_t* dst) override;
+  std::unique_ptr<Slot> fork(Slot& from, int64_t length, bool drafting) override;
+  int64_t forkable(Slot& slot) override;
+  size_t bytes(Slot& slot) override;
 
   int block_size() const override { return proposer_ ? proposer_->block_size() : 0; }
   void commit(std::span<Slot* const> slots, std::span<const int64_t> n) override;

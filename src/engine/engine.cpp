@@ -183,6 +183,7 @@ struct Engine::Impl {
   uint64_t policy_rounds[2][2] = {{0, 0}, {0, 0}};
   std::vector<engine::SpecPolicy::Bucket> buckets;
   std::vector<uint64_t> acceptance_hist;
+  engine::PrefixCacheStats prefix_cache;
   std::thread thread;
 };
 
@@ -194,13 +195,13 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
                  options_.max_running);
   FLASHMAP_CHECK(options_.max_queue >= 0, "max_queue must be >= 0, got {}", options_.max_queue);
   impl_->backend = std::move(backend);
-  impl_->loop =
-      std::make_unique<RoundLoop>(*impl_->backend,
-                                  engine::SpecPolicyOptions{.kind = options_.spec_policy,
-                                                            .max_batch = options_.spec_max_batch,
-                                                            .explore_min = options_.explore_min,
-                                                            .explore_max = options_.explore_max},
-                                  options_.max_context, options_.clock);
+  impl_->loop = std::make_unique<RoundLoop>(
+      *impl_->backend,
+      engine::SpecPolicyOptions{.kind = options_.spec_policy,
+                                .max_batch = options_.spec_max_batch,
+                                .explore_min = options_.explore_min,
+                                .explore_max = options_.explore_max},
+      options_.max_context, options_.clock, options_.prefix_cache_mb << 20);
   if (impl_->backend->has_drafter())
     impl_->acceptance_hist.assign(size_t(impl_->backend->block_size()) + 2, 0);
 }
@@ -306,6 +307,7 @@ EngineStats Engine::stats() const {
   s.policy = options_.spec_policy;
   s.spec_max_batch = options_.spec_max_batch;
   s.buckets = m.buckets;
+  s.prefix_cache = m.prefix_cache;
   return s;
 }
 
@@ -316,7 +318,7 @@ void Engine::loop() {
   // slot free in stats() too.
   auto retire = [&](Impl::Served& s, bool was_running, const std::string& reason,
                     const std::string& error = {}) {
-    s.seq.slot.reset();
+    m.loop->retire(s.seq);
     {
       std::lock_guard lk(m.mutex);
       --m.in_flight;
@@ -374,6 +376,7 @@ void Engine::loop() {
     try {
       std::erase_if(fresh, [](Sequence* s) { return s->done; });
       m.loop->admit(fresh);
+      for (auto& s : running) s->req->cached_tokens_.store(s->seq.cached_tokens);
       report = m.loop->round(all);
     } catch (const std::exception& e) {
       // An engine failure fails the sequences of this round, not the server.
@@ -400,6 +403,7 @@ void Engine::loop() {
     std::erase_if(running, [](const std::unique_ptr<Impl::Served>& s) { return s->seq.done; });
     std::lock_guard lk(m.mutex);
     m.running = int(running.size());
+    m.prefix_cache = m.loop->prefix_cache_stats();
   }
 }
 

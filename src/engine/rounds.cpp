@@ -49,8 +49,11 @@ std::vector<TokenLogprob> RoundLoop::logprobs(Sequence& s, std::span<const int32
 }
 
 RoundLoop::RoundLoop(Backend& backend, SpecPolicyOptions policy, int64_t max_context,
-                     std::function<double()> clock)
-    : backend_(backend), policy_(policy), clock_(std::move(clock)) {
+                     std::function<double()> clock, size_t prefix_cache_bytes)
+    : backend_(backend),
+      policy_(policy),
+      clock_(std::move(clock)),
+      cache_(backend, prefix_cache_bytes) {
   const int64_t cap =
       std::min<int64_t>(backend_.config().max_position_embeddings, backend_.max_positions());
   FLASHMAP_CHECK(max_context >= 0, "max_context must be >= 0, got {}", max_context);
@@ -117,12 +120,15 @@ void RoundLoop::admit(std::span<Sequence* const> fresh) {
   std::vector<std::span<const int32_t>> prompts;
   for (Sequence* s : fresh) {
     s->drafting = backend_.has_drafter() && s->params.speculative;
-    s->slot = backend_.open(s->drafting);
+    const std::span<const int32_t> prompt = s->params.prompt;
+    s->slot = cache_.lookup(prompt, s->drafting, s->cached_tokens);
+    if (!s->slot) s->slot = backend_.open(s->drafting);
+    if (cache_.enabled()) s->history.assign(prompt.begin(), prompt.end());
     s->controls = ControlState(s->params.controls, s->params.prompt, s->params.stop_ids,
                                backend_.config().vocab_size);
     if (s->drafting) s->accepted_at.assign(size_t(backend_.block_size()), 0);
     slots.push_back(s->slot.get());
-    prompts.push_back(s->params.prompt);
+    prompts.push_back(prompt.subspan(size_t(s->cached_tokens)));
   }
   backend_.prefill(slots, prompts);
   std::vector<SeqStep> steps;
@@ -139,6 +145,7 @@ void RoundLoop::admit(std::span<Sequence* const> fresh) {
   for (size_t i = 0; i < fresh.size(); ++i) {
     Sequence& s = *fresh[i];
     s.times.prefill_ms += ms;
+    if (cache_.enabled()) s.history.push_back(first[i]);
     const auto lp = logprobs(s, {&first[i], 1}, std::move(raw[i]));
     if (!emit(s, {&first[i], 1}, false, lp)) s.done = true;
   }
@@ -194,6 +201,7 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
                     r.tokens.size() == size_t(r.accepted) + 1);
     ++s.rounds;
     for (int k = 0; k < r.accepted; ++k) ++s.accepted_at[size_t(k)];
+    if (cache_.enabled()) s.history.insert(s.history.end(), r.tokens.begin(), r.tokens.end());
     const auto lp = logprobs(s, r.tokens, std::move(raw[i]));
     const bool going = emit(s, r.tokens, true, lp);
     const int committed = s.acceptance_lengths.back();
@@ -228,8 +236,16 @@ void RoundLoop::run(Sequence& seq) {
   Sequence* one = &seq;
   admit({&one, 1});
   while (!seq.done) round({&one, 1});
-  seq.slot.reset();
+  retire(seq);
   seq.times.total_ms = ms_since(t0);
+}
+
+void RoundLoop::retire(Sequence& seq) {
+  // A failed round may have left the slot part-way through a forward.
+  if (seq.slot && seq.finish_reason != "error")
+    cache_.insert(std::move(seq.history), std::move(seq.slot), seq.drafting);
+  seq.slot.reset();
+  seq.history.clear();
 }
 
 }  // namespace flashmap::engine

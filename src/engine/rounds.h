@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/prefix_cache.h"
 #include "engine/spec_policy.h"
 #include "specdec/controls.h"
 #include "specdec/logprobs.h"
@@ -50,7 +51,9 @@ struct Sequence {
   SeqSampler sampler;
   ControlState controls;
   std::unique_ptr<Slot> slot;
-  int64_t length = 0;  // positions in the target's cache (the anchor's position)
+  int64_t length = 0;            // positions in the target's cache (the anchor's position)
+  int64_t cached_tokens = 0;     // prompt tokens that came from the prefix cache
+  std::vector<int32_t> history;  // prompt + committed tokens (the prefix cache's key)
   size_t generated = 0;
   bool drafting = false;  // has a drafter context
   bool done = false;
@@ -79,8 +82,9 @@ struct RoundReport {
 class RoundLoop {
  public:
   // max_context: prompt + max_tokens limit (0: the target's and the backend's cache size).
+  // prefix_cache_bytes: the prefix cache's budget (0: off).
   RoundLoop(Backend& backend, SpecPolicyOptions policy, int64_t max_context,
-            std::function<double()> clock = nullptr);
+            std::function<double()> clock = nullptr, size_t prefix_cache_bytes = 0);
 
   Backend& backend() { return backend_; }
   int64_t max_context() const { return max_context_; }
@@ -96,6 +100,9 @@ class RoundLoop {
   RoundReport round(std::span<Sequence* const> running);
   // Runs one sequence to its end (generate()).
   void run(Sequence& seq);
+  // A sequence leaves: its slot goes to the prefix cache (unless it failed) or is freed.
+  void retire(Sequence& seq);
+  PrefixCacheStats prefix_cache_stats() const { return cache_.stats(); }
 
  private:
   // Emits fresh tokens, cut at a stop token and at max_tokens; false when the sequence ends.
@@ -114,6 +121,7 @@ class RoundLoop {
   SpecPolicy policy_;
   int64_t max_context_;
   std::function<double()> clock_;
+  PrefixCache cache_;
 };
 
 }  // namespace flashmap::engine

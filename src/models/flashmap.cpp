@@ -90,6 +90,18 @@ DraftContext FlashMapModel::new_context() const {
   return ctx;
 }
 
+DraftContext FlashMapModel::fork_context(const DraftContext& from, int64_t length) const {
+  FLASHMAP_ASSERT(length >= 0 && length <= from.length);
+  DraftContext ctx = new_context();
+  const auto n = static_cast<std::ptrdiff_t>(length * config_.hidden_size);
+  for (size_t l = 0; l < ctx.k.size(); ++l) {
+    ctx.k[l].assign(from.k[l].begin(), from.k[l].begin() + n);
+    ctx.v[l].assign(from.v[l].begin(), from.v[l].begin() + n);
+  }
+  ctx.length = length;
+  return ctx;
+}
+
 void FlashMapModel::ensure_room(DraftContext& ctx, int64_t positions) const {
   const size_t need = static_cast<size_t>(positions * config_.hidden_size);
   for (size_t l = 0; l < ctx.k.size(); ++l)

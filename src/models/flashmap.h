@@ -41,6 +41,8 @@ class FlashMapModel {
   const std::vector<double>& grid(int steps) const;
 
   DraftContext new_context() const;
+  // A context holding the first `length` positions of `from` (the prefix cache).
+  DraftContext fork_context(const DraftContext& from, int64_t length) const;
   // extend_context: appends the target's features [n, n_taps * target_hidden] at the next n
   // positions.
   void extend_context(DraftContext& ctx, const float* features, int64_t n) const;

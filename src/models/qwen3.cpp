@@ -14,6 +14,27 @@ void KVCache::truncate(int64_t n) {
   length = n;
 }
 
+KVCache KVCache::prefix(int64_t n, int64_t kv_dim) const {
+  FLASHMAP_ASSERT(n >= 0 && n <= length);
+  KVCache c;
+  c.k.resize(k.size());
+  c.v.resize(v.size());
+  // [position, kv_dim] rows: the first n positions are the first n·kv_dim values.
+  const auto m = static_cast<std::ptrdiff_t>(n * kv_dim);
+  for (size_t l = 0; l < k.size(); ++l) {
+    c.k[l].assign(k[l].begin(), k[l].begin() + m);
+    c.v[l].assign(v[l].begin(), v[l].begin() + m);
+  }
+  c.length = n;
+  return c;
+}
+
+size_t KVCache::bytes() const {
+  size_t b = 0;
+  for (size_t l = 0; l < k.size(); ++l) b += (k[l].capacity() + v[l].capacity()) * sizeof(float);
+  return b;
+}
+
 Qwen3Model::Qwen3Model(const std::string& dir, ThreadPool* pool, ops::WeightFormat weights)
     : format_(weights), dir_(dir), pool_(pool ? pool : &ThreadPool::global()) {
   config_ = Qwen3Config::from_file((std::filesystem::path(dir) / "config.json").string());

@@ -20,6 +20,10 @@ struct KVCache {
 
   // Drops every position from n on (after a verify pass, the rejected drafts).
   void truncate(int64_t n);
+  // A cache holding the first n positions (the prefix cache), without the spare capacity;
+  // kv_dim: the values per position and layer (kv heads × head dim).
+  KVCache prefix(int64_t n, int64_t kv_dim) const;
+  size_t bytes() const;  // memory held
 };
 
 class Qwen3Model {

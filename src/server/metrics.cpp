@@ -148,6 +148,28 @@ std::string Metrics::render(const EngineStats& s) const {
       "flashmap_acceptance_length_bucket{{le=\"+Inf\"}} {}\nflashmap_acceptance_length_sum {}\n"
       "flashmap_acceptance_length_count {}\n",
       cum, sum, cum);
+  const auto& pc = s.prefix_cache;
+  const std::pair<const char*, std::string> prefix[] = {
+      {"flashmap_prefix_cache_queries_total counter Requests that looked up the prefix cache.",
+       std::to_string(pc.queries)},
+      {"flashmap_prefix_cache_hits_total counter Requests that started from a cached prefix.",
+       std::to_string(pc.hits)},
+      {"flashmap_prefix_cache_query_tokens_total counter Prompt tokens of the lookups.",
+       std::to_string(pc.query_tokens)},
+      {"flashmap_prefix_cache_hit_tokens_total counter Prompt tokens served from the cache.",
+       std::to_string(pc.hit_tokens)},
+      {"flashmap_prefix_cache_evictions_total counter Entries evicted to stay in the budget.",
+       std::to_string(pc.evictions)},
+      {"flashmap_prefix_cache_entries gauge Sequences held.", std::to_string(pc.entries)},
+      {"flashmap_prefix_cache_bytes gauge Memory held.", std::to_string(pc.bytes)},
+      {"flashmap_prefix_cache_budget_bytes gauge Memory allowed (0: off).",
+       std::to_string(pc.budget)}};
+  for (const auto& [spec, value] : prefix) {
+    const std::string_view v(spec);
+    const size_t a = v.find(' '), b = v.find(' ', a + 1);
+    const auto name = v.substr(0, a), type = v.substr(a + 1, b - a - 1), help = v.substr(b + 1);
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
+  }
   return out;
 }
 

@@ -425,9 +425,11 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     size_t completion = 0;
     for (const auto& c : *choices) completion += c.out.ids.size();
     const size_t prompt = choices->front().req->params.prompt.size();
-    return json{{"prompt_tokens", prompt},
-                {"completion_tokens", completion},
-                {"total_tokens", prompt + completion}};
+    return json{
+        {"prompt_tokens", prompt},
+        {"completion_tokens", completion},
+        {"total_tokens", prompt + completion},
+        {"prompt_tokens_details", {{"cached_tokens", choices->front().req->cached_tokens()}}}};
   };
   auto acceptance_of = [choices] {
     double sum = 0;
@@ -443,9 +445,10 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     size_t completion = 0;
     for (const auto& c : *choices) completion += c.out.ids.size();
     log(fmt::format(
-        "{} POST {} {} stream={} n={} prompt={} completion={} finish={} "
+        "{} POST {} {} stream={} n={} prompt={} cached={} completion={} finish={} "
         "ttft_ms={:.1f} total_ms={:.1f} acceptance={:.2f}",
-        rid, path, status, stream, choices->size(), r.params.prompt.size(), completion,
+        rid, path, status, stream, choices->size(), r.params.prompt.size(), r.cached_tokens(),
+        completion,
         choices->front().reason, ttft, ms_between(r.submitted, Clock::now()), acceptance_of()));
   };
 

@@ -25,8 +25,26 @@ std::unique_ptr<DraftState> FlashMapProposer::begin() const {
 }
 
 void FlashMapProposer::commit(DraftState& state, const float* features, int64_t n,
-                                  std::span<const int32_t>) const {
+                              std::span<const int32_t>) const {
   model_.extend_context(static_cast<FlashMapState&>(state).ctx, features, n);
+}
+
+std::unique_ptr<DraftState> FlashMapProposer::fork(const DraftState& from, int64_t length) const {
+  auto s = std::make_unique<FlashMapState>();
+  s->ctx = model_.fork_context(static_cast<const FlashMapState&>(from).ctx, length);
+  return s;
+}
+
+int64_t FlashMapProposer::context_length(const DraftState& state) const {
+  return static_cast<const FlashMapState&>(state).ctx.length;
+}
+
+size_t FlashMapProposer::bytes(const DraftState& state) const {
+  const auto& ctx = static_cast<const FlashMapState&>(state).ctx;
+  size_t b = 0;
+  for (size_t l = 0; l < ctx.k.size(); ++l)
+    b += (ctx.k[l].capacity() + ctx.v[l].capacity()) * sizeof(float);
+  return b;
 }
 
 void FlashMapProposer::propose(std::span<const Seq> batch) const {
@@ -69,7 +87,7 @@ void FlashMapProposer::propose(std::span<const Seq> batch) const {
 }
 
 ScriptedProposer::ScriptedProposer(int block_size, int64_t vocab, std::vector<int32_t> script,
-                                 int corrupt_from)
+                                   int corrupt_from)
     : block_size_(block_size),
       vocab_(vocab),
       script_(std::move(script)),
@@ -82,7 +100,7 @@ std::unique_ptr<DraftState> ScriptedProposer::begin() const {
 }
 
 void ScriptedProposer::commit(DraftState& state, const float*, int64_t n,
-                             std::span<const int32_t>) const {
+                              std::span<const int32_t>) const {
   auto& s = static_cast<ScriptState&>(state);
   // The first commit holds the prompt's features; the generated tokens count from the next.
   s.committed = s.committed < 0 ? 0 : s.committed + n;

@@ -43,6 +43,20 @@ class BlockProposer {
     Proposal* out;
   };
   virtual void propose(std::span<const Seq> batch) const = 0;
+  // The prefix cache (engine/prefix_cache.h): a new state holding the first `length` committed
+  // positions of `from`, and how many `state` holds. A proposer that cannot returns null / 0.
+  virtual std::unique_ptr<DraftState> fork(const DraftState& from, int64_t length) const {
+    (void)from, (void)length;
+    return nullptr;
+  }
+  virtual int64_t context_length(const DraftState& state) const {
+    (void)state;
+    return 0;
+  }
+  virtual size_t bytes(const DraftState& state) const {  // memory the state holds
+    (void)state;
+    return 0;
+  }
 };
 
 // The FlashMap drafter with `steps` jumps.
@@ -55,6 +69,9 @@ class FlashMapProposer : public BlockProposer {
   void commit(DraftState& state, const float* features, int64_t n,
               std::span<const int32_t> tokens) const override;
   void propose(std::span<const Seq> batch) const override;
+  std::unique_ptr<DraftState> fork(const DraftState& from, int64_t length) const override;
+  int64_t context_length(const DraftState& state) const override;
+  size_t bytes(const DraftState& state) const override;
 
  private:
   const FlashMapModel& model_;

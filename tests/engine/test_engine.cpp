@@ -452,3 +452,101 @@ TEST(Engine, GenerationToTheEndOfTheContext) {
   }
   EXPECT_GT(sched.stats().speculative_rounds, 0u);
 }
+
+// Prefix caching: a second turn that extends the first (its prompt + output + a new message),
+// requests sharing a system prompt, non-drafting and seeded requests: the same tokens and, for
+// drafting requests, the same acceptance path as without the cache (the cached drafter context
+// is the one a fresh prefill builds), with the cached positions reported.
+TEST(PrefixCache, CachedPrefixesDecodeAsFreshOnes) {
+  auto& m = models();
+  Engine sched(cpu(m.target, &m.drafter), {.max_running = 4,
+                                           .spec_policy = SpecPolicyKind::Always,
+                                           .prefix_cache_mb = 64});
+  auto run = [&](const RequestParams& p) {
+    const auto want = reference(p, p.speculative);
+    auto r = sched.submit(p);
+    const auto got = wait_all(*r);
+    EXPECT_EQ(got, want.ids);
+    if (p.speculative) {
+      EXPECT_EQ(r->acceptance_lengths(), want.acceptance_lengths);
+    }
+    return std::make_pair(got, r->cached_tokens());
+  };
+  RequestParams turn1;
+  turn1.prompt = prompt_of(40, 1);
+  turn1.max_tokens = 30;
+  const auto [out1, cached1] = run(turn1);
+  EXPECT_EQ(cached1, 0);
+  RequestParams turn2 = turn1;
+  turn2.prompt.insert(turn2.prompt.end(), out1.begin(), out1.end());
+  const auto more = prompt_of(9, 2);
+  turn2.prompt.insert(turn2.prompt.end(), more.begin(), more.end());
+  const auto [out2, cached2] = run(turn2);
+  EXPECT_GE(cached2, 40);  // the first prompt at least (its output's last round may lag)
+  EXPECT_LT(cached2, int64_t(turn2.prompt.size()));
+  // The same prompt again: everything but its last token comes from the cache.
+  EXPECT_EQ(run(turn2).second, int64_t(turn2.prompt.size()) - 1);
+  // A request that does not draft reuses a drafting entry; a seeded one decodes as without.
+  RequestParams plain = turn2;
+  plain.speculative = false;
+  EXPECT_GE(run(plain).second, 40);
+  RequestParams seeded = turn2;
+  seeded.sampling = {0.9f, 0, 1.0f, 0.0f};
+  seeded.seed = 7;
+  seeded.seeded = true;
+  EXPECT_GE(run(seeded).second, 40);
+  // Shared system prompt, decoded together.
+  const auto system = prompt_of(33, 3);
+  std::vector<RequestParams> batch;
+  for (int i = 0; i < 4; ++i) {
+    RequestParams p;
+    p.prompt = system;
+    const auto user = prompt_of(5 + i, 20 + i);
+    p.prompt.insert(p.prompt.end(), user.begin(), user.end());
+    p.max_tokens = 12;
+    batch.push_back(p);
+  }
+  run(batch[0]);
+  // References first: the models' thread pool takes one caller at a time.
+  std::vector<std::vector<int32_t>> wants;
+  for (size_t i = 1; i < batch.size(); ++i) wants.push_back(reference(batch[i], true).ids);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (size_t i = 1; i < batch.size(); ++i) reqs.push_back(sched.submit(batch[i]));
+  for (size_t i = 1; i < batch.size(); ++i) {
+    EXPECT_EQ(wait_all(*reqs[i - 1]), wants[i - 1]) << i;
+    EXPECT_GE(reqs[i - 1]->cached_tokens(), 33);
+  }
+  const auto st = sched.stats().prefix_cache;
+  EXPECT_GE(st.hits, 7u);
+  EXPECT_GT(st.hit_tokens, 300u);
+  EXPECT_LE(st.bytes, st.budget);
+}
+
+// Under a small budget entries are evicted least recently used first and the memory held stays
+// within it; outputs are unchanged.
+TEST(PrefixCache, EvictsWithinTheBudget) {
+  auto& m = models();
+  Engine sched(cpu(m.target, &m.drafter), {.max_running = 2,
+                                           .spec_policy = SpecPolicyKind::Always,
+                                           .prefix_cache_mb = 1});
+  for (int i = 0; i < 12; ++i) {
+    RequestParams p;
+    p.prompt = prompt_of(200, 40 + i);
+    p.max_tokens = 8;
+    const auto want = reference(p, true).ids;  // before submitting: one pool caller at a time
+    auto r = sched.submit(p);
+    EXPECT_EQ(wait_all(*r), want) << i;
+  }
+  const auto st = sched.stats().prefix_cache;
+  EXPECT_GT(st.evictions, 0u);
+  EXPECT_GT(st.entries, 0u);
+  EXPECT_LE(st.bytes, size_t(1) << 20);
+  // The most recent prompt is still there.
+  RequestParams again;
+  again.prompt = prompt_of(200, 40 + 11);
+  again.prompt.push_back(3);
+  again.max_tokens = 4;
+  auto r = sched.submit(again);
+  wait_all(*r);
+  EXPECT_GE(r->cached_tokens(), 200);
+}

@@ -261,6 +261,25 @@ class ServerTest(unittest.TestCase):
                     self.assertAlmostEqual(a, b, places=4)
         self.assertEqual(lp["tokens"][0], "token_id:%d" % c["token_ids"][0])  # no tokenizer
 
+    def test_prefix_cache(self):
+        # A second turn extends the first (prompt + output + more): its shared prefix comes from
+        # the cache, and the output is still exactly `flashmap generate`'s (no cache there).
+        turn1 = [(i * 53 + 11) % 1000 + 1 for i in range(48)]
+        status, r1 = post(self.port, {"prompt": turn1, "max_tokens": 20, "temperature": 0})
+        out1 = r1["choices"][0]["token_ids"]
+        turn2 = turn1 + out1 + [5, 6, 7, 8]
+        status, r2 = post(self.port, {"prompt": turn2, "max_tokens": 20, "temperature": 0})
+        self.assertEqual(status, 200, r2)
+        self.assertGreaterEqual(r2["usage"]["prompt_tokens_details"]["cached_tokens"], len(turn1))
+        self.assertEqual(r2["choices"][0]["token_ids"], reference(turn2, 20))
+        status, text = request(self.port, "GET", "/metrics")
+        metrics = dict(l.rsplit(" ", 1) for l in text.decode().splitlines()
+                       if l.startswith("flashmap_prefix_cache"))
+        self.assertGreater(int(metrics["flashmap_prefix_cache_hits_total"]), 0)
+        self.assertGreater(int(metrics["flashmap_prefix_cache_hit_tokens_total"]), len(turn1) - 1)
+        self.assertLessEqual(int(metrics["flashmap_prefix_cache_bytes"]),
+                             int(metrics["flashmap_prefix_cache_budget_bytes"]))
+
     def test_n_and_best_of(self):
         body = {"prompt": PROMPTS[0], "max_tokens": 10, "temperature": 1.0, "seed": 11}
         status, one = post(self.port, body)
@@ -311,9 +330,11 @@ class ServerTest(unittest.TestCase):
                 self.assertEqual(choice["token_ids"], ref, (prompt, spec))
                 self.assertEqual(choice["finish_reason"], "length")
                 self.assertEqual(body["object"], "text_completion")
-                self.assertEqual(body["usage"], {"prompt_tokens": len(prompt),
-                                                 "completion_tokens": n,
-                                                 "total_tokens": len(prompt) + n})
+                usage = dict(body["usage"])
+                cached = usage.pop("prompt_tokens_details")["cached_tokens"]
+                self.assertEqual(usage, {"prompt_tokens": len(prompt), "completion_tokens": n,
+                                         "total_tokens": len(prompt) + n})
+                self.assertTrue(0 <= cached < len(prompt), cached)
                 self.assertGreaterEqual(body["acceptance_length"], 1.0)
 
     def test_stream_equals_generate(self):
