@@ -440,6 +440,9 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
   call_begin.push_back(uint32_t(calls.size()));
   g->calls = std::move(calls);
   g->call_begin = std::move(call_begin);
+  for (size_t s = 0; s < n; ++s)
+    g->simple.push_back(g->has_bytes[s] && !g->accept[s] &&
+                        g->call_begin[s] == g->call_begin[s + 1]);
   g->rule_names = rule_names_;
   g->start_rule = uint32_t(start);
   return g;

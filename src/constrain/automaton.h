@@ -23,7 +23,8 @@ struct GrammarImpl {
   std::vector<uint32_t> trans;  // state * num_classes + class -> state or kDead
   std::vector<uint8_t> accept;  // the rule may end here
   std::vector<uint8_t> has_bytes;
-  std::vector<uint32_t> call_begin;                  // size states + 1
+  std::vector<uint8_t> simple;       // has bytes, no calls, not accepting: a thread stays as it is
+  std::vector<uint32_t> call_begin;  // size states + 1
   std::vector<std::pair<uint32_t, uint32_t>> calls;  // (rule, state to return to)
   std::vector<uint32_t> rule_start;
   std::vector<std::string> rule_names;

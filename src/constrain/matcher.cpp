@@ -144,6 +144,13 @@ struct Matcher::Context {
 
   bool step(const std::vector<Thread>& in, uint8_t byte, std::vector<Thread>& out) {
     out.clear();
+    if (in.size() == 1) {  // the common case, e.g. inside a string: no closure to compute
+      const uint32_t n = g->next(in[0].state, byte);
+      if (n == kDead) return false;
+      out.push_back({n, in[0].stack});
+      if (g->simple[n]) return false;
+      return close(out);
+    }
     for (const Thread& t : in) {
       const uint32_t n = g->next(t.state, byte);
       if (n != kDead) out.push_back({n, t.stack});
