@@ -123,6 +123,19 @@ int Builder::call(int rule) {
   return int(nodes_.size()) - 1;
 }
 
+int Builder::members(std::vector<int> members, std::vector<uint8_t> required, int sep,
+                     bool allow_empty) {
+  FLASHMAP_ASSERT(members.size() == required.size());
+  Node n;
+  n.kind = Kind::kMembers;
+  n.kids = std::move(members);
+  n.kids.push_back(sep);
+  n.required = std::move(required);
+  n.min = allow_empty;
+  nodes_.push_back(std::move(n));
+  return int(nodes_.size()) - 1;
+}
+
 int Builder::new_rule(std::string name) {
   rule_body_.push_back(-1);
   rule_names_.push_back(std::move(name));
@@ -263,6 +276,28 @@ class Nfa {
           eps(from, s);
           eps(emit(b, k, s), end);
         }
+        return end;
+      }
+      case Builder::Kind::kMembers: {
+        // Two chains: `none` (nothing written before member j) and `some` (something written,
+        // so member j needs the separator first).
+        const size_t m = n.required.size();
+        const int sep = n.kids[m];
+        const int end = add();
+        int none = from, some = -1;
+        for (size_t j = 0; j < m; ++j) {
+          const int next_some = add();
+          if (none >= 0) eps(emit(b, n.kids[j], none), next_some);
+          if (some >= 0) eps(emit(b, n.kids[j], emit(b, sep, some)), next_some);
+          if (!n.required[j]) {
+            if (some >= 0) eps(some, next_some);
+          } else {
+            none = -1;
+          }
+          some = next_some;
+        }
+        if (some >= 0) eps(some, end);
+        if (none >= 0 && n.min) eps(none, end);
         return end;
       }
       case Builder::Kind::kRepeat: {

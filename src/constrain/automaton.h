@@ -45,13 +45,14 @@ CpSet cp_subtract(const CpSet& a, const CpSet& b);
 // Expressions are indices into a Builder; they may be shared (a DAG), each use is copied.
 class Builder {
  public:
-  enum class Kind : uint8_t { kBytes, kSeq, kAlt, kRepeat, kCall };
+  enum class Kind : uint8_t { kBytes, kSeq, kAlt, kRepeat, kCall, kMembers };
   struct Node {
     Kind kind = Kind::kSeq;
     uint8_t lo = 0, hi = 0;  // kBytes
     int min = 0, max = 0;    // kRepeat (max -1: unbounded)
     int rule = -1;           // kCall
     std::vector<int> kids;
+    std::vector<uint8_t> required;  // kMembers
   };
 
   int bytes(uint8_t lo, uint8_t hi);
@@ -64,6 +65,9 @@ class Builder {
   int opt(int e) { return repeat(e, 0, 1); }
   int star(int e) { return repeat(e, 0, -1); }
   int call(int rule);
+  // members[0..n) in order, separated by `sep`, each optional one may be left out, at least one
+  // written unless `allow_empty`. Linear in n (a plain expression for it would be quadratic).
+  int members(std::vector<int> members, std::vector<uint8_t> required, int sep, bool allow_empty);
   int utf8(const CpSet& set);  // one code point of `set`, UTF-8 encoded
 
   int new_rule(std::string name);

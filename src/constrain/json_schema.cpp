@@ -26,6 +26,8 @@ const std::set<std::string> kObjectKeys = {"properties", "required", "additional
 const std::set<std::string> kArrayKeys = {"items", "minItems", "maxItems"};
 const std::set<std::string> kStringKeys = {"minLength", "maxLength", "pattern", "format"};
 
+constexpr size_t kMaxProperties = 256;  // per object schema (compile time grows with n²)
+
 std::string pointer_text(const std::string& ptr) {
   return "#" + ptr;
 }
@@ -318,30 +320,23 @@ class JsonCompiler {
         return b.seq({b.lit("{"), ws(), b.lit("}")});
       return map_body(rule_for(additional, ptr + "/additionalProperties", depth));
     }
+    if (props.size() > kMaxProperties)
+      unsupported("properties", ptr + "/properties",
+                  fmt::format("more than {} properties", kMaxProperties));
     if (has_additional && !(additional.is_boolean() && !additional.get<bool>()))
       unsupported("additionalProperties", ptr + "/additionalProperties",
                   "only false (or absent) beside 'properties'");
 
     // Properties in schema order, each optional one may be skipped.
     std::vector<int> member;
-    std::vector<bool> req;
+    std::vector<uint8_t> req;
     for (const auto& [name, sub] : props.items()) {
       const std::string sub_ptr = ptr + "/properties/" + pointer_escape(name);
       member.push_back(b.seq({b.lit(json(name).dump()), sep(':'), rule_for(sub, sub_ptr, depth)}));
       req.push_back(required.count(name) > 0);
     }
-    const size_t n = member.size();
-    std::vector<int> alts;  // alternative k: the first member written is k
-    for (size_t k = 0; k < n; ++k) {
-      std::vector<int> seq{member[k]};
-      for (size_t j = k + 1; j < n; ++j) {
-        const int m = b.seq({sep(','), member[j]});
-        seq.push_back(req[j] ? m : b.opt(m));
-      }
-      alts.push_back(b.seq(std::move(seq)));
-      if (req[k]) break;
-    }
-    const int body = b.seq({b.alt(std::move(alts)), ws(), b.lit("}")});
+    const int list = b.members(std::move(member), std::move(req), sep(','), false);
+    const int body = b.seq({list, ws(), b.lit("}")});
     const bool any_required = !required.empty();
     return b.seq({b.lit("{"), ws(), any_required ? body : b.alt({b.lit("}"), body})});
   }

@@ -324,6 +324,26 @@ TEST(ConstrainSchema, PropertiesInSchemaOrderAndOptionalSkipped) {
   }
 }
 
+TEST(ConstrainSchema, ManyOptionalProperties) {
+  json schema = {{"type", "object"}};
+  for (int i = 0; i < 60; ++i)
+    schema["properties"][fmt::format("p{}", i)] = {{"type", "integer"}};
+  const auto g = compile_json_schema(schema);
+  for (const char* ok :
+       {"{}", R"({"p5":1})", R"({"p0":1,"p5":2,"p59":3})", R"({ "p58": 1, "p59": 2 })"}) {
+    Matcher m(g, vocab());
+    EXPECT_TRUE(m.advance_bytes(ok) && m.can_end()) << ok;
+  }
+  for (const char* bad :
+       {R"({"p5":1,"p4":2})", R"({"p5":1,"p5":2})", R"({,"p5":1})", R"({"p5":1,})"}) {
+    Matcher m(g, vocab());
+    EXPECT_FALSE(m.advance_bytes(bad) && m.can_end()) << bad;
+  }
+  json wide = {{"type", "object"}};
+  for (int i = 0; i < 300; ++i) wide["properties"][fmt::format("p{}", i)] = true;
+  EXPECT_THAT(error_of([&] { compile_json_schema(wide); }), HasSubstr("more than 256 properties"));
+}
+
 TEST(ConstrainSchema, KnownDocumentsTokenByToken) {
   const json schema = json::parse(kSchemas[0]);
   const auto g = compile_json_schema(schema);
