@@ -4,9 +4,11 @@
 // inlined. The supported subset is in docs/STRUCTURED_OUTPUT.md.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "constrain/automaton.h"
@@ -25,6 +27,9 @@ const std::set<std::string> kAnnotations = {
 const std::set<std::string> kObjectKeys = {"properties", "required", "additionalProperties"};
 const std::set<std::string> kArrayKeys = {"items", "minItems", "maxItems"};
 const std::set<std::string> kStringKeys = {"minLength", "maxLength", "pattern", "format"};
+const std::set<std::string> kNumberKeys = {"minimum", "maximum", "exclusiveMinimum",
+                                           "exclusiveMaximum"};
+constexpr int64_t kMaxBound = 1'000'000'000'000'000;  // |integer bounds| (16 digits max)
 
 constexpr size_t kMaxProperties = 256;  // per object schema (compile time grows with n²)
 
@@ -198,7 +203,7 @@ class JsonCompiler {
       static const std::set<std::string> kKnown = {"type",  "enum",  "const", "anyOf",
                                                    "oneOf", "allOf", "$ref"};
       if (!kKnown.count(k) && !kObjectKeys.count(k) && !kArrayKeys.count(k) &&
-          !kStringKeys.count(k))
+          !kStringKeys.count(k) && !kNumberKeys.count(k))
         unsupported(k, ptr + "/" + pointer_escape(k));
       keys.insert(k);
     }
@@ -269,17 +274,19 @@ class JsonCompiler {
     }
 
     if (types.empty()) {  // inferred from the keywords present
-      bool obj = false, arr = false, str = false;
+      bool obj = false, arr = false, str = false, num = false;
       for (const auto& k : keys) {
         obj |= kObjectKeys.count(k) > 0;
         arr |= kArrayKeys.count(k) > 0;
         str |= kStringKeys.count(k) > 0;
+        num |= kNumberKeys.count(k) > 0;
       }
-      if (int(obj) + int(arr) + int(str) > 1)
+      if (int(obj) + int(arr) + int(str) + int(num) > 1)
         unsupported("type", ptr, "keywords of several types without a 'type'");
       if (obj) types.push_back("object");
       if (arr) types.push_back("array");
       if (str) types.push_back("string");
+      if (num) types.push_back("number");
       if (types.empty()) return any_value();
     }
     std::vector<int> alts;
@@ -287,12 +294,89 @@ class JsonCompiler {
       if (t == "object") alts.push_back(object(s, ptr, depth));
       if (t == "array") alts.push_back(array(s, ptr, depth));
       if (t == "string") alts.push_back(string_schema(s, ptr));
-      if (t == "number") alts.push_back(number());
-      if (t == "integer") alts.push_back(integer());
+      if (t == "number") alts.push_back(number_schema(s, ptr));
+      if (t == "integer") alts.push_back(integer_schema(s, ptr));
       if (t == "boolean") alts.push_back(b.alt({b.lit("true"), b.lit("false")}));
       if (t == "null") alts.push_back(b.lit("null"));
     }
     return b.alt(std::move(alts));
+  }
+
+  // Digits of the integers in [lo, hi], 0 <= lo <= hi, no leading zeros.
+  int digits_range(uint64_t lo, uint64_t hi) {
+    if (lo == 0) return hi == 0 ? b.lit("0") : b.alt({b.lit("0"), digits_range(1, hi)});
+    const std::string sa = std::to_string(lo), sb = std::to_string(hi);
+    if (sa.size() < sb.size()) {  // split at the next power of ten
+      uint64_t top = 9;
+      while (top < lo) top = top * 10 + 9;
+      return b.alt({digits_range(lo, top), digits_range(top + 1, hi)});
+    }
+    return same_length(sa, sb);
+  }
+  // Digit strings of equal length between sa and sb (inclusive).
+  int same_length(const std::string& sa, const std::string& sb) {
+    if (sa.empty()) return b.empty();
+    if (sa.find_first_not_of('0') == std::string::npos &&
+        sb.find_first_not_of('9') == std::string::npos)  // every string of this length
+      return b.repeat(b.bytes('0', '9'), int(sa.size()), int(sa.size()));
+    const uint8_t a0 = uint8_t(sa[0]), b0 = uint8_t(sb[0]);
+    const std::string ra = sa.substr(1), rb = sb.substr(1);
+    if (a0 == b0) return b.seq({b.bytes(a0, a0), same_length(ra, rb)});
+    std::vector<int> alts;
+    alts.push_back(b.seq({b.bytes(a0, a0), same_length(ra, std::string(ra.size(), '9'))}));
+    if (a0 + 1 <= b0 - 1)
+      alts.push_back(b.seq({b.bytes(uint8_t(a0 + 1), uint8_t(b0 - 1)),
+                            b.repeat(b.bytes('0', '9'), int(ra.size()), int(ra.size()))}));
+    alts.push_back(b.seq({b.bytes(b0, b0), same_length(std::string(rb.size(), '0'), rb)}));
+    return b.alt(std::move(alts));
+  }
+
+  // A bound of `key` as a double, checked; nullopt when absent.
+  std::optional<double> bound(const json& s, const char* key, const std::string& ptr) {
+    if (!s.contains(key)) return std::nullopt;
+    if (!s[key].is_number()) unsupported(key, ptr + "/" + key, "a non-numeric bound");
+    const double v = s[key].get<double>();
+    if (!(std::abs(v) <= double(kMaxBound)))
+      unsupported(key, ptr + "/" + key, fmt::format("bounds beyond ±{}", kMaxBound));
+    return v;
+  }
+
+  int integer_schema(const json& s, const std::string& ptr) {
+    int64_t lo = -(kMaxBound * 10 - 1), hi = kMaxBound * 10 - 1;  // 16 digits, as integer()
+    bool bounded = false;
+    if (auto v = bound(s, "minimum", ptr))
+      lo = std::max(lo, int64_t(std::ceil(*v))), bounded = true;
+    if (auto v = bound(s, "exclusiveMinimum", ptr))
+      lo = std::max(lo, int64_t(std::floor(*v)) + 1), bounded = true;
+    if (auto v = bound(s, "maximum", ptr))
+      hi = std::min(hi, int64_t(std::floor(*v))), bounded = true;
+    if (auto v = bound(s, "exclusiveMaximum", ptr))
+      hi = std::min(hi, int64_t(std::ceil(*v)) - 1), bounded = true;
+    if (!bounded) return integer();
+    if (lo > hi) return b.nothing();
+    std::vector<int> alts;
+    if (lo < 0) {  // '-' then the magnitudes in [max(1, -hi), -lo]
+      const uint64_t mag_lo = hi < 0 ? uint64_t(-hi) : 1, mag_hi = uint64_t(-lo);
+      alts.push_back(b.seq({b.lit("-"), digits_range(mag_lo, mag_hi)}));
+    }
+    if (hi >= 0) alts.push_back(digits_range(uint64_t(std::max<int64_t>(lo, 0)), uint64_t(hi)));
+    return b.alt(std::move(alts));
+  }
+
+  int number_schema(const json& s, const std::string& ptr) {
+    for (const char* k : {"maximum", "exclusiveMinimum", "exclusiveMaximum"})
+      if (s.contains(k)) unsupported(k, ptr + "/" + k, "for numbers that are not integers");
+    if (auto v = bound(s, "minimum", ptr)) {
+      if (*v != 0) unsupported("minimum", ptr + "/minimum", "for numbers, only 0");
+      const int frac = b.seq({b.lit("."), b.repeat(b.bytes('0', '9'), 1, 16)});
+      const int exp =
+          b.seq({b.alt({b.lit("e"), b.lit("E")}), b.opt(b.alt({b.lit("+"), b.lit("-")})),
+                 b.repeat(b.bytes('0', '9'), 1, 3)});
+      return b.seq(
+          {b.alt({b.lit("0"), b.seq({b.bytes('1', '9'), b.repeat(b.bytes('0', '9'), 0, 15)})}),
+           b.opt(frac), b.opt(exp)});
+    }
+    return number();
   }
 
   int object(const json& s, const std::string& ptr, size_t depth) {

@@ -70,6 +70,13 @@ bool validate(const json& v, const json& s, const json& root) {
             (t == "integer" && (v.is_number_integer() || v.is_number_unsigned()));
     if (!ok) return false;
   }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    if (s.contains("minimum") && x < s["minimum"].get<double>()) return false;
+    if (s.contains("maximum") && x > s["maximum"].get<double>()) return false;
+    if (s.contains("exclusiveMinimum") && x <= s["exclusiveMinimum"].get<double>()) return false;
+    if (s.contains("exclusiveMaximum") && x >= s["exclusiveMaximum"].get<double>()) return false;
+  }
   if (v.is_object()) {
     const json props = s.value("properties", json::object());
     for (const json& r : s.value("required", json::array()))
@@ -188,6 +195,9 @@ const std::vector<std::string> kSchemas = {
         "free":{"type":"string","pattern":"\\d"},"m":{"type":"object","additionalProperties":{"type":"integer"}},
         "any":{}},"required":["code","free"]})",
     R"({"type":"array","items":{"type":"object"},"maxItems":3})",
+    R"({"type":"object","properties":{"age":{"type":"integer","minimum":0,"maximum":130},
+        "t":{"type":"integer","exclusiveMinimum":-40.5,"exclusiveMaximum":1000},
+        "p":{"type":"number","minimum":0},"n":{"type":"integer","maximum":-7}},"required":["age","t","p","n"]})",
 };
 
 // --- tests
@@ -326,8 +336,7 @@ TEST(ConstrainSchema, PropertiesInSchemaOrderAndOptionalSkipped) {
 
 TEST(ConstrainSchema, ManyOptionalProperties) {
   json schema = {{"type", "object"}};
-  for (int i = 0; i < 60; ++i)
-    schema["properties"][fmt::format("p{}", i)] = {{"type", "integer"}};
+  for (int i = 0; i < 60; ++i) schema["properties"][fmt::format("p{}", i)] = {{"type", "integer"}};
   const auto g = compile_json_schema(schema);
   for (const char* ok :
        {"{}", R"({"p5":1})", R"({"p0":1,"p5":2,"p59":3})", R"({ "p58": 1, "p59": 2 })"}) {
@@ -342,6 +351,34 @@ TEST(ConstrainSchema, ManyOptionalProperties) {
   json wide = {{"type", "object"}};
   for (int i = 0; i < 300; ++i) wide["properties"][fmt::format("p{}", i)] = true;
   EXPECT_THAT(error_of([&] { compile_json_schema(wide); }), HasSubstr("more than 256 properties"));
+}
+
+TEST(ConstrainSchema, IntegerRangesAreExact) {
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {
+      {0, 130}, {-123, 4567}, {7, 7}, {-50, -3}, {95, 1005}, {1, 100000}, {-1, 0}};
+  for (auto [lo, hi] : ranges) {
+    json schema = {{"type", "integer"}, {"minimum", lo}, {"maximum", hi}};
+    const auto g = compile_json_schema(schema);
+    for (int64_t x = lo - 1000; x <= hi + 1000; x += (hi - lo > 5000 ? 37 : 1)) {
+      Matcher m(g, vocab());
+      const bool ours = m.advance_bytes(std::to_string(x)) && m.can_end();
+      ASSERT_EQ(ours, x >= lo && x <= hi) << x << " in [" << lo << ", " << hi << "]";
+    }
+    for (const char* bad : {"00", "-0", "01", "+1", "1.0"}) {
+      Matcher m(g, vocab());
+      EXPECT_FALSE(m.advance_bytes(bad) && m.can_end()) << bad;
+    }
+  }
+  // Only one side bounded.
+  Matcher m(compile_json_schema(json::parse(R"({"type":"integer","minimum":10})")), vocab());
+  EXPECT_FALSE(m.advance_bytes("-"));
+  EXPECT_TRUE(m.advance_bytes("999999999999") && m.can_end());
+  EXPECT_THAT(
+      error_of([&] { compile_json_schema(json::parse(R"({"type":"number","maximum":1.5})")); }),
+      HasSubstr("'maximum' at #/maximum"));
+  EXPECT_THAT(
+      error_of([&] { compile_json_schema(json::parse(R"({"type":"integer","minimum":1e300})")); }),
+      HasSubstr("'minimum'"));
 }
 
 TEST(ConstrainSchema, KnownDocumentsTokenByToken) {
@@ -444,7 +481,7 @@ TEST(ConstrainSchema, RefusedTokenLeavesStateUnchanged) {
 
 TEST(ConstrainSchema, UnsupportedConstructsAreNamed) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"({"type":"integer","minimum":0})", "'minimum' at #/minimum"},
+      {R"({"type":"integer","multipleOf":2})", "'multipleOf' at #/multipleOf"},
       {R"({"type":"object","properties":{"a":{"type":"string","format":"email"}}})",
        "'format' at #/properties/a/format"},
       {R"({"type":"array","prefixItems":[{"type":"string"}]})", "'prefixItems' at #/prefixItems"},
