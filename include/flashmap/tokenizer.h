@@ -48,6 +48,11 @@ class Tokenizer {
   size_t vocab_size() const;
   // True for added tokens marked "special" (the ones skip_special_tokens drops).
   bool is_special(int32_t id) const;
+  // True for every added token (special or not, e.g. Qwen3's "<think>").
+  bool is_added(int32_t id) const;
+  // The raw bytes the ByteLevel decoder gives for `id` alone (no UTF-8 repair; a token may hold
+  // part of a character); nullopt for an id that names no token.
+  std::optional<std::string_view> token_bytes(int32_t id) const;
 
   // Streaming detokenizer: push ids one at a time and get back the text they complete. Never
   // returns part of a UTF-8 character; the concatenation of every push and the final flush equals

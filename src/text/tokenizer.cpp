@@ -1148,6 +1148,19 @@ bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->special.size() && impl_->special[id];
 }
 
+bool Tokenizer::is_added(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= impl_->assigned.size() || !impl_->assigned[id])
+    return false;
+  auto it = impl_->added_vocab.find(impl_->token_text[id]);
+  return it != impl_->added_vocab.end() && it->second == id;
+}
+
+std::optional<std::string_view> Tokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= impl_->assigned.size() || !impl_->assigned[id])
+    return std::nullopt;
+  return impl_->decoded(id);
+}
+
 Tokenizer::StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
     : impl_(tokenizer.impl_), skip_special_(skip_special_tokens) {}
 
