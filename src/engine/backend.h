@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "io/hf_config.h"
+#include "specdec/controls.h"
 #include "specdec/sampling.h"
 
 namespace flashmap::engine {
@@ -37,6 +38,7 @@ struct SeqStep {
   int64_t position = 0;
   int room = 0;  // drafts verified this round (0: the anchor alone)
   SeqSampler* sampler = nullptr;
+  ControlState* controls = nullptr;  // the sequence's logit controls (a constraint masks drafts)
 };
 
 // A round's outcome for one sequence, on the host: `accepted` drafts then the target's token.

@@ -166,7 +166,8 @@ void CpuBackend::propose(std::span<const SeqStep> steps) {
   for (const SeqStep& st : steps) {
     CpuSlot& s = cpu(*st.slot);
     FLASHMAP_ASSERT(s.draft);
-    batch.push_back({s.draft.get(), s.anchor, st.position + 1, st.sampler, &s.proposal});
+    batch.push_back(
+        {s.draft.get(), s.anchor, st.position + 1, st.sampler, &s.proposal, st.controls});
   }
   proposer_->propose(batch);
 }

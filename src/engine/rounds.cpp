@@ -74,6 +74,9 @@ void RoundLoop::validate(const SequenceParams& p) const {
     FLASHMAP_CHECK(s >= 0 && s < V, "stop token {} is outside the vocabulary [0, {})", s, V);
   p.sampling.validate();
   p.controls.validate(V);
+  FLASHMAP_CHECK(!p.controls.constraint || !p.stop_ids.empty(),
+                 "structured output needs a stop token to end the output (the model's eos ids, or "
+                 "stop_token_ids; not ignore_eos alone)");
   FLASHMAP_CHECK(p.logprobs >= -1 && p.logprobs <= kMaxTopLogprobs,
                  "top_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, p.logprobs);
   const int64_t need = int64_t(p.prompt.size()) + p.max_tokens;
@@ -135,7 +138,7 @@ void RoundLoop::admit(std::span<Sequence* const> fresh) {
   for (Sequence* s : fresh) {
     s->length = int64_t(s->params.prompt.size());
     // The first token is drawn at the prompt's length: the "anchor" is the last prompt token.
-    steps.push_back({s->slot.get(), s->length - 1, 0, &s->sampler});
+    steps.push_back({s->slot.get(), s->length - 1, 0, &s->sampler, &s->controls});
   }
   std::vector<std::vector<float>> raw(fresh.size());
   for (size_t i = 0; i < fresh.size(); ++i) raw[i] = control(*fresh[i], 1);
@@ -174,7 +177,7 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
                   ? block_room(K, s->length, max_context_,
                                int64_t(s->params.max_tokens) - int64_t(s->generated))
                   : 0;
-    steps.push_back({s->slot.get(), s->length, s->room, &s->sampler});
+    steps.push_back({s->slot.get(), s->length, s->room, &s->sampler, &s->controls});
     if (s->room > 0) drafts.push_back(steps.back());
   }
   if (!drafts.empty()) backend_.propose(drafts);

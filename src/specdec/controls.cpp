@@ -9,7 +9,7 @@ namespace flashmap {
 
 bool LogitControls::active() const {
   return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f ||
-         !logit_bias.empty() || min_tokens > 0;
+         !logit_bias.empty() || min_tokens > 0 || bool(constraint);
 }
 
 void LogitControls::validate(int64_t vocab) const {
@@ -39,6 +39,10 @@ ControlState::ControlState(const LogitControls& controls, std::span<const int32_
       stop_ids_(stop_ids.begin(), stop_ids.end()),
       vocab_(vocab) {
   if (!active_) return;
+  if (controls.constraint) {
+    constraint_ = controls.constraint();
+    mask_.assign(size_t((vocab + 31) / 32), 0);
+  }
   output_count_.assign(size_t(vocab), 0);
   seen_.assign(size_t(vocab), 0);
   for (int32_t t : prompt)
@@ -71,8 +75,48 @@ void ControlState::apply_row(float* row) const {
   }
 }
 
+void ControlState::constrain_row(float* row) {
+  constraint_->fill_mask(mask_);
+  bool any = false;
+  for (uint32_t w : mask_) any = any || w != 0;
+  // Nothing may follow and the text is not complete (a nesting limit was reached): the stop ids
+  // end the output rather than leave a row with nothing to draw.
+  const bool end = constraint_->can_end() || !any;
+  std::vector<float> stops;
+  for (int32_t s : stop_ids_) stops.push_back(row[s]);
+  for (int64_t v = 0; v < vocab_; ++v)
+    if (!(mask_[size_t(v >> 5)] >> (v & 31) & 1u)) row[v] = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < stop_ids_.size(); ++i)
+    row[stop_ids_[i]] = end ? stops[i] : -std::numeric_limits<float>::infinity();
+}
+
+void ControlState::mask_drafts(float* rows, int n,
+                               const std::function<int32_t(int, const float*)>& pick) {
+  const size_t start = constraint_->checkpoint();
+  bool alive = true;
+  for (int k = 0; k < n; ++k) {
+    float* row = rows + int64_t(k) * vocab_;
+    // After a draft the constraint refuses (a stop id), the rest of the block is never
+    // accepted: those rows stay as the drafter made them.
+    if (alive) constrain_row(row);
+    const int32_t t = pick(k, row);
+    alive = alive && constraint_->advance(t);
+  }
+  constraint_->rollback(start);
+}
+
 void ControlState::apply(float* rows, std::span<const int32_t> drafts) {
   if (!active_) return;
+  if (constraint_) {
+    // Row k: the constraint after drafts[0..k). A draft it refuses is rejected (its target
+    // probability is 0 once masked), so the rows after it are never read.
+    const size_t start = constraint_->checkpoint();
+    for (size_t k = 0; k <= drafts.size(); ++k) {
+      constrain_row(rows + int64_t(k) * vocab_);
+      if (k == drafts.size() || !constraint_->advance(drafts[k])) break;
+    }
+    constraint_->rollback(start);
+  }
   // Row k sees drafts[0..k) as generated: counted in, then taken out again (touched_ keeps the
   // ids they added; a stale entry with a zero count and no prompt occurrence is removed).
   const size_t touched_before = touched_.size();
@@ -91,6 +135,9 @@ void ControlState::apply(float* rows, std::span<const int32_t> drafts) {
 
 void ControlState::commit(std::span<const int32_t> tokens) {
   if (!active_) return;
+  // Stop ids end the output: the constraint does not take them.
+  if (constraint_)
+    for (int32_t t : tokens) constraint_->advance(t);
   for (int32_t t : tokens) add(t, 1);
   generated_ += int64_t(tokens.size());
 }

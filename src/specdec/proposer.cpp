@@ -1,5 +1,7 @@
 #include "specdec/proposer.h"
 
+#include <functional>
+
 #include "core/check.h"
 
 namespace flashmap {
@@ -56,32 +58,42 @@ void FlashMapProposer::propose(std::span<const Seq> batch) const {
                     {FlashMapModel::Noise::Draw, nullptr, &s.sampler->rng}});
   std::vector<float> logits(batch.size() * size_t(K * V));
   model_.draft(reqs, steps_, logits.data());
-  // Given the noise, the block's tokens are independent draws from softmax(logits), one per slot.
+  // Given the noise, the block's tokens are independent draws from softmax(logits), one per slot
+  // (in order, so that a constraint can mask each slot after the drafts before it).
   for (size_t b = 0; b < batch.size(); ++b) {
     const auto& s = batch[b];
     Proposal& out = *s.out;
     out.tokens.resize(size_t(K));
-    const float* lg = logits.data() + int64_t(b) * K * V;
+    float* lg = logits.data() + int64_t(b) * K * V;
     const SeqSampler& sp = *s.sampler;
+    std::vector<float> q;
+    std::function<int32_t(int, const float*)> pick;
     if (sp.params.greedy()) {
       out.probs.clear();
-      for (int64_t k = 0; k < K; ++k) out.tokens[size_t(k)] = argmax(lg + k * V, V);
+      pick = [&](int, const float* row) { return argmax(row, V); };
     } else if (sp.keyed()) {
       // The same keyed noise the target's draws at these positions use: the coupling that
       // makes a draft equal to the target's token as often as q and p agree.
       out.probs.clear();
-      std::vector<float> q(static_cast<size_t>(V));
-      for (int64_t k = 0; k < K; ++k) {
-        filtered_probs(lg + k * V, V, sp.params, q.data());
-        out.tokens[size_t(k)] = sample_keyed(q, sp.seed, s.position + k);
-      }
+      q.resize(size_t(V));
+      pick = [&](int k, const float* row) {
+        filtered_probs(row, V, sp.params, q.data());
+        return sample_keyed(q, sp.seed, s.position + k);
+      };
     } else {
       out.probs.resize(size_t(K * V));
-      for (int64_t k = 0; k < K; ++k) {
-        float* q = out.probs.data() + k * V;
-        filtered_probs(lg + k * V, V, sp.params, q);
-        out.tokens[size_t(k)] = sample({q, size_t(V)}, s.sampler->rng);
-      }
+      pick = [&](int k, const float* row) {
+        float* qk = out.probs.data() + int64_t(k) * V;
+        filtered_probs(row, V, sp.params, qk);
+        return sample({qk, size_t(V)}, s.sampler->rng);
+      };
+    }
+    if (s.controls && s.controls->constrained()) {
+      s.controls->mask_drafts(lg, int(K), [&](int k, const float* row) {
+        return out.tokens[size_t(k)] = pick(k, row);
+      });
+    } else {
+      for (int64_t k = 0; k < K; ++k) out.tokens[size_t(k)] = pick(int(k), lg + k * V);
     }
   }
 }

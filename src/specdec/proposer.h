@@ -10,6 +10,7 @@
 
 #include "core/rng.h"
 #include "models/flashmap.h"
+#include "specdec/controls.h"
 #include "specdec/sampling.h"
 
 namespace flashmap {
@@ -41,6 +42,7 @@ class BlockProposer {
     int64_t position;     // the sequence position of the block's first slot (the anchor's + 1)
     SeqSampler* sampler;  // how the sequence samples: params, seed, noise generator
     Proposal* out;
+    ControlState* controls = nullptr;  // a constraint masks the drafter's rows too
   };
   virtual void propose(std::span<const Seq> batch) const = 0;
   // The prefix cache (engine/prefix_cache.h): a new state holding the first `length` committed

@@ -9,8 +9,12 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
+#include <regex>
 #include <set>
 
+#include "constrain/constrain.h"
+#include "constrain/token_constraint.h"
 #include "core/check.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
@@ -316,4 +320,192 @@ TEST(Controls, OutOfRangeValuesNameTheField) {
   o = {};
   o.logprobs = 21;
   EXPECT_THAT(err(o), HasSubstr("top_logprobs must be in [0, 20]"));
+}
+
+// ---- Structured output: a grammar's mask in the round loop ----
+
+namespace {
+// Token i of a vocabulary of V spells i in base 4 over "abcd" (1 to 5 letters); the last id has
+// no bytes (the stop token: a grammar never allows it, the loop does where it can end).
+std::shared_ptr<const constrain::Vocabulary> letters(int64_t V) {
+  std::vector<std::string> t(static_cast<size_t>(V));
+  for (int64_t i = 0; i + 1 < V; ++i) {
+    int64_t x = i;
+    std::string s;
+    do {
+      s += char('a' + x % 4);
+      x /= 4;
+    } while (x > 0 && s.size() < 5);
+    t[size_t(i)] = s;
+  }
+  return constrain::Vocabulary::from_bytes(std::move(t));
+}
+
+// The masked row a constrained target-alone decoder uses after `output`: a fresh Matcher
+// advanced through the output (not the loop's checkpoint and rollback), −inf where it refuses,
+// the stop id only where it can end.
+std::vector<double> masked(const float* logits, int64_t V,
+                           const std::shared_ptr<const constrain::Grammar>& g,
+                           const std::shared_ptr<const constrain::Vocabulary>& vocab,
+                           const std::vector<int32_t>& output, int32_t stop) {
+  constrain::Matcher m(g, vocab);
+  for (int32_t t : output) EXPECT_TRUE(m.advance(t));
+  std::vector<double> x(logits, logits + V);
+  for (int64_t v = 0; v < V; ++v)
+    if (v == stop ? !m.can_end() : !m.is_allowed(int32_t(v)))
+      x[size_t(v)] = -std::numeric_limits<double>::infinity();
+  return x;
+}
+}  // namespace
+
+// Greedy: the constrained round loop with drafters of every acceptance pattern gives the
+// constrained target-alone tokens, and the text is in the regex's language.
+TEST(Constrained, GreedyEqualsConstrainedTargetAlone) {
+  Qwen3Model target(kA + "/target");
+  FlashMapModel model(kA + "/draft", target);
+  const int64_t V = target.config().vocab_size;
+  const auto vocab = letters(V);
+  const std::string pattern = "(ab|c)+d[abc]{3,12}(dd|cb)";
+  const auto g = constrain::compile_regex(pattern);
+  const int32_t stop = int32_t(V - 1);
+  std::vector<int32_t> want;
+  while (want.size() < 40) {
+    auto prefix = kPrompt;
+    prefix.insert(prefix.end(), want.begin(), want.end());
+    const auto row = masked(next_logits(target, prefix).data(), V, g, vocab, want, stop);
+    const auto t = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    want.push_back(t);
+    if (t == stop) break;
+  }
+  std::string text;
+  for (int32_t t : want)
+    if (t != stop) text += vocab->bytes(t);
+  ASSERT_EQ(want.back(), stop) << "the regex's text ends within 40 tokens";
+  EXPECT_TRUE(std::regex_match(text, std::regex(pattern))) << text;
+  GenerateOptions o;
+  o.max_new_tokens = 40;
+  o.stop_ids = {stop};
+  o.controls.constraint = constrain::constraint_factory(g, vocab);
+  FlashMapProposer one(model, 1), two(model, 2);
+  ScriptedProposer right(8, V, want, 8), half(8, V, want, 3);
+  EXPECT_EQ(generate(target, nullptr, kPrompt, o).ids, want);
+  for (const BlockProposer* d :
+       {static_cast<const BlockProposer*>(&one), static_cast<const BlockProposer*>(&two),
+        static_cast<const BlockProposer*>(&right), static_cast<const BlockProposer*>(&half)})
+    EXPECT_EQ(generate(target, d, kPrompt, o).ids, want);
+  EXPECT_GE(generate(target, &right, kPrompt, o).acceptance_length(), 4.0);
+  // A request that could never end is refused.
+  o.stop_ids.clear();
+  EXPECT_THROW(generate(target, nullptr, kPrompt, o), Error);
+}
+
+// T > 0: the joint law of the first three tokens under a grammar (and a penalty with it) equals
+// the constrained target's, for rejection sampling and keyed draws, with the drafter's rows
+// masked too.
+TEST(Constrained, SpeculativeSamplingMatchesConstrainedTarget) {
+  const auto pair = flashmap::testing::write_random_pair("tiny-v8-grammar", 8, 8, 2, 4, 79);
+  Qwen3Model target(pair.target);
+  FlashMapModel model(pair.draft, target);
+  FlashMapProposer d(model, 1);
+  const int64_t V = 8;
+  const int32_t stop = 7;
+  std::vector<std::string> spell = {"a", "b", "c", "ab", "ba", "cc", "d", ""};
+  const auto vocab = constrain::Vocabulary::from_bytes(spell);
+  const auto g = constrain::compile_regex("(a|b)+c?(ab|d)*");
+  const std::vector<int32_t> prompt = {1, 5, 2};
+  LogitControls c;
+  c.presence_penalty = 0.4f;
+  c.constraint = constrain::constraint_factory(g, vocab);
+  auto probs = [&](const std::vector<int32_t>& output) {
+    auto prefix = prompt;
+    prefix.insert(prefix.end(), output.begin(), output.end());
+    const auto lg = next_logits(target, prefix);
+    auto x = masked(lg.data(), V, g, vocab, output, stop);
+    std::set<int32_t> seen(output.begin(), output.end());
+    for (int32_t t : seen) x[size_t(t)] -= c.presence_penalty;
+    std::vector<double> p(x.size());
+    const double mx = *std::max_element(x.begin(), x.end());
+    double sum = 0;
+    for (size_t i = 0; i < x.size(); ++i) sum += p[i] = std::exp(x[i] - mx);
+    for (auto& v : p) v /= sum;
+    return p;
+  };
+  const int64_t W = V + 1;  // a third "token" for runs that stopped at their second
+  auto cell = [&](int32_t t1, int32_t t2, int32_t t3) { return size_t((t1 * V + t2) * W + t3); };
+  std::vector<double> exact(size_t(V * V * W), 0.0);
+  const auto p1 = probs({});
+  for (int32_t t1 = 0; t1 < V; ++t1) {
+    if (p1[size_t(t1)] == 0 || t1 == stop) continue;
+    const auto p2 = probs({t1});
+    for (int32_t t2 = 0; t2 < V; ++t2) {
+      if (p2[size_t(t2)] == 0) continue;
+      if (t2 == stop) {
+        exact[cell(t1, t2, int32_t(V))] = p1[size_t(t1)] * p2[size_t(t2)];
+        continue;
+      }
+      const auto p3 = probs({t1, t2});
+      for (int32_t t3 = 0; t3 < V; ++t3)
+        exact[cell(t1, t2, t3)] = p1[size_t(t1)] * p2[size_t(t2)] * p3[size_t(t3)];
+    }
+  }
+  EXPECT_EQ(p1[size_t(stop)], 0.0);  // the empty text is not in the language
+  for (bool seeded : {false, true}) {
+    std::vector<double> counts(exact.size(), 0.0);
+    GenerateOptions o;
+    o.max_new_tokens = 4;
+    o.sampling = {1.0f, 0, 1.0f, 0.0f};
+    o.seeded = seeded;
+    o.controls = c;
+    o.stop_ids = {stop};
+    const int n = 40000;
+    double first_accepted = 0;
+    for (int i = 0; i < n; ++i) {
+      o.seed = uint64_t(i) * 7919 + 3;
+      const auto r = generate(target, &d, prompt, o);
+      ASSERT_GE(r.ids.size(), 2u);
+      counts[cell(r.ids[0], r.ids[1], r.ids.size() > 2 ? r.ids[2] : int32_t(V))] += 1;
+      first_accepted += r.accepted_at[0] > 0;
+    }
+    const auto chi = flashmap::testing::chi_square(counts, exact);
+    EXPECT_TRUE(chi.pass()) << "seeded=" << seeded << " chi2 " << chi.statistic << " > "
+                            << chi.critical << " " << chi.impossible;
+    EXPECT_GT(first_accepted, n * 0.05) << "seeded=" << seeded;
+  }
+}
+
+// The drafter's proposals follow the grammar too: every block is a chain the constraint accepts
+// up to its first stop id, whatever the noise.
+TEST(Constrained, DraftsFollowTheGrammar) {
+  Qwen3Model target(kA + "/target");
+  FlashMapModel model(kA + "/draft", target);
+  FlashMapProposer d(model, 1);
+  const int64_t V = target.config().vocab_size;
+  const auto vocab = letters(V);
+  const auto g = constrain::compile_regex("[ab]+(cd)*[abcd]{2,30}");
+  LogitControls c;
+  c.constraint = constrain::constraint_factory(g, vocab);
+  const std::vector<int32_t> stops = {int32_t(V - 1)};
+  ControlState controls(c, kPrompt, stops, V);
+  auto state = d.begin();
+  Qwen3Model::Output out;
+  KVCache cache = target.new_cache();
+  Qwen3Model::SeqInput seq{&cache, kPrompt};
+  target.forward({&seq, 1}, Qwen3Model::Logits::Last, d.target_layer_ids(), out);
+  d.commit(*state, out.features.data(), int64_t(kPrompt.size()), kPrompt);
+  for (float T : {0.0f, 1.5f}) {
+    SeqSampler sampler({T, 0, 1.0f, 0.0f}, 11, false);
+    Proposal p;
+    for (int i = 0; i < 20; ++i) {
+      BlockProposer::Seq s{state.get(), 5, int64_t(kPrompt.size()) + 1, &sampler, &p, &controls};
+      d.propose({&s, 1});
+      constrain::Matcher m(g, vocab);
+      for (int32_t t : p.tokens) {
+        if (t == V - 1) {
+          EXPECT_TRUE(m.can_end());
+          break;
+        }
+        ASSERT_TRUE(m.advance(t)) << "T=" << T << " draft " << i;
+      }
+    }
+  }
 }

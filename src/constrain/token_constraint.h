@@ -1,0 +1,16 @@
+// The round loop's view of a grammar (specdec/controls.h: TokenConstraint): a Matcher per
+// sequence, made by the factory that a request's LogitControls::constraint holds.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "constrain/constrain.h"
+#include "specdec/controls.h"
+
+namespace flashmap::constrain {
+
+std::function<std::unique_ptr<TokenConstraint>()> constraint_factory(
+    std::shared_ptr<const Grammar> grammar, std::shared_ptr<const Vocabulary> vocab);
+
+}  // namespace flashmap::constrain
