@@ -396,6 +396,98 @@ void parse_choices(const json& body, bool chat, GenerationRequest& r) {
   }
 }
 
+// A regex matching exactly one of `choices` (guided_choice): each escaped, alternated.
+std::string choice_regex(const json& choices, const std::string& param) {
+  if (!choices.is_array() || choices.empty())
+    bad(param, fmt::format("'{}' must be a non-empty array of strings", param), "invalid_type");
+  if (choices.size() > 256) bad(param, fmt::format("'{}' holds at most 256 choices", param));
+  std::string re;
+  for (const auto& c : choices) {
+    if (!c.is_string())
+      bad(param, fmt::format("'{}' must be a non-empty array of strings", param), "invalid_type");
+    if (!re.empty()) re += '|';
+    re += '(';
+    for (char ch : c.get<std::string>()) {
+      if (std::string_view("\\^$.|?*+()[]{}").find(ch) != std::string_view::npos) re += '\\';
+      re += ch;
+    }
+    re += ')';
+  }
+  return re;
+}
+
+// response_format (OpenAI), guided_json / guided_regex / guided_choice and structured_outputs
+// (vLLM): at most one of them.
+void parse_structure(const json& body, GenerationRequest& r) {
+  using S = GenerationRequest::Structure;
+  auto set = [&](S kind, const std::string& param) {
+    if (r.structure != S::None)
+      bad(param, fmt::format("'{}' and '{}' both ask for structured output: give one",
+                             r.structure_param, param));
+    r.structure = kind;
+    r.structure_param = param;
+  };
+  auto schema_at = [&](const json& v, std::vector<std::string> path, const std::string& param) {
+    if (!v.is_object())
+      bad(param, fmt::format("'{}' must be a JSON schema (an object)", param), "invalid_type");
+    set(S::JsonSchema, param);
+    r.schema_path = std::move(path);
+  };
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object())
+      bad("response_format", "'response_format' must be an object", "invalid_type");
+    const json* type = field(*rf, "type");
+    if (!type || !type->is_string())
+      bad("response_format", "'response_format.type' must be a string", "invalid_type");
+    const std::string t = type->get<std::string>();
+    if (t == "json_object") {
+      set(S::JsonObject, "response_format");
+    } else if (t == "json_schema") {
+      const json* js = field(*rf, "json_schema");
+      if (!js || !js->is_object())
+        bad("response_format", "'response_format.json_schema' must be an object", "invalid_type");
+      const json* schema = field(*js, "schema");
+      if (!schema)
+        bad("response_format", "'response_format.json_schema.schema' is required",
+            "missing_required_parameter");
+      schema_at(*schema, {"response_format", "json_schema", "schema"}, "response_format");
+    } else if (t != "text") {
+      bad("response_format",
+          fmt::format("'response_format.type' must be text, json_object or json_schema, got '{}'",
+                      t.substr(0, 40)));
+    }
+  }
+  if (const json* g = field(body, "guided_json")) schema_at(*g, {"guided_json"}, "guided_json");
+  if (const json* g = field(body, "guided_regex")) {
+    if (!g->is_string()) bad("guided_regex", "'guided_regex' must be a string", "invalid_type");
+    set(S::Regex, "guided_regex");
+    r.regex = g->get<std::string>();
+  }
+  if (const json* g = field(body, "guided_choice")) {
+    set(S::Regex, "guided_choice");
+    r.regex = choice_regex(*g, "guided_choice");
+  }
+  if (const json* so = field(body, "structured_outputs")) {
+    if (!so->is_object())
+      bad("structured_outputs", "'structured_outputs' must be an object", "invalid_type");
+    const size_t before = r.structure == S::None ? 0 : 1;
+    if (const json* j = field(*so, "json"))
+      schema_at(*j, {"structured_outputs", "json"}, "structured_outputs");
+    if (const json* x = field(*so, "regex")) {
+      if (!x->is_string())
+        bad("structured_outputs", "'structured_outputs.regex' must be a string", "invalid_type");
+      set(S::Regex, "structured_outputs");
+      r.regex = x->get<std::string>();
+    }
+    if (const json* c = field(*so, "choice")) {
+      set(S::Regex, "structured_outputs");
+      r.regex = choice_regex(*c, "structured_outputs");
+    }
+    if (before == 0 && r.structure == S::None)
+      bad("structured_outputs", "'structured_outputs' needs one of json, regex or choice");
+  }
+}
+
 }  // namespace
 
 GenerationRequest parse_generation_request(const json& body, bool chat,
@@ -494,6 +586,7 @@ GenerationRequest parse_generation_request(const json& body, bool chat,
   r.speculative = get_bool(body, "speculative").value_or(true);
   parse_controls(body, r);
   parse_choices(body, chat, r);
+  parse_structure(body, r);
   return r;
 }
 
@@ -522,7 +615,12 @@ const std::vector<std::string_view>& known_fields(Endpoint e) {
                                                        "min_tokens",
                                                        "ignore_eos",
                                                        "logprobs",
-                                                       "n"};
+                                                       "n",
+                                                       "response_format",
+                                                       "guided_json",
+                                                       "guided_regex",
+                                                       "guided_choice",
+                                                       "structured_outputs"};
   static const std::vector<std::string_view> completions = [] {
     auto v = common;
     v.insert(v.end(), {"prompt", "echo", "best_of"});
@@ -567,12 +665,7 @@ const std::vector<Unsupported>& unsupported_fields() {
       {"prompt_logprobs", nullptr, true, true, false},
       {"skip_special_tokens", true, true, true, false},
       {"include_stop_str_in_output", false, true, true, false},
-      {"response_format", {{"type", "text"}}, true, true, false},
-      {"guided_json", nullptr, true, true, false},
-      {"guided_regex", nullptr, true, true, false},
-      {"guided_choice", nullptr, true, true, false},
       {"guided_grammar", nullptr, true, true, false},
-      {"structured_outputs", nullptr, true, true, false},
       {"parallel_tool_calls", true, false, true, false},
       {"continue_final_message", false, false, true, true},
       {"chat_template", nullptr, false, true, true},

@@ -77,6 +77,14 @@ struct GenerationRequest {
   int n = 1;          // choices returned
   int best_of = 1;    // completions: sequences generated, the n with the highest logprob returned
   bool echo = false;  // completions: the prompt's text before the output
+  // Structured output (constrained decoding): response_format json_object / json_schema, or
+  // vLLM's guided_json / guided_regex / guided_choice / structured_outputs. `structure_param`
+  // names the field it came from (for errors); `schema_path` is where the schema sits in the
+  // body (the server re-reads it in key order: nlohmann::json sorts an object's keys).
+  enum class Structure { None, JsonObject, JsonSchema, Regex } structure = Structure::None;
+  std::string structure_param;
+  std::vector<std::string> schema_path;
+  std::string regex;
 };
 // Most choices (n, best_of) one request may ask for.
 inline constexpr int kMaxChoices = 16;

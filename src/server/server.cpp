@@ -11,6 +11,7 @@
 #include <span>
 #include <thread>
 
+#include "constrain/token_constraint.h"
 #include "server/api.h"
 #include "server/http_front.h"
 #include "server/metrics.h"
@@ -248,7 +249,34 @@ struct Server::Impl {
   void detokenize(const httplib::Request& hreq, httplib::Response& res);
   void generation(const httplib::Request& hreq, httplib::Response& res, bool chat);
   // `opens_think`: set to whether a chat prompt ends inside an open think block.
-  RequestParams build(const GenerationRequest& g, bool& opens_think);
+  RequestParams build(const GenerationRequest& g, const std::string& body, bool& opens_think);
+  // The request's structured-output constraint, compiled (a 400 naming the field for what the
+  // compiler does not support). `body`: the request's text, for the schema in its key order.
+  std::function<std::unique_ptr<TokenConstraint>()> constraint(const GenerationRequest& g,
+                                                               const std::string& body) const {
+    if (!text)
+      throw ApiError(400, "structured output needs a tokenizer: start the server with --tokenizer",
+                     g.structure_param, "tokenizer_required");
+    std::shared_ptr<const constrain::Grammar> grammar;
+    try {
+      using S = GenerationRequest::Structure;
+      if (g.structure == S::JsonObject) {
+        grammar = constrain::compile_json_object();
+      } else if (g.structure == S::JsonSchema) {
+        const auto ordered = nlohmann::ordered_json::parse(body);
+        const nlohmann::ordered_json* node = &ordered;
+        for (const auto& k : g.schema_path) node = &node->at(k);
+        grammar = constrain::compile_json_schema(*node);
+      } else {
+        grammar = constrain::compile_regex(g.regex);
+      }
+    } catch (const Error& e) {
+      throw ApiError(400, fmt::format("{}: {}", g.structure_param, e.what()), g.structure_param,
+                     "unsupported_structure");
+    }
+    const auto vocab = text->vocabulary(size_t(sched.target_config().vocab_size));
+    return constrain::constraint_factory(std::move(grammar), vocab);
+  }
   // A token as logprobs show it: its text (special tokens included; without a tokenizer,
   // "token_id:N" as vLLM writes it).
   std::string token_text(int32_t id) const {
@@ -300,7 +328,8 @@ struct Server::Impl {
   }
 };
 
-RequestParams Server::Impl::build(const GenerationRequest& g, bool& opens_think) {
+RequestParams Server::Impl::build(const GenerationRequest& g, const std::string& body,
+                                  bool& opens_think) {
   RequestParams p;
   if (g.chat) {
     if (!text)
@@ -355,6 +384,8 @@ RequestParams Server::Impl::build(const GenerationRequest& g, bool& opens_think)
                                  tok, vocab - 1),
                      "logit_bias");
   p.controls.repetition_penalty = g.repetition_penalty.value_or(opt.default_repetition_penalty);
+  if (g.structure != GenerationRequest::Structure::None)
+    p.controls.constraint = constraint(g, body);
   // best_of ranks its sequences by their summed logprobs: it needs them even when not returned.
   p.logprobs = g.logprobs >= 0 ? g.logprobs : (g.best_of > g.n ? 0 : -1);
   return p;
@@ -379,7 +410,7 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     const json body = parse_body(hreq.body);
     g = parse_generation_request(body, chat, opt.model_name);
     check_unknown(body, chat ? Endpoint::Chat : Endpoint::Completions, path);
-    const RequestParams params = build(g, opens_think);
+    const RequestParams params = build(g, hreq.body, opens_think);
     if (g.best_of > sched.options().max_running)
       throw ApiError(
           400,
@@ -444,12 +475,12 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     const double ttft = em.empty() ? 0 : ms_between(r.submitted, em.front().first);
     size_t completion = 0;
     for (const auto& c : *choices) completion += c.out.ids.size();
-    log(fmt::format(
-        "{} POST {} {} stream={} n={} prompt={} cached={} completion={} finish={} "
-        "ttft_ms={:.1f} total_ms={:.1f} acceptance={:.2f}",
-        rid, path, status, stream, choices->size(), r.params.prompt.size(), r.cached_tokens(),
-        completion,
-        choices->front().reason, ttft, ms_between(r.submitted, Clock::now()), acceptance_of()));
+    log(
+        fmt::format("{} POST {} {} stream={} n={} prompt={} cached={} completion={} finish={} "
+                    "ttft_ms={:.1f} total_ms={:.1f} acceptance={:.2f}",
+                    rid, path, status, stream, choices->size(), r.params.prompt.size(),
+                    r.cached_tokens(), completion, choices->front().reason, ttft,
+                    ms_between(r.submitted, Clock::now()), acceptance_of()));
   };
 
   if (!g.stream) {

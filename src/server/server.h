@@ -13,6 +13,10 @@
 
 #include "specdec/sampling.h"
 
+namespace flashmap::constrain {
+class Vocabulary;
+}
+
 namespace flashmap::server {
 
 // The text layer the server needs: prompts to ids, chat requests to prompts, ids back to text
@@ -37,6 +41,9 @@ class TextCodec {
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   // Largest id the tokenizer knows + 1: the model must not sample past it (padding rows).
   virtual int64_t vocab_size() const = 0;
+  // Every token's bytes for constrained decoding over a model vocabulary of `model_vocab` ids,
+  // built on first use (~50 ms for Qwen3's) and kept.
+  virtual std::shared_ptr<const constrain::Vocabulary> vocabulary(size_t model_vocab) const = 0;
 };
 
 struct ServerOptions {

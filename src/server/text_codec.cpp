@@ -3,7 +3,9 @@
 #include <flashmap/tokenizer.h>
 
 #include <filesystem>
+#include <mutex>
 
+#include "constrain/constrain.h"
 #include "core/check.h"
 
 // The chat-template engine lands separately from the tokenizer; until it is there, chat requests
@@ -67,9 +69,16 @@ class HfTextCodec : public TextCodec {
   std::unique_ptr<Stream> stream() const override {
     return std::make_unique<HfStream>(tok_);
   }
+  std::shared_ptr<const constrain::Vocabulary> vocabulary(size_t model_vocab) const override {
+    std::call_once(vocab_once_,
+                   [&] { vocab_ = constrain::Vocabulary::from_tokenizer(tok_, model_vocab); });
+    return vocab_;
+  }
 
  private:
   Tokenizer tok_;
+  mutable std::once_flag vocab_once_;
+  mutable std::shared_ptr<const constrain::Vocabulary> vocab_;
 #ifdef FLASHMAP_SERVER_HAS_CHAT
   std::unique_ptr<ChatTemplate> chat_;
 #endif

@@ -209,11 +209,53 @@ TEST(ParseRequest, SamplingControlsAndChoices) {
   EXPECT_EQ(error_of(completion(R"("echo":true,"logprobs":1)"), false), E(400, "echo"));
 }
 
+// response_format and vLLM's guided_* / structured_outputs: the kind, where the schema is, the
+// regex (guided_choice escaped); one at a time; malformed values name the field.
+TEST(ParseRequest, StructuredOutput) {
+  using S = GenerationRequest::Structure;
+  using E = std::pair<int, std::string>;
+  auto parse = [](const std::string& extra) {
+    return parse_generation_request(json::parse(R"({"prompt":"x",)" + extra + "}"), false, "m");
+  };
+  EXPECT_EQ(parse(R"("response_format":{"type":"text"})").structure, S::None);
+  EXPECT_EQ(parse(R"("response_format":{"type":"json_object"})").structure, S::JsonObject);
+  auto r = parse(R"("response_format":{"type":"json_schema","json_schema":{"name":"n",
+                    "schema":{"type":"object"}}})");
+  EXPECT_EQ(r.structure, S::JsonSchema);
+  EXPECT_EQ(r.schema_path, (std::vector<std::string>{"response_format", "json_schema", "schema"}));
+  EXPECT_EQ(parse(R"("guided_json":{"type":"integer"})").schema_path,
+            std::vector<std::string>{"guided_json"});
+  r = parse(R"("guided_regex":"[0-9]+")");
+  EXPECT_EQ(r.structure, S::Regex);
+  EXPECT_EQ(r.regex, "[0-9]+");
+  EXPECT_EQ(parse(R"j("guided_choice":["a.b","c(d)"])j").regex, R"re((a\.b)|(c\(d\)))re");
+  EXPECT_EQ(parse(R"("structured_outputs":{"choice":["x"]})").regex, "(x)");
+  EXPECT_EQ(parse(R"("structured_outputs":{"json":{"type":"object"}})").schema_path,
+            (std::vector<std::string>{"structured_outputs", "json"}));
+  auto completion = [](const std::string& extra) {
+    return json::parse(R"({"prompt":"x",)" + extra + "}");
+  };
+  for (const auto& [extra, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"("response_format":"json")", "response_format"},
+           {R"("response_format":{"type":"yaml"})", "response_format"},
+           {R"("response_format":{"type":"json_schema"})", "response_format"},
+           {R"("response_format":{"type":"json_schema","json_schema":{"name":"n"}})",
+            "response_format"},
+           {R"("guided_json":"{}")", "guided_json"},
+           {R"("guided_regex":5)", "guided_regex"},
+           {R"("guided_choice":[])", "guided_choice"},
+           {R"("guided_choice":[1])", "guided_choice"},
+           {R"("structured_outputs":{})", "structured_outputs"},
+           {R"("response_format":{"type":"json_object"},"guided_regex":"a")", "guided_regex"}}) {
+    SCOPED_TRACE(extra);
+    EXPECT_EQ(error_of(completion(extra), false), E(400, field));
+  }
+}
+
 TEST(UnsupportedFields, RefusedUnlessTheNoOpDefault) {
   using E = std::pair<int, std::string>;
   const char* fields[][3] = {
       // name, accepted no-op value, refused value
-      {"response_format", R"({"type":"text"})", R"({"type":"json_object"})"},
       {"skip_special_tokens", "true", "false"},
       {"include_stop_str_in_output", "false", "true"},
       {"parallel_tool_calls", "true", "false"},
