@@ -396,6 +396,59 @@ void parse_choices(const json& body, bool chat, GenerationRequest& r) {
   }
 }
 
+// tool_choice: auto (the template's tools, <tool_call> blocks parsed), none (no tools in the
+// prompt, none parsed), required or a named function (constrained decoding: Structure::Tools);
+// parallel_tool_calls.
+void parse_tool_choice(const json& body, GenerationRequest& r) {
+  using T = GenerationRequest::ToolChoice;
+  r.parallel_tool_calls = get_bool(body, "parallel_tool_calls").value_or(true);
+  const json* tc = field(body, "tool_choice");
+  if (!tc || *tc == "auto") return;
+  const json* tools = field(body, "tools");
+  const bool has_tools = tools && tools->is_array() && !tools->empty();
+  if (*tc == "none") {
+    r.tool_choice = T::None;
+    r.tools = false;
+    r.chat_request.erase("tools");
+    return;
+  }
+  if (*tc == "required") {
+    r.tool_choice = T::Required;
+  } else if (tc->is_object()) {
+    const json* fn = field(*tc, "function");
+    const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+    if (!name || !name->is_string())
+      bad("tool_choice",
+          "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+          "{\"type\": \"function\", \"function\": {\"name\": ...}}",
+          "invalid_type");
+    r.tool_choice = T::Named;
+    r.tool_name = name->get<std::string>();
+  } else {
+    bad("tool_choice",
+        fmt::format("'tool_choice' must be \"auto\", \"none\", \"required\" or a function, got {}",
+                    dump_json(*tc).substr(0, 100)));
+  }
+  if (!has_tools) bad("tool_choice", "'tool_choice' names tools, but 'tools' is empty or absent");
+  if (r.structure != GenerationRequest::Structure::None)
+    bad("tool_choice", fmt::format("'tool_choice' {} and '{}' both constrain the output: give one",
+                                   r.tool_choice == T::Required ? "\"required\"" : "(a function)",
+                                   r.structure_param));
+  if (r.tool_choice == T::Named) {
+    bool found = false;
+    for (const auto& t : *tools) {
+      const json* fn = t.is_object() ? field(t, "function") : nullptr;
+      const json* n = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+      found = found || (n && *n == r.tool_name);
+    }
+    if (!found)
+      bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not in 'tools'",
+                                     r.tool_name.substr(0, 100)));
+  }
+  r.structure = GenerationRequest::Structure::Tools;
+  r.structure_param = "tool_choice";
+}
+
 // A regex matching exactly one of `choices` (guided_choice): each escaped, alternated.
 std::string choice_regex(const json& choices, const std::string& param) {
   if (!choices.is_array() || choices.empty())
@@ -587,6 +640,7 @@ GenerationRequest parse_generation_request(const json& body, bool chat,
   parse_controls(body, r);
   parse_choices(body, chat, r);
   parse_structure(body, r);
+  if (chat) parse_tool_choice(body, r);
   return r;
 }
 
@@ -629,7 +683,7 @@ const std::vector<std::string_view>& known_fields(Endpoint e) {
   static const std::vector<std::string_view> chat = [] {
     auto v = common;
     v.insert(v.end(), {"messages", "chat_template_kwargs", "tools", "add_generation_prompt",
-                       "top_logprobs"});
+                       "top_logprobs", "tool_choice", "parallel_tool_calls"});
     return v;
   }();
   static const std::vector<std::string_view> tokenize = {"model",
@@ -666,7 +720,6 @@ const std::vector<Unsupported>& unsupported_fields() {
       {"skip_special_tokens", true, true, true, false},
       {"include_stop_str_in_output", false, true, true, false},
       {"guided_grammar", nullptr, true, true, false},
-      {"parallel_tool_calls", true, false, true, false},
       {"continue_final_message", false, false, true, true},
       {"chat_template", nullptr, false, true, true},
       {"functions", nullptr, false, true, false},
@@ -711,20 +764,6 @@ void refuse_unsupported(const json& body, Endpoint e) {
     bad(name,
         fmt::format("'{}' = {} is not supported yet (only the default, {}, is accepted)", name,
                     dump_json(*v).substr(0, 100), dump_json(u.no_op)),
-        "unsupported_parameter");
-  }
-  if (e != Endpoint::Chat) return;
-  // tool_choice: "auto" is what the template does with tools; "none" is only a no-op without
-  // tools; "required" and a named function would need constrained decoding.
-  if (const json* tc = field(body, "tool_choice")) {
-    const json* tools = field(body, "tools");
-    const bool has_tools = tools && tools->is_array() && !tools->empty();
-    if (*tc == "auto" || (*tc == "none" && !has_tools)) return;
-    if (!tc->is_string() && !tc->is_object())
-      bad("tool_choice", "'tool_choice' must be a string or an object", "invalid_type");
-    bad("tool_choice",
-        fmt::format("'tool_choice' = {} is not supported yet (only \"auto\" is accepted{})",
-                    dump_json(*tc).substr(0, 100), has_tools ? "" : ", or \"none\" without tools"),
         "unsupported_parameter");
   }
 }
@@ -873,7 +912,7 @@ bool blank(std::string_view s) {
   return s.find_first_not_of(" \t\r\n") == std::string_view::npos;
 }
 
-std::string call_id() {
+std::string make_call_id() {
   static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   thread_local std::mt19937_64 rng{(uint64_t(std::random_device{}()) << 32) ^
                                    std::random_device{}()};
@@ -882,6 +921,52 @@ std::string call_id() {
   return id;
 }
 }  // namespace
+
+std::string tool_call_id() {
+  return make_call_id();
+}
+
+namespace {
+using ojson = nlohmann::ordered_json;
+// tools[i].function, checked.
+const ojson& tool_function(const ojson& tools, size_t i) {
+  const std::string p = fmt::format("tools[{}]", i);
+  const ojson& t = tools[i];
+  if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
+      !t["function"].contains("name") || !t["function"]["name"].is_string())
+    bad(p,
+        fmt::format("'{}' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", p),
+        "invalid_type");
+  return t["function"];
+}
+ojson parameters_of(const ojson& fn) {
+  if (fn.contains("parameters") && !fn["parameters"].is_null()) return fn["parameters"];
+  return ojson{{"type", "object"}};
+}
+}  // namespace
+
+ojson required_tools_schema(const ojson& tools, bool parallel) {
+  ojson any = ojson::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& fn = tool_function(tools, i);
+    ojson item = {
+        {"type", "object"},
+        {"properties", {{"name", {{"const", fn["name"]}}}, {"parameters", parameters_of(fn)}}},
+        {"required", {"name", "parameters"}}};
+    any.push_back(std::move(item));
+  }
+  ojson schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any}}}};
+  if (!parallel) schema["maxItems"] = 1;
+  return schema;
+}
+
+ojson named_tool_schema(const ojson& tools, const std::string& name) {
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& fn = tool_function(tools, i);
+    if (fn["name"] == name) return parameters_of(fn);
+  }
+  bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not in 'tools'", name));
+}
 
 ToolCalls parse_tool_calls(const std::string& text) {
   ToolCalls out;
@@ -925,7 +1010,7 @@ ToolCalls parse_tool_calls(const std::string& text) {
     if (!args.is_object())
       return fail(
           fmt::format("tool call {} has arguments that are not an object", out.calls.size()));
-    out.calls.push_back({{"id", call_id()},
+    out.calls.push_back({{"id", make_call_id()},
                          {"type", "function"},
                          {"function", {{"name", call["name"]}, {"arguments", dump_json(args)}}}});
     pos = close + kToolClose.size();

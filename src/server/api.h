@@ -81,10 +81,15 @@ struct GenerationRequest {
   // vLLM's guided_json / guided_regex / guided_choice / structured_outputs. `structure_param`
   // names the field it came from (for errors); `schema_path` is where the schema sits in the
   // body (the server re-reads it in key order: nlohmann::json sorts an object's keys).
-  enum class Structure { None, JsonObject, JsonSchema, Regex } structure = Structure::None;
+  // Tools: tool_choice "required" or a named function, by a schema the server builds from
+  // `tools` (vLLM's way: the output is the calls' JSON, turned into tool_calls).
+  enum class Structure { None, JsonObject, JsonSchema, Regex, Tools } structure = Structure::None;
   std::string structure_param;
   std::vector<std::string> schema_path;
   std::string regex;
+  enum class ToolChoice { Auto, None, Required, Named } tool_choice = ToolChoice::Auto;
+  std::string tool_name;            // Named: the function
+  bool parallel_tool_calls = true;  // false: at most one call
 };
 // Most choices (n, best_of) one request may ask for.
 inline constexpr int kMaxChoices = 16;
@@ -181,6 +186,15 @@ struct ToolCalls {
   std::string error;
 };
 ToolCalls parse_tool_calls(const std::string& text);
+// "call_" + 24 random alphanumerics, as OpenAI writes tool call ids.
+std::string tool_call_id();
+// The JSON schema a tool_choice "required" output follows: an array (1 item without
+// parallel_tool_calls) of {"name": <a tool's name>, "parameters": <that tool's schema>}. `tools`
+// is the request's array; throws ApiError naming tools[i] for a malformed entry.
+nlohmann::ordered_json required_tools_schema(const nlohmann::ordered_json& tools, bool parallel);
+// The parameters schema of the tool named `name` ({"type": "object"} when it gives none).
+nlohmann::ordered_json named_tool_schema(const nlohmann::ordered_json& tools,
+                                         const std::string& name);
 
 // Streaming side of parse_tool_calls: passes text through until a "<tool_call>" may begin (a
 // possible partial tag is held back), then holds everything from there to the end.

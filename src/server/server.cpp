@@ -162,7 +162,8 @@ struct Choice {
   std::unique_ptr<ToolCallHolder> tools;     // chat with tools: <tool_call> text held
   std::vector<TokenLogprob> logprobs;        // of out.ids, when the request asked for them
   size_t seen = 0;
-  std::string reason;  // set when it ended: "stop", "length", "tool_calls", "error"
+  std::string reason;   // set when it ended: "stop", "length", "tool_calls", "error"
+  std::string tool_id;  // a forced (named) tool call's id, once streamed
 
   Choice(const TextCodec* codec, std::vector<std::string> stops, int min_tokens)
       : out(codec, std::move(stops), min_tokens) {}
@@ -250,6 +251,33 @@ struct Server::Impl {
   void generation(const httplib::Request& hreq, httplib::Response& res, bool chat);
   // `opens_think`: set to whether a chat prompt ends inside an open think block.
   RequestParams build(const GenerationRequest& g, const std::string& body, bool& opens_think);
+  // tool_choice required / named: the constrained output as OpenAI tool_calls (empty when it
+  // does not parse: cut by max_tokens; logged, and the text is returned as content).
+  json forced_tool_calls(const GenerationRequest& g, const std::string& text,
+                         const std::string& rid) {
+    json calls = json::array();
+    if (g.tool_choice == GenerationRequest::ToolChoice::Named) {
+      if (!json::accept(text)) {
+        log(fmt::format("{} warning: forced tool call cut short; returned as content", rid));
+        return calls;
+      }
+      calls.push_back({{"id", tool_call_id()},
+                       {"type", "function"},
+                       {"function", {{"name", g.tool_name}, {"arguments", text}}}});
+      return calls;
+    }
+    const auto parsed = nlohmann::ordered_json::parse(text, nullptr, false);
+    if (parsed.is_discarded() || !parsed.is_array()) {
+      log(fmt::format("{} warning: required tool calls cut short; returned as content", rid));
+      return calls;
+    }
+    for (const auto& item : parsed)
+      calls.push_back(
+          {{"id", tool_call_id()},
+           {"type", "function"},
+           {"function", {{"name", item.at("name")}, {"arguments", item.at("parameters").dump()}}}});
+    return calls;
+  }
   // The request's structured-output constraint, compiled (a 400 naming the field for what the
   // compiler does not support). `body`: the request's text, for the schema in its key order.
   std::function<std::unique_ptr<TokenConstraint>()> constraint(const GenerationRequest& g,
@@ -262,6 +290,13 @@ struct Server::Impl {
       using S = GenerationRequest::Structure;
       if (g.structure == S::JsonObject) {
         grammar = constrain::compile_json_object();
+      } else if (g.structure == S::Tools) {
+        const auto ordered = nlohmann::ordered_json::parse(body);
+        const auto& tools = ordered.at("tools");
+        grammar =
+            constrain::compile_json_schema(g.tool_choice == GenerationRequest::ToolChoice::Required
+                                               ? required_tools_schema(tools, g.parallel_tool_calls)
+                                               : named_tool_schema(tools, g.tool_name));
       } else if (g.structure == S::JsonSchema) {
         const auto ordered = nlohmann::ordered_json::parse(body);
         const nlohmann::ordered_json* node = &ordered;
@@ -424,8 +459,11 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
       // keeps the request's seed, so n = 1 is unchanged).
       p.seed = params.seed + uint64_t(i) * 0x9E3779B97F4A7C15ull;
       Choice c(text, g.stop, p.controls.min_tokens);
-      if (chat && opt.split_reasoning) c.think = std::make_unique<ReasoningSplitter>(opens_think);
-      if (g.tools) c.tools = std::make_unique<ToolCallHolder>();
+      // Constrained output holds no think block (the grammar cannot start one).
+      if (chat && opt.split_reasoning && g.structure == GenerationRequest::Structure::None)
+        c.think = std::make_unique<ReasoningSplitter>(opens_think);
+      if (g.tools && g.tool_choice == GenerationRequest::ToolChoice::Auto)
+        c.tools = std::make_unique<ToolCallHolder>();
       c.req = sched.submit(std::move(p));
       choices->push_back(std::move(c));
     }
@@ -534,13 +572,25 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
               c.think->saw_reasoning() ? json(a.reasoning + b.reasoning) : json(nullptr);
         }
         if (c.tools) {
-          const ToolCalls tc = parse_tool_calls(message["content"].get<std::string>());
+          ToolCalls tc = parse_tool_calls(message["content"].get<std::string>());
           if (!tc.error.empty()) {
             log(fmt::format("{} warning: tool-call text returned as content: {}", rid, tc.error));
           } else if (!tc.calls.empty()) {
+            if (!g.parallel_tool_calls && tc.calls.size() > 1)
+              tc.calls = json::array({tc.calls[0]});
             message["content"] = blank_content(tc.content) ? json(nullptr) : json(tc.content);
             message["tool_calls"] = tc.calls;
             if (c.reason == "stop") choice["finish_reason"] = c.reason = "tool_calls";
+          }
+        }
+        if (g.structure == GenerationRequest::Structure::Tools) {
+          json calls = forced_tool_calls(g, c.out.text, rid);
+          if (!calls.empty()) {
+            message["content"] = nullptr;
+            message["tool_calls"] = std::move(calls);
+            // OpenAI ends a forced function call with "stop", a required one with "tool_calls".
+            if (c.reason == "stop" && g.tool_choice == GenerationRequest::ToolChoice::Required)
+              choice["finish_reason"] = c.reason = "tool_calls";
           }
         }
         choice["message"] = std::move(message);
@@ -662,6 +712,34 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
                 split.content = piece;
               }
               json calls;
+              if (g.structure == GenerationRequest::Structure::Tools) {
+                // A named function streams its arguments as they come; "required" (a JSON array
+                // of calls) is parsed at the end.
+                if (g.tool_choice == GenerationRequest::ToolChoice::Named) {
+                  if (!split.content.empty()) {
+                    json call = {{"index", 0}, {"function", {{"arguments", split.content}}}};
+                    if (c.tool_id.empty()) {
+                      c.tool_id = tool_call_id();
+                      call["id"] = c.tool_id;
+                      call["type"] = "function";
+                      call["function"]["name"] = g.tool_name;
+                    }
+                    calls = json::array({call});
+                  }
+                } else if (ending) {
+                  calls = forced_tool_calls(g, c.out.text, rid);
+                  for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
+                  if (calls.empty()) {
+                    split.content = c.out.text;  // did not parse: returned as content
+                    calls = nullptr;
+                  } else if (c.reason == "stop") {
+                    c.reason = "tool_calls";
+                  }
+                }
+                const bool unparsed = ending && calls.is_null() &&
+                                      g.tool_choice == GenerationRequest::ToolChoice::Required;
+                if (!unparsed) split.content.clear();
+              }
               if (c.tools) {
                 split.content = c.tools->feed(split.content);
                 if (ending && !c.tools->held().empty()) {
@@ -672,13 +750,16 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
                   split.content += tc.content;
                   if (!tc.calls.empty()) {
                     calls = tc.calls;
+                    if (!g.parallel_tool_calls && calls.size() > 1) calls = json::array({calls[0]});
                     for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
                     if (c.reason == "stop") c.reason = "tool_calls";
                   }
                 }
               }
               const bool content_chunk =
-                  !split.content.empty() || (split.reasoning.empty() && !ids.empty());
+                  !split.content.empty() ||
+                  (split.reasoning.empty() && !ids.empty() && calls.is_null() &&
+                   g.structure != GenerationRequest::Structure::Tools);
               if (!split.reasoning.empty())
                 buf += chunk(i, json{{"reasoning_content", split.reasoning}}, {}, nullptr,
                              content_chunk ? json(nullptr) : lp);

@@ -258,7 +258,6 @@ TEST(UnsupportedFields, RefusedUnlessTheNoOpDefault) {
       // name, accepted no-op value, refused value
       {"skip_special_tokens", "true", "false"},
       {"include_stop_str_in_output", "false", "true"},
-      {"parallel_tool_calls", "true", "false"},
       {"continue_final_message", "false", "true"},
   };
   for (auto& f : fields) {
@@ -288,21 +287,51 @@ TEST(UnsupportedFields, RefusedUnlessTheNoOpDefault) {
             E(200, ""));
 }
 
-TEST(UnsupportedFields, ToolChoice) {
+// tool_choice: auto, none (tools leave the prompt), required and a named function (constrained by
+// a schema built from the tools, in their key order); what names no tool is a 400.
+TEST(ParseRequest, ToolChoice) {
   using E = std::pair<int, std::string>;
+  using T = GenerationRequest::ToolChoice;
   auto body = [](const char* tools, const char* choice) {
     return json::parse(std::string(R"({"messages":[{"role":"user","content":"x"}],"tools":)") +
                        tools + R"(,"tool_choice":)" + choice + "}");
   };
-  const char* tools = R"([{"type":"function","function":{"name":"f","parameters":{}}}])";
+  const char* tools =
+      R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",
+          "properties":{"z":{"type":"integer"},"a":{"type":"string"}}}}},
+          {"type":"function","function":{"name":"g"}}])";
   EXPECT_EQ(error_of(body(tools, R"("auto")"), true), E(200, ""));
-  EXPECT_EQ(error_of(body(tools, R"("required")"), true), E(400, "tool_choice"));
-  EXPECT_EQ(error_of(body(tools, R"("none")"), true), E(400, "tool_choice"));
-  EXPECT_EQ(error_of(body(tools, R"({"type":"function","function":{"name":"f"}})"), true),
+  auto r = parse_generation_request(body(tools, R"("none")"), true, "m");
+  EXPECT_EQ(r.tool_choice, T::None);
+  EXPECT_FALSE(r.tools);
+  EXPECT_FALSE(r.chat_request.contains("tools"));
+  r = parse_generation_request(body(tools, R"("required")"), true, "m");
+  EXPECT_EQ(r.tool_choice, T::Required);
+  EXPECT_EQ(r.structure, GenerationRequest::Structure::Tools);
+  r = parse_generation_request(body(tools, R"({"type":"function","function":{"name":"g"}})"), true,
+                               "m");
+  EXPECT_EQ(r.tool_choice, T::Named);
+  EXPECT_EQ(r.tool_name, "g");
+  EXPECT_EQ(error_of(body(tools, R"({"type":"function","function":{"name":"h"}})"), true),
             E(400, "tool_choice"));
   EXPECT_EQ(error_of(body(tools, "7"), true), E(400, "tool_choice"));
+  EXPECT_EQ(error_of(body(tools, R"("sometimes")"), true), E(400, "tool_choice"));
+  EXPECT_EQ(error_of(body("[]", R"("required")"), true), E(400, "tool_choice"));
   EXPECT_EQ(error_of(body("[]", R"("none")"), true), E(200, ""));
   EXPECT_EQ(error_of(body(R"("not a list")", R"("auto")"), true), E(400, "tools"));
+  auto both = body(tools, R"("required")");
+  both["guided_regex"] = "a";
+  EXPECT_EQ(error_of(both, true), E(400, "tool_choice"));
+  // The schemas, in the tools' key order.
+  const auto ordered = nlohmann::ordered_json::parse(tools);
+  const auto named = named_tool_schema(ordered, "f");
+  EXPECT_EQ(named["properties"].begin().key(), "z");
+  EXPECT_EQ(named_tool_schema(ordered, "g"), nlohmann::ordered_json({{"type", "object"}}));
+  const auto req = required_tools_schema(ordered, false);
+  EXPECT_EQ(req["maxItems"], 1);
+  EXPECT_EQ(req["items"]["anyOf"].size(), 2u);
+  EXPECT_EQ(req["items"]["anyOf"][1]["properties"]["name"]["const"], "g");
+  EXPECT_FALSE(required_tools_schema(ordered, true).contains("maxItems"));
 }
 
 TEST(UnknownFields, ReportedPerEndpoint) {

@@ -192,7 +192,7 @@ class ServerTest(unittest.TestCase):
         self.assertError(status, body, 400, "response_format")
         chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
                 "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-                "tool_choice": "required"}
+                "tool_choice": {"type": "function", "function": {"name": "nope"}}}
         status, body = post(self.port, chat, path="/v1/chat/completions")
         self.assertError(status, body, 400, "tool_choice")
 
@@ -1073,6 +1073,90 @@ class TextTest(unittest.TestCase):
         self.assertEqual(chunks[-1].usage.completion_tokens, 8)
         with self.assertRaises(openai.BadRequestError):
             client.chat.completions.create(model="text", messages=[], max_tokens=8)
+
+
+    def test_openai_tool_call_round_trip(self):
+        # A forced call (tool_choice names the function: constrained decoding, so even a random
+        # model calls it), the tool's answer, then the final message; streaming and not, with the
+        # official client and the real Qwen3 template.
+        import jsonschema
+        openai = openai_module()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
+                               max_retries=0)
+        params = {"type": "object",
+                  "properties": {"city": {"type": "string", "maxLength": 12},
+                                 "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                  "required": ["city", "days"]}
+        tools = [{"type": "function", "function": {"name": "get_weather",
+                                                   "description": "The weather of a city",
+                                                   "parameters": params}},
+                 {"type": "function", "function": {"name": "get_time",
+                                                   "parameters": {"type": "object", "properties": {
+                                                       "zone": {"enum": ["UTC", "CET"]}},
+                                                       "required": ["zone"]}}}]
+        extra = {"chat_template_kwargs": {"enable_thinking": False}}
+        messages = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
+        forced = {"type": "function", "function": {"name": "get_weather"}}
+        args = dict(model="text", messages=messages, tools=tools, tool_choice=forced,
+                    max_tokens=80, temperature=0.8, seed=5, extra_body=extra)
+        r = client.chat.completions.create(**args)
+        msg = r.choices[0].message
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        self.assertIsNone(msg.content)
+        self.assertEqual(len(msg.tool_calls), 1)
+        call = msg.tool_calls[0]
+        self.assertEqual(call.function.name, "get_weather")
+        self.assertTrue(call.id.startswith("call_"))
+        jsonschema.validate(json.loads(call.function.arguments), params)
+        # Streamed: the header once, then the arguments in pieces that add up to the same call.
+        chunks = list(client.chat.completions.create(**args, stream=True))
+        deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+        self.assertGreater(len(deltas), 1)
+        self.assertEqual(deltas[0].function.name, "get_weather")
+        self.assertTrue(deltas[0].id.startswith("call_"))
+        self.assertTrue(all(d.id is None for d in deltas[1:]))
+        self.assertEqual("".join(d.function.arguments or "" for d in deltas),
+                         call.function.arguments)
+        # The second turn: the call and the tool's answer reach the template.
+        history = messages + [
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": call.id, "type": "function",
+                             "function": {"name": "get_weather",
+                                          "arguments": call.function.arguments}}]},
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+        status, tok = post(self.port, {"messages": history, "tools": tools, **extra},
+                           path="/tokenize")
+        self.assertEqual(status, 200, tok)
+        status, text = post(self.port, {"tokens": tok["tokens"]}, path="/detokenize")
+        self.assertIn("sunny, 21 C", text["prompt"])
+        self.assertIn("get_weather", text["prompt"])
+        for stream in (False, True):
+            final = client.chat.completions.create(model="text", messages=history, tools=tools,
+                                                   max_tokens=12, temperature=0,
+                                                   extra_body=extra, stream=stream)
+            if stream:
+                final = list(final)
+                self.assertIn(final[-1].choices[0].finish_reason, ("stop", "length",
+                                                                   "tool_calls"))
+            else:
+                self.assertEqual(final.choices[0].message.role, "assistant")
+                self.assertIn(final.choices[0].finish_reason, ("stop", "length", "tool_calls"))
+        # tool_choice "required": a list of calls of the given tools, finish_reason tool_calls.
+        r = client.chat.completions.create(model="text", messages=messages, tools=tools,
+                                           tool_choice="required", parallel_tool_calls=False,
+                                           max_tokens=120, temperature=0.8, seed=2,
+                                           extra_body=extra)
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls", r)
+        self.assertEqual(len(r.choices[0].message.tool_calls), 1)
+        c = r.choices[0].message.tool_calls[0]
+        self.assertIn(c.function.name, ("get_weather", "get_time"))
+        schema = params if c.function.name == "get_weather" else tools[1]["function"]["parameters"]
+        jsonschema.validate(json.loads(c.function.arguments), schema)
+        # tool_choice "none": no tools in the prompt, no calls parsed.
+        r = client.chat.completions.create(model="text", messages=messages, tools=tools,
+                                           tool_choice="none", max_tokens=8, temperature=0,
+                                           extra_body=extra)
+        self.assertFalse(r.choices[0].message.tool_calls)
 
 
 class ReasoningTest(unittest.TestCase):
