@@ -202,6 +202,10 @@ class Engine {
   // Serving: validates and queues a request for the engine thread (started on first use);
   // throws flashmap::Error (bad request) or AdmissionError.
   std::shared_ptr<Request> submit(RequestParams params);
+  // Several requests queued together, all or none (429 when they do not all fit), so that they
+  // are admitted in one round where there is room: the n choices of one API request, whose
+  // equal prompts are then prefilled once (RoundLoop::admit).
+  std::vector<std::shared_ptr<Request>> submit_all(std::vector<RequestParams> params);
   // Stops admitting (submit throws 503); queued and running requests still finish.
   void shutdown();
   // Waits until every accepted request has finished.

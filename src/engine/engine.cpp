@@ -255,29 +255,37 @@ GenerateResult Engine::generate(const RequestParams& params,
 }
 
 std::shared_ptr<Request> Engine::submit(RequestParams params) {
-  validate(params);
+  std::vector<RequestParams> one;
+  one.push_back(std::move(params));
+  return submit_all(std::move(one)).front();
+}
+
+std::vector<std::shared_ptr<Request>> Engine::submit_all(std::vector<RequestParams> params) {
+  for (const auto& p : params) validate(p);
   Impl& m = *impl_;
-  std::shared_ptr<Request> req;
+  std::vector<std::shared_ptr<Request>> reqs;
   {
     std::lock_guard lk(m.mutex);
     if (m.shutting_down) throw AdmissionError(503, "the server is shutting down");
     // Capacity counts running and waiting requests together, so a burst waits in the queue
     // rather than failing while slots free up round by round.
-    if (m.in_flight >= options_.max_running + options_.max_queue)
+    if (m.in_flight + int(params.size()) > options_.max_running + options_.max_queue)
       throw AdmissionError(429, fmt::format("the server is busy: {} requests running and {} "
                                             "queued (--max-running {}, --max-queue {})",
                                             m.running, m.in_flight - m.running,
                                             options_.max_running, options_.max_queue));
-    req = std::make_shared<Request>(m.next_id++, std::move(params));
-    m.queue.push_back(std::make_unique<Impl::Served>(req));
-    ++m.in_flight;
+    for (auto& p : params) {
+      reqs.push_back(std::make_shared<Request>(m.next_id++, std::move(p)));
+      m.queue.push_back(std::make_unique<Impl::Served>(reqs.back()));
+      ++m.in_flight;
+    }
     if (!m.serving) {
       m.serving = true;
       m.thread = std::thread([this] { loop(); });
     }
   }
   m.cv.notify_all();
-  return req;
+  return reqs;
 }
 
 void Engine::shutdown() {

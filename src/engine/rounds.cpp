@@ -117,14 +117,43 @@ bool RoundLoop::emit(Sequence& s, std::span<const int32_t> fresh, bool verified,
 }
 
 void RoundLoop::admit(std::span<Sequence* const> fresh) {
+  // A prompt that an earlier sequence of the batch also has (the n choices of one request) is
+  // prefilled once: the copies start from the first one's KV cache and drafter context, after
+  // it, and prefill only their last token (whose logits they need).
+  std::vector<Sequence*> leaders, copies, sources;
+  for (Sequence* s : fresh) {
+    s->drafting = backend_.has_drafter() && s->params.speculative;
+    Sequence* same = nullptr;
+    for (Sequence* l : leaders)
+      if (l->drafting == s->drafting && l->params.prompt == s->params.prompt &&
+          s->params.prompt.size() > 1)
+        same = l;
+    if (same) {
+      copies.push_back(s);
+      sources.push_back(same);
+    } else {
+      leaders.push_back(s);
+    }
+  }
+  admit_group(leaders, {});
+  admit_group(copies, sources);
+}
+
+void RoundLoop::admit_group(std::span<Sequence* const> fresh, std::span<Sequence* const> sources) {
   if (fresh.empty()) return;
   const auto t0 = Clock::now();
   std::vector<Slot*> slots;
   std::vector<std::span<const int32_t>> prompts;
-  for (Sequence* s : fresh) {
-    s->drafting = backend_.has_drafter() && s->params.speculative;
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    Sequence* s = fresh[i];
     const std::span<const int32_t> prompt = s->params.prompt;
-    s->slot = cache_.lookup(prompt, s->drafting, s->cached_tokens);
+    if (!sources.empty()) {
+      const int64_t n = int64_t(prompt.size()) - 1;
+      if (backend_.forkable(*sources[i]->slot) >= n)
+        s->slot = backend_.fork(*sources[i]->slot, n, s->drafting);
+      s->cached_tokens = s->slot ? n : 0;
+    }
+    if (!s->slot) s->slot = cache_.lookup(prompt, s->drafting, s->cached_tokens);
     if (!s->slot) s->slot = backend_.open(s->drafting);
     if (cache_.enabled()) s->history.assign(prompt.begin(), prompt.end());
     s->controls = ControlState(s->params.controls, s->params.prompt, s->params.stop_ids,

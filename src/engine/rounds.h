@@ -108,6 +108,9 @@ class RoundLoop {
   // Emits fresh tokens, cut at a stop token and at max_tokens; false when the sequence ends.
   // verified: they come from a verify pass, whose acceptance length (the tokens through the
   // first stop token) is recorded.
+  // admit() for sequences that prefill together; `sources` (empty, or one per sequence): the
+  // sequence whose slot each starts from (its prompt but the last token).
+  void admit_group(std::span<Sequence* const> fresh, std::span<Sequence* const> sources);
   bool emit(Sequence& s, std::span<const int32_t> fresh, bool verified,
             std::span<const TokenLogprob> logprobs);
   // Before pick/accept: the sequence's logit controls applied to its `rows` rows (anchor +

@@ -453,18 +453,24 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
                       "(--max-running {})",
                       g.best_of > g.n ? "best_of" : "n", g.best_of, sched.options().max_running),
           g.best_of > g.n ? "best_of" : "n");
+    std::vector<RequestParams> each;
     for (int i = 0; i < g.best_of; ++i) {
       RequestParams p = params;
       // Sequence i's stream: the seed moved by a multiple of the golden-ratio increment (choice 0
       // keeps the request's seed, so n = 1 is unchanged).
       p.seed = params.seed + uint64_t(i) * 0x9E3779B97F4A7C15ull;
-      Choice c(text, g.stop, p.controls.min_tokens);
+      each.push_back(std::move(p));
+    }
+    // Queued together: admitted in one round, their common prompt is prefilled once.
+    auto reqs = sched.submit_all(std::move(each));
+    for (auto& req : reqs) {
+      Choice c(text, g.stop, params.controls.min_tokens);
       // Constrained output holds no think block (the grammar cannot start one).
       if (chat && opt.split_reasoning && g.structure == GenerationRequest::Structure::None)
         c.think = std::make_unique<ReasoningSplitter>(opens_think);
       if (g.tools && g.tool_choice == GenerationRequest::ToolChoice::Auto)
         c.tools = std::make_unique<ToolCallHolder>();
-      c.req = sched.submit(std::move(p));
+      c.req = std::move(req);
       choices->push_back(std::move(c));
     }
   } catch (const ApiError& e) {

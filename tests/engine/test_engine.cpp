@@ -550,3 +550,49 @@ TEST(PrefixCache, EvictsWithinTheBudget) {
   wait_all(*r);
   EXPECT_GE(r->cached_tokens(), 200);
 }
+
+// The n choices of a request share one prefill: sequences admitted together with the same prompt
+// start from the first one's KV cache and drafter context and decode exactly as alone.
+TEST(PrefixCache, SamePromptInOneAdmissionIsPrefilledOnce) {
+  auto& m = models();
+  CpuBackend backend(m.target, &m.drafter);
+  RoundLoop loop(backend, {.kind = SpecPolicyKind::Always}, 0);
+  std::vector<RequestParams> params;
+  for (int i = 0; i < 4; ++i) {
+    RequestParams p;
+    p.prompt = prompt_of(30, 9);
+    p.max_tokens = 20;
+    if (i > 0) {
+      p.sampling = {0.9f, 0, 1.0f, 0.0f};
+      p.seed = uint64_t(i);
+      p.seeded = true;
+    }
+    p.speculative = i != 3;
+    params.push_back(p);
+  }
+  std::vector<GenerateResult> wants;
+  for (const auto& p : params) wants.push_back(reference(p, p.speculative));
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  std::vector<std::vector<int32_t>> got(params.size());
+  std::vector<Sequence*> ptrs;
+  for (size_t i = 0; i < params.size(); ++i) {
+    seqs.push_back(std::make_unique<Sequence>(params[i]));
+    seqs.back()->sink = [&got, i](std::span<const int32_t> t, int, std::span<const TokenLogprob>) {
+      got[i].insert(got[i].end(), t.begin(), t.end());
+    };
+    ptrs.push_back(seqs.back().get());
+  }
+  loop.admit(ptrs);
+  EXPECT_EQ(seqs[0]->cached_tokens, 0);
+  EXPECT_EQ(seqs[1]->cached_tokens, 29);  // all but the last prompt token
+  EXPECT_EQ(seqs[2]->cached_tokens, 29);
+  EXPECT_EQ(seqs[3]->cached_tokens, 0);  // does not draft: no drafting leader to copy
+  for (int r = 0; r < 100; ++r) loop.round(ptrs);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(seqs[i]->done) << i;
+    EXPECT_EQ(got[i], wants[i].ids) << i;
+    if (params[i].speculative) {
+      EXPECT_EQ(seqs[i]->acceptance_lengths, wants[i].acceptance_lengths) << i;
+    }
+  }
+}
