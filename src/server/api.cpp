@@ -1018,22 +1018,192 @@ ToolCalls parse_tool_calls(const std::string& text) {
   return out;
 }
 
-std::string ToolCallHolder::feed(std::string_view text) {
+namespace {
+// The head of a Qwen3 call block, `{"name": "<name>", "arguments": `, at the start of `s`
+// (whitespace allowed between tokens). Need: `s` may still become one; None: it cannot.
+enum class Head { Need, Match, None };
+Head match_head(std::string_view s, size_t& length, std::string& name) {
+  size_t i = 0;
+  auto ws = [&] {
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r')) ++i;
+  };
+  auto lit = [&](std::string_view l) -> Head {
+    ws();
+    const size_t n = std::min(l.size(), s.size() - i);
+    if (s.substr(i, n) != l.substr(0, n)) return Head::None;
+    if (n < l.size()) return Head::Need;
+    i += n;
+    return Head::Match;
+  };
+  for (std::string_view l : {"{", "\"name\"", ":", "\""}) {
+    const Head h = lit(l);
+    if (h != Head::Match) return h;
+  }
+  std::string raw = "\"";
+  for (bool esc = false;; ++i) {
+    if (i >= s.size()) return Head::Need;
+    const char c = s[i];
+    raw += c;
+    if (esc) {
+      esc = false;
+    } else if (c == '\\') {
+      esc = true;
+    } else if (c == '"') {
+      ++i;
+      break;
+    }
+  }
+  for (std::string_view l : {",", "\"arguments\"", ":"}) {
+    const Head h = lit(l);
+    if (h != Head::Match) return h;
+  }
+  ws();
+  if (i >= s.size()) return Head::Need;
+  if (s[i] != '{') return Head::None;  // arguments as a string: held to the end
+  try {
+    name = json::parse(raw).get<std::string>();
+  } catch (const json::exception&) {
+    return Head::None;
+  }
+  length = i;
+  return Head::Match;
+}
+
+// How much of the end of `s` could be the start of `tag` (held back until decided).
+size_t partial_tag(std::string_view s, std::string_view tag) {
+  size_t hold = std::min(s.size(), tag.size() - 1);
+  while (hold > 0 && !tag.starts_with(s.substr(s.size() - hold))) --hold;
+  return hold;
+}
+}  // namespace
+
+void ToolCallStreamer::step(Out& out) {
+  for (bool progress = true; progress;) {
+    progress = false;
+    switch (state_) {
+      case State::Text: {
+        const size_t open = pending_.find(kToolOpen);
+        const size_t cut =
+            open != std::string::npos ? open : pending_.size() - partial_tag(pending_, kToolOpen);
+        std::string text = pending_.substr(0, cut);
+        pending_.erase(0, cut);
+        if (!started_) {
+          out.content += text;
+        } else {
+          // After a block: shown unless it stays blank up to the next block or the end.
+          between_ += text;
+          if (open != std::string::npos) {
+            if (!blank(between_)) out.content += between_;
+            between_.clear();
+          }
+        }
+        if (open != std::string::npos) {
+          pending_.erase(0, kToolOpen.size());
+          state_ = State::Head;
+          started_ = true;
+          progress = true;
+        }
+        break;
+      }
+      case State::Head: {
+        size_t length = 0;
+        std::string name;
+        const Head h = match_head(pending_, length, name);
+        if (h == Head::Need) break;
+        if (h == Head::None) {
+          state_ = State::Held;  // another shape: parse_tool_calls decides at the end
+          break;
+        }
+        ++index_;
+        out.calls.push_back({{"index", index_},
+                             {"id", tool_call_id()},
+                             {"type", "function"},
+                             {"function", {{"name", name}, {"arguments", ""}}}});
+        pending_.erase(0, length);
+        state_ = State::Args;
+        depth_ = 0;
+        in_string_ = escaped_ = false;
+        progress = true;
+        break;
+      }
+      case State::Args: {
+        size_t i = 0;
+        bool closed = false;
+        for (; i < pending_.size() && !closed; ++i) {
+          const char c = pending_[i];
+          if (in_string_) {
+            if (escaped_)
+              escaped_ = false;
+            else if (c == '\\')
+              escaped_ = true;
+            else if (c == '"')
+              in_string_ = false;
+          } else if (c == '"') {
+            in_string_ = true;
+          } else if (c == '{' || c == '[') {
+            ++depth_;
+          } else if (c == '}' || c == ']') {
+            closed = --depth_ == 0;
+          }
+        }
+        if (i > 0)
+          out.calls.push_back(
+              {{"index", index_}, {"function", {{"arguments", pending_.substr(0, i)}}}});
+        pending_.erase(0, i);
+        if (closed) {
+          state_ = State::Tail;
+          progress = true;
+        }
+        break;
+      }
+      case State::Tail: {
+        const size_t close = pending_.find(kToolClose);
+        if (close == std::string::npos) break;
+        pending_.erase(0, close + kToolClose.size());
+        state_ = State::Text;
+        progress = true;
+        break;
+      }
+      case State::Held:
+        break;
+    }
+  }
+}
+
+ToolCallStreamer::Out ToolCallStreamer::feed(std::string_view text) {
+  Out out;
+  all_.append(text);
   pending_.append(text);
-  if (holding_) return {};
-  const size_t open = pending_.find(kToolOpen);
-  if (open != std::string::npos) {
-    holding_ = true;
-    std::string out = pending_.substr(0, open);
-    pending_.erase(0, open);
+  step(out);
+  return out;
+}
+
+ToolCallStreamer::Out ToolCallStreamer::finish() {
+  Out out;
+  const ToolCalls whole = parse_tool_calls(all_);
+  if (!whole.error.empty()) {
+    error_ = whole.error;
+  } else if (whole.calls.size() != calls() || state_ == State::Held) {
+    // Blocks of another shape (held): send what the parse found that was not streamed.
+    for (size_t k = calls(); k < whole.calls.size(); ++k) {
+      json c = whole.calls[k];
+      c["index"] = k;
+      out.calls.push_back(std::move(c));
+    }
+    index_ = int(whole.calls.size()) - 1;
     return out;
   }
-  size_t hold = std::min(pending_.size(), kToolOpen.size() - 1);
-  while (hold > 0 &&
-         !kToolOpen.starts_with(std::string_view(pending_).substr(pending_.size() - hold)))
-    --hold;
-  std::string out = pending_.substr(0, pending_.size() - hold);
-  pending_.erase(0, pending_.size() - hold);
+  if (!error_.empty()) {
+    // The unsent rest as content.
+    if (state_ == State::Text) {
+      out.content = between_ + pending_;
+    } else {
+      out.content = std::string(kToolOpen) + pending_;
+    }
+    return out;
+  }
+  if (state_ == State::Text && !blank(between_ + pending_)) out.content = between_ + pending_;
+  if (!started_) out.content = pending_;
   return out;
 }
 

@@ -196,17 +196,35 @@ nlohmann::ordered_json required_tools_schema(const nlohmann::ordered_json& tools
 nlohmann::ordered_json named_tool_schema(const nlohmann::ordered_json& tools,
                                          const std::string& name);
 
-// Streaming side of parse_tool_calls: passes text through until a "<tool_call>" may begin (a
-// possible partial tag is held back), then holds everything from there to the end.
-class ToolCallHolder {
+// Streaming side of parse_tool_calls with the arguments as they come, as vLLM's hermes parser
+// streams them: content passes until a "<tool_call>" may begin; for each block of the shape
+// {"name": "...", "arguments": {...}} a delta with index, id, type and name comes once the name
+// is complete, then `function.arguments` deltas carry the arguments object's text as it arrives;
+// whitespace-only text between and after blocks is dropped. A block of another shape is held to
+// the end. finish() checks the whole text with parse_tool_calls: when it does not parse (a call
+// cut off, bad JSON), `error` is set and what was not yet sent as a call comes back as content
+// (deltas already sent stand; the non-streaming answer would be all content).
+class ToolCallStreamer {
  public:
-  std::string feed(std::string_view text);
-  // Text from the first "<tool_call>" on (or a partial tag), once no more text will come.
-  const std::string& held() const { return pending_; }
+  struct Out {
+    std::string content;
+    nlohmann::json calls = nlohmann::json::array();  // tool_calls deltas
+  };
+  Out feed(std::string_view text);
+  Out finish();
+  size_t calls() const { return size_t(index_ + 1); }
+  const std::string& error() const { return error_; }
 
  private:
-  std::string pending_;
-  bool holding_ = false;
+  enum class State { Text, Head, Args, Tail, Held } state_ = State::Text;
+  void step(Out& out);
+  std::string pending_;  // text not yet decided
+  std::string all_;      // everything fed
+  std::string between_;  // text after a block, shown unless blank
+  int index_ = -1;
+  int depth_ = 0;
+  bool in_string_ = false, escaped_ = false, started_ = false;
+  std::string error_;
 };
 
 // Whether a rendered prompt ends inside an open think block (its last "<think>" comes after its

@@ -159,7 +159,7 @@ struct Choice {
   std::shared_ptr<Request> req;
   Output out;
   std::unique_ptr<ReasoningSplitter> think;  // chat: <think> text to reasoning_content
-  std::unique_ptr<ToolCallHolder> tools;     // chat with tools: <tool_call> text held
+  std::unique_ptr<ToolCallStreamer> tools;   // chat with tools: <tool_call> blocks parsed
   std::vector<TokenLogprob> logprobs;        // of out.ids, when the request asked for them
   size_t seen = 0;
   std::string reason;   // set when it ended: "stop", "length", "tool_calls", "error"
@@ -469,7 +469,7 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
       if (chat && opt.split_reasoning && g.structure == GenerationRequest::Structure::None)
         c.think = std::make_unique<ReasoningSplitter>(opens_think);
       if (g.tools && g.tool_choice == GenerationRequest::ToolChoice::Auto)
-        c.tools = std::make_unique<ToolCallHolder>();
+        c.tools = std::make_unique<ToolCallStreamer>();
       c.req = std::move(req);
       choices->push_back(std::move(c));
     }
@@ -747,20 +747,21 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
                 if (!unparsed) split.content.clear();
               }
               if (c.tools) {
-                split.content = c.tools->feed(split.content);
-                if (ending && !c.tools->held().empty()) {
-                  const ToolCalls tc = parse_tool_calls(c.tools->held());
-                  if (!tc.error.empty())
+                auto o = c.tools->feed(split.content);
+                if (ending) {
+                  auto tail = c.tools->finish();
+                  o.content += tail.content;
+                  for (auto& d : tail.calls) o.calls.push_back(std::move(d));
+                  if (!c.tools->error().empty())
                     log(fmt::format("{} warning: tool-call text returned as content: {}", rid,
-                                    tc.error));
-                  split.content += tc.content;
-                  if (!tc.calls.empty()) {
-                    calls = tc.calls;
-                    if (!g.parallel_tool_calls && calls.size() > 1) calls = json::array({calls[0]});
-                    for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
-                    if (c.reason == "stop") c.reason = "tool_calls";
-                  }
+                                    c.tools->error()));
+                  if (c.tools->calls() > 0 && c.reason == "stop") c.reason = "tool_calls";
                 }
+                split.content = std::move(o.content);
+                json kept = json::array();
+                for (auto& d : o.calls)
+                  if (g.parallel_tool_calls || d["index"] == 0) kept.push_back(std::move(d));
+                if (!kept.empty()) calls = std::move(kept);
               }
               const bool content_chunk =
                   !split.content.empty() ||

@@ -2,6 +2,8 @@
 #include <flashmap/chat.h>
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "server/api.h"
 
 using namespace flashmap::server;
@@ -568,25 +570,70 @@ TEST(ToolCalls, TextThatIsNotACallStaysContent) {
   }
 }
 
-TEST(ToolCalls, HolderPassesContentUpToTheFirstBlockAtEverySplitPoint) {
-  for (const std::string text : {"Sure.\n<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
-                                 "no call here <tool_ca", "<tool_call>x", "<<tool_call>>"}) {
-    const size_t first = text.find("<tool_call>");
-    const std::string shown = first == std::string::npos ? text : text.substr(0, first);
-    for (size_t i = 0; i <= text.size(); ++i) {
-      for (size_t j = i; j <= text.size(); ++j) {
-        ToolCallHolder h;
-        std::string out = h.feed(text.substr(0, i));
-        out += h.feed(text.substr(i, j - i));
-        out += h.feed(text.substr(j));
-        EXPECT_EQ(out + h.held(), text);
-        // A partial tag at the very end stays held, everything before the block comes out.
-        if (first != std::string::npos)
-          EXPECT_EQ(out, shown) << i << " " << j;
-        else
-          EXPECT_TRUE(shown.starts_with(out));
+// The streamer, fed the text cut at every point (two or three pieces): the content, the names and
+// the arguments (joined per call) are what parse_tool_calls finds in the whole text.
+TEST(ToolCalls, StreamerSendsArgumentsAsTheyComeAndAgreesWithTheParse) {
+  const std::vector<std::string> valid = {
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Par}is\\\"\", \"days\": [1, {\"a\": 2}]}}\n</tool_call>\n<tool_call>\n{\"name\": "
+      "\"now\", \"arguments\": {}}\n</tool_call>\n",
+      "<tool_call>{\"name\":\"f\",\"arguments\":{\"x\":1}}</tool_call> and more",
+      "no call at all <tool_ca",
+      "<tool_call>\n{\"name\": \"s\", \"arguments\": \"{\\\"tz\\\": 1}\"}\n</tool_call>",
+  };
+  for (const auto& text : valid) {
+    const ToolCalls want = parse_tool_calls(text);
+    ASSERT_EQ(want.error, "") << text;
+    for (size_t i = 0; i <= text.size(); ++i)
+      for (size_t j = i; j <= text.size(); j += (text.size() > 60 ? 7 : 1)) {
+        ToolCallStreamer s;
+        std::string content;
+        std::map<int, std::string> names, args, ids;
+        auto take = [&](const ToolCallStreamer::Out& o) {
+          content += o.content;
+          for (const auto& d : o.calls) {
+            const int k = d["index"];
+            if (d.contains("id")) {
+              EXPECT_FALSE(ids.count(k)) << "a second id for call " << k;
+              ids[k] = d["id"];
+              names[k] = d["function"]["name"];
+            }
+            args[k] += d["function"]["arguments"].get<std::string>();
+          }
+        };
+        take(s.feed(text.substr(0, i)));
+        take(s.feed(text.substr(i, j - i)));
+        take(s.feed(text.substr(j)));
+        take(s.finish());
+        SCOPED_TRACE(text + " @ " + std::to_string(i) + "," + std::to_string(j));
+        EXPECT_EQ(s.error(), "");
+        EXPECT_EQ(content, want.content);
+        ASSERT_EQ(names.size(), want.calls.size());
+        for (size_t k = 0; k < want.calls.size(); ++k) {
+          EXPECT_EQ(names[int(k)], want.calls[k]["function"]["name"]);
+          EXPECT_TRUE(ids[int(k)].starts_with("call_"));
+          EXPECT_EQ(json::parse(args[int(k)]),
+                    json::parse(want.calls[k]["function"]["arguments"].get<std::string>()));
+        }
       }
-    }
+  }
+  // The arguments really come in pieces: fed a character at a time, a call's arguments arrive
+  // over many deltas, before its block is closed.
+  const std::string& text = valid[0];
+  ToolCallStreamer s;
+  int arg_deltas = 0;
+  for (char c : text)
+    for (const auto& d : s.feed(std::string(1, c)).calls)
+      arg_deltas += !d["function"]["arguments"].get<std::string>().empty();
+  EXPECT_GT(arg_deltas, 20);
+  // Text that does not parse: the error is reported and the unsent rest comes as content.
+  for (const std::string bad : {"a <tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1",
+                                "<tool_call>{not json}</tool_call>"}) {
+    ToolCallStreamer b;
+    auto o = b.feed(bad);
+    auto f = b.finish();
+    EXPECT_NE(b.error(), "") << bad;
+    EXPECT_FALSE((o.content + f.content).empty()) << bad;
   }
 }
 

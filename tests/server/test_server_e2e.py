@@ -1075,6 +1075,36 @@ class TextTest(unittest.TestCase):
             client.chat.completions.create(model="text", messages=[], max_tokens=8)
 
 
+    def test_auto_tool_calls_stream_their_arguments(self):
+        # tool_choice auto parses <tool_call> blocks from free text; a regex makes the random
+        # model write one (spelled in ordinary tokens, which decode to the same text).
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}]
+        body = {"messages": [{"role": "user", "content": "Weather?"}], "tools": tools,
+                "max_tokens": 60, "temperature": 1.0, "seed": 4,
+                "chat_template_kwargs": {"enable_thinking": False},
+                "guided_regex": 'Sure\\.\\n<tool_call>\\n\\{"name": "get_weather", "arguments": '
+                                '\\{"city": "[a-z]{3,9}"\\}\\}\\n</tool_call>'}
+        status, whole = post(self.port, body, path="/v1/chat/completions")
+        self.assertEqual(status, 200, whole)
+        msg = whole["choices"][0]["message"]
+        self.assertEqual(whole["choices"][0]["finish_reason"], "tool_calls", whole)
+        self.assertEqual(msg["content"], "Sure.\n")
+        self.assertEqual(msg["tool_calls"][0]["function"]["name"], "get_weather")
+        args = json.loads(msg["tool_calls"][0]["function"]["arguments"])
+        status, events, done = stream(self.port, dict(body, stream=True),
+                                      path="/v1/chat/completions")
+        deltas = [tc for e in events for c in e["choices"]
+                  for tc in c.get("delta", {}).get("tool_calls") or []]
+        self.assertEqual(deltas[0]["function"]["name"], "get_weather")
+        self.assertTrue(deltas[0]["id"].startswith("call_"))
+        pieces = [d["function"]["arguments"] for d in deltas if d["function"].get("arguments")]
+        self.assertGreater(len(pieces), 1)  # the arguments came in several chunks
+        self.assertEqual(json.loads("".join(pieces)), args)
+        self.assertEqual("".join(c["delta"].get("content") or "" for e in events
+                                 for c in e["choices"]), "Sure.\n")
+        self.assertEqual(events[-1]["choices"][0]["finish_reason"], "tool_calls")
+
     def test_openai_tool_call_round_trip(self):
         # A forced call (tool_choice names the function: constrained decoding, so even a random
         # model calls it), the tool's answer, then the final message; streaming and not, with the
