@@ -74,8 +74,9 @@ void bench_device_shape(const DeviceShapeBench& spec);
 
 // The result of a batch-of-one generation.
 struct GenerateResult {
-  std::vector<int32_t> ids;             // generated tokens, without the prompt
-  std::vector<TokenLogprob> logprobs;   // one per id when RequestParams::logprobs >= 0
+  std::vector<int32_t> ids;                   // generated tokens, without the prompt
+  std::vector<TokenLogprob> logprobs;         // one per id when RequestParams::logprobs >= 0
+  std::vector<TokenLogprob> prompt_logprobs;  // prompt tokens 1.. (prompt_logprobs >= 0)
   std::vector<int> acceptance_lengths;  // tokens committed by each verify pass (the reference's)
   std::vector<int64_t> accepted_at;     // [K]: rounds in which draft slot k was accepted
   int rounds = 0;
@@ -121,6 +122,11 @@ class Request {
   double acceptance_length() const;             // their mean; 0 without rounds
   // Prompt tokens served from the prefix cache (known once the request started).
   int64_t cached_tokens() const { return cached_tokens_.load(); }
+  // The prompt's logprobs (params.prompt_logprobs >= 0), set before the first token arrives.
+  std::vector<TokenLogprob> prompt_logprobs() const {
+    std::lock_guard lk(mutex_);
+    return prompt_logprobs_;
+  }
   // Time of each emission and how many tokens it carried (the first is the prefill's token).
   std::vector<std::pair<Clock::time_point, int>> emissions() const;
 
@@ -135,7 +141,7 @@ class Request {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<int32_t> tokens_;
-  std::vector<TokenLogprob> logprobs_;
+  std::vector<TokenLogprob> logprobs_, prompt_logprobs_;
   std::vector<int> acceptance_;
   std::vector<std::pair<Clock::time_point, int>> emissions_;
   bool finished_ = false;
@@ -164,8 +170,9 @@ struct GenerateOptions {
   uint64_t seed = 0;
   bool seeded = false;  // RequestParams::seeded
   std::vector<int32_t> stop_ids;
-  LogitControls controls;  // RequestParams::controls
-  int logprobs = -1;       // RequestParams::logprobs
+  LogitControls controls;    // RequestParams::controls
+  int logprobs = -1;         // RequestParams::logprobs
+  int prompt_logprobs = -1;  // RequestParams::prompt_logprobs
   // Called with the tokens each round commits (after stop-token truncation and the
   // max_new_tokens cut), as they are accepted.
   std::function<void(std::span<const int32_t>)> on_tokens;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "io/hf_config.h"
 #include "specdec/controls.h"
 #include "specdec/sampling.h"
@@ -59,6 +60,14 @@ class Target {
   // drafting sequences' drafter contexts take the target's features of every prompt position.
   virtual void prefill(std::span<Slot* const> slots,
                        std::span<const std::span<const int32_t>> prompts) = 0;
+  // Prompt logprobs: one sequence's next `tokens` of its prompt with the logits of every row kept,
+  // its drafter context extended as prefill does; called chunk by chunk, so the rows held stay
+  // bounded. Its last row is then the sequence's row 0 (the one pick() draws from), so
+  // read_logits(slot, −(n − 1), n) reads all n.
+  virtual void prefill_all(Slot& slot, std::span<const int32_t> tokens) {
+    (void)slot, (void)tokens;
+    throw Error("prompt logprobs are not supported on this device yet (CPU only)");
+  }
   // Each sequence's anchor and its first `room` drafts in one forward over the batch: KV
   // appended, logits of every row, taps for drafting sequences.
   virtual void verify(std::span<const SeqStep> steps) = 0;

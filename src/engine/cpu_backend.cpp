@@ -87,6 +87,21 @@ void CpuBackend::prefill(std::span<Slot* const> slots,
   commit(slots, n);
 }
 
+void CpuBackend::prefill_all(Slot& slot, std::span<const int32_t> tokens) {
+  CpuSlot& s = cpu(slot);
+  s.fed.assign(tokens.begin(), tokens.end());
+  s.logits_row = 0;
+  s.feature_row = 0;
+  Qwen3Model::SeqInput in{&s.cache, s.fed};
+  target_.forward({&in, 1}, Qwen3Model::Logits::All, s.draft ? taps() : std::span<const int>{},
+                  out_);
+  Slot* one = &slot;
+  const int64_t n = int64_t(tokens.size());
+  commit({&one, 1}, {&n, 1});
+  // pick() and read_logits(slot, 0, 1) read the last row: the next token's distribution.
+  s.logits_row = n - 1;
+}
+
 void CpuBackend::verify(std::span<const SeqStep> steps) {
   std::vector<Qwen3Model::SeqInput> in;
   bool any_draft = false;

@@ -92,6 +92,7 @@ RequestParams GenerateOptions::request(std::span<const int32_t> prompt) const {
   p.stop_ids = stop_ids;
   p.controls = controls;
   p.logprobs = logprobs;
+  p.prompt_logprobs = prompt_logprobs;
   return p;
 }
 
@@ -246,6 +247,7 @@ GenerateResult Engine::generate(const RequestParams& params,
     if (on_tokens && !t.empty()) on_tokens(t);
   };
   impl_->loop->run(seq);
+  res.prompt_logprobs = std::move(seq.prompt_logprobs);
   res.acceptance_lengths = std::move(seq.acceptance_lengths);
   res.accepted_at = std::move(seq.accepted_at);
   res.rounds = seq.rounds;
@@ -359,6 +361,10 @@ void Engine::loop() {
         Request* r = s->req.get();
         s->seq.sink = [r](std::span<const int32_t> t, int committed,
                           std::span<const TokenLogprob> lp) { r->push(t, committed, lp); };
+        s->seq.on_prompt_logprobs = [r](const std::vector<TokenLogprob>& lp) {
+          std::lock_guard lk(r->mutex_);
+          r->prompt_logprobs_ = lp;
+        };
         fresh.push_back(&s->seq);
         running.push_back(std::move(s));
       }

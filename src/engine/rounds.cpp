@@ -33,6 +33,26 @@ std::vector<float> RoundLoop::control(Sequence& s, int rows) {
   return s.params.logprobs >= 0 ? raw : std::vector<float>{};
 }
 
+void RoundLoop::prefill_scored(Sequence& s) {
+  // 128 rows of logits at a time: 78 MB at Qwen3's vocabulary, whatever the prompt's length.
+  constexpr int64_t kChunk = 128;
+  const int64_t V = backend_.config().vocab_size;
+  const auto& prompt = s.params.prompt;
+  const int64_t P = int64_t(prompt.size());
+  std::vector<float> rows;
+  s.prompt_logprobs.clear();
+  for (int64_t start = 0; start < P; start += kChunk) {
+    const int64_t n = std::min(kChunk, P - start);
+    backend_.prefill_all(*s.slot, std::span(prompt).subspan(size_t(start), size_t(n)));
+    rows.resize(size_t(n * V));
+    backend_.read_logits(*s.slot, -(n - 1), n, rows.data());
+    for (int64_t r = 0; r < n && start + r + 1 < P; ++r)
+      s.prompt_logprobs.push_back(token_logprob(
+          rows.data() + r * V, V, prompt[size_t(start + r + 1)], s.params.prompt_logprobs));
+  }
+  if (s.on_prompt_logprobs) s.on_prompt_logprobs(s.prompt_logprobs);
+}
+
 std::vector<TokenLogprob> RoundLoop::logprobs(Sequence& s, std::span<const int32_t> tokens,
                                               std::vector<float> raw) {
   if (s.params.logprobs < 0) return {};
@@ -79,6 +99,8 @@ void RoundLoop::validate(const SequenceParams& p) const {
                  "stop_token_ids; not ignore_eos alone)");
   FLASHMAP_CHECK(p.logprobs >= -1 && p.logprobs <= kMaxTopLogprobs,
                  "top_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, p.logprobs);
+  FLASHMAP_CHECK(p.prompt_logprobs >= -1 && p.prompt_logprobs <= kMaxTopLogprobs,
+                 "prompt_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, p.prompt_logprobs);
   const int64_t need = int64_t(p.prompt.size()) + p.max_tokens;
   FLASHMAP_CHECK(need <= max_context_,
                  "prompt ({} tokens) + max_new_tokens ({}) exceeds the context of {} positions",
@@ -123,6 +145,10 @@ void RoundLoop::admit(std::span<Sequence* const> fresh) {
   std::vector<Sequence*> leaders, copies, sources;
   for (Sequence* s : fresh) {
     s->drafting = backend_.has_drafter() && s->params.speculative;
+    if (s->params.prompt_logprobs >= 0) {
+      admit_group({&s, 1}, {});  // alone: its rows are read chunk by chunk
+      continue;
+    }
     Sequence* same = nullptr;
     for (Sequence* l : leaders)
       if (l->drafting == s->drafting && l->params.prompt == s->params.prompt &&
@@ -144,9 +170,13 @@ void RoundLoop::admit_group(std::span<Sequence* const> fresh, std::span<Sequence
   const auto t0 = Clock::now();
   std::vector<Slot*> slots;
   std::vector<std::span<const int32_t>> prompts;
+  const bool scored = fresh.size() == 1 && fresh[0]->params.prompt_logprobs >= 0;
   for (size_t i = 0; i < fresh.size(); ++i) {
     Sequence* s = fresh[i];
     const std::span<const int32_t> prompt = s->params.prompt;
+    if (scored) {
+      s->slot = backend_.open(s->drafting);
+    }
     if (!sources.empty()) {
       const int64_t n = int64_t(prompt.size()) - 1;
       if (backend_.forkable(*sources[i]->slot) >= n)
@@ -162,7 +192,11 @@ void RoundLoop::admit_group(std::span<Sequence* const> fresh, std::span<Sequence
     slots.push_back(s->slot.get());
     prompts.push_back(prompt.subspan(size_t(s->cached_tokens)));
   }
-  backend_.prefill(slots, prompts);
+  if (scored) {
+    prefill_scored(*fresh[0]);
+  } else {
+    backend_.prefill(slots, prompts);
+  }
   std::vector<SeqStep> steps;
   for (Sequence* s : fresh) {
     s->length = int64_t(s->params.prompt.size());

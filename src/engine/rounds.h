@@ -38,6 +38,9 @@ struct SequenceParams {
   // -1: no logprobs; n >= 0: each emitted token's logprob under the target and its n most likely
   // alternatives (n <= kMaxTopLogprobs).
   int logprobs = -1;
+  // The same for the prompt's tokens (each given the ones before it; the first has none): the
+  // prompt is then prefilled alone, in chunks, without the prefix cache.
+  int prompt_logprobs = -1;
 };
 
 struct PhaseTimes {
@@ -54,6 +57,7 @@ struct Sequence {
   int64_t length = 0;            // positions in the target's cache (the anchor's position)
   int64_t cached_tokens = 0;     // prompt tokens that came from the prefix cache
   std::vector<int32_t> history;  // prompt + committed tokens (the prefix cache's key)
+  std::vector<TokenLogprob> prompt_logprobs;  // tokens 1.. of the prompt, when asked for
   size_t generated = 0;
   bool drafting = false;  // has a drafter context
   bool done = false;
@@ -68,6 +72,8 @@ struct Sequence {
   // committed by the verify pass that produced them (0 for the prefill's first token) and, when
   // params.logprobs >= 0, their logprobs (else empty).
   std::function<void(std::span<const int32_t>, int, std::span<const TokenLogprob>)> sink;
+  // Receives the prompt logprobs (params.prompt_logprobs >= 0) before the first token.
+  std::function<void(const std::vector<TokenLogprob>&)> on_prompt_logprobs;
 };
 
 // Acceptance histogram etc. of one round, for the engine's counters.
@@ -111,6 +117,8 @@ class RoundLoop {
   // admit() for sequences that prefill together; `sources` (empty, or one per sequence): the
   // sequence whose slot each starts from (its prompt but the last token).
   void admit_group(std::span<Sequence* const> fresh, std::span<Sequence* const> sources);
+  // The prompt of a sequence that asked for prompt logprobs, prefilled in chunks with every row.
+  void prefill_scored(Sequence& s);
   bool emit(Sequence& s, std::span<const int32_t> fresh, bool verified,
             std::span<const TokenLogprob> logprobs);
   // Before pick/accept: the sequence's logit controls applied to its `rows` rows (anchor +

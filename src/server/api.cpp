@@ -390,9 +390,13 @@ void parse_choices(const json& body, bool chat, GenerationRequest& r) {
       r.best_of = int(*v);
     }
     r.echo = get_bool(body, "echo").value_or(false);
-    if (r.echo && r.logprobs >= 0)
-      bad("echo",
-          "'echo' with 'logprobs' (the prompt's logprobs) is not supported yet; echo alone is");
+    if (r.echo && r.logprobs >= 0) r.prompt_logprobs = r.logprobs;
+  }
+  if (auto v = get_int(body, "prompt_logprobs")) {
+    if (*v < 0 || *v > kMaxTopLogprobs)
+      bad("prompt_logprobs",
+          fmt::format("'prompt_logprobs' must be in [0, {}], got {}", kMaxTopLogprobs, *v));
+    r.prompt_logprobs = std::max(r.prompt_logprobs, int(*v));
   }
 }
 
@@ -674,7 +678,8 @@ const std::vector<std::string_view>& known_fields(Endpoint e) {
                                                        "guided_json",
                                                        "guided_regex",
                                                        "guided_choice",
-                                                       "structured_outputs"};
+                                                       "structured_outputs",
+                                                       "prompt_logprobs"};
   static const std::vector<std::string_view> completions = [] {
     auto v = common;
     v.insert(v.end(), {"prompt", "echo", "best_of"});
@@ -716,7 +721,6 @@ struct Unsupported {
 const std::vector<Unsupported>& unsupported_fields() {
   static const std::vector<Unsupported> v = {
       {"suffix", "", true, false, false},
-      {"prompt_logprobs", nullptr, true, true, false},
       {"skip_special_tokens", true, true, true, false},
       {"include_stop_str_in_output", false, true, true, false},
       {"guided_grammar", nullptr, true, true, false},

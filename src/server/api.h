@@ -77,6 +77,9 @@ struct GenerationRequest {
   int n = 1;          // choices returned
   int best_of = 1;    // completions: sequences generated, the n with the highest logprob returned
   bool echo = false;  // completions: the prompt's text before the output
+  // -1: none; else the prompt's logprobs with that many alternatives (vLLM's prompt_logprobs;
+  // echo + logprobs asks for them too, shown in the completion's logprobs).
+  int prompt_logprobs = -1;
   // Structured output (constrained decoding): response_format json_object / json_schema, or
   // vLLM's guided_json / guided_regex / guided_choice / structured_outputs. `structure_param`
   // names the field it came from (for errors); `schema_path` is where the schema sits in the

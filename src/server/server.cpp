@@ -164,6 +164,7 @@ struct Choice {
   size_t seen = 0;
   std::string reason;   // set when it ended: "stop", "length", "tool_calls", "error"
   std::string tool_id;  // a forced (named) tool call's id, once streamed
+  bool echoed = false;  // streaming: the echo chunk (completions) has gone out
 
   Choice(const TextCodec* codec, std::vector<std::string> stops, int min_tokens)
       : out(codec, std::move(stops), min_tokens) {}
@@ -322,6 +323,59 @@ struct Server::Impl {
       return fmt::format("token_id:{}", id);
     }
   }
+  // Completions with echo + logprobs: the prompt's tokens before the output's in `lp` (the first
+  // has no logprob: null, as OpenAI answers), offsets from 0.
+  void prepend_prompt(json& lp, const Request& r) const {
+    const auto& prompt = r.params.prompt;
+    const auto scored = r.prompt_logprobs();
+    json tokens = json::array(), values = json::array(), tops = json::array(),
+         offsets = json::array();
+    size_t offset = 0;
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      const std::string t = token_text(prompt[i]);
+      tokens.push_back(t);
+      offsets.push_back(offset);
+      offset += t.size();
+      if (i == 0 || i - 1 >= scored.size()) {
+        values.push_back(nullptr);
+        tops.push_back(nullptr);
+        continue;
+      }
+      const TokenLogprob& s = scored[i - 1];
+      values.push_back(s.logprob);
+      json top = json::object();
+      for (const auto& [id, v] : s.top) top[token_text(id)] = v;
+      tops.push_back(std::move(top));
+    }
+    for (const char* k : {"tokens", "token_logprobs", "top_logprobs"}) {
+      json& dst = k == std::string_view("tokens")           ? tokens
+                  : k == std::string_view("token_logprobs") ? values
+                                                            : tops;
+      for (const auto& x : lp[k]) dst.push_back(x);
+      lp[k] = std::move(dst);
+    }
+    for (const auto& x : lp["text_offset"]) offsets.push_back(x);
+    lp["text_offset"] = std::move(offsets);
+  }
+  // vLLM's prompt_logprobs: null for the first token, then per token {"<id>": {logprob, rank,
+  // decoded_token}} for the token and its alternatives.
+  json prompt_logprobs_json(const Request& r) const {
+    json out = json::array({nullptr});
+    for (const auto& s : r.prompt_logprobs()) {
+      json e = json::object();
+      e[std::to_string(s.token)] = {
+          {"logprob", s.logprob}, {"rank", s.rank}, {"decoded_token", token_text(s.token)}};
+      int rank = 1;
+      for (const auto& [id, v] : s.top) {
+        if (!e.contains(std::to_string(id)))
+          e[std::to_string(id)] = {
+              {"logprob", v}, {"rank", rank}, {"decoded_token", token_text(id)}};
+        ++rank;
+      }
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
   // OpenAI's logprobs object: chat {"content": [{token, logprob, bytes, top_logprobs}]};
   // completions {tokens, token_logprobs, top_logprobs, text_offset} (offsets from `offset`).
   json logprobs_json(std::span<const TokenLogprob> lps, bool chat, size_t offset) const {
@@ -421,6 +475,7 @@ RequestParams Server::Impl::build(const GenerationRequest& g, const std::string&
   p.controls.repetition_penalty = g.repetition_penalty.value_or(opt.default_repetition_penalty);
   if (g.structure != GenerationRequest::Structure::None)
     p.controls.constraint = constraint(g, body);
+  p.prompt_logprobs = g.prompt_logprobs;
   // best_of ranks its sequences by their summed logprobs: it needs them even when not returned.
   p.logprobs = g.logprobs >= 0 ? g.logprobs : (g.best_of > g.n ? 0 : -1);
   return p;
@@ -567,7 +622,11 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     for (size_t k = 0; k < order.size(); ++k) {
       Choice& c = (*choices)[order[k]];
       json choice = {{"index", k}, {"finish_reason", c.reason}, {"logprobs", nullptr}};
-      if (want_logprobs) choice["logprobs"] = logprobs_json(c.logprobs, chat, echo.size());
+      if (want_logprobs) {
+        choice["logprobs"] = logprobs_json(c.logprobs, chat, echo.size());
+        if (!chat && !echo.empty()) prepend_prompt(choice["logprobs"], *c.req);
+      }
+      if (g.prompt_logprobs >= 0) choice["prompt_logprobs"] = prompt_logprobs_json(*c.req);
       if (chat) {
         json message = {{"role", "assistant"}, {"content", c.out.text}};
         if (c.think) {
@@ -667,13 +726,9 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
             return false;
           };
           std::string buf;
-          if (!st->started)
-            for (size_t i = 0; i < choices->size(); ++i) {
-              if (chat)
-                buf += chunk(i, {{"role", "assistant"}, {"content", ""}}, {}, nullptr, nullptr);
-              else if (!echo.empty())
-                buf += chunk(i, json(echo), {}, nullptr, nullptr);
-            }
+          if (!st->started && chat)
+            for (size_t i = 0; i < choices->size(); ++i)
+              buf += chunk(i, {{"role", "assistant"}, {"content", ""}}, {}, nullptr, nullptr);
           st->started = true;
           bool waited = false, failed = false;
           for (size_t i = 0; i < choices->size() && !failed; ++i) {
@@ -682,6 +737,25 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
             // The first choice still running waits for tokens; the others are only polled.
             auto u = c.req->wait(c.seen, std::chrono::milliseconds(waited ? 0 : 250));
             waited = true;
+            // The echoed prompt goes first, once the sequence has started (its prompt logprobs
+            // are known before its first token).
+            if (!c.echoed && (!u.tokens.empty() || u.finished)) {
+              c.echoed = true;
+              if (!chat && !echo.empty()) {
+                json lp = nullptr;
+                if (want_logprobs) {
+                  lp = logprobs_json({}, false, 0);
+                  prepend_prompt(lp, *c.req);
+                }
+                std::string e = chunk(i, json(echo), {}, nullptr, std::move(lp));
+                if (g.prompt_logprobs >= 0) {
+                  json ev = json::parse(e.substr(6));
+                  ev["choices"][0]["prompt_logprobs"] = prompt_logprobs_json(*c.req);
+                  e = "data: " + dump_json(ev) + "\n\n";
+                }
+                buf += e;
+              }
+            }
             const size_t lp_from = c.logprobs.size();
             std::vector<int32_t> ids;
             std::string piece = c.take(u, &ids);

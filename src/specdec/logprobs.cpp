@@ -16,6 +16,7 @@ TokenLogprob token_logprob(const float* row, int64_t V, int32_t token, int top) 
   TokenLogprob r;
   r.token = token;
   r.logprob = lp(token);
+  for (int64_t i = 0; i < V; ++i) r.rank += row[i] > row[token];
   if (top > 0) {
     const int64_t n = std::min<int64_t>(top, V);
     std::vector<int32_t> ids(static_cast<size_t>(V));

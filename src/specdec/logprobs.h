@@ -12,6 +12,7 @@ namespace flashmap {
 struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0.0f;
+  int64_t rank = 1;  // 1 + the ids with a larger logit (vLLM's prompt_logprobs report it)
   std::vector<std::pair<int32_t, float>> top;  // the `top` most likely ids, most likely first
 };
 

@@ -208,7 +208,10 @@ TEST(ParseRequest, SamplingControlsAndChoices) {
   EXPECT_EQ(error_of(completion(R"("logprobs":21)"), false), E(400, "logprobs"));
   EXPECT_EQ(error_of(completion(R"("n":3,"best_of":2)"), false), E(400, "best_of"));
   EXPECT_EQ(error_of(completion(R"("best_of":3,"stream":true)"), false), E(400, "best_of"));
-  EXPECT_EQ(error_of(completion(R"("echo":true,"logprobs":1)"), false), E(400, "echo"));
+  EXPECT_EQ(parse_generation_request(completion(R"("echo":true,"logprobs":1)"), false, "m")
+                .prompt_logprobs,
+            1);
+  EXPECT_EQ(error_of(completion(R"("prompt_logprobs":-1)"), false), E(400, "prompt_logprobs"));
 }
 
 // response_format and vLLM's guided_* / structured_outputs: the kind, where the schema is, the

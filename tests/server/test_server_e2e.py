@@ -220,8 +220,8 @@ class ServerTest(unittest.TestCase):
         self.assertError(status, got, 400, "n")
         status, got = post(self.port, dict(base, best_of=3, stream=True))
         self.assertError(status, got, 400, "best_of")
-        status, got = post(self.port, dict(base, echo=True, logprobs=1))
-        self.assertError(status, got, 400, "echo")
+        status, got = post(self.port, dict(base, prompt_logprobs=21))
+        self.assertError(status, got, 400, "prompt_logprobs")
 
     def test_penalties_are_lossless_and_applied(self):
         # Greedy with penalties and a bias: the same tokens with and without speculation, and
@@ -846,6 +846,40 @@ class TextTest(unittest.TestCase):
         status, r = post(self.port, {"prompt": "x", "guided_regex": "(a"})
         self.assertEqual(status, 400, r)
         self.assertEqual(r["error"]["param"], "guided_regex")
+
+    def test_echo_with_logprobs_scores_the_prompt(self):
+        # lm-eval's loglikelihood request: echo + logprobs scores every prompt token given the
+        # ones before it. Each score must equal the raw logprob the same token gets when it is
+        # generated after that prefix (a +100 bias forces it; logprobs are before the bias).
+        prompt = "The quick brown fox jumps over"
+        status, r = post(self.port, {"prompt": prompt, "max_tokens": 1, "temperature": 0,
+                                     "echo": True, "logprobs": 2})
+        self.assertEqual(status, 200, r)
+        lp = r["choices"][0]["logprobs"]
+        self.assertTrue(r["choices"][0]["text"].startswith(prompt))
+        status, tok = post(self.port, {"prompt": prompt}, path="/tokenize")
+        ids = tok["tokens"]
+        self.assertEqual(len(lp["tokens"]), len(ids) + 1)
+        self.assertIsNone(lp["token_logprobs"][0])
+        self.assertIsNone(lp["top_logprobs"][0])
+        for k in range(1, len(ids)):
+            status, g = post(self.port, {"prompt": ids[:k], "max_tokens": 1, "temperature": 0,
+                                         "logprobs": 0, "logit_bias": {str(ids[k]): 100}})
+            self.assertEqual(g["choices"][0]["token_ids"], [ids[k]])
+            self.assertAlmostEqual(g["choices"][0]["logprobs"]["token_logprobs"][0],
+                                   lp["token_logprobs"][k], places=4)
+        # vLLM's prompt_logprobs field, and the same through streaming.
+        status, v = post(self.port, {"prompt": prompt, "max_tokens": 1, "temperature": 0,
+                                     "prompt_logprobs": 1})
+        pl = v["choices"][0]["prompt_logprobs"]
+        self.assertIsNone(pl[0])
+        self.assertAlmostEqual(pl[1][str(ids[1])]["logprob"], lp["token_logprobs"][1], places=5)
+        status, events, done = stream(self.port, {"prompt": prompt, "max_tokens": 1,
+                                                  "temperature": 0, "echo": True, "logprobs": 2,
+                                                  "stream": True})
+        streamed = [x for e in events for c in e["choices"] if c.get("logprobs")
+                    for x in c["logprobs"]["token_logprobs"]]
+        self.assertEqual(streamed, lp["token_logprobs"])
 
     def test_echo(self):
         plain = self.complete(max_tokens=5)["choices"][0]["text"]

@@ -509,3 +509,40 @@ TEST(Constrained, DraftsFollowTheGrammar) {
     }
   }
 }
+
+// Prompt logprobs (echo + logprobs, lm-eval's loglikelihood): token i of the prompt scored given
+// tokens 0..i-1, equal to the target's log-softmax of a full forward, across the 128-row chunks
+// the prompt is prefilled in; the continuation is what a plain prefill gives.
+TEST(Controls, PromptLogprobsAreTheTargetsLogSoftmax) {
+  Qwen3Model target(kA + "/target");
+  FlashMapModel model(kA + "/draft", target);
+  FlashMapProposer d(model, 1);
+  const int64_t V = target.config().vocab_size;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 300; ++i) prompt.push_back(int32_t((i * 131 + 7) % (V - 1)));
+  GenerateOptions o;
+  o.max_new_tokens = 12;
+  const auto plain = generate(target, &d, prompt, o);
+  o.prompt_logprobs = 3;
+  const auto scored = generate(target, &d, prompt, o);
+  EXPECT_EQ(scored.ids, plain.ids);
+  EXPECT_EQ(scored.acceptance_lengths, plain.acceptance_lengths);
+  ASSERT_EQ(scored.prompt_logprobs.size(), prompt.size() - 1);
+  KVCache c = target.new_cache();
+  Qwen3Model::Output out;
+  Qwen3Model::SeqInput s{&c, prompt};
+  target.forward({&s, 1}, Qwen3Model::Logits::All, {}, out);
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    const float* row = out.logits.data() + int64_t(i - 1) * V;
+    double mx = -1e300, sum = 0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(row[v]));
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
+    const TokenLogprob& lp = scored.prompt_logprobs[i - 1];
+    EXPECT_EQ(lp.token, prompt[i]);
+    EXPECT_NEAR(lp.logprob, double(row[prompt[i]]) - mx - std::log(sum), 1e-4) << i;
+    ASSERT_EQ(lp.top.size(), 3u);
+    EXPECT_EQ(lp.top[0].first, argmax(row, V)) << i;
+  }
+  o.prompt_logprobs = 21;
+  EXPECT_THROW(generate(target, &d, prompt, o), Error);
+}
