@@ -66,8 +66,9 @@ class Target {
   // read_logits(slot, −(n − 1), n) reads all n.
   virtual void prefill_all(Slot& slot, std::span<const int32_t> tokens) {
     (void)slot, (void)tokens;
-    throw Error("prompt logprobs are not supported on this device yet (CPU only)");
+    throw InternalError("prefill_all on a backend without it");
   }
+  virtual bool has_prefill_all() const { return false; }
   // Each sequence's anchor and its first `room` drafts in one forward over the batch: KV
   // appended, logits of every row, taps for drafting sequences.
   virtual void verify(std::span<const SeqStep> steps) = 0;

@@ -30,6 +30,7 @@ class CpuBackend : public Backend {
   int64_t max_positions() const override { return target_.config().max_position_embeddings; }
   std::unique_ptr<Slot> open(bool drafting) override;
   void prefill_all(Slot& slot, std::span<const int32_t> tokens) override;
+  bool has_prefill_all() const override { return true; }
   void prefill(std::span<Slot* const> slots,
                std::span<const std::span<const int32_t>> prompts) override;
   void verify(std::span<const SeqStep> steps) override;

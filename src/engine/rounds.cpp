@@ -101,6 +101,10 @@ void RoundLoop::validate(const SequenceParams& p) const {
                  "top_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, p.logprobs);
   FLASHMAP_CHECK(p.prompt_logprobs >= -1 && p.prompt_logprobs <= kMaxTopLogprobs,
                  "prompt_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, p.prompt_logprobs);
+  FLASHMAP_CHECK(p.prompt_logprobs < 0 || backend_.has_prefill_all(),
+                 "prompt logprobs (echo with logprobs, prompt_logprobs) are not supported on {} "
+                 "yet (CPU only)",
+                 backend_.device());
   const int64_t need = int64_t(p.prompt.size()) + p.max_tokens;
   FLASHMAP_CHECK(need <= max_context_,
                  "prompt ({} tokens) + max_new_tokens ({}) exceeds the context of {} positions",
