@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -70,6 +71,74 @@ LogitControls some_controls() {
   c.logit_bias = {{17, 2.5f}, {500, -3.0f}, {901, 1.5f}};
   c.min_tokens = 12;
   return c;
+}
+// The exact joint law of a run's first three tokens over a V-token vocabulary, from `next`: the
+// target's (controlled, masked) distribution after a given output. A run that stops at its
+// second token (stop id) has a third "token" V of its own: cell (t1 · V + t2) · (V + 1) + t3.
+std::vector<double> exact_three(
+    int64_t V, int32_t stop,
+    const std::function<std::vector<double>(const std::vector<int32_t>&)>& next) {
+  auto cell = [&](int32_t t1, int32_t t2, int32_t t3) {
+    return size_t((t1 * V + t2) * (V + 1) + t3);
+  };
+  std::vector<double> exact(size_t(V * V * (V + 1)), 0.0);
+  const auto p1 = next({});
+  for (int32_t t1 = 0; t1 < V; ++t1) {
+    if (p1[size_t(t1)] == 0 || t1 == stop) continue;
+    const auto p2 = next({t1});
+    for (int32_t t2 = 0; t2 < V; ++t2) {
+      if (p2[size_t(t2)] == 0) continue;
+      if (t2 == stop) {
+        exact[cell(t1, t2, int32_t(V))] = p1[size_t(t1)] * p2[size_t(t2)];
+        continue;
+      }
+      const auto p3 = next({t1, t2});
+      for (int32_t t3 = 0; t3 < V; ++t3)
+        exact[cell(t1, t2, t3)] = p1[size_t(t1)] * p2[size_t(t2)] * p3[size_t(t3)];
+    }
+  }
+  return exact;
+}
+
+std::vector<double> softmax(const std::vector<double>& x) {
+  std::vector<double> p(x.size());
+  const double mx = *std::max_element(x.begin(), x.end());
+  double sum = 0;
+  for (size_t i = 0; i < x.size(); ++i) sum += p[i] = std::exp(x[i] - mx);
+  for (auto& v : p) v /= sum;
+  return p;
+}
+
+// n runs of four tokens at T = 1 (the round after the first verifies drafts for the second and
+// third) with rejection sampling and with keyed draws, against `exact` (exact_three): the chi-
+// square test, and first drafts accepted often enough that the third token's row (whose prefix
+// holds a draft) is exercised.
+void expect_joint_three(const Qwen3Model& target, const BlockProposer& d,
+                        const std::vector<int32_t>& prompt, const LogitControls& c, int32_t stop,
+                        const std::vector<double>& exact, int n) {
+  const int64_t V = target.config().vocab_size;
+  for (bool seeded : {false, true}) {
+    std::vector<double> counts(exact.size(), 0.0);
+    GenerateOptions o;
+    o.max_new_tokens = 4;
+    o.sampling = {1.0f, 0, 1.0f, 0.0f};
+    o.seeded = seeded;
+    o.controls = c;
+    o.stop_ids = {stop};
+    double first_accepted = 0;
+    for (int i = 0; i < n; ++i) {
+      o.seed = uint64_t(i) * 7919 + 1;
+      const auto r = generate(target, &d, prompt, o);
+      ASSERT_GE(r.ids.size(), 2u);
+      const int32_t t3 = r.ids.size() > 2 ? r.ids[2] : int32_t(V);
+      counts[size_t((r.ids[0] * V + r.ids[1]) * (V + 1) + t3)] += 1;
+      first_accepted += r.accepted_at[0] > 0;
+    }
+    const auto chi = flashmap::testing::chi_square(counts, exact);
+    EXPECT_TRUE(chi.pass()) << "seeded=" << seeded << " chi2 " << chi.statistic << " > "
+                            << chi.critical << " " << chi.impossible;
+    EXPECT_GT(first_accepted, n * 0.05) << "seeded=" << seeded;
+  }
 }
 }  // namespace
 
@@ -174,62 +243,14 @@ TEST(Controls, SpeculativeSamplingWithControlsMatchesTarget) {
   c.logit_bias = {{3, 1.0f}, {6, -0.7f}};
   c.min_tokens = 1;
   const int32_t stop = 4;
-  const SamplingParams sp{1.0f, 0, 1.0f, 0.0f};
-  auto probs = [&](const std::vector<int32_t>& output) {
+  auto next = [&](const std::vector<int32_t>& output) {
     auto prefix = prompt;
     prefix.insert(prefix.end(), output.begin(), output.end());
-    const auto x =
-        reference_controls(next_logits(target, prefix).data(), V, c, prompt, output, {stop});
-    std::vector<double> p(x.size());
-    const double mx = *std::max_element(x.begin(), x.end());
-    double sum = 0;
-    for (size_t i = 0; i < x.size(); ++i) sum += p[i] = std::exp(x[i] - mx);
-    for (auto& v : p) v /= sum;
-    return p;
+    return softmax(
+        reference_controls(next_logits(target, prefix).data(), V, c, prompt, output, {stop}));
   };
-  auto cell = [&](int32_t t1, int32_t t2, int32_t t3) {
-    return size_t((t1 * V + t2) * (V + 1) + t3);
-  };
-  std::vector<double> exact(size_t(V * V * (V + 1)), 0.0);
-  const auto p1 = probs({});
-  EXPECT_EQ(p1[size_t(stop)], 0.0);  // min_tokens
-  for (int32_t t1 = 0; t1 < V; ++t1) {
-    if (p1[size_t(t1)] == 0) continue;
-    const auto p2 = probs({t1});
-    for (int32_t t2 = 0; t2 < V; ++t2) {
-      if (t2 == stop) {
-        exact[cell(t1, t2, int32_t(V))] = p1[size_t(t1)] * p2[size_t(t2)];
-        continue;
-      }
-      const auto p3 = probs({t1, t2});
-      for (int32_t t3 = 0; t3 < V; ++t3)
-        exact[cell(t1, t2, t3)] = p1[size_t(t1)] * p2[size_t(t2)] * p3[size_t(t3)];
-    }
-  }
-  for (bool seeded : {false, true}) {
-    std::vector<double> counts(exact.size(), 0.0);
-    GenerateOptions o;
-    // Four tokens: the round after the first verifies two drafts (for the second and third).
-    o.max_new_tokens = 4;
-    o.sampling = sp;
-    o.seeded = seeded;
-    o.controls = c;
-    o.stop_ids = {stop};
-    const int n = 60000;
-    double first_accepted = 0;
-    for (int i = 0; i < n; ++i) {
-      o.seed = uint64_t(i) * 7919 + 1;
-      const auto r = generate(target, &d, prompt, o);
-      ASSERT_GE(r.ids.size(), 2u);
-      counts[cell(r.ids[0], r.ids[1], r.ids.size() > 2 ? r.ids[2] : int32_t(V))] += 1;
-      first_accepted += r.accepted_at[0] > 0;
-    }
-    const auto chi = flashmap::testing::chi_square(counts, exact);
-    EXPECT_TRUE(chi.pass()) << "seeded=" << seeded << " chi2 " << chi.statistic << " > "
-                            << chi.critical << " " << chi.impossible;
-    // The third token comes from the verify's second row (prefix: an accepted draft) often.
-    EXPECT_GT(first_accepted, n * 0.05) << "seeded=" << seeded;
-  }
+  EXPECT_EQ(next({})[size_t(stop)], 0.0);  // min_tokens
+  expect_joint_three(target, d, prompt, c, stop, exact_three(V, stop, next), 60000);
 }
 
 // Logprobs are the target's own log-softmax at every emitted token (not the drafter's, not after
@@ -416,61 +437,17 @@ TEST(Constrained, SpeculativeSamplingMatchesConstrainedTarget) {
   LogitControls c;
   c.presence_penalty = 0.4f;
   c.constraint = constrain::constraint_factory(g, vocab);
-  auto probs = [&](const std::vector<int32_t>& output) {
+  auto next = [&](const std::vector<int32_t>& output) {
     auto prefix = prompt;
     prefix.insert(prefix.end(), output.begin(), output.end());
     const auto lg = next_logits(target, prefix);
     auto x = masked(lg.data(), V, g, vocab, output, stop);
     std::set<int32_t> seen(output.begin(), output.end());
     for (int32_t t : seen) x[size_t(t)] -= c.presence_penalty;
-    std::vector<double> p(x.size());
-    const double mx = *std::max_element(x.begin(), x.end());
-    double sum = 0;
-    for (size_t i = 0; i < x.size(); ++i) sum += p[i] = std::exp(x[i] - mx);
-    for (auto& v : p) v /= sum;
-    return p;
+    return softmax(x);
   };
-  const int64_t W = V + 1;  // a third "token" for runs that stopped at their second
-  auto cell = [&](int32_t t1, int32_t t2, int32_t t3) { return size_t((t1 * V + t2) * W + t3); };
-  std::vector<double> exact(size_t(V * V * W), 0.0);
-  const auto p1 = probs({});
-  for (int32_t t1 = 0; t1 < V; ++t1) {
-    if (p1[size_t(t1)] == 0 || t1 == stop) continue;
-    const auto p2 = probs({t1});
-    for (int32_t t2 = 0; t2 < V; ++t2) {
-      if (p2[size_t(t2)] == 0) continue;
-      if (t2 == stop) {
-        exact[cell(t1, t2, int32_t(V))] = p1[size_t(t1)] * p2[size_t(t2)];
-        continue;
-      }
-      const auto p3 = probs({t1, t2});
-      for (int32_t t3 = 0; t3 < V; ++t3)
-        exact[cell(t1, t2, t3)] = p1[size_t(t1)] * p2[size_t(t2)] * p3[size_t(t3)];
-    }
-  }
-  EXPECT_EQ(p1[size_t(stop)], 0.0);  // the empty text is not in the language
-  for (bool seeded : {false, true}) {
-    std::vector<double> counts(exact.size(), 0.0);
-    GenerateOptions o;
-    o.max_new_tokens = 4;
-    o.sampling = {1.0f, 0, 1.0f, 0.0f};
-    o.seeded = seeded;
-    o.controls = c;
-    o.stop_ids = {stop};
-    const int n = 40000;
-    double first_accepted = 0;
-    for (int i = 0; i < n; ++i) {
-      o.seed = uint64_t(i) * 7919 + 3;
-      const auto r = generate(target, &d, prompt, o);
-      ASSERT_GE(r.ids.size(), 2u);
-      counts[cell(r.ids[0], r.ids[1], r.ids.size() > 2 ? r.ids[2] : int32_t(V))] += 1;
-      first_accepted += r.accepted_at[0] > 0;
-    }
-    const auto chi = flashmap::testing::chi_square(counts, exact);
-    EXPECT_TRUE(chi.pass()) << "seeded=" << seeded << " chi2 " << chi.statistic << " > "
-                            << chi.critical << " " << chi.impossible;
-    EXPECT_GT(first_accepted, n * 0.05) << "seeded=" << seeded;
-  }
+  EXPECT_EQ(next({})[size_t(stop)], 0.0);  // the empty text is not in the language
+  expect_joint_three(target, d, prompt, c, stop, exact_three(V, stop, next), 40000);
 }
 
 // The drafter's proposals follow the grammar too: every block is a chain the constraint accepts
