@@ -473,8 +473,15 @@ RequestParams Server::Impl::build(const GenerationRequest& g, const std::string&
                                  tok, vocab - 1),
                      "logit_bias");
   p.controls.repetition_penalty = g.repetition_penalty.value_or(opt.default_repetition_penalty);
-  if (g.structure != GenerationRequest::Structure::None)
+  if (g.structure != GenerationRequest::Structure::None) {
+    if (p.stop_ids.empty())
+      throw ApiError(400,
+                     fmt::format("'{}' needs a stop token to end the output: this model has no "
+                                 "eos ids (generation_config.json); give stop_token_ids{}",
+                                 g.structure_param, g.ignore_eos ? " (ignore_eos drops them)" : ""),
+                     g.structure_param);
     p.controls.constraint = constraint(g, body);
+  }
   p.prompt_logprobs = g.prompt_logprobs;
   // best_of ranks its sequences by their summed logprobs: it needs them even when not returned.
   p.logprobs = g.logprobs >= 0 ? g.logprobs : (g.best_of > g.n ? 0 : -1);

@@ -244,6 +244,29 @@ class HostileRequests(unittest.TestCase):
                 (chat, user("x") | {"tools": {"f": 1}}, "tools"),
                 (chat, user("x") | {"response_format": {"type": "json_schema"}},
                  "response_format"),
+                # Structured output and sampling controls: sizes from the request are bounded
+                # before anything is compiled or allocated.
+                (chat, user("x") | {"guided_regex": "a{100000}"}, "guided_regex"),
+                (chat, user("x") | {"guided_regex": "(" * 5000}, "guided_regex"),
+                (chat, user("x") | {"guided_choice": ["c%d" % i for i in range(10000)]},
+                 "guided_choice"),
+                (chat, user("x") | {"guided_json": {"type": "array", "minItems": 10 ** 9}},
+                 "guided_json"),
+                (chat, user("x") | {"guided_json": {"type": "object", "properties": {
+                    "p%d" % i: {"type": "string"} for i in range(5000)}}}, "guided_json"),
+                (chat, user("x") | {"response_format": {"type": "json_schema", "json_schema": {
+                    "schema": {"$defs": {"n": {"type": "object", "properties": {
+                        "a": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}}}},
+                 "response_format"),
+                (chat, user("x") | {"tools": [{"type": "function", "function": {
+                    "name": "f", "parameters": {"type": "string", "pattern": "a{1000}"}}}],
+                    "tool_choice": "required"}, "tool_choice"),
+                (chat, user("x") | {"logit_bias": {str(i): 1 for i in range(100000)}},
+                 "logit_bias"),
+                (chat, user("x") | {"top_logprobs": 10 ** 12, "logprobs": True}, "top_logprobs"),
+                ("/v1/completions", {"prompt": [1], "best_of": 10 ** 6}, "best_of"),
+                ("/v1/completions", {"prompt": [1], "prompt_logprobs": 10 ** 6},
+                 "prompt_logprobs"),
                 (chat, {"messages": [{"role": "assistant", "tool_calls": [{"function": [1]}]}]},
                  "messages[0].tool_calls[0].function"),
                 (chat, {"messages": [{"role": "assistant", "tool_calls": [{"function": {
@@ -254,7 +277,7 @@ class HostileRequests(unittest.TestCase):
                 with self.subTest(path=path, param=param):
                     status, resp = e2e.post(p, body, path=path, timeout=30)
                     self.assertEqual(status, 400, resp)
-                    self.assertEqual(resp["error"]["param"], param)
+                    self.assertEqual(resp["error"]["param"], param, resp)
             # Invalid UTF-8 in a body and in a model id.
             for path in ("/tokenize", "/detokenize", chat):
                 status, _ = e2e.request(p, "POST", path, raw=b'{"prompt": "a\xc0\xaf"}')
