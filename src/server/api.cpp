@@ -641,6 +641,7 @@ GenerationRequest parse_generation_request(const json& body, bool chat,
     r.include_usage = get_bool(*so, "include_usage").value_or(false);
   }
   r.speculative = get_bool(body, "speculative").value_or(true);
+  r.return_token_ids = get_bool(body, "return_token_ids").value_or(false);
   parse_controls(body, r);
   parse_choices(body, chat, r);
   parse_structure(body, r);
@@ -665,6 +666,7 @@ const std::vector<std::string_view>& known_fields(Endpoint e) {
                                                        "stream",
                                                        "stream_options",
                                                        "speculative",
+                                                       "return_token_ids",
                                                        "user",
                                                        "presence_penalty",
                                                        "frequency_penalty",

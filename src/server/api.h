@@ -65,6 +65,9 @@ struct GenerationRequest {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool stream = false, include_usage = false, speculative = true;
+  // vLLM's return_token_ids: the prompt's ids (prompt_token_ids) and each choice's (token_ids;
+  // completions always carry the latter).
+  bool return_token_ids = false;
   bool tools = false;  // chat with tools: <tool_call> blocks in the output become tool_calls
   // Penalties, logit_bias, min_tokens (repetition_penalty may come from generation_config.json:
   // given here only when the request sets it).

@@ -666,6 +666,7 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
           }
         }
         choice["message"] = std::move(message);
+        if (g.return_token_ids) choice["token_ids"] = c.out.ids;
       } else {
         choice["text"] = echo + c.out.text;
         choice["token_ids"] = c.out.ids;
@@ -679,6 +680,7 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
                  {"choices", std::move(list)},
                  {"usage", usage_of()},
                  {"acceptance_length", acceptance_of()}};
+    if (g.return_token_ids) body["prompt_token_ids"] = first.params.prompt;
     res.set_content(dump_json(body), "application/json");
     log_end(200, false);
     return;
@@ -702,6 +704,7 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
                    {"finish_reason", finish ? json(finish) : json(nullptr)}};
     if (chat) {
       choice["delta"] = delta_or_text;
+      if (g.return_token_ids && !ids.empty()) choice["token_ids"] = ids;
     } else {
       choice["text"] = delta_or_text;
       choice["token_ids"] = ids;
@@ -713,6 +716,15 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
               {"choices", json::array({choice})}};
     if (include_usage) c["usage"] = nullptr;
     return "data: " + dump_json(c) + "\n\n";
+  };
+  // return_token_ids: the first chunk carries the prompt's ids.
+  // (By value: the stream's provider runs after this handler has returned.)
+  auto with_prompt_ids = [want = g.return_token_ids,
+                          prompt = first.params.prompt](std::string event) {
+    if (!want) return event;
+    json ev = json::parse(event.substr(6));
+    ev["prompt_token_ids"] = prompt;
+    return "data: " + dump_json(ev) + "\n\n";
   };
   auto cancel_all = [choices] {
     for (auto& c : *choices) c.req->cancel();
@@ -735,7 +747,8 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
           std::string buf;
           if (!st->started && chat)
             for (size_t i = 0; i < choices->size(); ++i)
-              buf += chunk(i, {{"role", "assistant"}, {"content", ""}}, {}, nullptr, nullptr);
+              buf += with_prompt_ids(
+                  chunk(i, {{"role", "assistant"}, {"content", ""}}, {}, nullptr, nullptr));
           st->started = true;
           bool waited = false, failed = false;
           for (size_t i = 0; i < choices->size() && !failed; ++i) {
@@ -849,9 +862,14 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
                   (split.reasoning.empty() && !ids.empty() && calls.is_null() &&
                    g.structure != GenerationRequest::Structure::Tools);
               if (!split.reasoning.empty())
-                buf += chunk(i, json{{"reasoning_content", split.reasoning}}, {}, nullptr,
+                buf += chunk(i, json{{"reasoning_content", split.reasoning}},
+                             content_chunk ? std::vector<int32_t>{} : ids, nullptr,
                              content_chunk ? json(nullptr) : lp);
-              if (content_chunk) buf += chunk(i, json{{"content", split.content}}, {}, nullptr, lp);
+              if (content_chunk)
+                buf += chunk(i, json{{"content", split.content}}, ids, nullptr, lp);
+              // return_token_ids: ids whose text is held back still get a chunk.
+              if (!content_chunk && split.reasoning.empty() && g.return_token_ids && !ids.empty())
+                buf += chunk(i, json::object(), ids, nullptr, nullptr);
               if (!calls.is_null())
                 buf += chunk(i, json{{"tool_calls", calls}}, {}, nullptr, nullptr);
             } else if (!piece.empty() || !ids.empty()) {

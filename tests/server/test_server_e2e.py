@@ -881,6 +881,24 @@ class TextTest(unittest.TestCase):
                     for x in c["logprobs"]["token_logprobs"]]
         self.assertEqual(streamed, lp["token_logprobs"])
 
+    def test_return_token_ids(self):
+        # vLLM's return_token_ids (llama-benchy asks for it): the prompt's ids and the output's.
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                "temperature": 0, "chat_template_kwargs": {"enable_thinking": False},
+                "return_token_ids": True}
+        status, r = post(self.port, chat, path="/v1/chat/completions")
+        self.assertEqual(status, 200, r)
+        status, tok = post(self.port, {k: chat[k] for k in ("messages", "chat_template_kwargs")},
+                           path="/tokenize")
+        self.assertEqual(r["prompt_token_ids"], tok["tokens"])
+        ids = r["choices"][0]["token_ids"]
+        self.assertEqual(len(ids), r["usage"]["completion_tokens"])
+        status, events, done = stream(self.port, dict(chat, stream=True),
+                                      path="/v1/chat/completions")
+        self.assertEqual(events[0]["prompt_token_ids"], tok["tokens"])
+        self.assertEqual([t for e in events for c in e["choices"] for t in c.get("token_ids", [])],
+                         ids)
+
     def test_echo(self):
         plain = self.complete(max_tokens=5)["choices"][0]["text"]
         echoed = self.complete(max_tokens=5, echo=True)["choices"][0]["text"]
