@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 import dflash.model as zlab
 from speculators.config import SpeculatorsConfig, VerifierConfig
 from speculators.convert.dflash.converter import DFlashConverter
+from speculators.models.attention import create_float_mask
 from speculators.models.dflash import DFlashDraftModel as SpecDFlash
 from speculators.models.dflash import DFlashSpeculatorConfig
 from speculators.proposals.greedy import GreedyTokenProposalConfig
@@ -150,7 +151,7 @@ def make_speculators(target, gen, out_dir):
     loaded.config.transformer_layer_config._attn_implementation = "eager"
     for layer in loaded.layers:
         layer.self_attn.config._attn_implementation = "eager"
-    loaded._create_mask_fn = __import__("speculators.models.attention", fromlist=["x"]).create_float_mask
+    loaded._create_mask_fn = create_float_mask  # the mask builder that goes with eager attention
     return loaded.float().eval()
 
 
