@@ -217,3 +217,64 @@ TEST(DFlash, ConfigErrorsNameFileAndField) {
     fs::remove_all(fs::temp_directory_path() /
                    (std::string("flashmap_dflash_") + name + "_" + std::to_string(::getpid())));
 }
+
+// The z-lab greedy loop (dflash/model.py:179-324, docs/DFLASH.md §4) with our target and drafter:
+// the output must equal the reference's (= the target's greedy decode), and each round's drafts
+// the reference's, which checks the context cache across rounds and the shorter last blocks.
+TEST(DFlash, ZLabGreedyLoopMatchesReference) {
+  Qwen3Model target(kTarget);
+  DFlashModel d(kDir + "/zlab", target);
+  nlohmann::json expected;
+  std::ifstream(kDir + "/expected.json") >> expected;
+  const int64_t V = target.config().vocab_size;
+  const std::vector<int> taps = d.target_layer_ids();
+  auto argmax = [&](const float* row) { return int32_t(std::max_element(row, row + V) - row); };
+  for (const auto& run : expected["zlab_greedy"]) {
+    const auto prompt = run["prompt_ids"].get<std::vector<int32_t>>();
+    const auto want = run["output_ids"].get<std::vector<int32_t>>();
+    const auto want_drafts = run["draft_ids_per_round"].get<std::vector<std::vector<int32_t>>>();
+    const auto want_accept = run["acceptance_lengths"].get<std::vector<int>>();
+    const int64_t max_length = int64_t(prompt.size()) + run["max_new_tokens"].get<int64_t>();
+    SCOPED_TRACE(::testing::PrintToString(prompt));
+
+    KVCache cache = target.new_cache();
+    DFlashContext ctx = d.new_context();
+    Qwen3Model::Output out;
+    Qwen3Model::SeqInput s{&cache, prompt};
+    target.forward({&s, 1}, Qwen3Model::Logits::All, taps, out);
+    std::vector<int32_t> output = prompt;
+    output.push_back(argmax(out.logits.data() + (int64_t(prompt.size()) - 1) * V));
+    std::vector<float> features = out.features;
+    int64_t new_features = int64_t(prompt.size());
+    std::vector<std::vector<int32_t>> drafts;
+    std::vector<int> accepts;
+    int64_t start = int64_t(prompt.size());
+    while (start + 1 < max_length) {
+      const int block = int(std::min<int64_t>(d.block_size(), max_length - start));
+      d.extend_context(ctx, features.data(), new_features);
+      ASSERT_EQ(ctx.length, start);
+      std::vector<float> logits(size_t((block - 1) * V));
+      DFlashModel::Request req{&ctx, output.back()};
+      d.draft({&req, 1}, block, logits.data());
+      std::vector<int32_t> verify = {output.back()};
+      for (int i = 0; i < block - 1; ++i) verify.push_back(argmax(logits.data() + i * V));
+      drafts.emplace_back(verify.begin() + 1, verify.end());
+      Qwen3Model::SeqInput v{&cache, verify};
+      target.forward({&v, 1}, Qwen3Model::Logits::All, taps, out);
+      int a = 0;
+      while (a < block - 1 && verify[size_t(a + 1)] == argmax(out.logits.data() + a * V)) ++a;
+      for (int i = 1; i <= a; ++i) output.push_back(verify[size_t(i)]);
+      output.push_back(argmax(out.logits.data() + a * V));
+      accepts.push_back(a + 1);
+      start += a + 1;
+      cache.truncate(start);
+      const int64_t F = int64_t(taps.size()) * target.config().hidden_size;
+      features.assign(out.features.begin(), out.features.begin() + (a + 1) * F);
+      new_features = a + 1;
+    }
+    output.resize(std::min<size_t>(output.size(), size_t(max_length)));
+    EXPECT_EQ(output, want);
+    EXPECT_EQ(accepts, want_accept);
+    EXPECT_EQ(drafts, want_drafts);
+  }
+}
