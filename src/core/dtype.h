@@ -9,7 +9,8 @@
 
 namespace flashmap {
 
-enum class DType : uint8_t { F32, BF16, F16, I64, I32 };
+// Bool: one byte per element (speculators' t2d vocabulary mask).
+enum class DType : uint8_t { F32, BF16, F16, I64, I32, Bool };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -23,6 +24,8 @@ inline size_t dtype_size(DType t) {
       return 8;
     case DType::I32:
       return 4;
+    case DType::Bool:
+      return 1;
   }
   return 0;
 }
@@ -39,6 +42,8 @@ inline std::string_view dtype_name(DType t) {
       return "I64";
     case DType::I32:
       return "I32";
+    case DType::Bool:
+      return "BOOL";
   }
   return "?";
 }

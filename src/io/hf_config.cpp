@@ -127,8 +127,9 @@ void check_sliding_window(const Fields& f, const Qwen3Config& c) {
 
 }  // namespace
 
-Qwen3Config Qwen3Config::from_file(const std::string& path) {
-  const json j = read_json(path);
+// A Qwen3 config object (a whole config.json, or speculators' nested transformer_layer_config);
+// `path` names where it is in errors.
+static Qwen3Config qwen3_from_json(const json& j, const std::string& path) {
   Fields f{j, path};
   const std::string type = f.string_or("model_type", "");
   FLASHMAP_CHECK(type == "qwen3", "{}: model_type is '{}', this engine runs 'qwen3' targets", path,
@@ -179,6 +180,153 @@ Qwen3Config Qwen3Config::from_file(const std::string& path) {
   const std::string act = f.string_or("hidden_act", "silu");
   FLASHMAP_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (only 'silu')", path, act);
   return c;
+}
+
+Qwen3Config Qwen3Config::from_file(const std::string& path) {
+  return qwen3_from_json(read_json(path), path);
+}
+
+// A list of layer indices (z-lab target_layer_ids, speculators aux_hidden_state_layer_ids).
+static std::vector<int> layer_ids(const json& ids, const std::string& path, const char* field) {
+  FLASHMAP_CHECK(ids.is_array() && !ids.empty() && ids.size() <= size_t(kMaxLayers),
+                 "{}: field '{}' must be a list of 1 to {} layer indices", path, field, kMaxLayers);
+  std::vector<int> out;
+  for (auto& v : ids) {
+    FLASHMAP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                       (v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(kMaxLayers)
+                                               : v.get<int64_t>() < kMaxLayers),
+                   "{}: field '{}' has a bad entry {} (expected a layer index in [0, {}))", path,
+                   field, v.dump(), kMaxLayers);
+    out.push_back(int(v.get<int64_t>()));
+  }
+  return out;
+}
+
+static bool has_architecture(const json& j, const std::string& name) {
+  if (!j.contains("architectures") || !j["architectures"].is_array()) return false;
+  for (auto& a : j["architectures"])
+    if (a == name) return true;
+  return false;
+}
+
+bool DFlashConfig::is_dflash(const std::string& dir) {
+  const auto path = (std::filesystem::path(dir) / "config.json").string();
+  const json j = read_json(path);
+  return j.contains("speculators_model_type") || j.contains("dflash_config") ||
+         has_architecture(j, "DFlashDraftModel") || has_architecture(j, "DFlash2DraftModel");
+}
+
+DFlashConfig DFlashConfig::from_file(const std::string& path) {
+  const json j = read_json(path);
+  Fields f{j, path};
+  DFlashConfig c;
+  c.path = path;
+  if (f.has("speculators_model_type")) {
+    // speculators/models/dflash/config.py: DFlashSpeculatorConfig.
+    c.format = Format::Speculators;
+    const std::string type = f.string_or("speculators_model_type", "");
+    FLASHMAP_CHECK(type == "dflash",
+                   "{}: field 'speculators_model_type' is \"{}\": only \"dflash\" drafters are "
+                   "supported (not dflash2, dspark, eagle3, ...)",
+                   path, type);
+    FLASHMAP_CHECK(f.has("transformer_layer_config") && j["transformer_layer_config"].is_object(),
+                   "{}: missing object field 'transformer_layer_config'", path);
+    c.layers = qwen3_from_json(j["transformer_layer_config"], path + ": transformer_layer_config");
+    c.block_size = f.integer_or("block_size", 8, 2, kMaxBlockSize);
+    FLASHMAP_CHECK(f.has("aux_hidden_state_layer_ids"),
+                   "{}: missing field 'aux_hidden_state_layer_ids'", path);
+    // speculators' id i is hidden_states[i], the output of layer i - 1; 0 is the embedding.
+    for (int id : layer_ids(j["aux_hidden_state_layer_ids"], path, "aux_hidden_state_layer_ids")) {
+      FLASHMAP_CHECK(id >= 1,
+                     "{}: field 'aux_hidden_state_layer_ids' has 0 (the embedding output), "
+                     "which is not supported",
+                     path);
+      c.target_layer_ids.push_back(id - 1);
+    }
+    FLASHMAP_CHECK(f.has("mask_token_id"), "{}: missing field 'mask_token_id'", path);
+    c.mask_token_id = f.integer("mask_token_id", 0, c.layers.vocab_size - 1);
+    c.draft_vocab_size =
+        f.integer_or("draft_vocab_size", c.layers.vocab_size, 1, c.layers.vocab_size);
+    c.target_hidden_size = f.integer_or("target_hidden_size", 0, 1, kMaxHidden);
+    FLASHMAP_CHECK(!f.boolean_or("sample_from_anchor", false),
+                   "{}: field 'sample_from_anchor' is true (B proposals from every block row): "
+                   "not supported, only the reference's default false",
+                   path);
+    return c;
+  }
+  // dflash/model.py: DFlashDraftModel (config_class Qwen3Config), fields looked up in
+  // dflash_config first, then at the top level (_draft_value, :127-132).
+  FLASHMAP_CHECK(!has_architecture(j, "DFlash2DraftModel"),
+                 "{}: field 'architectures' names DFlash2DraftModel, a different model: only "
+                 "DFlashDraftModel is supported",
+                 path);
+  FLASHMAP_CHECK(has_architecture(j, "DFlashDraftModel") || f.has("dflash_config"),
+                 "{}: not a DFlash drafter (no 'speculators_model_type', no 'dflash_config', "
+                 "'architectures' lacks DFlashDraftModel)",
+                 path);
+  c.format = Format::ZLab;
+  c.layers = qwen3_from_json(j, path);
+  const json empty = json::object();
+  const json& dc = f.has("dflash_config") ? j["dflash_config"] : empty;
+  FLASHMAP_CHECK(dc.is_object(), "{}: field 'dflash_config' must be an object", path);
+  const std::string dc_path = path + ": dflash_config";
+  Fields d{dc, dc_path};
+  auto pick = [&](const char* key) -> const Fields& { return d.has(key) ? d : f; };
+  c.block_size = pick("block_size").integer_or("block_size", 16, 2, kMaxBlockSize);
+  FLASHMAP_CHECK(pick("mask_token_id").has("mask_token_id"),
+                 "{}: missing field 'mask_token_id' (dflash_config or top level)", path);
+  c.mask_token_id = pick("mask_token_id").integer("mask_token_id", 0, c.layers.vocab_size - 1);
+  if (pick("target_layer_ids").has("target_layer_ids")) {
+    const Fields& src = pick("target_layer_ids");
+    c.target_layer_ids = layer_ids(src.j["target_layer_ids"], src.path, "target_layer_ids");
+  } else {
+    // build_target_layer_ids (dflash/model.py:25-34).
+    const int n = f.integer("num_target_layers", 1, kMaxLayers), k = c.layers.num_hidden_layers;
+    if (k == 1) {
+      c.target_layer_ids = {n / 2};
+    } else {
+      for (int i = 0; i < k; ++i)
+        c.target_layer_ids.push_back(int(std::lround(1.0 + i * double(n - 4) / double(k - 1))));
+    }
+  }
+  c.input_embedding_scale = pick("input_embedding_scale").number_or("input_embedding_scale", 1.0);
+  c.output_multiplier = pick("output_multiplier").number_or("output_multiplier", 1.0);
+  {
+    const Fields& src = pick("final_logit_softcapping");
+    if (src.has("final_logit_softcapping")) {
+      FLASHMAP_CHECK(src.j["final_logit_softcapping"].is_number(),
+                     "{}: field 'final_logit_softcapping' must be a number", src.path);
+      c.final_logit_softcapping = src.j["final_logit_softcapping"].get<double>();
+      FLASHMAP_CHECK(std::isfinite(c.final_logit_softcapping),
+                     "{}: field 'final_logit_softcapping' must be finite", src.path);
+    }
+  }
+  // is_causal true would make full-attention layers causal within the block (:363-367).
+  FLASHMAP_CHECK(!pick("is_causal").boolean_or("is_causal", false),
+                 "{}: field 'is_causal' true is not supported", path);
+  c.draft_vocab_size = c.layers.vocab_size;
+  return c;
+}
+
+void DFlashConfig::check_target(const Qwen3Config& t, const std::string& target_dir) const {
+  const bool spec = format == Format::Speculators;
+  FLASHMAP_CHECK(
+      layers.vocab_size == t.vocab_size, "{}: field '{}vocab_size' is {} but the target {} has {}",
+      path, spec ? "transformer_layer_config." : "", layers.vocab_size, target_dir, t.vocab_size);
+  // The block is embedded by the target's embedding and read by its lm_head.
+  FLASHMAP_CHECK(layers.hidden_size == t.hidden_size,
+                 "{}: field '{}hidden_size' is {} but the target {} has hidden_size {}", path,
+                 spec ? "transformer_layer_config." : "", layers.hidden_size, target_dir,
+                 t.hidden_size);
+  FLASHMAP_CHECK(target_hidden_size == 0 || target_hidden_size == t.hidden_size,
+                 "{}: field 'target_hidden_size' is {} but the target {} has hidden_size {}", path,
+                 target_hidden_size, target_dir, t.hidden_size);
+  for (int id : target_layer_ids)
+    FLASHMAP_CHECK(id < t.num_hidden_layers - 1,
+                   "{}: field '{}' has {} but the target {} has {} layers (taps: outputs of "
+                   "layers 0..{}; the last layer's output is normed and not supported)",
+                   path, spec ? "aux_hidden_state_layer_ids" : "target_layer_ids",
+                   spec ? id + 1 : id, target_dir, t.num_hidden_layers, t.num_hidden_layers - 2);
 }
 
 std::map<int, std::vector<double>> FlashMapConfig::default_jump_grids() {

@@ -65,6 +65,38 @@ struct FlashMapConfig {
   static std::map<int, std::vector<double>> default_jump_grids();
 };
 
+// A DFlash block drafter's config.json in either format (docs/DFLASH.md §3), normalized:
+// z-lab's release (a Qwen3 config with architectures ["DFlashDraftModel"] and dflash_config) or
+// speculators' (speculators_model_type "dflash", the drafter's Qwen3 config nested in
+// transformer_layer_config).
+struct DFlashConfig {
+  enum class Format { ZLab, Speculators };
+  Format format = Format::ZLab;
+  std::string path;  // the file, for errors
+  // The drafter's decoder stack (vocab_size: the target's vocabulary).
+  Qwen3Config layers;
+  int block_size = 16;
+  int mask_token_id = 0;
+  // Target taps in the engine's convention: the output of decoder layer id (transformers'
+  // hidden_states[id + 1]); speculators' aux_hidden_state_layer_ids are these + 1.
+  std::vector<int> target_layer_ids;
+  // The draft vocabulary (speculators may reduce it: own lm_head and d2t); = vocab_size if not.
+  int draft_vocab_size = 0;
+  // z-lab's optional scalars (dflash/model.py _draft_value), defaults 1, 1, 0 (off).
+  double input_embedding_scale = 1.0, output_multiplier = 1.0, final_logit_softcapping = 0.0;
+  // speculators: target_hidden_size when given (null: the drafter's hidden_size).
+  int target_hidden_size = 0;
+
+  bool reduced_vocab() const { return draft_vocab_size != layers.vocab_size; }
+  // Throws naming the file and field when the drafter does not fit `target` (vocabulary, hidden
+  // size, tapped layers: only outputs of layers 0 .. N-2, the last one being normed in HF).
+  void check_target(const Qwen3Config& target, const std::string& target_dir) const;
+
+  static DFlashConfig from_file(const std::string& path);
+  // Whether config.json in `dir` describes a DFlash drafter (either format).
+  static bool is_dflash(const std::string& dir);
+};
+
 // generation_config.json: the ids that end generation and the checkpoint's sampling defaults.
 struct GenerationConfig {
   std::vector<int> eos_token_ids;

@@ -70,9 +70,10 @@ static DType parse_dtype(const std::string& s, const std::string& file, const st
   if (s == "F16") return DType::F16;
   if (s == "I64") return DType::I64;
   if (s == "I32") return DType::I32;
+  if (s == "BOOL") return DType::Bool;
   throw Error(
       fmt::format("{}: tensor '{}' has unsupported dtype '{}' (supported: F32, BF16, F16, "
-                  "I64, I32)",
+                  "I64, I32, BOOL)",
                   file, name, s));
 }
 

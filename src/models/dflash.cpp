@@ -1,0 +1,256 @@
+#include "models/dflash.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "core/check.h"
+
+namespace flashmap {
+
+DFlashModel::DFlashModel(const std::string& dir, const Qwen3Model& target, ThreadPool* pool,
+                         ops::WeightFormat weights)
+    : target_(target), pool_(pool ? pool : &ThreadPool::global()) {
+  config_ = DFlashConfig::from_file((std::filesystem::path(dir) / "config.json").string());
+  const auto& c = config_.layers;
+  config_.check_target(target.config(), target.dir());
+
+  ckpt_ = std::make_unique<Checkpoint>(dir);
+  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
+  const int64_t q_dim = int64_t(c.num_attention_heads) * hd;
+  const int64_t kv_dim = int64_t(c.num_key_value_heads) * hd;
+  const int64_t TH = target.config().hidden_size;
+  auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
+    const TensorView& t = ckpt_->get(name, {rows, cols});
+    Weight w = Weight::of(t);
+    if (weights == ops::WeightFormat::Unpacked) return w;
+    w.packed = ops::pack(w, weights, fmt::format("{}: {}", t.file, name), *pool_);
+    ckpt_->drop_pages(t);
+    return w;
+  };
+  auto vec = [&](const std::string& name, int64_t n) { return ckpt_->get(name, {n}).to_f32(); };
+  // dflash/model.py:550-581 (DFlashDraftModel.__init__): fc, hidden_norm, layers, norm.
+  w_.fc = mat("fc.weight", H, int64_t(config_.target_layer_ids.size()) * TH);
+  w_.hidden_norm = vec("hidden_norm.weight", H);
+  w_.norm = vec("norm.weight", H);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = fmt::format("layers.{}.", i);
+    Layer l;
+    l.input_norm = vec(p + "input_layernorm.weight", H);
+    l.post_norm = vec(p + "post_attention_layernorm.weight", H);
+    l.q_norm = vec(p + "self_attn.q_norm.weight", hd);
+    l.k_norm = vec(p + "self_attn.k_norm.weight", hd);
+    l.q = mat(p + "self_attn.q_proj.weight", q_dim, H);
+    l.k = mat(p + "self_attn.k_proj.weight", kv_dim, H);
+    l.v = mat(p + "self_attn.v_proj.weight", kv_dim, H);
+    l.o = mat(p + "self_attn.o_proj.weight", H, q_dim);
+    l.gate = mat(p + "mlp.gate_proj.weight", I, H);
+    l.up = mat(p + "mlp.up_proj.weight", I, H);
+    l.down = mat(p + "mlp.down_proj.weight", H, I);
+    w_.layers.push_back(std::move(l));
+  }
+  if (!config_.reduced_vocab()) {
+    w_.lm_head = target.lm_head();  // z-lab: the target's head (compute_logits, :599-605)
+    return;
+  }
+  // speculators with a reduced vocabulary: the file's lm_head is authoritative
+  // (speculators/model.py:172-188), d2t holds offsets target = draft + d2t[draft], t2d marks the
+  // draft vocabulary (load_vocab_mappings, :81-121).
+  const int64_t DV = config_.draft_vocab_size, V = c.vocab_size;
+  w_.lm_head = mat("lm_head.weight", DV, H);
+  const TensorView& d2t = ckpt_->get("d2t");
+  const TensorView& t2d = ckpt_->get("t2d");
+  FLASHMAP_CHECK(d2t.shape == std::vector<int64_t>{DV} && t2d.shape == std::vector<int64_t>{V},
+                 "{}: tensors 'd2t' {} and 't2d' {} must be [draft_vocab_size {}] and "
+                 "[vocab_size {}]",
+                 d2t.file, shape_str(d2t.shape), shape_str(t2d.shape), DV, V);
+  FLASHMAP_CHECK(t2d.dtype == DType::Bool, "{}: tensor 't2d' has dtype {}, expected BOOL", t2d.file,
+                 dtype_name(t2d.dtype));
+  const auto offsets = d2t.to_i64();
+  const auto* in_draft = static_cast<const uint8_t*>(t2d.data);
+  int64_t count = 0;
+  for (int64_t t = 0; t < V; ++t) count += in_draft[t] != 0;
+  FLASHMAP_CHECK(count == DV, "{}: tensor 't2d' marks {} target ids, draft_vocab_size is {}",
+                 t2d.file, count, DV);
+  for (int64_t j = 0; j < DV; ++j) {
+    const int64_t t = j + offsets[size_t(j)];
+    FLASHMAP_CHECK(t >= 0 && t < V && in_draft[t] && (j == 0 || t > w_.d2t_ids.back()),
+                   "{}: tensor 'd2t' maps draft id {} to {}, not an increasing target id marked "
+                   "in t2d",
+                   d2t.file, j, t);
+    w_.d2t_ids.push_back(t);
+  }
+}
+
+DFlashContext DFlashModel::new_context() const {
+  DFlashContext ctx;
+  ctx.k.resize(w_.layers.size());
+  ctx.v.resize(w_.layers.size());
+  return ctx;
+}
+
+DFlashContext DFlashModel::fork_context(const DFlashContext& from, int64_t length) const {
+  FLASHMAP_ASSERT(length >= 0 && length <= from.length);
+  DFlashContext ctx = new_context();
+  const auto n = static_cast<std::ptrdiff_t>(length * config_.layers.num_key_value_heads *
+                                             config_.layers.head_dim);
+  for (size_t l = 0; l < ctx.k.size(); ++l) {
+    ctx.k[l].assign(from.k[l].begin(), from.k[l].begin() + n);
+    ctx.v[l].assign(from.v[l].begin(), from.v[l].begin() + n);
+  }
+  ctx.length = length;
+  return ctx;
+}
+
+size_t DFlashModel::context_bytes(const DFlashContext& ctx) const {
+  size_t n = 0;
+  for (size_t l = 0; l < ctx.k.size(); ++l) n += (ctx.k[l].size() + ctx.v[l].size()) * 4;
+  return n;
+}
+
+void DFlashModel::ensure_room(DFlashContext& ctx, int64_t positions) const {
+  const auto need =
+      static_cast<size_t>(positions * config_.layers.num_key_value_heads * config_.layers.head_dim);
+  for (size_t l = 0; l < ctx.k.size(); ++l)
+    if (ctx.k[l].size() < need) {
+      const size_t grown = std::max(need, ctx.k[l].size() * 3 / 2);
+      ctx.k[l].resize(grown);
+      ctx.v[l].resize(grown);
+    }
+}
+
+void DFlashModel::project_context(const float* features, int64_t n, float* out) const {
+  const auto& c = config_.layers;
+  ops::linear(features, n, w_.fc, nullptr, out, *pool_);
+  ops::rms_norm(out, w_.hidden_norm.data(), float(c.rms_norm_eps), n, c.hidden_size, out);
+}
+
+// The context half of Qwen3DFlashAttention.forward (dflash/model.py:379-393): each layer projects
+// the same ctx with its own k_proj (then k_norm, RoPE at the context positions) and v_proj; the
+// reference caches these and crops the block's away, so computing them once per position is the
+// same.
+void DFlashModel::extend_context(DFlashContext& ctx, const float* features, int64_t n) const {
+  const auto& c = config_.layers;
+  const int64_t H = c.hidden_size, hd = c.head_dim, kv_dim = c.num_key_value_heads * hd;
+  const int64_t start = ctx.length;
+  std::vector<float> projected(static_cast<size_t>(n * H));
+  project_context(features, n, projected.data());
+  std::vector<int64_t> positions(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = start + i;
+  ensure_room(ctx, start + n);
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const Layer& L = w_.layers[l];
+    float* k = ctx.k[l].data() + start * kv_dim;
+    ops::linear(projected.data(), n, L.k, nullptr, k, *pool_);
+    ops::rms_norm(k, L.k_norm.data(), float(c.rms_norm_eps), n * c.num_key_value_heads, hd, k);
+    ops::rope_half(k, n, c.num_key_value_heads, int(hd), positions.data(), c.rope_theta);
+    ops::linear(projected.data(), n, L.v, nullptr, ctx.v[l].data() + start * kv_dim, *pool_);
+  }
+  ctx.length += n;
+}
+
+// compute_logits (dflash/model.py:599-605), or speculators' reduced head mapped to target ids.
+void DFlashModel::head(const float* normed, int64_t rows, float* logits) const {
+  const int64_t V = config_.layers.vocab_size;
+  const auto mul = float(config_.output_multiplier), cap = float(config_.final_logit_softcapping);
+  auto finish = [&](float x) {
+    x *= mul;
+    return cap > 0 ? std::tanh(x / cap) * cap : x;
+  };
+  if (!config_.reduced_vocab()) {
+    ops::linear(normed, rows, w_.lm_head, nullptr, logits, *pool_);
+    if (mul != 1.0f || cap > 0)
+      for (int64_t i = 0; i < rows * V; ++i) logits[i] = finish(logits[i]);
+  } else {
+    const int64_t DV = config_.draft_vocab_size;
+    std::vector<float> draft(static_cast<size_t>(rows * DV));
+    ops::linear(normed, rows, w_.lm_head, nullptr, draft.data(), *pool_);
+    std::fill(logits, logits + rows * V, -std::numeric_limits<float>::infinity());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < DV; ++j)
+        logits[r * V + w_.d2t_ids[size_t(j)]] = finish(draft[size_t(r * DV + j)]);
+  }
+  target_.mask_padding(logits, rows);
+}
+
+// DFlashDraftModel.forward (dflash/model.py:587-597) for one block per request: the block rows
+// go through stock Qwen3 layers whose attention sees [context; block] keys without a mask
+// (full-attention layers are non-causal, :363-367, 397-406).
+void DFlashModel::draft(std::span<const Request> batch, int block, float* logits,
+                        float* hidden) const {
+  FLASHMAP_CHECK(block >= 2 && block <= config_.block_size,
+                 "draft: block of {} tokens, expected 2..{}", block, config_.block_size);
+  const auto& c = config_.layers;
+  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
+  const int nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t q_dim = nh * hd, kv_dim = nkv * hd, B = block;
+  const int64_t T = int64_t(batch.size()) * B;
+  const float eps = float(c.rms_norm_eps);
+
+  std::vector<int64_t> positions(static_cast<size_t>(T));
+  std::vector<float> x(static_cast<size_t>(T * H));
+  const Weight& E = target_.embedding();
+  const auto scale = float(config_.input_embedding_scale);
+  for (size_t b = 0; b < batch.size(); ++b) {
+    FLASHMAP_CHECK(batch[b].anchor >= 0 && batch[b].anchor < c.vocab_size,
+                   "draft: anchor {} is outside the vocabulary [0, {})", batch[b].anchor,
+                   c.vocab_size);
+    ensure_room(*batch[b].ctx, batch[b].ctx->length + B);
+    for (int64_t i = 0; i < B; ++i) {
+      const int64_t r = int64_t(b) * B + i;
+      positions[size_t(r)] = batch[b].ctx->length + i;
+      E.row_f32(i == 0 ? batch[b].anchor : config_.mask_token_id, x.data() + r * H);
+      if (scale != 1.0f)
+        for (int64_t e = 0; e < H; ++e) x[size_t(r * H + e)] *= scale;
+    }
+  }
+
+  std::vector<float> h(static_cast<size_t>(T * H)), q(static_cast<size_t>(T * q_dim)),
+      k(static_cast<size_t>(T * kv_dim)), v(static_cast<size_t>(T * kv_dim)),
+      attn(static_cast<size_t>(T * q_dim)), gate(static_cast<size_t>(T * I)),
+      up(static_cast<size_t>(T * I)), tmp(static_cast<size_t>(T * H));
+  std::vector<int64_t> key_count(static_cast<size_t>(B));
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const Layer& L = w_.layers[l];
+    ops::rms_norm(x.data(), L.input_norm.data(), eps, T, H, h.data());
+    ops::linear(h.data(), T, L.q, nullptr, q.data(), *pool_);
+    ops::linear(h.data(), T, L.k, nullptr, k.data(), *pool_);
+    ops::linear(h.data(), T, L.v, nullptr, v.data(), *pool_);
+    ops::rms_norm(q.data(), L.q_norm.data(), eps, T * nh, hd, q.data());
+    ops::rms_norm(k.data(), L.k_norm.data(), eps, T * nkv, hd, k.data());
+    ops::rope_half(q.data(), T, nh, int(hd), positions.data(), c.rope_theta);
+    ops::rope_half(k.data(), T, nkv, int(hd), positions.data(), c.rope_theta);
+    for (size_t b = 0; b < batch.size(); ++b) {
+      DFlashContext& ctx = *batch[b].ctx;
+      const int64_t r0 = int64_t(b) * B, C = ctx.length;
+      // The block's keys/values go into the scratch past the context (never kept: the reference
+      // crops them, :243-250).
+      std::copy_n(k.data() + r0 * kv_dim, B * kv_dim, ctx.k[l].data() + C * kv_dim);
+      std::copy_n(v.data() + r0 * kv_dim, B * kv_dim, ctx.v[l].data() + C * kv_dim);
+      std::fill(key_count.begin(), key_count.end(), C + B);
+      ops::attention(q.data() + r0 * q_dim, B, nh, nkv, int(hd), ctx.k[l].data(), ctx.v[l].data(),
+                     key_count.data(), 1.0f / std::sqrt(float(hd)), attn.data() + r0 * q_dim,
+                     *pool_);
+    }
+    ops::linear(attn.data(), T, L.o, nullptr, tmp.data(), *pool_);
+    for (int64_t i = 0; i < T * H; ++i) x[size_t(i)] += tmp[size_t(i)];
+    ops::rms_norm(x.data(), L.post_norm.data(), eps, T, H, h.data());
+    ops::linear(h.data(), T, L.gate, nullptr, gate.data(), *pool_);
+    ops::linear(h.data(), T, L.up, nullptr, up.data(), *pool_);
+    for (int64_t i = 0; i < T * I; ++i)
+      gate[size_t(i)] = ops::silu(gate[size_t(i)]) * up[size_t(i)];
+    ops::linear(gate.data(), T, L.down, nullptr, tmp.data(), *pool_);
+    for (int64_t i = 0; i < T * H; ++i) x[size_t(i)] += tmp[size_t(i)];
+  }
+  ops::rms_norm(x.data(), w_.norm.data(), eps, T, H, h.data());
+  if (hidden) std::copy(h.begin(), h.end(), hidden);
+  // Row 0 (the anchor's) is not a proposal: rows 1..B-1 of each block.
+  std::vector<float> rows(static_cast<size_t>(int64_t(batch.size()) * (B - 1) * H));
+  for (size_t b = 0; b < batch.size(); ++b)
+    std::copy_n(h.data() + (int64_t(b) * B + 1) * H, (B - 1) * H,
+                rows.data() + int64_t(b) * (B - 1) * H);
+  head(rows.data(), int64_t(batch.size()) * (B - 1), logits);
+}
+
+}  // namespace flashmap
