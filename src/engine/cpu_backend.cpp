@@ -28,7 +28,8 @@ CpuSlot& cpu(Slot& s) {
 struct CpuBackend::Owned {
   std::unique_ptr<Qwen3Model> target;
   std::unique_ptr<FlashMapModel> draft;
-  std::unique_ptr<FlashMapProposer> proposer;
+  std::unique_ptr<DFlashModel> dflash;
+  std::unique_ptr<BlockProposer> proposer;
 };
 
 CpuBackend::CpuBackend(const Qwen3Model& target, const BlockProposer* proposer)
@@ -47,6 +48,11 @@ std::unique_ptr<CpuBackend> CpuBackend::load(const std::string& target_dir,
   if (sampled_vocab > 0) o->target->set_sampled_vocab(sampled_vocab);
   if (draft_dir.empty()) {
     FLASHMAP_CHECK(steps == 0, "--steps needs a drafter (--draft)");
+  } else if (DFlashConfig::is_dflash(draft_dir)) {
+    FLASHMAP_CHECK(steps == 0, "--steps applies to FlashMap drafters; {} is a DFlash drafter",
+                   draft_dir);
+    o->dflash = std::make_unique<DFlashModel>(draft_dir, *o->target, nullptr, weights);
+    o->proposer = std::make_unique<DFlashProposer>(*o->dflash, *o->target);
   } else {
     o->draft = std::make_unique<FlashMapModel>(draft_dir, *o->target, nullptr, weights);
     o->proposer = std::make_unique<FlashMapProposer>(
@@ -182,7 +188,7 @@ void CpuBackend::propose(std::span<const SeqStep> steps) {
     CpuSlot& s = cpu(*st.slot);
     FLASHMAP_ASSERT(s.draft);
     batch.push_back(
-        {s.draft.get(), s.anchor, st.position + 1, st.sampler, &s.proposal, st.controls});
+        {s.draft.get(), s.anchor, st.position + 1, st.sampler, &s.proposal, st.controls, st.room});
   }
   proposer_->propose(batch);
 }

@@ -1,6 +1,7 @@
 #include "specdec/proposer.h"
 
 #include <functional>
+#include <limits>
 
 #include "core/check.h"
 
@@ -13,6 +14,45 @@ struct FlashMapState : DraftState {
 struct ScriptState : DraftState {
   int64_t committed = -1;  // generated tokens committed so far; the prompt's features come first
 };
+}  // namespace
+
+namespace {
+// A block's tokens from its per-slot logits [K, V] as the sequence draws (argmax, keyed with the
+// target's position keys, or from the filtered q kept for rejection sampling), in slot order so
+// that a constraint can mask each slot after the drafts before it.
+void pick_block(const BlockProposer::Seq& s, float* lg, int64_t K, int64_t V) {
+  Proposal& out = *s.out;
+  out.tokens.resize(size_t(K));
+  const SeqSampler& sp = *s.sampler;
+  std::vector<float> q;
+  std::function<int32_t(int, const float*)> pick;
+  if (sp.params.greedy()) {
+    out.probs.clear();
+    pick = [&](int, const float* row) { return argmax(row, V); };
+  } else if (sp.keyed()) {
+    // The same keyed noise the target's draws at these positions use: the coupling that
+    // makes a draft equal to the target's token as often as q and p agree.
+    out.probs.clear();
+    q.resize(size_t(V));
+    pick = [&](int k, const float* row) {
+      filtered_probs(row, V, sp.params, q.data());
+      return sample_keyed(q, sp.seed, s.position + k);
+    };
+  } else {
+    out.probs.resize(size_t(K * V));
+    pick = [&](int k, const float* row) {
+      float* qk = out.probs.data() + int64_t(k) * V;
+      filtered_probs(row, V, sp.params, qk);
+      return sample({qk, size_t(V)}, s.sampler->rng);
+    };
+  }
+  if (s.controls && s.controls->constrained()) {
+    s.controls->mask_drafts(
+        lg, int(K), [&](int k, const float* row) { return out.tokens[size_t(k)] = pick(k, row); });
+  } else {
+    for (int64_t k = 0; k < K; ++k) out.tokens[size_t(k)] = pick(int(k), lg + k * V);
+  }
+}
 }  // namespace
 
 FlashMapProposer::FlashMapProposer(const FlashMapModel& model, int steps)
@@ -58,44 +98,63 @@ void FlashMapProposer::propose(std::span<const Seq> batch) const {
                     {FlashMapModel::Noise::Draw, nullptr, &s.sampler->rng}});
   std::vector<float> logits(batch.size() * size_t(K * V));
   model_.draft(reqs, steps_, logits.data());
-  // Given the noise, the block's tokens are independent draws from softmax(logits), one per slot
-  // (in order, so that a constraint can mask each slot after the drafts before it).
+  // Given the noise, the block's tokens are independent draws from softmax(logits), one per slot.
+  for (size_t b = 0; b < batch.size(); ++b)
+    pick_block(batch[b], logits.data() + int64_t(b) * K * V, K, V);
+}
+
+namespace {
+struct DFlashState : DraftState {
+  DFlashContext ctx;
+};
+}  // namespace
+
+DFlashProposer::DFlashProposer(const DFlashModel& model, const Qwen3Model& target)
+    : model_(model), target_(target) {}
+
+std::unique_ptr<DraftState> DFlashProposer::begin() const {
+  auto s = std::make_unique<DFlashState>();
+  s->ctx = model_.new_context();
+  return s;
+}
+
+void DFlashProposer::commit(DraftState& state, const float* features, int64_t n,
+                            std::span<const int32_t>) const {
+  model_.extend_context(static_cast<DFlashState&>(state).ctx, features, n);
+}
+
+void DFlashProposer::propose(std::span<const Seq> batch) const {
+  const int64_t K = block_size(), V = target_.config().vocab_size;
+  // Sequences drafting a shorter block (a round near the end) go in their own forward: a block's
+  // length changes its logits (every block position attends to every other).
+  std::vector<float> logits;
   for (size_t b = 0; b < batch.size(); ++b) {
-    const auto& s = batch[b];
-    Proposal& out = *s.out;
-    out.tokens.resize(size_t(K));
-    float* lg = logits.data() + int64_t(b) * K * V;
-    const SeqSampler& sp = *s.sampler;
-    std::vector<float> q;
-    std::function<int32_t(int, const float*)> pick;
-    if (sp.params.greedy()) {
-      out.probs.clear();
-      pick = [&](int, const float* row) { return argmax(row, V); };
-    } else if (sp.keyed()) {
-      // The same keyed noise the target's draws at these positions use: the coupling that
-      // makes a draft equal to the target's token as often as q and p agree.
-      out.probs.clear();
-      q.resize(size_t(V));
-      pick = [&](int k, const float* row) {
-        filtered_probs(row, V, sp.params, q.data());
-        return sample_keyed(q, sp.seed, s.position + k);
-      };
-    } else {
-      out.probs.resize(size_t(K * V));
-      pick = [&](int k, const float* row) {
-        float* qk = out.probs.data() + int64_t(k) * V;
-        filtered_probs(row, V, sp.params, qk);
-        return sample({qk, size_t(V)}, s.sampler->rng);
-      };
-    }
-    if (s.controls && s.controls->constrained()) {
-      s.controls->mask_drafts(lg, int(K), [&](int k, const float* row) {
-        return out.tokens[size_t(k)] = pick(k, row);
-      });
-    } else {
-      for (int64_t k = 0; k < K; ++k) out.tokens[size_t(k)] = pick(int(k), lg + k * V);
-    }
+    const Seq& s = batch[b];
+    const int64_t drafts = s.room > 0 && s.room < K ? s.room : K;
+    DFlashModel::Request req{&static_cast<DFlashState*>(s.state)->ctx, s.anchor};
+    logits.resize(size_t(K * V));
+    model_.draft({&req, 1}, int(drafts + 1), logits.data());
+    target_.mask_padding(logits.data(), drafts);
+    // Slots past a short block are never verified: they repeat its last row, so that picking
+    // from them is defined.
+    for (int64_t k = drafts; k < K; ++k)
+      std::copy_n(logits.data() + (drafts - 1) * V, V, logits.data() + k * V);
+    pick_block(s, logits.data(), K, V);
   }
+}
+
+std::unique_ptr<DraftState> DFlashProposer::fork(const DraftState& from, int64_t length) const {
+  auto s = std::make_unique<DFlashState>();
+  s->ctx = model_.fork_context(static_cast<const DFlashState&>(from).ctx, length);
+  return s;
+}
+
+int64_t DFlashProposer::context_length(const DraftState& state) const {
+  return static_cast<const DFlashState&>(state).ctx.length;
+}
+
+size_t DFlashProposer::bytes(const DraftState& state) const {
+  return model_.context_bytes(static_cast<const DFlashState&>(state).ctx);
 }
 
 ScriptedProposer::ScriptedProposer(int block_size, int64_t vocab, std::vector<int32_t> script,

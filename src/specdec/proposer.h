@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "models/dflash.h"
 #include "models/flashmap.h"
 #include "specdec/controls.h"
 #include "specdec/sampling.h"
@@ -43,6 +44,7 @@ class BlockProposer {
     SeqSampler* sampler;  // how the sequence samples: params, seed, noise generator
     Proposal* out;
     ControlState* controls = nullptr;  // a constraint masks the drafter's rows too
+    int room = 0;  // drafts the round verifies (0: the whole block); DFlash drafts that many
   };
   virtual void propose(std::span<const Seq> batch) const = 0;
   // The prefix cache (engine/prefix_cache.h): a new state holding the first `length` committed
@@ -78,6 +80,26 @@ class FlashMapProposer : public BlockProposer {
  private:
   const FlashMapModel& model_;
   int steps_;
+};
+
+// The DFlash drafter (models/dflash.h): one forward of [anchor, mask × (B−1)] proposes B−1
+// tokens; a round that verifies fewer drafts a shorter block, as the reference's loop does.
+class DFlashProposer : public BlockProposer {
+ public:
+  DFlashProposer(const DFlashModel& model, const Qwen3Model& target);
+  int block_size() const override { return model_.block_size() - 1; }
+  std::span<const int> target_layer_ids() const override { return model_.target_layer_ids(); }
+  std::unique_ptr<DraftState> begin() const override;
+  void commit(DraftState& state, const float* features, int64_t n,
+              std::span<const int32_t> tokens) const override;
+  void propose(std::span<const Seq> batch) const override;
+  std::unique_ptr<DraftState> fork(const DraftState& from, int64_t length) const override;
+  int64_t context_length(const DraftState& state) const override;
+  size_t bytes(const DraftState& state) const override;
+
+ private:
+  const DFlashModel& model_;
+  const Qwen3Model& target_;
 };
 
 // Proposes scripted tokens: script[i] for the i-th generated position (the target's own greedy
