@@ -17,39 +17,19 @@ DFlashModel::DFlashModel(const std::string& dir, const Qwen3Model& target, Threa
   config_.check_target(target.config(), target.dir());
 
   ckpt_ = std::make_unique<Checkpoint>(dir);
-  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
-  const int64_t q_dim = int64_t(c.num_attention_heads) * hd;
-  const int64_t kv_dim = int64_t(c.num_key_value_heads) * hd;
+  const int64_t H = c.hidden_size;
   const int64_t TH = target.config().hidden_size;
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
-    const TensorView& t = ckpt_->get(name, {rows, cols});
-    Weight w = Weight::of(t);
-    if (weights == ops::WeightFormat::Unpacked) return w;
-    w.packed = ops::pack(w, weights, fmt::format("{}: {}", t.file, name), *pool_);
-    ckpt_->drop_pages(t);
-    return w;
+    return load_linear(*ckpt_, name, rows, cols, weights, *pool_);
   };
   auto vec = [&](const std::string& name, int64_t n) { return ckpt_->get(name, {n}).to_f32(); };
   // dflash/model.py:550-581 (DFlashDraftModel.__init__): fc, hidden_norm, layers, norm.
   w_.fc = mat("fc.weight", H, int64_t(config_.target_layer_ids.size()) * TH);
   w_.hidden_norm = vec("hidden_norm.weight", H);
   w_.norm = vec("norm.weight", H);
-  for (int i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("layers.{}.", i);
-    Layer l;
-    l.input_norm = vec(p + "input_layernorm.weight", H);
-    l.post_norm = vec(p + "post_attention_layernorm.weight", H);
-    l.q_norm = vec(p + "self_attn.q_norm.weight", hd);
-    l.k_norm = vec(p + "self_attn.k_norm.weight", hd);
-    l.q = mat(p + "self_attn.q_proj.weight", q_dim, H);
-    l.k = mat(p + "self_attn.k_proj.weight", kv_dim, H);
-    l.v = mat(p + "self_attn.v_proj.weight", kv_dim, H);
-    l.o = mat(p + "self_attn.o_proj.weight", H, q_dim);
-    l.gate = mat(p + "mlp.gate_proj.weight", I, H);
-    l.up = mat(p + "mlp.up_proj.weight", I, H);
-    l.down = mat(p + "mlp.down_proj.weight", H, I);
-    w_.layers.push_back(std::move(l));
-  }
+  // The layers are Qwen3 decoder layers without the "model." prefix.
+  for (int i = 0; i < c.num_hidden_layers; ++i)
+    w_.layers.push_back(load_qwen3_layer(*ckpt_, fmt::format("layers.{}.", i), c, weights, *pool_));
   if (!config_.reduced_vocab()) {
     w_.lm_head = target.lm_head();  // z-lab: the target's head (compute_logits, :599-605)
     return;

@@ -61,10 +61,7 @@ class DFlashModel {
   void draft(std::span<const Request> batch, int block, float* logits,
              float* hidden = nullptr) const;
 
-  struct Layer {
-    std::vector<float> input_norm, post_norm, q_norm, k_norm;
-    Weight q, k, v, o, gate, up, down;
-  };
+  using Layer = Qwen3Layer;
   struct Weights {
     Weight fc;
     std::vector<float> hidden_norm, norm;

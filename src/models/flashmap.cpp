@@ -33,12 +33,7 @@ FlashMapModel::FlashMapModel(const std::string& dir, const Qwen3Model& target, T
   ckpt_ = std::make_unique<Checkpoint>(dir);
   const int64_t D = c.hidden_size, TH = c.target_hidden_size, hd = c.head_dim();
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
-    const TensorView& t = ckpt_->get(name, {rows, cols});
-    Weight w = Weight::of(t);
-    if (weights == ops::WeightFormat::Unpacked) return w;
-    w.packed = ops::pack(w, weights, fmt::format("{}: {}", t.file, name), *pool_);
-    ckpt_->drop_pages(t);
-    return w;
+    return load_linear(*ckpt_, name, rows, cols, weights, *pool_);
   };
   auto vec = [&](const std::string& name, int64_t n) { return ckpt_->get(name, {n}).to_f32(); };
   auto lin = [&](const std::string& name, int64_t out, int64_t in, bool bias) {

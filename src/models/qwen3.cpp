@@ -52,13 +52,42 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, std::unique_ptr<Checkpoint> we
   load_weights();
 }
 
-Weight Qwen3Model::linear_weight(const std::string& name, int64_t rows, int64_t cols, bool keep) {
-  const TensorView& t = ckpt_->get(name, {rows, cols});
+Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols,
+                   ops::WeightFormat format, ThreadPool& pool, bool keep) {
+  const TensorView& t = ckpt.get(name, {rows, cols});
   Weight w = Weight::of(t);
-  if (format_ == ops::WeightFormat::Unpacked) return w;
-  w.packed = ops::pack(w, format_, fmt::format("{}: {}", t.file, name), *pool_);
-  if (!keep) ckpt_->drop_pages(t);
+  if (format == ops::WeightFormat::Unpacked) return w;
+  w.packed = ops::pack(w, format, fmt::format("{}: {}", t.file, name), pool);
+  if (!keep) ckpt.drop_pages(t);
   return w;
+}
+
+Qwen3Layer load_qwen3_layer(Checkpoint& ckpt, const std::string& p, const Qwen3Config& c,
+                            ops::WeightFormat format, ThreadPool& pool) {
+  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
+  const int64_t q_dim = int64_t(c.num_attention_heads) * hd;
+  const int64_t kv_dim = int64_t(c.num_key_value_heads) * hd;
+  auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
+    return load_linear(ckpt, p + name, rows, cols, format, pool);
+  };
+  auto vec = [&](const std::string& name, int64_t n) { return ckpt.get(p + name, {n}).to_f32(); };
+  Qwen3Layer l;
+  l.input_norm = vec("input_layernorm.weight", H);
+  l.post_norm = vec("post_attention_layernorm.weight", H);
+  l.q_norm = vec("self_attn.q_norm.weight", hd);
+  l.k_norm = vec("self_attn.k_norm.weight", hd);
+  l.q = mat("self_attn.q_proj.weight", q_dim, H);
+  l.k = mat("self_attn.k_proj.weight", kv_dim, H);
+  l.v = mat("self_attn.v_proj.weight", kv_dim, H);
+  l.o = mat("self_attn.o_proj.weight", H, q_dim);
+  l.gate = mat("mlp.gate_proj.weight", I, H);
+  l.up = mat("mlp.up_proj.weight", I, H);
+  l.down = mat("mlp.down_proj.weight", H, I);
+  return l;
+}
+
+Weight Qwen3Model::linear_weight(const std::string& name, int64_t rows, int64_t cols, bool keep) {
+  return load_linear(*ckpt_, name, rows, cols, format_, *pool_, keep);
 }
 
 int64_t Qwen3Model::packed_bytes() const {
@@ -71,9 +100,7 @@ int64_t Qwen3Model::packed_bytes() const {
 
 void Qwen3Model::load_weights() {
   const auto& c = config_;
-  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
-  const int64_t q_dim = int64_t(c.num_attention_heads) * hd;
-  const int64_t kv_dim = int64_t(c.num_key_value_heads) * hd;
+  const int64_t H = c.hidden_size;
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
     return Weight::of(ckpt_->get(name, {rows, cols}));
   };
@@ -86,22 +113,9 @@ void Qwen3Model::load_weights() {
     lm_head_ = linear_weight("lm_head.weight", c.vocab_size, H);
   }
   final_norm_ = vec("model.norm.weight", H);
-  for (int i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    Layer l;
-    l.input_norm = vec(p + "input_layernorm.weight", H);
-    l.post_norm = vec(p + "post_attention_layernorm.weight", H);
-    l.q_norm = vec(p + "self_attn.q_norm.weight", hd);
-    l.k_norm = vec(p + "self_attn.k_norm.weight", hd);
-    l.q = linear_weight(p + "self_attn.q_proj.weight", q_dim, H);
-    l.k = linear_weight(p + "self_attn.k_proj.weight", kv_dim, H);
-    l.v = linear_weight(p + "self_attn.v_proj.weight", kv_dim, H);
-    l.o = linear_weight(p + "self_attn.o_proj.weight", H, q_dim);
-    l.gate = linear_weight(p + "mlp.gate_proj.weight", I, H);
-    l.up = linear_weight(p + "mlp.up_proj.weight", I, H);
-    l.down = linear_weight(p + "mlp.down_proj.weight", H, I);
-    layers_.push_back(std::move(l));
-  }
+  for (int i = 0; i < c.num_hidden_layers; ++i)
+    layers_.push_back(
+        load_qwen3_layer(*ckpt_, fmt::format("model.layers.{}.", i), c, format_, *pool_));
 }
 
 int64_t Qwen3Model::weight_bytes() const {

@@ -13,6 +13,21 @@
 
 namespace flashmap {
 
+// A linear weight [rows, cols] as the CPU kernels use it: packed in `format` (ops/gemm.h), its
+// file pages then dropped unless `keep`; Unpacked keeps the file's view. Every model loads its
+// matrices through this.
+Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols,
+                   ops::WeightFormat format, ThreadPool& pool, bool keep = false);
+
+// One Qwen3 decoder layer's weights. The target's (prefix "model.layers.i.") and a DFlash
+// drafter's ("layers.i.") have the same names and shapes below the prefix.
+struct Qwen3Layer {
+  std::vector<float> input_norm, post_norm, q_norm, k_norm;
+  Weight q, k, v, o, gate, up, down;
+};
+Qwen3Layer load_qwen3_layer(Checkpoint& ckpt, const std::string& prefix, const Qwen3Config& c,
+                            ops::WeightFormat format, ThreadPool& pool);
+
 // One sequence's keys and values, per layer [position, kv_heads * head_dim], fp32.
 struct KVCache {
   int64_t length = 0;
@@ -78,10 +93,7 @@ class Qwen3Model {
   void mask_padding(float* logits, int64_t rows) const;
 
  private:
-  struct Layer {
-    std::vector<float> input_norm, post_norm, q_norm, k_norm;
-    Weight q, k, v, o, gate, up, down;
-  };
+  using Layer = Qwen3Layer;
   void load_weights();
   // W as the linear layers use it: packed as format_ (its file pages dropped unless `keep`).
   Weight linear_weight(const std::string& name, int64_t rows, int64_t cols, bool keep = false);
