@@ -5,8 +5,8 @@
 #include <set>
 
 #include "core/check.h"
-#include "specdec/verify.h"
 #include "specdec/sampling.h"
+#include "specdec/verify.h"
 #include "stats.h"
 
 using namespace flashmap;

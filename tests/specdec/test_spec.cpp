@@ -1,12 +1,13 @@
 // The round loop: every acceptance path with the scripted drafter, lossless greedy decoding
 // with random FlashMap drafters over long runs, and exactness of speculative sampling end to end.
-#include <gmock/gmock.h>
 #include <flashmap/engine.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "core/check.h"
+#include "joint.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "random_models.h"
@@ -124,66 +125,18 @@ TEST(Spec, BadRequests) {
   EXPECT_THAT(err({1}, o), HasSubstr("top_p"));
 }
 
-// End to end at temperature > 0: the joint distribution of the first two generated tokens from
-// speculative decoding must equal target-alone sampling, computed exactly by enumerating the
-// 8 x 8 continuations of a target with an 8-token vocabulary. Power: with 40000 runs over 64
-// cells (df ≈ 63, critical ≈ 125), a shift of 0.01 of probability mass between two cells of
-// probability ~0.05 adds ≈ 2·40000·0.01²/0.05 = 160 to the statistic, so it is caught.
+// End to end at temperature > 0: the joint distribution of the first two generated tokens equals
+// target-alone sampling (joint.h), for three filter settings.
 TEST(Spec, SpeculativeSamplingMatchesTargetJointDistribution) {
   const auto pair = flashmap::testing::write_random_pair("tiny-v8", 8, 8, 2, 4, 77);
   Qwen3Model target(pair.target);
   FlashMapModel model(pair.draft, target);
   FlashMapProposer d(model, 1);
-  const int64_t V = 8;
   const std::vector<int32_t> prompt = {1, 5, 2};
   for (SamplingParams sp :
        {SamplingParams{1.0f, 0, 1.0f, 0.0f}, SamplingParams{0.8f, 4, 0.9f, 0.0f},
-        SamplingParams{1.2f, 0, 1.0f, 0.1f}}) {
-    // Exact joint p(t1, t2) of the target's filtered sampling.
-    std::vector<double> exact(size_t(V * V), 0.0);
-    std::vector<float> p1(static_cast<size_t>(V)), p2(static_cast<size_t>(V));
-    {
-      KVCache c = target.new_cache();
-      Qwen3Model::Output out;
-      Qwen3Model::SeqInput s{&c, prompt};
-      target.forward({&s, 1}, Qwen3Model::Logits::Last, {}, out);
-      filtered_probs(out.logits.data(), V, sp, p1.data());
-      for (int32_t t1 = 0; t1 < V; ++t1) {
-        if (p1[size_t(t1)] == 0) continue;
-        KVCache c2 = c;
-        Qwen3Model::SeqInput s2{&c2, {&t1, 1}};
-        target.forward({&s2, 1}, Qwen3Model::Logits::Last, {}, out);
-        filtered_probs(out.logits.data(), V, sp, p2.data());
-        for (int32_t t2 = 0; t2 < V; ++t2)
-          exact[size_t(t1 * V + t2)] = double(p1[size_t(t1)]) * p2[size_t(t2)];
-      }
-    }
-    // Both verifications: rejection sampling (unseeded requests) and keyed draws (seeded ones,
-    // over many seeds).
-    for (bool seeded : {false, true}) {
-      std::vector<double> counts(size_t(V * V), 0.0);
-      GenerateOptions o;
-      // Three tokens, so that the round after the first verifies a draft for the second (a round
-      // verifies no draft it could not emit).
-      o.max_new_tokens = 3;
-      o.sampling = sp;
-      o.seeded = seeded;
-      const int n = 40000;
-      double rounds_with_accept = 0;
-      for (int i = 0; i < n; ++i) {
-        o.seed = uint64_t(i) * 7919 + 1;
-        const auto r = generate(target, &d, prompt, o);
-        counts[size_t(r.ids[0] * V + r.ids[1])] += 1;
-        rounds_with_accept += r.accepted_at[0] > 0;
-      }
-      const auto chi = flashmap::testing::chi_square(counts, exact);
-      EXPECT_TRUE(chi.pass()) << "seeded=" << seeded << " T=" << sp.temperature
-                              << " top_k=" << sp.top_k << " chi2 " << chi.statistic << " > "
-                              << chi.critical << " " << chi.impossible;
-      // The drafter's proposals are accepted often enough for the accept path to be exercised.
-      EXPECT_GT(rounds_with_accept, n * 0.05) << "seeded=" << seeded;
-    }
-  }
+        SamplingParams{1.2f, 0, 1.0f, 0.1f}})
+    flashmap::testing::expect_joint_two(target, d, prompt, sp, 0.05);
 }
 
 // A vocabulary smaller than the hidden size leaves EᵀE singular: the reference's Cholesky fails,
@@ -219,8 +172,9 @@ TEST(Spec, SeededSamplingEqualsTargetAlone) {
       o.seeded = true;
       const auto alone = generate(target, nullptr, kPrompt, o);
       ScriptedProposer half(8, target.config().vocab_size, alone.ids, 4);
-      for (const BlockProposer* d : {static_cast<const BlockProposer*>(&one), static_cast<const BlockProposer*>(&two),
-                               static_cast<const BlockProposer*>(&half)}) {
+      for (const BlockProposer* d :
+           {static_cast<const BlockProposer*>(&one), static_cast<const BlockProposer*>(&two),
+            static_cast<const BlockProposer*>(&half)}) {
         const auto r = generate(target, d, kPrompt, o);
         EXPECT_EQ(r.ids, alone.ids) << "T=" << sp.temperature << " seed " << seed;
       }

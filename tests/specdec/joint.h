@@ -1,0 +1,74 @@
+// The end-to-end exactness check of speculative sampling, shared by every drafter kind: the
+// joint law of the first two generated tokens against target-alone sampling, enumerated exactly
+// over a target with a tiny vocabulary. Power: with 40000 runs over 64 cells (df ≈ 63, critical
+// ≈ 125), a shift of 0.01 of probability mass between two cells of probability ~0.05 adds
+// ≈ 2·40000·0.01²/0.05 = 160 to the statistic, so it is caught.
+#pragma once
+
+#include <flashmap/engine.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "models/qwen3.h"
+#include "specdec/proposer.h"
+#include "specdec/sampling.h"
+#include "stats.h"
+
+namespace flashmap::testing {
+
+// Exact p(t1, t2) of the target's filtered sampling after `prompt`: [V * V].
+inline std::vector<double> exact_two_tokens(const Qwen3Model& target,
+                                            const std::vector<int32_t>& prompt,
+                                            const SamplingParams& sp) {
+  const int64_t V = target.config().vocab_size;
+  std::vector<double> exact(size_t(V * V), 0.0);
+  std::vector<float> p1(static_cast<size_t>(V)), p2(static_cast<size_t>(V));
+  KVCache c = target.new_cache();
+  Qwen3Model::Output out;
+  Qwen3Model::SeqInput s{&c, prompt};
+  target.forward({&s, 1}, Qwen3Model::Logits::Last, {}, out);
+  filtered_probs(out.logits.data(), V, sp, p1.data());
+  for (int32_t t1 = 0; t1 < V; ++t1) {
+    if (p1[size_t(t1)] == 0) continue;
+    KVCache c2 = c;
+    Qwen3Model::SeqInput s2{&c2, {&t1, 1}};
+    target.forward({&s2, 1}, Qwen3Model::Logits::Last, {}, out);
+    filtered_probs(out.logits.data(), V, sp, p2.data());
+    for (int32_t t2 = 0; t2 < V; ++t2)
+      exact[size_t(t1 * V + t2)] = double(p1[size_t(t1)]) * p2[size_t(t2)];
+  }
+  return exact;
+}
+
+// n runs of three tokens (the round after the first verifies a draft for the second: a round
+// verifies no draft it could not emit) with rejection sampling (unseeded) and keyed draws
+// (seeded, over many seeds): the chi-square test against exact_two_tokens, and first-slot drafts
+// accepted in more than `min_accept` of the runs so that the accept path is exercised.
+inline void expect_joint_two(const Qwen3Model& target, const BlockProposer& d,
+                             const std::vector<int32_t>& prompt, const SamplingParams& sp,
+                             double min_accept, int n = 40000) {
+  const int64_t V = target.config().vocab_size;
+  const auto exact = exact_two_tokens(target, prompt, sp);
+  for (bool seeded : {false, true}) {
+    std::vector<double> counts(size_t(V * V), 0.0);
+    GenerateOptions o;
+    o.max_new_tokens = 3;
+    o.sampling = sp;
+    o.seeded = seeded;
+    double accepted = 0;
+    for (int i = 0; i < n; ++i) {
+      o.seed = uint64_t(i) * 7919 + 1;
+      const auto r = generate(target, &d, prompt, o);
+      counts[size_t(r.ids[0] * V + r.ids[1])] += 1;
+      accepted += r.accepted_at[0] > 0;
+    }
+    const auto chi = chi_square(counts, exact);
+    EXPECT_TRUE(chi.pass()) << "seeded=" << seeded << " T=" << sp.temperature
+                            << " top_k=" << sp.top_k << " chi2 " << chi.statistic << " > "
+                            << chi.critical << " " << chi.impossible;
+    EXPECT_GT(accepted, n * min_accept) << "seeded=" << seeded;
+  }
+}
+
+}  // namespace flashmap::testing
