@@ -697,8 +697,11 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
   // Released by the provider's releaser, which httplib calls however the response ends.
   auto guard = std::make_shared<ActiveGuard>(active);
   res.set_header("Cache-Control", "no-cache");
-  auto chunk = [=, this](size_t index, const json& delta_or_text, const std::vector<int32_t>& ids,
-                         const char* finish, json logprobs) {
+  // One SSE event: a chunk object, as chunk_object() builds it and callers may extend.
+  auto event = [](const json& c) { return "data: " + dump_json(c) + "\n\n"; };
+  auto chunk_object = [=, this](size_t index, const json& delta_or_text,
+                                const std::vector<int32_t>& ids, const char* finish,
+                                json logprobs) {
     json choice = {{"index", index},
                    {"logprobs", std::move(logprobs)},
                    {"finish_reason", finish ? json(finish) : json(nullptr)}};
@@ -715,17 +718,13 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
               {"model", opt.model_name},
               {"choices", json::array({choice})}};
     if (include_usage) c["usage"] = nullptr;
-    return "data: " + dump_json(c) + "\n\n";
+    return c;
   };
-  // return_token_ids: the first chunk carries the prompt's ids.
-  // (By value: the stream's provider runs after this handler has returned.)
-  auto with_prompt_ids = [want = g.return_token_ids,
-                          prompt = first.params.prompt](std::string event) {
-    if (!want) return event;
-    json ev = json::parse(event.substr(6));
-    ev["prompt_token_ids"] = prompt;
-    return "data: " + dump_json(ev) + "\n\n";
+  auto chunk = [=](size_t index, const json& delta_or_text, const std::vector<int32_t>& ids,
+                   const char* finish, json logprobs) {
+    return event(chunk_object(index, delta_or_text, ids, finish, std::move(logprobs)));
   };
+  const std::vector<int32_t> prompt_ids = first.params.prompt;
   auto cancel_all = [choices] {
     for (auto& c : *choices) c.req->cancel();
   };
@@ -746,9 +745,13 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
           };
           std::string buf;
           if (!st->started && chat)
-            for (size_t i = 0; i < choices->size(); ++i)
-              buf += with_prompt_ids(
-                  chunk(i, {{"role", "assistant"}, {"content", ""}}, {}, nullptr, nullptr));
+            for (size_t i = 0; i < choices->size(); ++i) {
+              json c =
+                  chunk_object(i, {{"role", "assistant"}, {"content", ""}}, {}, nullptr, nullptr);
+              // return_token_ids: the first chunk carries the prompt's ids.
+              if (g.return_token_ids) c["prompt_token_ids"] = prompt_ids;
+              buf += event(c);
+            }
           st->started = true;
           bool waited = false, failed = false;
           for (size_t i = 0; i < choices->size() && !failed; ++i) {
@@ -767,13 +770,10 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
                   lp = logprobs_json({}, false, 0);
                   prepend_prompt(lp, *c.req);
                 }
-                std::string e = chunk(i, json(echo), {}, nullptr, std::move(lp));
-                if (g.prompt_logprobs >= 0) {
-                  json ev = json::parse(e.substr(6));
-                  ev["choices"][0]["prompt_logprobs"] = prompt_logprobs_json(*c.req);
-                  e = "data: " + dump_json(ev) + "\n\n";
-                }
-                buf += e;
+                json e = chunk_object(i, json(echo), {}, nullptr, std::move(lp));
+                if (g.prompt_logprobs >= 0)
+                  e["choices"][0]["prompt_logprobs"] = prompt_logprobs_json(*c.req);
+                buf += event(e);
               }
             }
             const size_t lp_from = c.logprobs.size();
@@ -890,7 +890,7 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
                         {"choices", json::array()},
                         {"usage", usage_of()},
                         {"acceptance_length", acceptance_of()}};
-              buf += "data: " + dump_json(c) + "\n\n";
+              buf += event(c);
             }
             buf += "data: [DONE]\n\n";
             st->done = true;
