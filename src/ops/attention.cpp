@@ -286,6 +286,7 @@ struct Call {
   const int64_t* key_count;
   float* out;
   Geometry g;
+  const KeyMask* mask;  // null: every key below a query's count is visible
 };
 
 // max(mx, s[0..n)), skipping NaNs as a chain of std::max(mx, s_j) does. A maximum is exact, so its
@@ -319,7 +320,7 @@ void attend_group(const Call& c, int kh0, int kh1, int64_t r0, int64_t r1) {
   thread_local std::vector<v16f> sum;
   thread_local std::vector<const float*> qs;
   thread_local std::vector<float*> ps, accs, outs;
-  thread_local std::vector<int64_t> ns;
+  thread_local std::vector<int64_t> ns, row_of;
   scratch.resize(size_t(nq) * size_t(ld + hd_pad));
   mx.assign(size_t(nq), -INFINITY);
   sum.assign(size_t(nq), v16f{});
@@ -328,6 +329,7 @@ void attend_group(const Call& c, int kh0, int kh1, int64_t r0, int64_t r1) {
   accs.resize(size_t(nq));
   outs.resize(size_t(nq));
   ns.resize(size_t(nq));
+  row_of.resize(size_t(nq));
   for (int kh = kh0; kh < kh1; ++kh)
     for (int64_t i = r0; i < r1; ++i)
       for (int h = kh * c.group; h < (kh + 1) * c.group; ++h) {
@@ -338,6 +340,7 @@ void attend_group(const Call& c, int kh0, int kh1, int64_t r0, int64_t r1) {
         accs[b] = scratch.data() + size_t(nq) * size_t(ld) + b * size_t(hd_pad);
         std::fill_n(accs[b], c.head_dim, 0.0f);
         ns[b] = c.key_count[i];
+        row_of[b] = i;
       }
   const int64_t tile = tile_keys(c.head_dim);
 
@@ -357,6 +360,15 @@ void attend_group(const Call& c, int kh0, int kh1, int64_t r0, int64_t r1) {
     }
     for (int x = 0; x < nq; ++x) {
       const int64_t e = std::min(t1, ns[size_t(x)]);
+      // A draft tree's hidden keys score −∞ before the maximum: their p = exp(−∞ − max) = +0
+      // adds nothing to the sum, and 0·v nothing to the output (the values are finite).
+      if (c.mask && e > std::max(t0, c.mask->first)) {
+        const KeyMask& m = *c.mask;
+        const uint64_t* bits = m.bits + row_of[size_t(x)] * m.words;
+        for (int64_t j = std::max(t0, m.first); j < e; ++j)
+          if (!((bits[(j - m.first) >> 6] >> ((j - m.first) & 63)) & 1))
+            ps[size_t(x)][j] = -INFINITY;
+      }
       if (e > t0) mx[size_t(x)] = max_of(ps[size_t(x)] + t0, e - t0, mx[size_t(x)]);
     }
   }
@@ -412,7 +424,7 @@ void attend_group(const Call& c, int kh0, int kh1, int64_t r0, int64_t r1) {
 
 void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head_dim,
                const float* k, const float* v, const int64_t* key_count, float scale, float* out,
-               ThreadPool& pool) {
+               ThreadPool& pool, const KeyMask* mask) {
   if (nq <= 0) return;
   const Call c{
       q,
@@ -423,7 +435,8 @@ void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head
       v,
       key_count,
       out,
-      Geometry{int64_t(n_kv_heads) * head_dim, head_dim / kLanes, head_dim % kLanes, scale}};
+      Geometry{int64_t(n_kv_heads) * head_dim, head_dim / kLanes, head_dim % kLanes, scale},
+      mask};
   // Jobs: (run of KV heads, chunk of rows). A run takes an equal share of the KV heads per thread
   // (or half, a quarter...) while its queries' scores stay within 512 KiB (half a Zen 4 L2); rows
   // are split only to give every thread work when there are fewer runs than threads (or a count

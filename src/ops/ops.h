@@ -60,12 +60,21 @@ void rope_half(float* x, int64_t rows, int heads, int head_dim, const int64_t* p
 void rope_interleaved(float* x, int64_t rows, int heads, int head_dim, const int64_t* positions,
                       double theta);
 
+// Which keys a query of a draft tree sees (each node: the committed context and its ancestors):
+// keys below `first` always; key j >= first only where bit (j − first) of the query's `words`
+// 64-bit words (query i's at bits + i * words) is set.
+struct KeyMask {
+  int64_t first = 0;
+  int64_t words = 0;
+  const uint64_t* bits = nullptr;
+};
+
 // Multi-head attention with grouped KV heads. q: [nq, n_heads, hd]; k, v: [n_keys, n_kv, hd]
-// (row stride n_kv * hd); query i attends to keys [0, key_count[i]) (none: zeros). out: [nq,
-// n_heads, hd]. Defined in attention.cpp.
+// (row stride n_kv * hd); query i attends to keys [0, key_count[i]) (none: zeros), of them only
+// those `mask` shows when given. out: [nq, n_heads, hd]. Defined in attention.cpp.
 void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head_dim,
                const float* k, const float* v, const int64_t* key_count, float scale, float* out,
-               ThreadPool& pool);
+               ThreadPool& pool, const KeyMask* mask = nullptr);
 
 // In-place softmax of each row (max-subtracted, fp32).
 void softmax_rows(float* x, int64_t rows, int64_t dim);

@@ -13,6 +13,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <span>
 #include <vector>
@@ -155,26 +156,31 @@ inline Vec rope(In x, int64_t rows, int heads, int head_dim, std::span<const int
 // [0, key_count[i]) — causal over a KV cache when key_count[i] = past + i + 1:
 //   out[i, h] = Σ_j p_j · v[j, kv],  p = softmax_j(scale · q[i, h] · k[j, kv]).
 // q [nq, n_heads, head_dim]; k, v [n_keys, n_kv_heads, head_dim].
+// visible(i, j): whether query i sees key j < key_count[i] (a draft tree hides the keys of
+// nodes that are not its ancestors); null: all of them.
 inline Vec attention(In q, int64_t nq, int n_heads, int n_kv_heads, int head_dim, In k, In v,
-                     std::span<const int64_t> key_count, double scale) {
+                     std::span<const int64_t> key_count, double scale,
+                     const std::function<bool(int64_t, int64_t)>& visible = nullptr) {
   Vec out(size_t(nq * n_heads * head_dim));
   const int group = n_heads / n_kv_heads;
   for (int64_t i = 0; i < nq; ++i)
     for (int h = 0; h < n_heads; ++h) {
       const int kv = h / group;
-      const int64_t n = key_count[size_t(i)];
+      std::vector<int64_t> keys;
+      for (int64_t j = 0; j < key_count[size_t(i)]; ++j)
+        if (!visible || visible(i, j)) keys.push_back(j);
       const double* qi = q.data() + (i * n_heads + h) * head_dim;
-      Vec s(static_cast<size_t>(n));
-      for (int64_t j = 0; j < n; ++j)
-        s[size_t(j)] = scale * dot({qi, size_t(head_dim)},
-                                   {k.data() + (j * n_kv_heads + kv) * head_dim, size_t(head_dim)});
+      Vec s(keys.size());
+      for (size_t t = 0; t < keys.size(); ++t)
+        s[t] = scale * dot({qi, size_t(head_dim)},
+                           {k.data() + (keys[t] * n_kv_heads + kv) * head_dim, size_t(head_dim)});
       const double mx = *std::max_element(s.begin(), s.end());
       double sum = 0;
       for (auto& e : s) sum += (e = std::exp(e - mx));
       for (int c = 0; c < head_dim; ++c) {
         double o = 0;
-        for (int64_t j = 0; j < n; ++j)
-          o += s[size_t(j)] * v[size_t((j * n_kv_heads + kv) * head_dim + c)];
+        for (size_t t = 0; t < keys.size(); ++t)
+          o += s[t] * v[size_t((keys[t] * n_kv_heads + kv) * head_dim + c)];
         out[size_t((i * n_heads + h) * head_dim + c)] = o / sum;
       }
     }

@@ -253,5 +253,62 @@ TEST(Attention, RowWithoutKeysGetsZeros) {
   expect_same_bits(out.data() + 2 * row, run(p, pool, 2, 3).data(), size_t(row), "row 2");
 }
 
+// Draft trees (ops::KeyMask): node i of a random tree over n nodes after P cached keys sees the P
+// keys and its ancestors (itself included) only. Against the float64 reference restricted to
+// those keys, at trees of 1 to 129 nodes (one mask word, several, a partial last one), with
+// 0 to 600 cached keys and 1-3 threads; and a row's output does not depend on the other rows of
+// the call. The bound is bound_of's over all P + i + 1 keys: looser than over the visible ones.
+TEST(Attention, DraftTreeMaskMatchesFloat64Reference) {
+  double worst = 0;
+  int cases = 0;
+  for (const int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (const int64_t prefix : {0, 5, 63, 600})
+      for (const int64_t nodes : {1, 9, 33, 65, 129})
+        for (const int hd : {24, 64}) {
+          const int kv_heads = 2, heads = 4;
+          Problem p = make_problem(nodes, heads, kv_heads, hd, prefix + 1, Keys::kCausal,
+                                   uint64_t(cases) * 131 + 7);
+          Rng rng(uint64_t(cases) + 99);
+          std::vector<int64_t> parent(static_cast<size_t>(nodes));
+          for (int64_t i = 0; i < nodes; ++i)
+            parent[size_t(i)] = i == 0 ? -1 : int64_t(rng.uniform() * double(i + 1)) - 1;
+          const int64_t words = (nodes + 63) / 64;
+          std::vector<uint64_t> bits(size_t(nodes * words), 0);
+          for (int64_t i = 0; i < nodes; ++i)
+            for (int64_t a = i; a >= 0; a = parent[size_t(a)])
+              bits[size_t(i * words + a / 64)] |= uint64_t(1) << (a % 64);
+          const ops::KeyMask mask{prefix, words, bits.data()};
+          const int64_t row = int64_t(heads) * hd;
+          std::vector<float> out(size_t(nodes * row));
+          ops::attention(p.q.data(), nodes, heads, kv_heads, hd, p.k.data(), p.v.data(),
+                         p.counts.data(), p.scale, out.data(), pool, &mask);
+          const Vec want = ref::attention(
+              ref::of(p.q), nodes, heads, kv_heads, hd, ref::of(p.k), ref::of(p.v), p.counts,
+              double(p.scale), [&](int64_t i, int64_t j) {
+                return j < prefix ||
+                       ((bits[size_t(i * words + (j - prefix) / 64)] >> ((j - prefix) % 64)) & 1);
+              });
+          const Vec bound = bound_of(p);
+          for (size_t e = 0; e < want.size(); ++e) {
+            const double err = std::fabs(double(out[e]) - want[e]);
+            ASSERT_LE(err, bound[e]) << "prefix " << prefix << " nodes " << nodes << " hd " << hd
+                                     << " threads " << threads << " element " << e;
+            if (bound[e] > 0) worst = std::max(worst, err / bound[e]);
+          }
+          // The last row alone (its mask words at its own offset) gives the same bits.
+          const int64_t last = nodes - 1;
+          const ops::KeyMask one{prefix, words, bits.data() + last * words};
+          std::vector<float> alone(static_cast<size_t>(row));
+          ops::attention(p.q.data() + last * row, 1, heads, kv_heads, hd, p.k.data(), p.v.data(),
+                         p.counts.data() + last, p.scale, alone.data(), pool, &one);
+          expect_same_bits(alone.data(), out.data() + last * row, size_t(row), "last tree row");
+          ++cases;
+        }
+  }
+  std::cout << "[ info ] tree attention: worst error " << worst * 100 << "% of its bound over "
+            << cases << " cases\n";
+}
+
 }  // namespace
 }  // namespace flashmap
