@@ -14,6 +14,21 @@ void KVCache::truncate(int64_t n) {
   length = n;
 }
 
+void KVCache::keep_rows(int64_t start, std::span<const int64_t> rows, int64_t kv_dim) {
+  FLASHMAP_ASSERT(start >= 0 && start + int64_t(rows.size()) <= length);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    // Rows increase, so a row moves down (or stays) and is never overwritten before it moves.
+    FLASHMAP_ASSERT(rows[i] >= int64_t(i) && start + rows[i] < length &&
+                    (i == 0 || rows[i] > rows[i - 1]));
+    if (rows[i] == int64_t(i)) continue;
+    for (auto* t : {&k, &v})
+      for (auto& layer : *t)
+        std::copy_n(layer.data() + (start + rows[i]) * kv_dim, kv_dim,
+                    layer.data() + (start + int64_t(i)) * kv_dim);
+  }
+  length = start + int64_t(rows.size());
+}
+
 KVCache KVCache::prefix(int64_t n, int64_t kv_dim) const {
   FLASHMAP_ASSERT(n >= 0 && n <= length);
   KVCache c;
@@ -182,9 +197,35 @@ void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
       FLASHMAP_CHECK(s.cache->length + int64_t(s.tokens.size()) <= c.max_position_embeddings,
                      "sequence of {} tokens exceeds max_position_embeddings {}",
                      s.cache->length + int64_t(s.tokens.size()), c.max_position_embeddings);
-      for (size_t i = 0; i < s.tokens.size(); ++i)
-        positions[static_cast<size_t>(r++)] = s.cache->length + int64_t(i);
+      if (s.parents.empty()) {
+        for (size_t i = 0; i < s.tokens.size(); ++i)
+          positions[static_cast<size_t>(r++)] = s.cache->length + int64_t(i);
+        continue;
+      }
+      FLASHMAP_CHECK(s.parents.size() == s.tokens.size(),
+                     "forward: a token tree has {} parents for {} tokens", s.parents.size(),
+                     s.tokens.size());
+      const int64_t r0 = r;
+      for (size_t i = 0; i < s.tokens.size(); ++i) {
+        const int32_t up = s.parents[i];
+        FLASHMAP_CHECK(up >= -1 && up < int32_t(i),
+                       "forward: token tree row {} has parent {}, not in [-1, {})", i, up, i);
+        positions[static_cast<size_t>(r++)] =
+            up < 0 ? s.cache->length : positions[static_cast<size_t>(r0 + up)] + 1;
+      }
     }
+  }
+  // Each tree's visibility: row r sees its ancestors' rows (and its own) among the new ones.
+  std::vector<std::vector<uint64_t>> tree_bits(batch.size());
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const auto& par = batch[b].parents;
+    if (par.empty()) continue;
+    const int64_t n = int64_t(par.size()), words = (n + 63) / 64;
+    auto& bits = tree_bits[b];
+    bits.assign(static_cast<size_t>(n * words), 0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t a = i; a >= 0; a = par[static_cast<size_t>(a)])
+        bits[static_cast<size_t>(i * words + a / 64)] |= uint64_t(1) << (a % 64);
   }
 
   std::vector<float> x(static_cast<size_t>(T * H)), h(static_cast<size_t>(T * H)),
@@ -239,11 +280,13 @@ void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
       std::copy_n(v.data() + r0 * kv_dim, n * kv_dim,
                   s.cache->v[static_cast<size_t>(l)].data() + p0 * kv_dim);
       for (int64_t i = 0; i < n; ++i)
-        key_count[static_cast<size_t>(r0 + i)] = p0 + i + 1;  // causal
+        key_count[static_cast<size_t>(r0 + i)] = p0 + i + 1;  // causal (a tree's: masked)
+      const ops::KeyMask tree{p0, (n + 63) / 64, tree_bits[b].data()};
       ops::attention(q.data() + r0 * q_dim, n, nh, nkv, int(hd),
                      s.cache->k[static_cast<size_t>(l)].data(),
                      s.cache->v[static_cast<size_t>(l)].data(), key_count.data() + r0,
-                     1.0f / std::sqrt(float(hd)), attn.data() + r0 * q_dim, *pool_);
+                     1.0f / std::sqrt(float(hd)), attn.data() + r0 * q_dim, *pool_,
+                     s.parents.empty() ? nullptr : &tree);
     }
     ops::linear(attn.data(), T, L.o, nullptr, tmp.data(), *pool_);
     for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];

@@ -35,6 +35,10 @@ struct KVCache {
 
   // Drops every position from n on (after a verify pass, the rejected drafts).
   void truncate(int64_t n);
+  // After a draft tree's verify pass: keeps, at positions start, start + 1, ..., the rows
+  // start + rows[0], start + rows[1], ... (the accepted path, rows increasing) and drops the rest;
+  // kv_dim as in prefix().
+  void keep_rows(int64_t start, std::span<const int64_t> rows, int64_t kv_dim);
   // A cache holding the first n positions (the prefix cache), without the spare capacity;
   // kv_dim: the values per position and layer (kv heads × head dim).
   KVCache prefix(int64_t n, int64_t kv_dim) const;
@@ -69,6 +73,12 @@ class Qwen3Model {
   struct SeqInput {
     KVCache* cache;  // the new tokens go at positions cache->length ...
     std::span<const int32_t> tokens;
+    // Empty: the tokens follow each other. Else a token tree (a draft tree's verify pass):
+    // parents[r] in [0, r) is the row token r follows, −1 the cache's end; token r is at position
+    // cache->length + its depth (0 for −1) and attends to the cache and its ancestors only. Its
+    // keys and values still go to cache row cache->length + r (KVCache::keep_rows then keeps a
+    // path).
+    std::span<const int32_t> parents = {};
   };
   enum class Logits { All, Last, None };
   struct Output {
