@@ -42,14 +42,20 @@ def main():
     gen = torch.Generator().manual_seed(args.seed)
     prompts = [tok.encode(docs[int(i)]).ids[:16] for i in torch.randint(0, len(docs), (args.prompts,), generator=gen)]
     prompts = [p for p in prompts if len(p) >= 4]
+    # A DFlash drafter (tools/train/train_dflash.py, or any z-lab / speculators folder) has no
+    # steps: one row per temperature.
+    with open(os.path.join(args.draft, "config.json")) as f:
+        cfg = json.load(f)
+    dflash = "speculators_model_type" in cfg or "DFlashDraftModel" in cfg.get("architectures", [])
     for temp in args.temperatures:
-        for n in (1, 2, 3, 4):
+        for n in ((None,) if dflash else (1, 2, 3, 4)):
             taus, slots = [], None
             for j, p in enumerate(prompts):
                 out = subprocess.run([args.flashmap, "generate", "--target", args.target, "--draft", args.draft,
-                                      "--steps", str(n), "--prompt-ids", ",".join(map(str, p)), "--json",
+                                      "--prompt-ids", ",".join(map(str, p)), "--json",
                                       "--max-new-tokens", str(args.max_new_tokens), "--stop-ids", "none",
                                       "--temperature", str(temp), "--threads", "1"]
+                                     + (["--steps", str(n)] if n else [])
                                      + (["--seed", str(args.seed + j)] if args.keyed else []),
                                      capture_output=True, text=True, check=True)
                 r = json.loads(out.stdout)
@@ -59,7 +65,7 @@ def main():
             m = sum(taus) / len(taus)
             sd = (sum((x - m) ** 2 for x in taus) / max(len(taus) - 1, 1)) ** 0.5
             by_pos = " ".join(f"{s / len(taus):.2f}" for s in (slots or []))
-            print(f"engine tau T={temp} steps={n}: {m:.3f} +- {1.96 * sd / len(taus) ** 0.5:.3f} "
+            print(f"engine tau T={temp} {'dflash' if n is None else f'steps={n}'}: {m:.3f} +- {1.96 * sd / len(taus) ** 0.5:.3f} "
                   f"({len(taus)} rounds); slot acceptance {by_pos}", flush=True)
 
 
