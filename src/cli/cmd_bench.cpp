@@ -13,6 +13,7 @@
 //                                          the same on the GPU (CUDA builds): random device
 //                                          weights, HBM bandwidth, decode and verify with graphs
 #include <flashmap/engine.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
@@ -42,6 +44,7 @@ using json = nlohmann::json;
 struct BenchArgs {
   ModelOptions model;
   std::string shape, json_out;
+  std::vector<std::string> vs_drafts;  // more drafters timed beside --draft in the same run
   bool no_sweep = false;
   int reps = 3, max_new_tokens = 128, prompts = 4, context = 512, block = 16;
 };
@@ -349,8 +352,24 @@ void run_bench(BenchArgs& a) {
     EngineOptions eo = a.model.engine_options(0);
     eo.device = a.model.device;
     eo.spec_policy = SpecPolicyKind::Always;
-    const auto dc = FlashMapConfig::from_file(a.model.draft + "/config.json");
-    if (a.model.steps > 0) dc.grid(a.model.steps);  // throws naming the jump_grids
+    // Every drafter is opened by its config before any timing, so that a wrong folder among
+    // several fails at once rather than after minutes of decoding.
+    std::vector<std::string> drafts{a.model.draft};
+    drafts.insert(drafts.end(), a.vs_drafts.begin(), a.vs_drafts.end());
+    std::vector<std::optional<FlashMapConfig>> flashmap_configs;
+    for (const auto& d : drafts) {
+      if (DFlashConfig::is_dflash(d)) {
+        (void)DFlashConfig::from_file(d + "/config.json");
+        flashmap_configs.emplace_back();
+      } else {
+        flashmap_configs.emplace_back(FlashMapConfig::from_file(d + "/config.json"));
+        if (a.model.steps > 0) flashmap_configs.back()->grid(a.model.steps);  // names jump_grids
+      }
+    }
+    FLASHMAP_CHECK(
+        a.model.steps == 0 || std::any_of(flashmap_configs.begin(), flashmap_configs.end(),
+                                          [](const auto& c) { return c.has_value(); }),
+        "--steps: a DFlash drafter drafts in one pass (no steps); drop --steps");
     EngineOptions alone_opt = eo;
     alone_opt.draft.clear();
     alone_opt.steps = 0;
@@ -364,8 +383,8 @@ void run_bench(BenchArgs& a) {
       prompts.push_back(p);
     }
     fmt::print("# flashmap bench: {} + {} on {} ({} prompts x {} tokens, greedy, {} threads)\n\n",
-               a.model.target, a.model.draft, alone_engine.device(), a.prompts, a.max_new_tokens,
-               ThreadPool::global().size());
+               a.model.target, fmt::join(drafts, " | "), alone_engine.device(), a.prompts,
+               a.max_new_tokens, ThreadPool::global().size());
     out["device"] = alone_engine.device();
     const json alone = run_decode(alone_engine, prompts, a.max_new_tokens, a.reps);
     out["target_alone"] = alone;
@@ -380,14 +399,29 @@ void run_bench(BenchArgs& a) {
                  r["verify_ms_per_round"].get<double>(), r["accept_ms_per_round"].get<double>());
     };
     row("target alone", alone);
-    for (const auto& [steps, grid] : dc.jump_grids) {
-      if (a.model.steps > 0 && steps != a.model.steps) continue;
+    for (size_t d = 0; d < drafts.size(); ++d) {
+      // With several drafters the rows and JSON keys carry the drafter's index (the first is
+      // --draft, then each --vs-draft in order).
+      const std::string tag = drafts.size() > 1 ? fmt::format(" [{}]", d) : "";
+      const std::string key = drafts.size() > 1 ? fmt::format("draft{}_", d) : "";
       EngineOptions so = eo;
-      so.steps = steps;
-      Engine engine(so);
-      const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps);
-      out[fmt::format("flashmap_steps{}", steps)] = r;
-      row(fmt::format("FlashMap, {} step{}", steps, steps > 1 ? "s" : ""), r);
+      so.draft = drafts[d];
+      if (!flashmap_configs[d]) {
+        so.steps = 0;
+        Engine engine(so);
+        const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps);
+        out[key + "dflash"] = r;
+        row("DFlash" + tag, r);
+        continue;
+      }
+      for (const auto& [steps, grid] : flashmap_configs[d]->jump_grids) {
+        if (a.model.steps > 0 && steps != a.model.steps) continue;
+        so.steps = steps;
+        Engine engine(so);
+        const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps);
+        out[fmt::format("{}flashmap_steps{}", key, steps)] = r;
+        row(fmt::format("FlashMap, {} step{}{}", steps, steps > 1 ? "s" : "", tag), r);
+      }
     }
   }
   write_json(out, a.json_out);
@@ -415,6 +449,11 @@ void register_cmd(CLI::App& app) {
                 "--shape: time decode and verify only, without the tokens/s sweep over acceptance "
                 "lengths")
       ->needs(shape);
+  sub->add_option("--vs-draft", args->vs_drafts,
+                  "another drafter (FlashMap or DFlash) to time beside --draft on the same target "
+                  "and prompts, in the same run; repeatable")
+      ->check(non_empty())
+      ->excludes(shape);
   sub->add_option("--reps", args->reps, "repetitions (median or sum; 3)")
       ->check(CLI::Range(1, 100000));
   sub->add_option("--prompts", args->prompts, "number of random prompts (4)")

@@ -43,7 +43,9 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
                  "target model folder (Hugging Face, model_type qwen3); "
                  "default: the built-in pair in models/default")
       ->check(non_empty());
-  auto* draft = app.add_option("--draft", m.draft, "FlashMap drafter folder (model_type flashmap)")
+  auto* draft = app.add_option("--draft", m.draft,
+                               "drafter folder: FlashMap (model_type flashmap) or DFlash (z-lab or "
+                               "speculators format)")
                     ->check(non_empty());
   app.add_flag("--no-draft", m.no_draft, "decode with the target alone")->excludes(draft);
   app.add_option("--tokenizer", m.tokenizer, "folder with tokenizer.json (default: the target's)")
