@@ -43,6 +43,10 @@ struct EngineOptions {
   std::string draft = {};      // FlashMap drafter folder; empty: the target alone
   std::string device = "cpu";  // cpu, cuda or cuda:N
   int steps = 0;               // drafter jumps (a key of its jump_grids; 0: its num_steps)
+  // Draft trees (issue 16): "off", "paths:N" (N noise draws), "topk:B" (best-first top-k
+  // expansion to B nodes) or "paths:N+topk:B", verified in one pass by sample-and-match. CPU
+  // backend; sequences with logit controls or logprobs draft single blocks.
+  std::string draft_tree = "off";
   // How the CPU backend holds linear weights: "native" (their file dtype, packed for the GEMM
   // kernel) or "q8" (int8 with Q8_0's per-32 fp16 scales, quantized at load). CUDA: native only.
   std::string weights = "native";
@@ -173,6 +177,7 @@ struct GenerateOptions {
   LogitControls controls;    // RequestParams::controls
   int logprobs = -1;         // RequestParams::logprobs
   int prompt_logprobs = -1;  // RequestParams::prompt_logprobs
+  std::string draft_tree = "off";  // EngineOptions::draft_tree
   // Called with the tokens each round commits (after stop-token truncation and the
   // max_new_tokens cut), as they are accepted.
   std::function<void(std::span<const int32_t>)> on_tokens;

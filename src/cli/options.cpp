@@ -66,6 +66,10 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
                  "how the CPU holds linear weights: native (their file dtype; default) or q8 "
                  "(int8, llama.cpp's Q8_0 blocks, quantized at load)")
       ->check(CLI::IsMember({"native", "q8"}));
+  app.add_option("--draft-tree", m.draft_tree,
+                 "draft trees verified in one pass (CPU): off (default), paths:N (N noise draws), "
+                 "topk:B (top-k expansion to B nodes) or paths:N+topk:B")
+      ->check(non_empty());
 }
 
 EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
@@ -76,6 +80,7 @@ EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
   o.device = device;
   o.steps = steps;
   o.weights = weights;
+  o.draft_tree = draft_tree;
   o.sampled_vocab = sampled_vocab;
   return o;
 }

@@ -24,6 +24,7 @@ struct ModelOptions {
   int threads = 0;
   std::string device = "cpu";
   std::string weights = "native";
+  std::string draft_tree = "off";
   // Applies the built-in default when --target is absent.
   void resolve();
   // The engine these options open; ids at and past sampled_vocab (> 0: the tokenizer's size)

@@ -22,6 +22,7 @@
 #include "io/hf_config.h"
 #include "specdec/controls.h"
 #include "specdec/sampling.h"
+#include "specdec/tree.h"
 
 namespace flashmap::engine {
 
@@ -40,9 +41,15 @@ struct SeqStep {
   int room = 0;  // drafts verified this round (0: the anchor alone)
   SeqSampler* sampler = nullptr;
   ControlState* controls = nullptr;  // the sequence's logit controls (a constraint masks drafts)
+  // Active: the round drafts a tree of this shape (at most `room` deep), verifies it in the same
+  // forward and accepts by sample-and-match; only on backends with trees() (and never with logit
+  // controls or logprobs, whose rows assume a chain).
+  TreeShape tree = {};
 };
 
-// A round's outcome for one sequence, on the host: `accepted` drafts then the target's token.
+// A round's outcome for one sequence, on the host: `accepted` drafts then the target's token
+// (for a tree: the accepted path's tokens; the backend has already kept only that path's KV and
+// put its rows first, so that truncate() and commit() see a block).
 struct Accepted {
   int accepted = 0;
   std::vector<int32_t> tokens;  // accepted + 1 tokens
@@ -74,6 +81,8 @@ class Target {
   virtual void verify(std::span<const SeqStep> steps) = 0;
   // Keeps the first `length` positions of a sequence's cache (drops rejected drafts).
   virtual void truncate(Slot& slot, int64_t length) = 0;
+  // Whether verify() and accept() take draft trees (SeqStep::tree).
+  virtual bool trees() const { return false; }
   // Host access to a sequence's rows of the last prefill (its one row) or verify (anchor +
   // drafts), for what the loop computes itself: logit controls (read, changed, written back
   // before pick/accept) and logprobs. Rows count from the sequence's first.

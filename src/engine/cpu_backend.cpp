@@ -13,7 +13,8 @@ struct CpuSlot : Slot {
   KVCache cache;
   std::unique_ptr<DraftState> draft;  // null: the sequence does not draft
   Proposal proposal;
-  std::vector<int32_t> fed;  // the tokens of the last forward (prompt, or anchor + drafts)
+  std::vector<int32_t> fed;          // the tokens of the last forward (prompt, or anchor + drafts)
+  std::vector<int32_t> fed_parents;  // a draft tree's verify: row r follows row fed_parents[r]
   int32_t anchor = 0;
   int64_t logits_row = 0;   // the first of its rows in the last forward's logits
   int64_t feature_row = 0;  // and in its features
@@ -115,11 +116,19 @@ void CpuBackend::verify(std::span<const SeqStep> steps) {
   for (const SeqStep& st : steps) {
     CpuSlot& s = cpu(*st.slot);
     s.fed.assign(1, s.anchor);
-    s.fed.insert(s.fed.end(), s.proposal.tokens.begin(), s.proposal.tokens.begin() + st.room);
+    s.fed_parents.clear();
+    if (st.room > 0 && !s.proposal.parents.empty()) {
+      // The tree's nodes follow the anchor's row: node i is row i + 1, the anchor row 0.
+      s.fed.insert(s.fed.end(), s.proposal.tokens.begin(), s.proposal.tokens.end());
+      s.fed_parents.push_back(-1);
+      for (int32_t p : s.proposal.parents) s.fed_parents.push_back(p + 1);
+    } else {
+      s.fed.insert(s.fed.end(), s.proposal.tokens.begin(), s.proposal.tokens.begin() + st.room);
+    }
     s.logits_row = s.feature_row = rows;
     rows += int64_t(s.fed.size());
     any_draft = any_draft || s.draft;
-    in.push_back({&s.cache, s.fed});
+    in.push_back({&s.cache, s.fed, s.fed_parents});
   }
   target_.forward(in, Qwen3Model::Logits::All, any_draft ? taps() : std::span<const int>{}, out_);
 }
@@ -187,8 +196,8 @@ void CpuBackend::propose(std::span<const SeqStep> steps) {
   for (const SeqStep& st : steps) {
     CpuSlot& s = cpu(*st.slot);
     FLASHMAP_ASSERT(s.draft);
-    batch.push_back(
-        {s.draft.get(), s.anchor, st.position + 1, st.sampler, &s.proposal, st.controls, st.room});
+    batch.push_back({s.draft.get(), s.anchor, st.position + 1, st.sampler, &s.proposal, st.controls,
+                     st.room, st.tree});
   }
   proposer_->propose(batch);
 }
@@ -208,6 +217,10 @@ void CpuBackend::accept(std::span<const SeqStep> steps, std::span<Accepted> out)
   for (size_t i = 0; i < steps.size(); ++i) {
     const SeqStep& st = steps[i];
     CpuSlot& s = cpu(*st.slot);
+    if (!s.fed_parents.empty()) {
+      accept_tree(st, out[i]);
+      continue;
+    }
     const auto draft = std::span<const int32_t>(s.fed).subspan(1);
     int32_t bonus = 0;
     const int accepted = verify_block(*st.sampler, draft, out_.logits.data() + s.logits_row * V,
@@ -218,6 +231,38 @@ void CpuBackend::accept(std::span<const SeqStep> steps, std::span<Accepted> out)
     out[i].tokens.push_back(bonus);
     s.anchor = bonus;
   }
+}
+
+void CpuBackend::accept_tree(const SeqStep& st, Accepted& out) {
+  CpuSlot& s = cpu(*st.slot);
+  const int64_t V = target_.config().vocab_size;
+  const auto nodes = std::span<const int32_t>(s.fed).subspan(1);
+  std::vector<int32_t> parents;
+  for (size_t r = 1; r < s.fed_parents.size(); ++r) parents.push_back(s.fed_parents[r] - 1);
+  std::vector<int> path;
+  int32_t bonus = 0;
+  verify_tree(*st.sampler, nodes, parents, out_.logits.data() + s.logits_row * V, V,
+              st.position + 1, path, bonus);
+  out.accepted = int(path.size());
+  out.tokens.clear();
+  for (int n : path) out.tokens.push_back(nodes[size_t(n)]);
+  out.tokens.push_back(bonus);
+  s.anchor = bonus;
+  // Keep the anchor's and the path's rows, first and in order, in the cache, the fed tokens and
+  // the features (commit() reads the first rows), so that the loop sees an accepted block.
+  std::vector<int64_t> rows{0};
+  for (int n : path) rows.push_back(n + 1);
+  const auto& c = target_.config();
+  s.cache.keep_rows(st.position, rows, int64_t(c.num_key_value_heads) * c.head_dim);
+  const int64_t F = int64_t(taps().size()) * c.hidden_size;
+  for (size_t j = 0; j < rows.size(); ++j) {
+    s.fed[j] = s.fed[size_t(rows[j])];
+    if (F > 0 && !out_.features.empty() && rows[j] != int64_t(j))
+      std::copy_n(out_.features.data() + (s.feature_row + rows[j]) * F, F,
+                  out_.features.data() + (s.feature_row + int64_t(j)) * F);
+  }
+  s.fed.resize(rows.size());
+  s.fed_parents.clear();
 }
 
 }  // namespace flashmap::engine

@@ -35,6 +35,7 @@ class CpuBackend : public Backend {
                std::span<const std::span<const int32_t>> prompts) override;
   void verify(std::span<const SeqStep> steps) override;
   void truncate(Slot& slot, int64_t length) override;
+  bool trees() const override { return true; }
   void read_logits(Slot& slot, int64_t first, int64_t n, float* dst) override;
   void write_logits(Slot& slot, int64_t first, int64_t n, const float* src) override;
   void read_drafts(Slot& slot, int n, int32_t* dst) override;
@@ -58,6 +59,7 @@ class CpuBackend : public Backend {
  private:
   struct Owned;
   CpuBackend(std::unique_ptr<Owned> owned);
+  void accept_tree(const SeqStep& step, Accepted& out);
   std::unique_ptr<Owned> owned_;  // the loaded models, when load() made this backend
   const Qwen3Model& target_;
   const BlockProposer* proposer_;

@@ -80,6 +80,7 @@ GenerateResult generate(const Qwen3Model& target, const BlockProposer* proposer,
                         std::span<const int32_t> prompt, const GenerateOptions& opt) {
   EngineOptions eo;
   eo.spec_policy = SpecPolicyKind::Always;
+  eo.draft_tree = opt.draft_tree;
   Engine engine(std::make_unique<engine::CpuBackend>(target, proposer), eo);
   return engine.generate(opt.request(prompt), opt.on_tokens);
 }
@@ -207,6 +208,15 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
       options_.max_context, options_.clock, options_.prefix_cache_mb << 20);
   if (impl_->backend->has_drafter())
     impl_->acceptance_hist.assign(size_t(impl_->backend->block_size()) + 2, 0);
+  const TreeShape tree = TreeShape::parse(options_.draft_tree, "--draft-tree");
+  if (tree.active()) {
+    FLASHMAP_CHECK(impl_->backend->has_drafter(), "--draft-tree {} needs a drafter (--draft)",
+                   options_.draft_tree);
+    FLASHMAP_CHECK(impl_->backend->trees(),
+                   "--draft-tree {}: draft trees run on the CPU backend only, not on {}",
+                   options_.draft_tree, impl_->backend->device());
+    impl_->loop->set_tree(tree);
+  }
 }
 
 Engine::~Engine() {

@@ -244,7 +244,12 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
                   ? block_room(K, s->length, max_context_,
                                int64_t(s->params.max_tokens) - int64_t(s->generated))
                   : 0;
-    steps.push_back({s->slot.get(), s->length, s->room, &s->sampler, &s->controls});
+    // A tree's rows are not a chain: controls and logprobs, which read rows as prefix + drafts
+    // 0..k-1, keep single blocks.
+    const bool tree =
+        tree_.active() && s->room > 0 && !s->controls.active() && s->params.logprobs < 0;
+    steps.push_back(
+        {s->slot.get(), s->length, s->room, &s->sampler, &s->controls, tree ? tree_ : TreeShape{}});
     if (s->room > 0) drafts.push_back(steps.back());
   }
   if (!drafts.empty()) backend_.propose(drafts);

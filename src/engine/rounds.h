@@ -96,6 +96,8 @@ class RoundLoop {
   int64_t max_context() const { return max_context_; }
   int block_size() const { return backend_.has_drafter() ? backend_.block_size() : 0; }
   const SpecPolicy& policy() const { return policy_; }
+  // Rounds draft trees of this shape (the backend must take trees; off by default).
+  void set_tree(TreeShape tree) { tree_ = tree; }
 
   // The one place a request is checked: empty prompt, ids outside the vocabulary, max_tokens,
   // stop ids, sampling parameters, context. Throws flashmap::Error naming the parameter.
@@ -130,6 +132,7 @@ class RoundLoop {
 
   Backend& backend_;
   SpecPolicy policy_;
+  TreeShape tree_;
   int64_t max_context_;
   std::function<double()> clock_;
   PrefixCache cache_;

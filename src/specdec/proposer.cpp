@@ -1,5 +1,7 @@
 #include "specdec/proposer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <limits>
 
@@ -53,6 +55,41 @@ void pick_block(const BlockProposer::Seq& s, float* lg, int64_t K, int64_t V) {
     for (int64_t k = 0; k < K; ++k) out.tokens[size_t(k)] = pick(int(k), lg + k * V);
   }
 }
+
+// A draft tree from `draws` candidate blocks' logits [draws][K, V] (draws >= 1): each draw
+// decoded as a block is (pick_block), inserted as a path of at most `depth` tokens, then top-k
+// expansion of the first draw's distributions up to the node budget. Every candidate is fixed
+// before the target draws anything, which is what keeps sample-and-match exact.
+void pick_tree(const BlockProposer::Seq& s, float* logits, int draws, int64_t K, int64_t V) {
+  const int depth = int(s.room > 0 && s.room < K ? s.room : K);
+  const int max_nodes = s.tree.budget > 0 ? s.tree.budget : kMaxTreePaths * int(K);
+  DraftTrie trie;
+  Proposal block;
+  BlockProposer::Seq one = s;
+  one.out = &block;
+  one.controls = nullptr;  // trees run without logit controls (rounds.cpp)
+  // topk:B alone is pure best-first expansion (no path inserted first).
+  for (int j = 0; j < (s.tree.paths > 0 ? draws : 0); ++j) {
+    pick_block(one, logits + int64_t(j) * K * V, K, V);
+    if (!trie.insert_path(block.tokens, depth, max_nodes)) break;
+  }
+  if (s.tree.budget > 0) {
+    std::vector<std::vector<float>> lp(static_cast<size_t>(depth),
+                                       std::vector<float>(static_cast<size_t>(V)));
+    for (int k = 0; k < depth; ++k) {
+      const float* row = logits + int64_t(k) * V;
+      const float mx = *std::max_element(row, row + V);
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
+      const float lse = float(double(mx) + std::log(sum));
+      for (int64_t v = 0; v < V; ++v) lp[size_t(k)][size_t(v)] = row[v] - lse;
+    }
+    trie.expand_topk(lp, max_nodes);
+  }
+  s.out->tokens = std::move(trie.tokens);
+  s.out->parents = std::move(trie.parents);
+  s.out->probs.clear();
+}
 }  // namespace
 
 FlashMapProposer::FlashMapProposer(const FlashMapModel& model, int steps)
@@ -91,16 +128,31 @@ size_t FlashMapProposer::bytes(const DraftState& state) const {
 
 void FlashMapProposer::propose(std::span<const Seq> batch) const {
   const int64_t K = model_.block_size(), V = model_.config().vocab_size;
+  // A tree's N noise draws are N requests on the sequence's context in the same batch (each
+  // writes the same anchor entry; the weights are read once for all).
   std::vector<FlashMapModel::Request> reqs;
-  for (const auto& s : batch)
-    reqs.push_back({&static_cast<FlashMapState*>(s.state)->ctx,
-                    s.anchor,
-                    {FlashMapModel::Noise::Draw, nullptr, &s.sampler->rng}});
-  std::vector<float> logits(batch.size() * size_t(K * V));
+  std::vector<size_t> first;
+  for (const auto& s : batch) {
+    first.push_back(reqs.size());
+    const int draws = s.tree.active() ? std::max(1, s.tree.paths) : 1;
+    for (int j = 0; j < draws; ++j)
+      reqs.push_back({&static_cast<FlashMapState*>(s.state)->ctx,
+                      s.anchor,
+                      {FlashMapModel::Noise::Draw, nullptr, &s.sampler->rng}});
+  }
+  first.push_back(reqs.size());
+  std::vector<float> logits(reqs.size() * size_t(K * V));
   model_.draft(reqs, steps_, logits.data());
   // Given the noise, the block's tokens are independent draws from softmax(logits), one per slot.
-  for (size_t b = 0; b < batch.size(); ++b)
-    pick_block(batch[b], logits.data() + int64_t(b) * K * V, K, V);
+  for (size_t b = 0; b < batch.size(); ++b) {
+    float* lg = logits.data() + int64_t(first[b]) * K * V;
+    if (batch[b].tree.active()) {
+      pick_tree(batch[b], lg, int(first[b + 1] - first[b]), K, V);
+    } else {
+      batch[b].out->parents.clear();
+      pick_block(batch[b], lg, K, V);
+    }
+  }
 }
 
 namespace {
@@ -139,7 +191,12 @@ void DFlashProposer::propose(std::span<const Seq> batch) const {
     // from them is defined.
     for (int64_t k = drafts; k < K; ++k)
       std::copy_n(logits.data() + (drafts - 1) * V, V, logits.data() + k * V);
-    pick_block(s, logits.data(), K, V);
+    if (s.tree.active()) {
+      pick_tree(s, logits.data(), 1, K, V);  // one deterministic pass: one path, then top-k
+    } else {
+      s.out->parents.clear();
+      pick_block(s, logits.data(), K, V);
+    }
   }
 }
 
@@ -190,6 +247,26 @@ void ScriptedProposer::propose(std::span<const Seq> batch) const {
       out.tokens[size_t(k)] = tok;
     }
     out.probs.clear();
+    out.parents.clear();
+    if (s.tree.active()) {
+      // A tree for tests: decoy branches around the scripted block, inserted first so that the
+      // walk must pick the right child: path 0 leaves the script at once, path j >= 2 at slot
+      // j − 2 (with another wrong token than the block's), path 1 is the block itself.
+      const std::vector<int32_t> block = out.tokens;
+      const int depth = s.room > 0 && s.room < block_size_ ? s.room : block_size_;
+      DraftTrie trie;
+      const int paths = std::max(2, s.tree.paths);
+      for (int j = 0; j < paths; ++j) {
+        std::vector<int32_t> cand = block;
+        const int leave = j == 0 ? 0 : j == 1 ? block_size_ : j - 2;
+        for (int k = leave; k < block_size_; ++k)
+          cand[size_t(k)] = int32_t((block[size_t(k)] + 7 + k + j) % vocab_);
+        trie.insert_path(j == 1 ? block : cand, depth, kMaxTreeNodes);
+      }
+      out.tokens = std::move(trie.tokens);
+      out.parents = std::move(trie.parents);
+      continue;
+    }
     if (!s.sampler->params.greedy() && !s.sampler->keyed()) {
       out.probs.assign(size_t(block_size_ * vocab_), 0.0f);
       for (int k = 0; k < block_size_; ++k)

@@ -13,6 +13,7 @@
 #include "models/flashmap.h"
 #include "specdec/controls.h"
 #include "specdec/sampling.h"
+#include "specdec/tree.h"
 
 namespace flashmap {
 
@@ -22,8 +23,11 @@ struct DraftState {
 };
 
 struct Proposal {
-  std::vector<int32_t> tokens;  // [K]
+  std::vector<int32_t> tokens;  // [K], or a draft tree's nodes
   std::vector<float> probs;     // [K, V] filtered q for rejection sampling; empty otherwise
+  // A draft tree (specdec/tree.h): node i follows node parents[i] (−1: the anchor); empty for a
+  // block. Verified by sample-and-match, so no q.
+  std::vector<int32_t> parents;
 };
 
 class BlockProposer {
@@ -44,7 +48,8 @@ class BlockProposer {
     SeqSampler* sampler;  // how the sequence samples: params, seed, noise generator
     Proposal* out;
     ControlState* controls = nullptr;  // a constraint masks the drafter's rows too
-    int room = 0;  // drafts the round verifies (0: the whole block); DFlash drafts that many
+    int room = 0;         // drafts the round verifies (0: the whole block); DFlash drafts that many
+    TreeShape tree = {};  // active: a draft tree of this shape, at most `room` deep
   };
   virtual void propose(std::span<const Seq> batch) const = 0;
   // The prefix cache (engine/prefix_cache.h): a new state holding the first `length` committed

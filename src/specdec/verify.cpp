@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/check.h"
+
 namespace flashmap {
 
 int verify_greedy(std::span<const int32_t> draft, const float* logits, int64_t V, int32_t& bonus) {
@@ -65,6 +67,30 @@ int verify_block(SeqSampler& s, std::span<const int32_t> draft, const float* log
   for (size_t k = 0; k <= n; ++k)
     filtered_probs(logits + int64_t(k) * V, V, s.params, s.scratch.data() + int64_t(k) * V);
   return verify_sampled(draft, s.scratch.data(), q, V, s.rng, bonus);
+}
+
+int verify_tree(SeqSampler& s, std::span<const int32_t> tokens, std::span<const int32_t> parents,
+                const float* logits, int64_t V, int64_t first_position, std::vector<int>& path,
+                int32_t& bonus) {
+  FLASHMAP_ASSERT(tokens.size() == parents.size());
+  path.clear();
+  int node = -1;  // the anchor
+  for (;;) {
+    const int64_t row = node + 1;
+    const int32_t t = s.pick(logits + row * V, V, first_position + int64_t(path.size()));
+    int next = -1;
+    for (size_t i = size_t(node + 1); i < tokens.size(); ++i)  // children come after their parent
+      if (parents[i] == node && tokens[i] == t) {
+        next = int(i);
+        break;
+      }
+    if (next < 0) {
+      bonus = t;
+      return int(path.size());
+    }
+    path.push_back(next);
+    node = next;
+  }
 }
 
 int block_room(int K, int64_t cache_length, int64_t max_positions, int64_t remaining) {

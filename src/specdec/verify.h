@@ -34,6 +34,18 @@ int verify_keyed(std::span<const int32_t> draft, const float* target_logits, int
 int verify_block(SeqSampler& sampler, std::span<const int32_t> draft, const float* target_logits,
                  const float* q, int64_t vocab, int64_t first_position, int32_t& bonus);
 
+// A draft tree's acceptance by sample-and-match: from the anchor's row, the target's token at
+// each node is drawn as the sequence draws without a drafter (sampler.pick: argmax, keyed by
+// position, or from the filtered distribution with fresh randomness), and the walk descends to
+// the child holding it, if any. Exact for any candidate set fixed before the draws: the emitted
+// tokens are the target's own draws. tokens/parents: the trie (parents[i] in [−1, i), −1 the
+// anchor); target_logits [1 + nodes, V]: the anchor's row, then node i's at row i + 1;
+// first_position: the sequence position after the anchor. path: the accepted nodes, root first;
+// returns their count.
+int verify_tree(SeqSampler& sampler, std::span<const int32_t> tokens,
+                std::span<const int32_t> parents, const float* target_logits, int64_t vocab,
+                int64_t first_position, std::vector<int>& path, int32_t& bonus);
+
 // How many of a drafter's K tokens a round can verify: the block is cut so that no position
 // runs past the context (max_positions, counting the anchor at cache_length) and no draft is
 // verified that could not be emitted (`remaining` tokens left, the bonus among them). Cutting a

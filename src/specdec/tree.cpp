@@ -1,0 +1,123 @@
+#include "specdec/tree.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <queue>
+
+#include "core/check.h"
+
+namespace flashmap {
+
+namespace {
+int parse_count(const std::string& spec, const std::string& text, int lo, int hi,
+                const std::string& what) {
+  int n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  FLASHMAP_CHECK(ec == std::errc() && end == text.data() + text.size() && n >= lo && n <= hi,
+                 "{}: '{}' needs a count in [{}, {}] after the colon, got '{}'", what, spec, lo, hi,
+                 text);
+  return n;
+}
+}  // namespace
+
+std::string TreeShape::name() const {
+  if (!active()) return "off";
+  if (budget == 0) return fmt::format("paths:{}", paths);
+  if (paths == 0) return fmt::format("topk:{}", budget);
+  return fmt::format("paths:{}+topk:{}", paths, budget);
+}
+
+TreeShape TreeShape::parse(const std::string& spec, const std::string& what) {
+  TreeShape t;
+  if (spec == "off") return t;
+  size_t start = 0;
+  bool any = false;
+  while (start <= spec.size()) {
+    const size_t plus = std::min(spec.find('+', start), spec.size());
+    const std::string part = spec.substr(start, plus - start);
+    if (part.starts_with("paths:") && t.paths == 0) {
+      t.paths = parse_count(spec, part.substr(6), 1, kMaxTreePaths, what);
+    } else if (part.starts_with("topk:") && t.budget == 0) {
+      t.budget = parse_count(spec, part.substr(5), 1, kMaxTreeNodes, what);
+    } else {
+      FLASHMAP_CHECK(false,
+                     "{}: '{}' is not a tree; expected off, paths:N, topk:B or paths:N+topk:B",
+                     what, spec);
+    }
+    any = true;
+    start = plus + 1;
+  }
+  FLASHMAP_CHECK(any, "{}: empty tree", what);
+  return t;
+}
+
+int DraftTrie::insert(int parent, int32_t token) {
+  auto& kids = children_[size_t(parent + 1)];
+  if (auto it = kids.find(token); it != kids.end()) return it->second;
+  const int id = nodes();
+  kids.emplace(token, id);
+  tokens.push_back(token);
+  parents.push_back(parent);
+  children_.emplace_back();
+  return id;
+}
+
+int DraftTrie::child(int parent, int32_t token) const {
+  const auto& kids = children_[size_t(parent + 1)];
+  const auto it = kids.find(token);
+  return it == kids.end() ? -1 : it->second;
+}
+
+bool DraftTrie::insert_path(std::span<const int32_t> block, int depth, int max_nodes) {
+  int node = -1;
+  for (int k = 0; k < depth && k < int(block.size()); ++k) {
+    const int next = child(node, block[size_t(k)]);
+    if (next < 0 && nodes() >= max_nodes) return false;
+    node = next >= 0 ? next : insert(node, block[size_t(k)]);
+  }
+  return true;
+}
+
+void DraftTrie::expand_topk(const std::vector<std::vector<float>>& log_probs, int max_nodes) {
+  const int K = int(log_probs.size());
+  if (K == 0 || nodes() >= max_nodes) return;
+  const int64_t V = int64_t(log_probs[0].size());
+  // Per slot, the tokens in order of probability: a node's next sibling candidate is the
+  // next in this order (only as many as the budget can use are sorted).
+  const int64_t keep = std::min<int64_t>(V, max_nodes + 1);
+  std::vector<std::vector<int32_t>> order(static_cast<size_t>(K));
+  for (int k = 0; k < K; ++k) {
+    auto& o = order[size_t(k)];
+    o.resize(size_t(V));
+    for (int64_t v = 0; v < V; ++v) o[size_t(v)] = int32_t(v);
+    const auto& lp = log_probs[size_t(k)];
+    std::partial_sort(o.begin(), o.begin() + keep, o.end(), [&](int32_t a, int32_t b) {
+      return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b);
+    });
+  }
+  struct Cand {
+    double score, parent_score;
+    int parent, depth;
+    int64_t rank;
+    bool operator<(const Cand& o) const { return score < o.score; }
+  };
+  std::priority_queue<Cand> heap;
+  heap.push({log_probs[0][size_t(order[0][0])], 0.0, -1, 0, 0});
+  while (!heap.empty() && nodes() < max_nodes) {
+    const Cand c = heap.top();
+    heap.pop();
+    const int32_t tok = order[size_t(c.depth)][size_t(c.rank)];
+    const int node = insert(c.parent, tok);  // may exist already (a path put it there)
+    if (c.rank + 1 < keep)
+      heap.push({c.parent_score +
+                     log_probs[size_t(c.depth)][size_t(order[size_t(c.depth)][size_t(c.rank + 1)])],
+                 c.parent_score, c.parent, c.depth, c.rank + 1});
+    if (c.depth + 1 < K)
+      heap.push({c.score + log_probs[size_t(c.depth + 1)][size_t(order[size_t(c.depth + 1)][0])],
+                 c.score, node, c.depth + 1, 0});
+  }
+}
+
+}  // namespace flashmap

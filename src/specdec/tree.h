@@ -1,0 +1,51 @@
+// Draft trees (issue 16): several candidate blocks after one anchor, merged into a token trie
+// that the target verifies in one forward (Qwen3Model::SeqInput::parents) and walks by
+// sample-and-match (verify.h verify_tree). Candidates: N noise draws of the flow map, each decoded
+// as a single draft is (pick_block), and DDTree-style best-first top-k expansion of the first
+// draw's per-slot distributions. bench/TREES.md has the offline τ of each shape.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace flashmap {
+
+// Which tree a round drafts. off: paths = budget = 0.
+struct TreeShape {
+  int paths = 0;   // noise draws (each one candidate block)
+  int budget = 0;  // trie nodes that top-k expansion of the first draw may fill (0: none)
+  bool active() const { return paths > 0 || budget > 0; }
+  std::string name() const;
+  // "off", "paths:N" (1 <= N <= 64), "topk:B" (1 <= B <= 256) or "paths:N+topk:B"; throws a
+  // one-line error naming `what` (the option or field) otherwise.
+  static TreeShape parse(const std::string& spec, const std::string& what = "--draft-tree");
+};
+inline constexpr int kMaxTreePaths = 64;
+inline constexpr int kMaxTreeNodes = 256;
+
+// A token trie below the anchor. Nodes are numbered in insertion order, so a node's parent always
+// has a smaller number (−1: the anchor): the order the target's tree forward needs.
+class DraftTrie {
+ public:
+  std::vector<int32_t> tokens, parents;  // per node
+  int nodes() const { return int(tokens.size()); }
+  // The child of `parent` (−1: the anchor) holding `token`, made if new.
+  int insert(int parent, int32_t token);
+  // A candidate block's first `depth` tokens as a path from the anchor; stops early (returning
+  // false) when the trie would pass `max_nodes`.
+  bool insert_path(std::span<const int32_t> block, int depth, int max_nodes);
+  // Best-first top-k expansion (DDTree): candidates are prefixes scored by their summed
+  // log-probability under the per-slot distributions `log_probs` [depth][V] (slots independent
+  // given the noise), added in order of score until the trie holds `max_nodes` nodes.
+  void expand_topk(const std::vector<std::vector<float>>& log_probs, int max_nodes);
+  // The child of `parent` holding `token`, or −1.
+  int child(int parent, int32_t token) const;
+
+ private:
+  std::vector<std::map<int32_t, int>> children_{1};  // [0]: the anchor's, [n + 1]: node n's
+};
+
+}  // namespace flashmap

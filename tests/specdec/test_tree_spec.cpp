@@ -1,0 +1,227 @@
+// Draft trees in the round loop (issue 16): a trie of candidates verified in one target pass and
+// accepted by sample-and-match is lossless. Greedy output equals target-alone output for every
+// tree shape and drafter kind (FlashMap at 1 and 2 steps, DFlash, a scripted drafter whose right
+// branch is never the first child); seeded sampling equals target-alone seeded sampling token for
+// token (the keyed draw at a node is the target's own draw at that position); and at T = 1 the
+// joint law of three tokens, two of them from one depth-2 tree, equals the target's (chi-square
+// over an 8-token vocabulary, rejection-mode and keyed draws).
+#include <flashmap/engine.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "core/check.h"
+#include "models/dflash.h"
+#include "models/flashmap.h"
+#include "models/qwen3.h"
+#include "random_models.h"
+#include "specdec/proposer.h"
+#include "specdec/tree.h"
+#include "stats.h"
+
+using namespace flashmap;
+using ::testing::HasSubstr;
+
+namespace {
+const std::string kA = "tests/fixtures/tiny-a";
+const std::vector<std::vector<int32_t>> kPrompts = {
+    {5, 17, 300, 2, 999, 41, 7}, {1, 2, 3}, {700, 12, 12, 90, 4, 4, 4, 4, 31, 8, 640}};
+const std::vector<std::string> kShapes = {"paths:4", "topk:16", "paths:3+topk:24", "topk:1"};
+
+GenerateOptions options(int n, const std::string& tree = "off") {
+  GenerateOptions o;
+  o.max_new_tokens = n;
+  o.draft_tree = tree;
+  return o;
+}
+}  // namespace
+
+TEST(TreeShape, ParsesAndRefusesWithOneLine) {
+  EXPECT_FALSE(TreeShape::parse("off").active());
+  EXPECT_EQ(TreeShape::parse("paths:4").paths, 4);
+  EXPECT_EQ(TreeShape::parse("topk:32").budget, 32);
+  const auto both = TreeShape::parse("paths:2+topk:64");
+  EXPECT_EQ(both.paths, 2);
+  EXPECT_EQ(both.budget, 64);
+  EXPECT_EQ(both.name(), "paths:2+topk:64");
+  for (const std::string bad : {"paths:0", "paths:65", "topk:0", "topk:257", "paths:x",
+                                "paths:", "topk:3+topk:4", "tree", "", "paths:4+", "paths:-1"})
+    EXPECT_THAT([&] { TreeShape::parse(bad); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("--draft-tree")))
+        << bad;
+}
+
+TEST(TreeSpec, GreedyEqualsTargetAloneForEveryShapeAndDrafter) {
+  Qwen3Model target(kA + "/target");
+  FlashMapModel fm(kA + "/draft", target);
+  DFlashModel df("tests/fixtures/dflash/zlab", target);
+  FlashMapProposer one(fm, 1), two(fm, 2);
+  DFlashProposer dflash(df, target);
+  const std::vector<std::pair<std::string, const BlockProposer*>> drafters = {
+      {"flashmap-1", &one}, {"flashmap-2", &two}, {"dflash", &dflash}};
+  for (const auto& prompt : kPrompts) {
+    const auto alone = generate(target, nullptr, prompt, options(40)).ids;
+    for (const auto& [name, d] : drafters)
+      for (const auto& shape : kShapes) {
+        const auto r = generate(target, d, prompt, options(40, shape));
+        EXPECT_EQ(r.ids, alone) << name << " " << shape;
+        EXPECT_EQ(r.finish_reason, "length");
+      }
+  }
+}
+
+TEST(TreeSpec, ScriptedBranchIsFoundBehindDecoys) {
+  // The scripted drafter's tree puts decoys first: path 0 wrong from its first token, paths >= 2
+  // leaving the script at slots 0, 1, ...; the script's own block (wrong from corrupt_from on)
+  // is path 1. Every round but the last commits exactly corrupt_from drafts + the target's token.
+  Qwen3Model target(kA + "/target");
+  const int n = 60, K = 8;
+  const auto alone = generate(target, nullptr, kPrompts[0], options(n)).ids;
+  for (int j : {0, 1, 3, K})
+    for (const std::string shape : {"paths:2", "paths:6"}) {
+      ScriptedProposer d(K, target.config().vocab_size, alone, j);
+      const auto r = generate(target, &d, kPrompts[0], options(n, shape));
+      EXPECT_EQ(r.ids, alone) << "corrupt_from " << j << " " << shape;
+      for (size_t i = 0; i + 1 < r.acceptance_lengths.size(); ++i)
+        EXPECT_EQ(r.acceptance_lengths[i], j + 1) << "round " << i << ", corrupt_from " << j;
+    }
+}
+
+TEST(TreeSpec, SeededSamplingEqualsTargetAloneSeeded) {
+  Qwen3Model target(kA + "/target");
+  FlashMapModel fm(kA + "/draft", target);
+  FlashMapProposer d(fm, 1);
+  for (const SamplingParams sp :
+       {SamplingParams{1.0f, 0, 1.0f, 0.0f}, SamplingParams{0.7f, 20, 0.9f, 0.0f}})
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      GenerateOptions o = options(48);
+      o.sampling = sp;
+      o.seeded = true;
+      o.seed = seed;
+      const auto alone = generate(target, nullptr, kPrompts[2], o).ids;
+      for (const auto& shape : kShapes) {
+        o.draft_tree = shape;
+        EXPECT_EQ(generate(target, &d, kPrompts[2], o).ids, alone)
+            << shape << " seed " << seed << " T " << sp.temperature;
+      }
+    }
+}
+
+// 8-token target, random FlashMap drafter: n runs of four tokens at T = 1; the first round after
+// the prefill verifies a tree at most 2 deep (no draft is verified that could not be emitted), so
+// tokens 2 and 3 both come from the tree walk. Against the exact law of (t1, t2, t3) over 512
+// cells; and the walk must descend often enough (first-level acceptance > 20% of the runs).
+TEST(TreeSpec, JointLawOfThreeTokensAtT1) {
+  const auto pair = flashmap::testing::write_random_pair("tiny-v8-tree", 8, 8, 2, 4, 77);
+  Qwen3Model target(pair.target);
+  FlashMapModel model(pair.draft, target);
+  FlashMapProposer d(model, 1);
+  const int64_t V = 8;
+  const std::vector<int32_t> prompt = {1, 5, 2};
+  const SamplingParams sp{1.0f, 0, 1.0f, 0.0f};
+  auto next = [&](std::vector<int32_t> prefix) {
+    prefix.insert(prefix.begin(), prompt.begin(), prompt.end());
+    KVCache c = target.new_cache();
+    Qwen3Model::Output out;
+    Qwen3Model::SeqInput s{&c, prefix};
+    target.forward({&s, 1}, Qwen3Model::Logits::Last, {}, out);
+    std::vector<float> p(static_cast<size_t>(V));
+    filtered_probs(out.logits.data(), V, sp, p.data());
+    return p;
+  };
+  std::vector<double> exact(size_t(V * V * V), 0.0);
+  const auto p1 = next({});
+  for (int32_t a = 0; a < V; ++a) {
+    const auto p2 = next({a});
+    for (int32_t b = 0; b < V; ++b) {
+      const auto p3 = next({a, b});
+      for (int32_t c = 0; c < V; ++c)
+        exact[size_t((a * V + b) * V + c)] = double(p1[size_t(a)]) * p2[size_t(b)] * p3[size_t(c)];
+    }
+  }
+  const int n = 30000;
+  for (const std::string shape : {"paths:3+topk:6", "topk:4"})
+    for (bool seeded : {false, true}) {
+      std::vector<double> counts(exact.size(), 0.0);
+      GenerateOptions o = options(4, shape);
+      o.sampling = sp;
+      o.seeded = seeded;
+      double descended = 0;
+      for (int i = 0; i < n; ++i) {
+        o.seed = uint64_t(i) * 7919 + 1;
+        const auto r = generate(target, &d, prompt, o);
+        ASSERT_EQ(r.ids.size(), 4u);
+        counts[size_t((r.ids[0] * V + r.ids[1]) * V + r.ids[2])] += 1;
+        descended += r.accepted_at[0] > 0;
+      }
+      const auto chi = flashmap::testing::chi_square(counts, exact);
+      EXPECT_TRUE(chi.pass()) << shape << " seeded=" << seeded << " chi2 " << chi.statistic << " > "
+                              << chi.critical << " " << chi.impossible;
+      EXPECT_GT(descended, n * 0.2) << shape << " seeded=" << seeded;
+    }
+}
+
+TEST(TreeSpec, EngineRefusesTreesWithoutADrafter) {
+  Qwen3Model target(kA + "/target");
+  EXPECT_THAT([&] { generate(target, nullptr, kPrompts[0], options(4, "paths:2")); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("needs a drafter")));
+  EXPECT_THAT([&] { generate(target, nullptr, kPrompts[0], options(4, "paths:0")); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("[1, 64]")));
+}
+
+namespace {
+// Forwards to a real proposer and records what the loop commits to the drafter: the tokens and
+// the target features of every committed position, in order.
+class Recording : public BlockProposer {
+ public:
+  Recording(const BlockProposer& inner, int64_t F) : inner_(inner), F_(F) {}
+  int block_size() const override { return inner_.block_size(); }
+  std::span<const int> target_layer_ids() const override { return inner_.target_layer_ids(); }
+  std::unique_ptr<DraftState> begin() const override { return inner_.begin(); }
+  void commit(DraftState& state, const float* features, int64_t n,
+              std::span<const int32_t> tokens) const override {
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+    features_.insert(features_.end(), features, features + n * F_);
+    inner_.commit(state, features, n, tokens);
+  }
+  void propose(std::span<const Seq> batch) const override { inner_.propose(batch); }
+  mutable std::vector<int32_t> tokens_;
+  mutable std::vector<float> features_;
+
+ private:
+  const BlockProposer& inner_;
+  int64_t F_;
+};
+}  // namespace
+
+// After a tree round the drafter's context takes the accepted path's tokens and features (the
+// backend moved their rows first): the committed tokens are the prompt and the output, and each
+// position's features equal a plain forward's over that sequence.
+TEST(TreeSpec, DrafterContextGetsTheAcceptedPathsFeatures) {
+  Qwen3Model target(kA + "/target");
+  DFlashModel df("tests/fixtures/dflash/zlab", target);
+  DFlashProposer inner(df, target);
+  const auto& taps = df.target_layer_ids();
+  const int64_t F = int64_t(taps.size()) * target.config().hidden_size;
+  for (const std::string shape : {"topk:24", "paths:1+topk:12"}) {
+    Recording d(inner, F);
+    const auto r = generate(target, &d, kPrompts[2], options(40, shape));
+    std::vector<int32_t> seq = kPrompts[2];
+    seq.insert(seq.end(), r.ids.begin(), r.ids.end());
+    ASSERT_LE(d.tokens_.size(), seq.size());
+    ASSERT_GT(d.tokens_.size(), kPrompts[2].size() + 20);
+    EXPECT_TRUE(std::equal(d.tokens_.begin(), d.tokens_.end(), seq.begin())) << shape;
+    KVCache c = target.new_cache();
+    Qwen3Model::Output out;
+    Qwen3Model::SeqInput s{&c, std::span<const int32_t>(seq).first(d.tokens_.size())};
+    target.forward({&s, 1}, Qwen3Model::Logits::None, taps, out);
+    double worst = 0;
+    for (size_t i = 0; i < d.features_.size(); ++i)
+      worst = std::max(worst, double(std::fabs(d.features_[i] - out.features[i])));
+    EXPECT_LE(worst, 1e-4) << shape;
+    // Some round accepted a branch other than the first path: otherwise nothing moved.
+    EXPECT_GT(r.acceptance_length(), 1.0) << shape;
+  }
+}
