@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -44,8 +45,9 @@ struct EngineOptions {
   std::string device = "cpu";  // cpu, cuda or cuda:N
   int steps = 0;               // drafter jumps (a key of its jump_grids; 0: its num_steps)
   // Draft trees (issue 16): "off", "paths:N" (N noise draws), "topk:B" (best-first top-k
-  // expansion to B nodes) or "paths:N+topk:B", verified in one pass by sample-and-match. CPU
-  // backend; sequences with logit controls or logprobs draft single blocks.
+  // expansion to B nodes) or "paths:N+topk:B", verified in one pass by sample-and-match; "auto":
+  // each speculative round's tree (or none) chosen by measured tokens/s (engine/tree_policy.h).
+  // CPU backend; sequences with logit controls or logprobs draft single blocks.
   std::string draft_tree = "off";
   // How the CPU backend holds linear weights: "native" (their file dtype, packed for the GEMM
   // kernel) or "q8" (int8 with Q8_0's per-32 fp16 scales, quantized at load). CUDA: native only.
@@ -164,6 +166,9 @@ struct EngineStats {
   // acceptance_hist[n]: verify rounds that committed n tokens (n in 1..K+1).
   std::vector<uint64_t> acceptance_hist;
   engine::PrefixCacheStats prefix_cache;
+  // Draft trees: the option, and speculative rounds by the tree they drafted ("off": blocks).
+  std::string draft_tree;
+  std::map<std::string, uint64_t> tree_rounds;
 };
 
 // A batch of one on CPU models the caller holds (tests, parity, tools): through an Engine over
@@ -174,9 +179,9 @@ struct GenerateOptions {
   uint64_t seed = 0;
   bool seeded = false;  // RequestParams::seeded
   std::vector<int32_t> stop_ids;
-  LogitControls controls;    // RequestParams::controls
-  int logprobs = -1;         // RequestParams::logprobs
-  int prompt_logprobs = -1;  // RequestParams::prompt_logprobs
+  LogitControls controls;          // RequestParams::controls
+  int logprobs = -1;               // RequestParams::logprobs
+  int prompt_logprobs = -1;        // RequestParams::prompt_logprobs
   std::string draft_tree = "off";  // EngineOptions::draft_tree
   // Called with the tokens each round commits (after stop-token truncation and the
   // max_new_tokens cut), as they are accepted.

@@ -34,6 +34,7 @@
 #include "io/hf_config.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
+#include "specdec/tree.h"
 
 namespace flashmap::cli {
 namespace {
@@ -45,6 +46,8 @@ struct BenchArgs {
   ModelOptions model;
   std::string shape, json_out;
   std::vector<std::string> vs_drafts;  // more drafters timed beside --draft in the same run
+  std::vector<std::string> trees;      // draft-tree shapes timed for each drafter row
+  float temperature = 0.0f;
   bool no_sweep = false;
   int reps = 3, max_new_tokens = 128, prompts = 4, context = 512, block = 16;
 };
@@ -162,7 +165,7 @@ Qwen3Config folder_config(const std::string& dir, const std::string& shape) {
 // Per-round phase times and tokens/s of one decoding configuration over the prompts, through
 // an engine (a batch of one per prompt).
 json run_decode(Engine& engine, const std::vector<std::vector<int32_t>>& prompts, int max_new,
-                int reps) {
+                int reps, float temperature = 0.0f) {
   double tokens = 0, rounds = 0, total = 0, draft = 0, verify = 0, accept = 0, prefill = 0;
   std::vector<int> lengths;
   for (int r = 0; r < reps; ++r)
@@ -171,6 +174,7 @@ json run_decode(Engine& engine, const std::vector<std::vector<int32_t>>& prompts
       p.prompt = prompts[i];
       p.max_tokens = max_new;
       p.seed = uint64_t(i);
+      p.sampling.temperature = temperature;  // unseeded: rejection sampling / sample-and-match
       const auto res = engine.generate(p);
       tokens += double(res.ids.size());
       rounds += res.rounds;
@@ -355,6 +359,10 @@ void run_bench(BenchArgs& a) {
     // Every drafter is opened by its config before any timing, so that a wrong folder among
     // several fails at once rather than after minutes of decoding.
     std::vector<std::string> drafts{a.model.draft};
+    std::vector<std::string> trees = a.trees;
+    if (trees.empty()) trees.push_back(a.model.draft_tree);
+    for (const auto& t : trees)
+      if (t != "auto") (void)TreeShape::parse(t, "--draft-trees");
     drafts.insert(drafts.end(), a.vs_drafts.begin(), a.vs_drafts.end());
     std::vector<std::optional<FlashMapConfig>> flashmap_configs;
     for (const auto& d : drafts) {
@@ -373,6 +381,7 @@ void run_bench(BenchArgs& a) {
     EngineOptions alone_opt = eo;
     alone_opt.draft.clear();
     alone_opt.steps = 0;
+    alone_opt.draft_tree = "off";
     Engine alone_engine(alone_opt);
     const int V = int(alone_engine.target_config().vocab_size);
     std::vector<std::vector<int32_t>> prompts;
@@ -382,11 +391,13 @@ void run_bench(BenchArgs& a) {
       for (int j = 0; j < 16; ++j) p.push_back(int32_t(rng.next() % uint64_t(V)));
       prompts.push_back(p);
     }
-    fmt::print("# flashmap bench: {} + {} on {} ({} prompts x {} tokens, greedy, {} threads)\n\n",
+    fmt::print("# flashmap bench: {} + {} on {} ({} prompts x {} tokens, {}, {} threads)\n\n",
                a.model.target, fmt::join(drafts, " | "), alone_engine.device(), a.prompts,
-               a.max_new_tokens, ThreadPool::global().size());
+               a.max_new_tokens,
+               a.temperature > 0 ? fmt::format("temperature {}", a.temperature) : "greedy",
+               ThreadPool::global().size());
     out["device"] = alone_engine.device();
-    const json alone = run_decode(alone_engine, prompts, a.max_new_tokens, a.reps);
+    const json alone = run_decode(alone_engine, prompts, a.max_new_tokens, a.reps, a.temperature);
     out["target_alone"] = alone;
     fmt::print(
         "| decoding | tau | tokens/s | speedup | round ms | draft ms | verify ms | accept ms "
@@ -399,30 +410,36 @@ void run_bench(BenchArgs& a) {
                  r["verify_ms_per_round"].get<double>(), r["accept_ms_per_round"].get<double>());
     };
     row("target alone", alone);
-    for (size_t d = 0; d < drafts.size(); ++d) {
-      // With several drafters the rows and JSON keys carry the drafter's index (the first is
-      // --draft, then each --vs-draft in order).
-      const std::string tag = drafts.size() > 1 ? fmt::format(" [{}]", d) : "";
-      const std::string key = drafts.size() > 1 ? fmt::format("draft{}_", d) : "";
-      EngineOptions so = eo;
-      so.draft = drafts[d];
-      if (!flashmap_configs[d]) {
-        so.steps = 0;
-        Engine engine(so);
-        const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps);
-        out[key + "dflash"] = r;
-        row("DFlash" + tag, r);
-        continue;
+    for (size_t d = 0; d < drafts.size(); ++d)
+      for (const std::string& tree : trees) {
+        // With several drafters (trees) the rows and JSON keys carry the drafter's index (the
+        // first is --draft, then each --vs-draft in order) and the tree's shape.
+        std::string tag = drafts.size() > 1 ? fmt::format(" [{}]", d) : "";
+        std::string key = drafts.size() > 1 ? fmt::format("draft{}_", d) : "";
+        if (tree != "off") {
+          tag += ", tree " + tree;
+          key += "tree_" + tree + "_";
+        }
+        EngineOptions so = eo;
+        so.draft = drafts[d];
+        so.draft_tree = tree;
+        if (!flashmap_configs[d]) {
+          so.steps = 0;
+          Engine engine(so);
+          const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
+          out[key + "dflash"] = r;
+          row("DFlash" + tag, r);
+          continue;
+        }
+        for (const auto& [steps, grid] : flashmap_configs[d]->jump_grids) {
+          if (a.model.steps > 0 && steps != a.model.steps) continue;
+          so.steps = steps;
+          Engine engine(so);
+          const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
+          out[fmt::format("{}flashmap_steps{}", key, steps)] = r;
+          row(fmt::format("FlashMap, {} step{}{}", steps, steps > 1 ? "s" : "", tag), r);
+        }
       }
-      for (const auto& [steps, grid] : flashmap_configs[d]->jump_grids) {
-        if (a.model.steps > 0 && steps != a.model.steps) continue;
-        so.steps = steps;
-        Engine engine(so);
-        const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps);
-        out[fmt::format("{}flashmap_steps{}", key, steps)] = r;
-        row(fmt::format("FlashMap, {} step{}{}", steps, steps > 1 ? "s" : "", tag), r);
-      }
-    }
   }
   write_json(out, a.json_out);
 }
@@ -453,6 +470,15 @@ void register_cmd(CLI::App& app) {
                   "another drafter (FlashMap or DFlash) to time beside --draft on the same target "
                   "and prompts, in the same run; repeatable")
       ->check(non_empty())
+      ->excludes(shape);
+  sub->add_option("--draft-trees", args->trees,
+                  "draft-tree shapes to time for each drafter, comma-separated (off, paths:N, "
+                  "topk:B, paths:N+topk:B; default: --draft-tree's)")
+      ->delimiter(',')
+      ->excludes(shape);
+  sub->add_option("--temperature", args->temperature,
+                  "sampling temperature of the decoding runs (0: greedy; unseeded above)")
+      ->check(CLI::Range(0.0f, 100.0f))
       ->excludes(shape);
   sub->add_option("--reps", args->reps, "repetitions (median or sum; 3)")
       ->check(CLI::Range(1, 100000));

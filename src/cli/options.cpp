@@ -68,7 +68,8 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
       ->check(CLI::IsMember({"native", "q8"}));
   app.add_option("--draft-tree", m.draft_tree,
                  "draft trees verified in one pass (CPU): off (default), paths:N (N noise draws), "
-                 "topk:B (top-k expansion to B nodes) or paths:N+topk:B")
+                 "topk:B (top-k expansion to B nodes), paths:N+topk:B, or auto (each round's "
+                 "tree or none by measured tokens/s)")
       ->check(non_empty());
 }
 

@@ -136,6 +136,8 @@ class Verifier {
 class Backend : public Target, public Proposer, public Verifier {
  public:
   virtual bool has_drafter() const = 0;
+  // Whether the drafter draws noise (FlashMap: different draws, different blocks; DFlash: none).
+  virtual bool drafter_has_noise() const { return true; }
   // Target layers the drafter reads (empty without one).
   virtual std::span<const int> taps() const = 0;
   virtual std::string device() const = 0;  // "cpu", "cuda:0", ...

@@ -51,6 +51,7 @@ class CpuBackend : public Backend {
   void accept(std::span<const SeqStep> steps, std::span<Accepted> out) override;
 
   bool has_drafter() const override { return proposer_ != nullptr; }
+  bool drafter_has_noise() const override { return proposer_ && proposer_->has_noise(); }
   std::span<const int> taps() const override;
   std::string device() const override { return "cpu"; }
 

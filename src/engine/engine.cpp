@@ -5,6 +5,7 @@
 #include <flashmap/engine.h>
 
 #include <deque>
+#include <map>
 #include <thread>
 
 #include "engine/cpu_backend.h"
@@ -185,6 +186,7 @@ struct Engine::Impl {
   uint64_t next_id = 1;
   uint64_t rounds = 0, spec_rounds = 0;
   uint64_t policy_rounds[2][2] = {{0, 0}, {0, 0}};
+  std::map<std::string, uint64_t> tree_rounds;
   std::vector<engine::SpecPolicy::Bucket> buckets;
   std::vector<uint64_t> acceptance_hist;
   engine::PrefixCacheStats prefix_cache;
@@ -208,14 +210,22 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
       options_.max_context, options_.clock, options_.prefix_cache_mb << 20);
   if (impl_->backend->has_drafter())
     impl_->acceptance_hist.assign(size_t(impl_->backend->block_size()) + 2, 0);
-  const TreeShape tree = TreeShape::parse(options_.draft_tree, "--draft-tree");
+  const bool tree_auto = options_.draft_tree == "auto";
+  const TreeShape tree =
+      tree_auto ? TreeShape{1, 0} : TreeShape::parse(options_.draft_tree, "--draft-tree");
   if (tree.active()) {
     FLASHMAP_CHECK(impl_->backend->has_drafter(), "--draft-tree {} needs a drafter (--draft)",
                    options_.draft_tree);
     FLASHMAP_CHECK(impl_->backend->trees(),
                    "--draft-tree {}: draft trees run on the CPU backend only, not on {}",
                    options_.draft_tree, impl_->backend->device());
-    impl_->loop->set_tree(tree);
+    if (tree_auto) {
+      // A DFlash drafter has no noise: its draws would all be the same block.
+      impl_->loop->set_tree_auto(engine::TreePolicy::auto_candidates(
+          impl_->backend->block_size(), impl_->backend->drafter_has_noise()));
+    } else {
+      impl_->loop->set_tree(tree);
+    }
   }
 }
 
@@ -330,6 +340,8 @@ EngineStats Engine::stats() const {
   s.spec_max_batch = options_.spec_max_batch;
   s.buckets = m.buckets;
   s.prefix_cache = m.prefix_cache;
+  s.draft_tree = options_.draft_tree;
+  s.tree_rounds = m.tree_rounds;
   return s;
 }
 
@@ -421,6 +433,7 @@ void Engine::loop() {
         ++m.policy_rounds[report.decision.speculate][report.decision.explore];
         m.buckets = m.loop->policy().buckets();
       }
+      if (report.speculating > 0) ++m.tree_rounds[report.tree.name()];
       for (int c : report.committed_counts)
         if (size_t(c) < m.acceptance_hist.size()) ++m.acceptance_hist[size_t(c)];
     }

@@ -233,6 +233,12 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
   const double t_round = clock_();
   if (report.any_draft) report.decision = policy_.decide(batch);
   const int K = block_size();
+  int tree_choice = -1;
+  report.tree = tree_;
+  if (tree_policy_ && report.any_draft && report.decision.speculate) {
+    tree_choice = tree_policy_->decide(batch);
+    report.tree = tree_policy_->candidates()[size_t(tree_choice)];
+  }
 
   // Draft: near the end of the context or of max_tokens the block shrinks (to nothing: a
   // plain step), so that no verified position runs past the cache and no draft is verified that
@@ -247,9 +253,9 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
     // A tree's rows are not a chain: controls and logprobs, which read rows as prefix + drafts
     // 0..k-1, keep single blocks.
     const bool tree =
-        tree_.active() && s->room > 0 && !s->controls.active() && s->params.logprobs < 0;
-    steps.push_back(
-        {s->slot.get(), s->length, s->room, &s->sampler, &s->controls, tree ? tree_ : TreeShape{}});
+        report.tree.active() && s->room > 0 && !s->controls.active() && s->params.logprobs < 0;
+    steps.push_back({s->slot.get(), s->length, s->room, &s->sampler, &s->controls,
+                     tree ? report.tree : TreeShape{}});
     if (s->room > 0) drafts.push_back(steps.back());
   }
   if (!drafts.empty()) backend_.propose(drafts);
@@ -301,7 +307,9 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
     s->times.verify_ms += verify_ms;
     s->times.accept_ms += accept_ms;
   }
-  if (report.any_draft) policy_.observe(batch, report.decision, clock_() - t_round, round_tokens);
+  const double seconds = clock_() - t_round;
+  if (report.any_draft) policy_.observe(batch, report.decision, seconds, round_tokens);
+  if (tree_choice >= 0) tree_policy_->observe(batch, tree_choice, seconds, round_tokens);
   return report;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "engine/backend.h"
 #include "engine/prefix_cache.h"
 #include "engine/spec_policy.h"
+#include "engine/tree_policy.h"
 #include "specdec/controls.h"
 #include "specdec/logprobs.h"
 #include "specdec/sampling.h"
@@ -83,6 +85,7 @@ struct RoundReport {
   SpecPolicy::Decision decision;
   int speculating = 0;                // sequences that drafted
   std::vector<int> committed_counts;  // per drafting sequence
+  TreeShape tree;                     // the round's draft tree (off: single blocks)
 };
 
 class RoundLoop {
@@ -98,6 +101,12 @@ class RoundLoop {
   const SpecPolicy& policy() const { return policy_; }
   // Rounds draft trees of this shape (the backend must take trees; off by default).
   void set_tree(TreeShape tree) { tree_ = tree; }
+  // --draft-tree auto: each speculative round's tree chosen by measured tokens/s.
+  void set_tree_auto(std::vector<TreeShape> candidates) {
+    tree_policy_.emplace(std::move(candidates), policy_.options().explore_min,
+                         policy_.options().explore_max, policy_.options().alpha);
+  }
+  const TreePolicy* tree_policy() const { return tree_policy_ ? &*tree_policy_ : nullptr; }
 
   // The one place a request is checked: empty prompt, ids outside the vocabulary, max_tokens,
   // stop ids, sampling parameters, context. Throws flashmap::Error naming the parameter.
@@ -133,6 +142,7 @@ class RoundLoop {
   Backend& backend_;
   SpecPolicy policy_;
   TreeShape tree_;
+  std::optional<TreePolicy> tree_policy_;
   int64_t max_context_;
   std::function<double()> clock_;
   PrefixCache cache_;

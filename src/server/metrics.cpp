@@ -97,6 +97,15 @@ std::string Metrics::render(const EngineStats& s) const {
       out += fmt::format("flashmap_spec_policy_rounds_total{{mode=\"{}\",explore=\"{}\"}} {}\n",
                          spec ? "speculative" : "target", explore ? "true" : "false",
                          s.policy_rounds[spec][explore]);
+  if (!s.tree_rounds.empty()) {
+    out += fmt::format(
+        "# HELP flashmap_draft_tree_rounds_total Speculative rounds by the draft tree they "
+        "verified (--draft-tree {}; off: single blocks).\n"
+        "# TYPE flashmap_draft_tree_rounds_total counter\n",
+        s.draft_tree);
+    for (const auto& [tree, n] : s.tree_rounds)
+      out += fmt::format("flashmap_draft_tree_rounds_total{{tree=\"{}\"}} {}\n", tree, n);
+  }
   std::string tps, secs, toks, samples, choice;
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     const auto& bk = s.buckets[b];

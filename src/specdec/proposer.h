@@ -52,6 +52,8 @@ class BlockProposer {
     TreeShape tree = {};  // active: a draft tree of this shape, at most `room` deep
   };
   virtual void propose(std::span<const Seq> batch) const = 0;
+  // Whether proposals depend on noise (several draws give several candidate blocks).
+  virtual bool has_noise() const { return true; }
   // The prefix cache (engine/prefix_cache.h): a new state holding the first `length` committed
   // positions of `from`, and how many `state` holds. A proposer that cannot returns null / 0.
   virtual std::unique_ptr<DraftState> fork(const DraftState& from, int64_t length) const {
@@ -98,6 +100,7 @@ class DFlashProposer : public BlockProposer {
   void commit(DraftState& state, const float* features, int64_t n,
               std::span<const int32_t> tokens) const override;
   void propose(std::span<const Seq> batch) const override;
+  bool has_noise() const override { return false; }
   std::unique_ptr<DraftState> fork(const DraftState& from, int64_t length) const override;
   int64_t context_length(const DraftState& state) const override;
   size_t bytes(const DraftState& state) const override;

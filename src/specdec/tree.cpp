@@ -42,9 +42,9 @@ TreeShape TreeShape::parse(const std::string& spec, const std::string& what) {
     } else if (part.starts_with("topk:") && t.budget == 0) {
       t.budget = parse_count(spec, part.substr(5), 1, kMaxTreeNodes, what);
     } else {
-      FLASHMAP_CHECK(false,
-                     "{}: '{}' is not a tree; expected off, paths:N, topk:B or paths:N+topk:B",
-                     what, spec);
+      FLASHMAP_CHECK(
+          false, "{}: '{}' is not a tree; expected off, auto, paths:N, topk:B or paths:N+topk:B",
+          what, spec);
     }
     any = true;
     start = plus + 1;

@@ -1,0 +1,141 @@
+// --draft-tree auto on its own, fed by a cost model instead of a clock (engine/tree_policy.h):
+// it settles on the candidate with the most tokens/s, keeps exploring the others rarely, follows a
+// change of which one pays, and falls back to single blocks where trees do not pay (a CPU verify
+// pass whose cost grows with its rows). Then through the engine: greedy output equals target-alone
+// whatever the policy picks, and the rounds are counted by tree.
+#include <flashmap/engine.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <numeric>
+
+#include "core/check.h"
+#include "engine/cpu_backend.h"
+#include "engine/tree_policy.h"
+#include "models/flashmap.h"
+#include "models/qwen3.h"
+#include "specdec/proposer.h"
+
+using namespace flashmap;
+using namespace flashmap::engine;
+
+namespace {
+// Per candidate: seconds and committed tokens of a round (a deterministic cost model).
+struct Cost {
+  double seconds, tokens;
+};
+
+std::vector<int> run(TreePolicy& p, const std::vector<Cost>& cost, int rounds, int batch = 1) {
+  std::vector<int> picked(cost.size(), 0);
+  for (int i = 0; i < rounds; ++i) {
+    const int c = p.decide(batch);
+    ++picked[size_t(c)];
+    p.observe(batch, c, cost[size_t(c)].seconds, int(cost[size_t(c)].tokens));
+  }
+  return picked;
+}
+}  // namespace
+
+TEST(TreePolicy, AutoCandidates) {
+  const auto c = TreePolicy::auto_candidates(8, true);
+  std::vector<std::string> names;
+  for (const auto& t : c) names.push_back(t.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"off", "topk:12", "topk:16", "topk:32", "paths:4"}));
+  EXPECT_EQ(TreePolicy::auto_candidates(8, false).size(), 4u);  // no paths without noise
+  EXPECT_EQ(TreePolicy::auto_candidates(16, false).back().name(), "topk:64");
+}
+
+TEST(TreePolicy, SettlesOnTheFastestAndExploresRarely) {
+  TreePolicy p(TreePolicy::auto_candidates(8, true), 16, 256);
+  // tokens/s (whole tokens per round): 3, 4 (best), 3.2, 2.5, 3
+  const std::vector<Cost> cost = {{1.0, 3}, {1.0, 4}, {1.25, 4}, {2.0, 5}, {2.0, 6}};
+  const auto picked = run(p, cost, 4000);
+  EXPECT_GT(picked[1], 3800);
+  for (size_t i = 0; i < picked.size(); ++i) {
+    if (i == 1) continue;
+    EXPECT_GE(picked[i], 2) << "candidate " << i << " never re-explored";
+  }
+}
+
+TEST(TreePolicy, FallsBackToBlocksWhereTreesDoNotPay) {
+  // A CPU-like verify: each extra node costs as much as the tokens it adds, and more.
+  TreePolicy p(TreePolicy::auto_candidates(8, true), 16, 256);
+  const std::vector<Cost> cost = {{8.0, 3}, {12.0, 3}, {16.0, 4}, {32.0, 4}, {20.0, 3}};
+  const auto picked = run(p, cost, 2000);
+  EXPECT_GT(picked[0], 1900);
+}
+
+TEST(TreePolicy, FollowsAChange) {
+  TreePolicy p(TreePolicy::auto_candidates(8, false), 16, 256);
+  std::vector<Cost> cost = {{1.0, 3.0}, {1.0, 4.0}, {0.8, 3.0}, {1.0, 2.0}};
+  run(p, cost, 2000);
+  cost[1] = {1.0, 1.0};  // the best candidate gets worse: candidate 2 should take over
+  run(p, cost, 3000);
+  const auto after = run(p, cost, 1000);
+  EXPECT_GT(after[2], 900);
+}
+
+TEST(TreePolicy, BucketsDecideIndependently) {
+  TreePolicy p(TreePolicy::auto_candidates(8, false), 16, 256);
+  const std::vector<Cost> one = {{1.0, 3.0}, {1.0, 4.0}, {1.0, 1.0}, {1.0, 1.0}};
+  const std::vector<Cost> eight = {{1.0, 30.0}, {1.0, 4.0}, {1.0, 1.0}, {1.0, 1.0}};
+  for (int i = 0; i < 500; ++i) {
+    run(p, one, 1, 1);
+    run(p, eight, 1, 8);
+  }
+  EXPECT_GT(run(p, one, 200, 1)[1], 180);
+  EXPECT_GT(run(p, eight, 200, 8)[0], 180);
+}
+
+TEST(TreePolicy, EngineAutoIsLosslessAndCountsRoundsByTree) {
+  Qwen3Model target("tests/fixtures/tiny-a/target");
+  FlashMapModel fm("tests/fixtures/tiny-a/draft", target);
+  FlashMapProposer d(fm, 1);
+  const std::vector<int32_t> prompt = {5, 17, 300, 2, 999, 41, 7};
+  const auto alone = generate(target, nullptr, prompt,
+                              [] {
+                                GenerateOptions o;
+                                o.max_new_tokens = 200;
+                                return o;
+                              }())
+                         .ids;
+  EngineOptions eo;
+  eo.spec_policy = SpecPolicyKind::Always;
+  eo.draft_tree = "auto";
+  eo.explore_min = 2;
+  eo.explore_max = 4;
+  Engine engine(std::make_unique<CpuBackend>(target, &d), eo);
+  RequestParams p;
+  p.prompt = prompt;
+  p.max_tokens = 200;
+  // Through the serving loop (the one that keeps the statistics).
+  const auto req = engine.submit(p);
+  std::vector<int32_t> got;
+  bool finished = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!finished && std::chrono::steady_clock::now() < deadline) {
+    const auto u = req->wait(got.size(), std::chrono::milliseconds(1000));
+    got.insert(got.end(), u.tokens.begin(), u.tokens.end());
+    finished = u.finished;
+  }
+  ASSERT_TRUE(finished);
+  EXPECT_EQ(got, alone);
+  const auto stats = engine.stats();
+  EXPECT_EQ(stats.draft_tree, "auto");
+  // Every candidate is measured once first, so all five drafted some round.
+  EXPECT_EQ(stats.tree_rounds.size(), 5u);
+  uint64_t rounds = 0;
+  for (const auto& [tree, n] : stats.tree_rounds) rounds += n;
+  EXPECT_EQ(rounds, stats.speculative_rounds);
+}
+
+TEST(TreePolicy, EngineRefusesBadTrees) {
+  Qwen3Model target("tests/fixtures/tiny-a/target");
+  FlashMapModel fm("tests/fixtures/tiny-a/draft", target);
+  FlashMapProposer d(fm, 1);
+  for (const std::string bad : {"paths:0", "topk:999", "autox", "tree"}) {
+    EngineOptions eo;
+    eo.draft_tree = bad;
+    EXPECT_THROW(Engine(std::make_unique<CpuBackend>(target, &d), eo), Error) << bad;
+  }
+}
