@@ -202,6 +202,42 @@ TEST(Convert, FullVocabularyExtrasAreDroppedWithTheReason) {
   expect_same_tensors(d / "out", kDFlash + "/zlab");
 }
 
+// A sharded bf16 checkpoint: one model.safetensors out, every bf16 tensor's bytes as they were.
+TEST(Convert, ShardedBf16IsCopiedByteForByte) {
+  TempDir d;
+  const auto in = d / "in";
+  fs::create_directories(in);
+  fs::copy_file(kDFlash + "/speculators-full/config.json", in + "/config.json");
+  std::vector<TensorData> shard[2];
+  json index = {{"weight_map", json::object()}};
+  {
+    SafetensorsFile f(kDFlash + "/speculators-full/model.safetensors");
+    int i = 0;
+    for (auto& [name, t] : f.tensors()) {
+      const int k = i++ % 2;
+      shard[k].push_back(make_tensor(name, t.shape, t.to_f32(), DType::BF16));
+      index["weight_map"][name] = fmt::format("model-0000{}-of-00002.safetensors", k + 1);
+    }
+  }
+  for (int k = 0; k < 2; ++k)
+    write_safetensors(fmt::format("{}/model-0000{}-of-00002.safetensors", in, k + 1), shard[k]);
+  write_json(in + "/model.safetensors.index.json", index);
+  const auto r = convert(in, d / "out");
+  EXPECT_EQ(r.tensors, 25u);
+  SafetensorsFile out(d / "out/model.safetensors");
+  EXPECT_EQ(out.tensors().size(), 25u);
+  for (auto& s : shard)
+    for (auto& t : s) {
+      const auto& o = out.get(t.name);
+      EXPECT_EQ(o.dtype, DType::BF16) << t.name;
+      EXPECT_TRUE(o.nbytes() == t.bytes.size() &&
+                  std::memcmp(o.data, t.bytes.data(), o.nbytes()) == 0)
+          << t.name;
+    }
+  Qwen3Model target(kTarget);
+  DFlashModel m(d / "out", target);  // and the engine loads it
+}
+
 TEST(Convert, SpeculatorsFlashMapBecomesTheReleaseFolder) {
   TempDir d;
   const auto out = d / "draft";
