@@ -11,6 +11,9 @@ tests/fixtures/tiny-a/target). Writes:
 
     tests/fixtures/dflash/zlab/{config.json,model.safetensors}
     tests/fixtures/dflash/speculators/{config.json,model.safetensors}
+    tests/fixtures/dflash/speculators-full/   zlab/ through speculators' DFlashConverter (full vocabulary)
+    tests/fixtures/convert/flashmap-speculators/   tests/fixtures/tiny-a/draft in the speculators-style
+                                              FlashMap layout this project defines (no published one)
     tests/fixtures/dflash/expected.safetensors   tensors (float32 / int64), names below
     tests/fixtures/dflash/expected.json          prompts, greedy outputs, acceptance lengths
 
@@ -22,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 
 import torch
@@ -155,6 +157,65 @@ def make_speculators(target, gen, out_dir):
     return loaded.float().eval()
 
 
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def write_speculators_full(zlab_dir, out_dir):
+    """The z-lab drafter as speculators' own DFlashConverter writes it (full vocabulary: no lm_head,
+    no d2t/t2d; aux_hidden_state_layer_ids = target_layer_ids + 1)."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    DFlashConverter().convert(zlab_dir, out_dir, base_model=TARGET, validate=False)
+    path = os.path.join(out_dir, "config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    saved.pop("transformers_version", None)
+    write_json(path, saved)
+
+
+# FlashMap has no published speculators or SpecForge layout; this project defines one by analogy
+# with speculators' DFlash (docs/DFLASH.md, Conversion): the release config's drafter fields nested
+# in transformer_layer_config, the tool-level fields at the top with layer ids + 1, and the weights
+# under the release names.
+FLASHMAP_RELEASE = "tests/fixtures/tiny-a/draft"
+FLASHMAP_SPECULATORS = "tests/fixtures/convert/flashmap-speculators"
+FLASHMAP_TOP_LEVEL = ("architectures", "block_size", "target_layer_ids", "target_hidden_size", "target_model")
+
+
+def write_flashmap_speculators(release_dir, out_dir):
+    """The FlashMap release drafter in the speculators-style layout, weights as the reference
+    package (flashmap==0.1.0) loads them."""
+    from flashmap import FlashMapDraftModel
+
+    with open(os.path.join(release_dir, "config.json")) as f:
+        release = json.load(f)
+    model = FlashMapDraftModel.from_pretrained(release_dir, dtype=torch.float32).eval()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    layer = {k: v for k, v in release.items() if k not in FLASHMAP_TOP_LEVEL}
+    block = release.get("block_size", 16)
+    config = {
+        "speculators_model_type": "flashmap",
+        "architectures": release.get("architectures", ["FlashMapDraftModel"]),
+        "transformer_layer_config": layer,
+        "block_size": block,
+        "aux_hidden_state_layer_ids": [i + 1 for i in release["target_layer_ids"]],
+        "target_hidden_size": release["target_hidden_size"],
+        "draft_vocab_size": release["vocab_size"],
+        "speculators_config": {
+            "algorithm": "flashmap",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": block}],
+            "verifier": {"name_or_path": release["target_model"], "architectures": ["Qwen3ForCausalLM"]},
+        },
+    }
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    save_file(state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    write_json(os.path.join(out_dir, "config.json"), config)
+
+
 def zlab_block(model, target, prompt):
     """One drafting round after prefill: context = the prompt's features, anchor = the target's
     greedy next token at position len(prompt), block = [anchor, mask x (BLOCK-1)]."""
@@ -231,19 +292,21 @@ def main():
     assert bool(sm.t2d[tensors["speculators.draft_ids_target"]].all())
 
     # Cross-check with the package's converter: the z-lab drafter converted to speculators format
-    # (target_layer_ids + 1) gives the z-lab block logits through the speculators forward.
-    with tempfile.TemporaryDirectory() as tmp:
-        DFlashConverter().convert(os.path.join(OUT, "zlab"), tmp, base_model=TARGET, validate=False)
-        with open(os.path.join(tmp, "config.json")) as f:
-            converted = json.load(f)
-        meta["converted_aux_hidden_state_layer_ids"] = converted["aux_hidden_state_layer_ids"]
-        cm = SpecDFlash.from_pretrained(tmp).float().eval()
-        for layer in cm.layers:
-            layer.self_attn.config._attn_implementation = "eager"
-        cm._create_mask_fn = sm._create_mask_fn
-        _, _, clogits = speculators_block(cm, target, prompt, anchor)
-        meta["converted_max_abs_diff"] = float((clogits - zlogits).abs().max())
-        assert torch.allclose(clogits, zlogits, atol=1e-5, rtol=1e-4), meta["converted_max_abs_diff"]
+    # (target_layer_ids + 1) gives the z-lab block logits through the speculators forward. The
+    # converted folder is kept: `flashmap convert` turns it back into zlab/ (tests/models/test_convert.cpp).
+    full = os.path.join(OUT, "speculators-full")
+    write_speculators_full(os.path.join(OUT, "zlab"), full)
+    with open(os.path.join(full, "config.json")) as f:
+        converted = json.load(f)
+    meta["converted_aux_hidden_state_layer_ids"] = converted["aux_hidden_state_layer_ids"]
+    cm = SpecDFlash.from_pretrained(full).float().eval()
+    for layer in cm.layers:
+        layer.self_attn.config._attn_implementation = "eager"
+    cm._create_mask_fn = sm._create_mask_fn
+    _, _, clogits = speculators_block(cm, target, prompt, anchor)
+    meta["converted_max_abs_diff"] = float((clogits - zlogits).abs().max())
+    assert torch.allclose(clogits, zlogits, atol=1e-5, rtol=1e-4), meta["converted_max_abs_diff"]
+    write_flashmap_speculators(FLASHMAP_RELEASE, FLASHMAP_SPECULATORS)
 
     # The z-lab spec-generate loop, greedy, on CPU (its timing helper needs CUDA: replaced).
     zlab._cuda_time = time.perf_counter

@@ -338,7 +338,18 @@ std::map<int, std::vector<double>> FlashMapConfig::default_jump_grids() {
 }
 
 FlashMapConfig FlashMapConfig::from_file(const std::string& path) {
-  const json j = read_json(path);
+  return from_json_text(read_regular_file(path, kMaxConfigFileBytes), path);
+}
+
+FlashMapConfig FlashMapConfig::from_json_text(const std::string& text, const std::string& path) {
+  check_json_depth(text, path);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{}: not valid JSON ({})", path, e.what()));
+  }
+  FLASHMAP_CHECK(j.is_object(), "{}: not a JSON object", path);
   Fields f{j, path};
   const std::string type = f.string_or("model_type", "");
   FLASHMAP_CHECK(type == "flashmap", "{}: model_type is '{}', expected 'flashmap'", path, type);

@@ -62,6 +62,8 @@ struct FlashMapConfig {
 
   int head_dim() const { return hidden_size / num_attention_heads; }
   static FlashMapConfig from_file(const std::string& path);
+  // The same from the text of a config (`path` names it in errors).
+  static FlashMapConfig from_json_text(const std::string& text, const std::string& path);
   static std::map<int, std::vector<double>> default_jump_grids();
 };
 

@@ -204,19 +204,26 @@ TensorData make_tensor(const std::string& name, const std::vector<int64_t>& shap
   return t;
 }
 
-void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  std::vector<const TensorData*> order;
-  for (auto& t : tensors) order.push_back(&t);
-  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->name < b->name; });
+namespace {
+struct Blob {
+  const std::string* name;
+  DType dtype;
+  const std::vector<int64_t>* shape;
+  const void* data;
+  size_t nbytes;
+};
+
+void write_blobs(const std::string& path, std::vector<Blob> blobs,
+                 const std::map<std::string, std::string>& metadata) {
+  std::sort(blobs.begin(), blobs.end(), [](auto& a, auto& b) { return *a.name < *b.name; });
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (auto* t : order) {
-    header[t->name] = {{"dtype", std::string(dtype_name(t->dtype))},
-                       {"shape", t->shape},
-                       {"data_offsets", {offset, offset + t->bytes.size()}}};
-    offset += t->bytes.size();
+  for (auto& b : blobs) {
+    header[*b.name] = {{"dtype", std::string(dtype_name(b.dtype))},
+                       {"shape", *b.shape},
+                       {"data_offsets", {offset, offset + b.nbytes}}};
+    offset += b.nbytes;
   }
   std::string h = header.dump();
   while (h.size() % 8) h.push_back(' ');
@@ -227,9 +234,25 @@ void write_safetensors(const std::string& path, const std::vector<TensorData>& t
   for (int i = 0; i < 8; ++i) len[i] = char((n >> (8 * i)) & 0xff);
   out.write(len, 8);
   out.write(h.data(), std::streamsize(h.size()));
-  for (auto* t : order)
-    out.write(reinterpret_cast<const char*>(t->bytes.data()), std::streamsize(t->bytes.size()));
+  for (auto& b : blobs) out.write(static_cast<const char*>(b.data), std::streamsize(b.nbytes));
+  out.flush();
   FLASHMAP_CHECK(out.good(), "{}: write failed", path);
+}
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<Blob> blobs;
+  for (auto& t : tensors)
+    blobs.push_back({&t.name, t.dtype, &t.shape, t.bytes.data(), t.bytes.size()});
+  write_blobs(path, std::move(blobs), metadata);
+}
+
+void write_safetensors(const std::string& path, const std::vector<const TensorView*>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<Blob> blobs;
+  for (auto* t : tensors) blobs.push_back({&t->name, t->dtype, &t->shape, t->data, t->nbytes()});
+  write_blobs(path, std::move(blobs), metadata);
 }
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {

@@ -70,6 +70,10 @@ TensorData make_tensor(const std::string& name, const std::vector<int64_t>& shap
 // Writes a valid safetensors file (tensors in name order, header padded to 8 bytes).
 void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+// The same from views (of a mapped checkpoint): the bytes are written as they are, so a copy is
+// exact in every dtype.
+void write_safetensors(const std::string& path, const std::vector<const TensorView*>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
 
 // A Hugging Face checkpoint folder: model.safetensors, or shards listed by
 // model.safetensors.index.json ({"weight_map": {tensor: shard file}}).

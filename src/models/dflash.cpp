@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/check.h"
+#include "io/draft_vocab.h"
 
 namespace flashmap {
 
@@ -39,28 +40,7 @@ DFlashModel::DFlashModel(const std::string& dir, const Qwen3Model& target, Threa
   // draft vocabulary (load_vocab_mappings, :81-121).
   const int64_t DV = config_.draft_vocab_size, V = c.vocab_size;
   w_.lm_head = mat("lm_head.weight", DV, H);
-  const TensorView& d2t = ckpt_->get("d2t");
-  const TensorView& t2d = ckpt_->get("t2d");
-  FLASHMAP_CHECK(d2t.shape == std::vector<int64_t>{DV} && t2d.shape == std::vector<int64_t>{V},
-                 "{}: tensors 'd2t' {} and 't2d' {} must be [draft_vocab_size {}] and "
-                 "[vocab_size {}]",
-                 d2t.file, shape_str(d2t.shape), shape_str(t2d.shape), DV, V);
-  FLASHMAP_CHECK(t2d.dtype == DType::Bool, "{}: tensor 't2d' has dtype {}, expected BOOL", t2d.file,
-                 dtype_name(t2d.dtype));
-  const auto offsets = d2t.to_i64();
-  const auto* in_draft = static_cast<const uint8_t*>(t2d.data);
-  int64_t count = 0;
-  for (int64_t t = 0; t < V; ++t) count += in_draft[t] != 0;
-  FLASHMAP_CHECK(count == DV, "{}: tensor 't2d' marks {} target ids, draft_vocab_size is {}",
-                 t2d.file, count, DV);
-  for (int64_t j = 0; j < DV; ++j) {
-    const int64_t t = j + offsets[size_t(j)];
-    FLASHMAP_CHECK(t >= 0 && t < V && in_draft[t] && (j == 0 || t > w_.d2t_ids.back()),
-                   "{}: tensor 'd2t' maps draft id {} to {}, not an increasing target id marked "
-                   "in t2d",
-                   d2t.file, j, t);
-    w_.d2t_ids.push_back(t);
-  }
+  w_.d2t_ids = draft_to_target_ids(ckpt_->get("d2t"), ckpt_->get("t2d"), DV, V);
 }
 
 DFlashContext DFlashModel::new_context() const {

@@ -1,8 +1,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "core/check.h"
 #include "error_of.h"
@@ -52,6 +54,30 @@ TEST(Safetensors, RoundTripAllDtypes) {
   EXPECT_NEAR(bf[4], 1e-3f, 1e-5f);
   EXPECT_EQ(f.get("f16").to_f32()[5], 65504.0f);
   EXPECT_EQ(f.metadata().at("format"), "pt");
+}
+
+// Views of a mapped file written again: the same file, byte for byte (the converter's copy).
+TEST(Safetensors, ViewsAreWrittenByteForByte) {
+  auto d = temp_dir();
+  std::vector<float> vals = {1.5f, -2.25f, 3.0f, 0.0f, 1e-3f, 65504.0f};
+  TensorData ids{"ids", DType::I64, {2}, std::vector<uint8_t>(16, 0xab)};
+  TensorData mask{"mask", DType::Bool, {3}, {1, 0, 1}};
+  write_safetensors(
+      (d / "a.safetensors").string(),
+      {make_tensor("f32", {2, 3}, vals), make_tensor("bf16", {6}, vals, DType::BF16), ids, mask},
+      {{"format", "pt"}});
+  {
+    SafetensorsFile a((d / "a.safetensors").string());
+    std::vector<const TensorView*> views;
+    for (auto& [_, t] : a.tensors()) views.push_back(&t);
+    std::reverse(views.begin(), views.end());  // written in name order whatever the order given
+    write_safetensors((d / "b.safetensors").string(), views, a.metadata());
+  }
+  auto bytes = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  EXPECT_EQ(bytes(d / "a.safetensors"), bytes(d / "b.safetensors"));
 }
 
 TEST(Safetensors, TruncatedFile) {

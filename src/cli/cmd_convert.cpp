@@ -1,0 +1,67 @@
+// `flashmap convert`: a training tool's drafter checkpoint to the release format (io/convert.h).
+#include <iostream>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/check.h"
+#include "io/convert.h"
+
+namespace flashmap::cli {
+namespace {
+
+struct ConvertCli {
+  std::string from = "auto";
+  std::string in, out, target;
+  bool force = false;
+};
+
+void run_convert(const ConvertCli& c) {
+  ConvertOptions o;
+  o.in = c.in;
+  o.out = c.out;
+  o.from = parse_convert_source(c.from);
+  o.target = c.target;
+  o.force = c.force;
+  const ConvertResult r = convert_checkpoint(o);
+  std::cout << "converted " << r.source << " " << r.kind << " drafter " << c.in << " -> " << c.out
+            << ": " << r.tensors << " tensors copied byte for byte";
+  if (r.target.empty())
+    std::cout << "; fit to a target not checked (pass --target DIR)";
+  else
+    std::cout << "; fits the target " << r.target;
+  std::cout << "\n";
+  for (const auto& d : r.dropped) std::cout << "  dropped " << d << "\n";
+}
+
+void register_convert(CLI::App& app) {
+  auto opts = std::make_shared<ConvertCli>();
+  CLI::App* cmd = app.add_subcommand(
+      "convert", "Convert a drafter checkpoint to the release format (z-lab DFlash, FlashMap)");
+  cmd->footer(
+      "speculators DFlash (full vocabulary) -> z-lab DFlash release (target_layer_ids = "
+      "aux_hidden_state_layer_ids - 1); a reduced vocabulary (d2t/t2d) is refused: run such "
+      "folders directly with --draft.\n"
+      "specforge: SpecForge's DFlash export is the z-lab layout already: checked and copied.\n"
+      "FlashMap: speculators_model_type \"flashmap\" and SpecForge FlashMap exports follow this "
+      "project's own definition (docs/DFLASH.md, Conversion), not a published layout.\n"
+      "auto: speculators when config.json has speculators_model_type; a folder already in a "
+      "release format is an error (nothing to convert).\n"
+      "Tensors are copied byte for byte; OUT is never overwritten without --force.");
+  cmd->add_option("--from", opts->from, "source format: auto (default), speculators, specforge")
+      ->check(CLI::IsMember({"auto", "speculators", "specforge"}));
+  cmd->add_option("--target", opts->target,
+                  "target folder to check the drafter against (default: a speculators "
+                  "verifier that is a local folder)")
+      ->check(non_empty());
+  cmd->add_flag("--force", opts->force, "replace OUT if it exists");
+  cmd->add_option("IN", opts->in, "drafter folder to convert")->required()->check(non_empty());
+  cmd->add_option("OUT", opts->out, "new release folder")->required()->check(non_empty());
+  cmd->callback([opts] { run_convert(*opts); });
+}
+
+}  // namespace
+
+FLASHMAP_COMMAND(register_convert);
+
+}  // namespace flashmap::cli
