@@ -36,6 +36,7 @@
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "specdec/proposer.h"
+#include "specdec/tree.h"
 
 using namespace flashmap;
 
@@ -45,31 +46,6 @@ struct Config {
   std::string name;
   int paths = 0;   // noise draws decoded greedily
   int budget = 0;  // trie nodes allowed (0: only the paths)
-};
-
-// A token trie over the block's slots (the root is the anchor).
-struct Trie {
-  std::vector<std::map<int32_t, int>> child{1};
-  size_t nodes() const { return child.size() - 1; }
-  int insert(int parent, int32_t t) {
-    auto it = child[size_t(parent)].find(t);
-    if (it != child[size_t(parent)].end()) return it->second;
-    child.emplace_back();
-    const int id = int(child.size()) - 1;
-    child[size_t(parent)][t] = id;
-    return id;
-  }
-  // Tokens of `truth` matched from the root.
-  int depth(std::span<const int32_t> truth) const {
-    int node = 0, d = 0;
-    for (int32_t t : truth) {
-      auto it = child[size_t(node)].find(t);
-      if (it == child[size_t(node)].end()) break;
-      node = it->second;
-      ++d;
-    }
-    return d;
-  }
 };
 
 std::vector<std::string> read_corpus(const std::string& path) {
@@ -104,52 +80,15 @@ std::vector<std::string> read_corpus(const std::string& path) {
   return docs;
 }
 
-std::vector<float> log_softmax(const float* x, int64_t n) {
-  const float mx = *std::max_element(x, x + n);
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(double(x[i]) - mx);
-  const float lse = float(mx + std::log(sum));
-  std::vector<float> out(x, x + n);
-  for (auto& v : out) v -= lse;
-  return out;
-}
-
-// Best-first top-k expansion of one draw's per-slot distributions into `trie`, until it holds
-// `budget` nodes: a node's children are the slot's tokens in order of probability; a candidate's
-// score is its prefix's summed log-probability (slots are independent given the noise).
-void expand_topk(Trie& trie, const std::vector<std::vector<float>>& lp, int budget) {
-  const int K = int(lp.size());
-  const int64_t V = int64_t(lp[0].size());
-  std::vector<std::vector<int32_t>> order(static_cast<size_t>(K));
-  for (int k = 0; k < K; ++k) {
-    order[size_t(k)].resize(size_t(V));
-    for (int64_t v = 0; v < V; ++v) order[size_t(k)][size_t(v)] = int32_t(v);
-    std::partial_sort(
-        order[size_t(k)].begin(), order[size_t(k)].begin() + std::min<int64_t>(V, 256),
-        order[size_t(k)].end(),
-        [&](int32_t a, int32_t b) { return lp[size_t(k)][size_t(a)] > lp[size_t(k)][size_t(b)]; });
+// Tokens of `truth` matched from the anchor: what a trie verification commits before the bonus.
+int matched_depth(const DraftTrie& trie, std::span<const int32_t> truth) {
+  int node = -1, d = 0;
+  for (int32_t t : truth) {
+    node = trie.child(node, t);
+    if (node < 0) break;
+    ++d;
   }
-  struct Cand {
-    double score;
-    int parent, depth, rank;
-    double parent_score;
-    bool operator<(const Cand& o) const { return score < o.score; }
-  };
-  std::priority_queue<Cand> heap;
-  heap.push({lp[0][size_t(order[0][0])], 0, 0, 0, 0.0});
-  while (!heap.empty() && int(trie.nodes()) < budget) {
-    const Cand c = heap.top();
-    heap.pop();
-    const int32_t tok = order[size_t(c.depth)][size_t(c.rank)];
-    const int node = trie.insert(c.parent, tok);
-    if (c.rank + 1 < 256)
-      heap.push(
-          {c.parent_score + lp[size_t(c.depth)][size_t(order[size_t(c.depth)][size_t(c.rank + 1)])],
-           c.parent, c.depth, c.rank + 1, c.parent_score});
-    if (c.depth + 1 < K)
-      heap.push({c.score + lp[size_t(c.depth + 1)][size_t(order[size_t(c.depth + 1)][0])], node,
-                 c.depth + 1, 0, c.score});
-  }
+  return d;
 }
 
 struct Result {
@@ -233,7 +172,7 @@ int main(int argc, char** argv) {
       while (c + 1 < L) {
         const auto truth = std::span<const int32_t>(S).subspan(
             size_t(c + 1), size_t(std::min<int64_t>(K, L - c - 1)));
-        Trie trie;
+        DraftTrie trie;
         std::vector<std::vector<float>> lp0;
         const int draws = std::max(cfg.paths, 1);
         for (int d = 0; d < draws; ++d) {
@@ -244,15 +183,15 @@ int main(int argc, char** argv) {
           target.mask_padding(logits.data(), K);
           if (d == 0 && cfg.budget > 0)
             for (int k = 0; k < K; ++k)
-              lp0.push_back(log_softmax(logits.data() + int64_t(k) * V, V));
+              lp0.push_back(log_softmax_row(logits.data() + int64_t(k) * V, V));
           if (cfg.paths > 0) {
-            int node = 0;
+            int node = -1;
             for (int k = 0; k < K; ++k)
               node = trie.insert(node, argmax(logits.data() + int64_t(k) * V, V));
           }
         }
-        if (cfg.budget > 0) expand_topk(trie, lp0, cfg.budget);
-        const int depth = trie.depth(truth);
+        if (cfg.budget > 0) trie.expand_topk(lp0, cfg.budget);
+        const int depth = matched_depth(trie, truth);
         rounds += 1;
         tokens += depth + 1;
         nodes += double(trie.nodes());

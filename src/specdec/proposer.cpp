@@ -74,16 +74,8 @@ void pick_tree(const BlockProposer::Seq& s, float* logits, int draws, int64_t K,
     if (!trie.insert_path(block.tokens, depth, max_nodes)) break;
   }
   if (s.tree.budget > 0) {
-    std::vector<std::vector<float>> lp(static_cast<size_t>(depth),
-                                       std::vector<float>(static_cast<size_t>(V)));
-    for (int k = 0; k < depth; ++k) {
-      const float* row = logits + int64_t(k) * V;
-      const float mx = *std::max_element(row, row + V);
-      double sum = 0;
-      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
-      const float lse = float(double(mx) + std::log(sum));
-      for (int64_t v = 0; v < V; ++v) lp[size_t(k)][size_t(v)] = row[v] - lse;
-    }
+    std::vector<std::vector<float>> lp;
+    for (int k = 0; k < depth; ++k) lp.push_back(log_softmax_row(logits + int64_t(k) * V, V));
     trie.expand_topk(lp, max_nodes);
   }
   s.out->tokens = std::move(trie.tokens);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <queue>
 
 #include "core/check.h"
@@ -51,6 +52,16 @@ TreeShape TreeShape::parse(const std::string& spec, const std::string& what) {
   }
   FLASHMAP_CHECK(any, "{}: empty tree", what);
   return t;
+}
+
+std::vector<float> log_softmax_row(const float* x, int64_t V) {
+  const float mx = *std::max_element(x, x + V);
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(x[v]) - mx);
+  const float lse = float(double(mx) + std::log(sum));
+  std::vector<float> out(x, x + V);
+  for (auto& v : out) v -= lse;
+  return out;
 }
 
 int DraftTrie::insert(int parent, int32_t token) {

@@ -13,6 +13,9 @@
 
 namespace flashmap {
 
+// log softmax of one row of logits [V] (a slot's log-probabilities for top-k expansion).
+std::vector<float> log_softmax_row(const float* logits, int64_t V);
+
 // Which tree a round drafts. off: paths = budget = 0.
 struct TreeShape {
   int paths = 0;   // noise draws (each one candidate block)
