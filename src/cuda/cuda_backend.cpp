@@ -6,10 +6,12 @@
 
 #include "core/check.h"
 #include "cuda/device.h"
+#include "cuda/dflash_cuda.h"
 #include "cuda/flashmap_cuda.h"
 #include "cuda/kernels.h"
 #include "cuda/qwen3_cuda.h"
 #include "cuda/sampling.h"
+#include "models/dflash.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 
@@ -59,6 +61,40 @@ void FlashMapDeviceProposer::draft(DeviceDraftState& state, const int32_t* d_anc
   noise.counter = counter;
   model_.draft(static_cast<FlashMapState&>(state).ctx, d_anchor, steps_, noise, d_logits,
                graphs_ ? FlashMapModel::Exec::Graph : FlashMapModel::Exec::Eager);
+}
+
+namespace {
+struct DFlashState : DeviceDraftState {
+  DFlashDeviceContext ctx;
+};
+}  // namespace
+
+int DFlashDeviceProposer::block_size() const {
+  return model_.block_size() - 1;
+}
+int64_t DFlashDeviceProposer::vocab() const {
+  return model_.vocab();
+}
+std::span<const int> DFlashDeviceProposer::target_layer_ids() const {
+  return model_.config().target_layer_ids;
+}
+int64_t DFlashDeviceProposer::feature_dim() const {
+  return model_.feature_dim();
+}
+std::unique_ptr<DeviceDraftState> DFlashDeviceProposer::begin(int64_t capacity) {
+  auto s = std::make_unique<DFlashState>();
+  s->ctx = model_.new_context(capacity);
+  return s;
+}
+void DFlashDeviceProposer::reset(DeviceDraftState& state) {
+  model_.reset(static_cast<DFlashState&>(state).ctx);
+}
+void DFlashDeviceProposer::commit(DeviceDraftState& state, const float* d_features, int64_t n) {
+  model_.extend_context(static_cast<DFlashState&>(state).ctx, d_features, n);
+}
+void DFlashDeviceProposer::draft(DeviceDraftState& state, const int32_t* d_anchor, uint64_t,
+                                 uint64_t, float* d_logits) {
+  model_.draft(static_cast<DFlashState&>(state).ctx, d_anchor, d_logits);
 }
 
 // --- the backend
@@ -389,7 +425,8 @@ struct OwnedModels {
     std::unique_ptr<Context> ctx;
     std::unique_ptr<Qwen3Model> target;
     std::unique_ptr<FlashMapModel> draft;
-    std::unique_ptr<FlashMapDeviceProposer> proposer;
+    std::unique_ptr<DFlashModel> dflash;
+    std::unique_ptr<DeviceProposer> proposer;
   };
   std::unique_ptr<Models> models;
 };
@@ -422,7 +459,16 @@ std::unique_ptr<engine::Backend> make_backend(const std::string& device,
                                      : tc.max_position_embeddings;
     // The model's own cache is only for single-sequence tools; keep it small.
     m->target = std::make_unique<Qwen3Model>(*m->ctx, cpu_target, 1);
-    if (!draft_dir.empty()) {
+    if (!draft_dir.empty() && DFlashConfig::is_dflash(draft_dir)) {
+      FLASHMAP_CHECK(steps == 0, "--steps applies to FlashMap drafters; {} is a DFlash drafter",
+                     draft_dir);
+      ::flashmap::DFlashModel cpu_draft(draft_dir, cpu_target, nullptr,
+                                        ops::WeightFormat::Unpacked);
+      m->dflash =
+          std::make_unique<DFlashModel>(*m->ctx, cpu_draft, m->target->embedding(),
+                                        m->target->lm_head(), tc.vocab_size, tc.hidden_size);
+      m->proposer = std::make_unique<DFlashDeviceProposer>(*m->dflash);
+    } else if (!draft_dir.empty()) {
       ::flashmap::FlashMapModel cpu_draft(draft_dir, cpu_target, nullptr,
                                           ops::WeightFormat::Unpacked);
       m->draft =

@@ -19,6 +19,7 @@ namespace flashmap::cuda {
 
 class Qwen3Model;
 class FlashMapModel;
+class DFlashModel;
 
 // A drafter's state for one sequence on the device.
 class DeviceDraftState {
@@ -67,6 +68,27 @@ class FlashMapDeviceProposer : public DeviceProposer {
   FlashMapModel& model_;
   int steps_;
   bool graphs_;
+};
+
+// The DFlash drafter (cuda/dflash_cuda.h): one pass over [anchor, mask × (B − 1)] gives the
+// logits of B − 1 proposals (K = B − 1). It drafts the full block every round: a round that
+// verifies fewer drafts reads its first rows (the CPU backend drafts a shorter block there, as the
+// reference's loop does; either way the output is the target's).
+class DFlashDeviceProposer : public DeviceProposer {
+ public:
+  explicit DFlashDeviceProposer(DFlashModel& model) : model_(model) {}
+  int block_size() const override;
+  int64_t vocab() const override;
+  std::span<const int> target_layer_ids() const override;
+  int64_t feature_dim() const override;
+  std::unique_ptr<DeviceDraftState> begin(int64_t capacity) override;
+  void reset(DeviceDraftState& state) override;
+  void commit(DeviceDraftState& state, const float* d_features, int64_t n) override;
+  void draft(DeviceDraftState& state, const int32_t* d_anchor, uint64_t seed, uint64_t counter,
+             float* d_logits) override;
+
+ private:
+  DFlashModel& model_;
 };
 
 // A backend over device models made elsewhere (tests, benchmarks): they must outlive it.

@@ -38,8 +38,6 @@ std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
   FLASHMAP_CHECK(weights == ops::WeightFormat::Native,
                  "--weights {}: the CUDA backend runs bf16 weights only (q8 is a CPU format)",
                  o.weights);
-  FLASHMAP_CHECK(o.draft.empty() || !DFlashConfig::is_dflash(o.draft),
-                 "--draft {}: DFlash drafters run on the CPU backend only for now", o.draft);
 #ifdef FLASHMAP_WITH_CUDA
   return cuda::make_backend(o.device, o.target, o.draft, o.steps, o.sampled_vocab, o.max_context);
 #else

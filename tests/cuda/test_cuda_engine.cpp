@@ -18,9 +18,11 @@
 #include "core/check.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/device.h"
+#include "cuda/dflash_cuda.h"
 #include "cuda/flashmap_cuda.h"
 #include "cuda/qwen3_cuda.h"
 #include "gpu_test.h"
+#include "models/dflash.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 
@@ -462,6 +464,67 @@ TEST_F(CudaEngine, BatchedSequencesEqualEachAlone) {
     }
   }
   EXPECT_GT(engine.stats().speculative_rounds, 0u);
+}
+
+}  // namespace
+}  // namespace flashmap::cuda
+
+namespace flashmap::cuda {
+namespace {
+
+// The DFlash drafter on the device (cuda/dflash_cuda.h) against the CPU model it mirrors: the
+// block logits after a prompt's context (NMSE within the whole-model bf16 bound, argmax agreement
+// reported), then in the engine: greedy speculative output equals the device's own target-alone
+// output. On the random fixture drafter and on the trained default one.
+TEST_F(CudaEngine, DFlashDraftMatchesCpuAndIsLossless) {
+  const std::pair<std::string, std::string> pairs[] = {
+      {"tests/fixtures/tiny-a/target", "tests/fixtures/dflash/zlab"},
+      {"models/default/target", "models/default/dflash"}};
+  for (const auto& [target_dir, draft_dir] : pairs) {
+    ::flashmap::Qwen3Model cpu(target_dir);
+    ::flashmap::DFlashModel cpu_d(draft_dir, cpu);
+    const int64_t V = cpu.config().vocab_size, H = cpu.config().hidden_size;
+    Qwen3Model target(*ctx, cpu, 4096);
+    DFlashModel dev(*ctx, cpu_d, target.embedding(), target.lm_head(), V, H);
+    const int64_t B = dev.block_size(), P = int64_t(kPrompt.size());
+
+    ::flashmap::KVCache c = cpu.new_cache();
+    ::flashmap::Qwen3Model::Output out;
+    ::flashmap::Qwen3Model::SeqInput s{&c, kPrompt};
+    cpu.forward({&s, 1}, ::flashmap::Qwen3Model::Logits::All, cpu_d.target_layer_ids(), out);
+    const float* last = out.logits.data() + (P - 1) * V;
+    const int32_t anchor = int32_t(std::max_element(last, last + V) - last);
+    ::flashmap::DFlashContext cctx = cpu_d.new_context();
+    cpu_d.extend_context(cctx, out.features.data(), P);
+    std::vector<float> want(size_t((B - 1) * V));
+    ::flashmap::DFlashModel::Request req{&cctx, anchor};
+    cpu_d.draft({&req, 1}, int(B), want.data());
+
+    DeviceBuffer<float> feats(*ctx, out.features);
+    DeviceBuffer<int32_t> d_anchor(*ctx, std::vector<int32_t>{anchor});
+    DeviceBuffer<float> d_logits(size_t((B - 1) * V));
+    DFlashDeviceContext dctx = dev.new_context(256);
+    dev.extend_context(dctx, feats.data(), P);
+    dev.draft(dctx, d_anchor.data(), d_logits.data());
+    const auto got = d_logits.download(*ctx);
+    const double e = test::nmse(got, want);
+    int agree = 0;
+    for (int64_t k = 0; k < B - 1; ++k) {
+      const float* g = got.data() + k * V;
+      const float* w = want.data() + k * V;
+      agree += std::max_element(g, g + V) - g == std::max_element(w, w + V) - w;
+    }
+    EXPECT_LE(e, kLogitsNmse) << draft_dir;
+    std::cout << "[ info ] " << draft_dir << ": DFlash block logits NMSE " << e << ", argmax "
+              << agree << "/" << B - 1 << "\n";
+
+    DFlashDeviceProposer d(dev);
+    const auto alone = run(target, nullptr, kPrompt, greedy(48));
+    const auto r = run(target, &d, kPrompt, greedy(48));
+    expect_lossless(target, r.ids, alone.ids, draft_dir);
+    std::cout << "[ info ] " << draft_dir << ": DFlash tau on the device " << r.acceptance_length()
+              << "\n";
+  }
 }
 
 }  // namespace

@@ -1,0 +1,100 @@
+// The DFlash drafter on the GPU: flashmap::DFlashModel (src/models/dflash.cpp, the specification,
+// itself mirroring dflash==0.1.0's DFlashDraftModel; docs/DFLASH.md §1) with bf16 weights for the
+// GEMMs (fp32 accumulation), fp32 activations and an fp32 device context of per-layer keys and
+// values. The block is embedded by the target's embedding and read out by its lm_head (bf16 device
+// tensors owned by the target model).
+//
+// A round on the device:
+//   DFlashModel df(gpu, cpu_drafter, target.embedding(), target.lm_head(), V, H);
+//   DFlashContext ctx = df.new_context(max_positions);
+//   df.extend_context(ctx, d_features, n);   // target features of n verified tokens
+//   df.draft(ctx, d_anchor, d_logits);        // [B − 1, V] logits of the block after the anchor
+// Eager kernels on the context's stream (no CUDA graph yet). Not run on a GPU yet (issue 18):
+// tests/cuda/test_cuda_dflash.cpp checks it against the CPU model when one is present.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda/device.h"
+#include "io/hf_config.h"
+
+namespace flashmap {
+class DFlashModel;
+}
+
+namespace flashmap::cuda {
+
+class DFlashModel;
+
+// One sequence's drafter context: per layer keys (k_proj, k_norm, RoPE) and values (v_proj) of
+// the projected target features at positions [0, length), fp32 [capacity + B, kv_dim]; the rows
+// past `length` are the block's scratch during draft().
+class DFlashDeviceContext {
+ public:
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  friend class DFlashModel;
+  std::vector<DeviceBuffer<float>> k_, v_;
+  int64_t length_ = 0, capacity_ = 0;
+  const DFlashModel* owner_ = nullptr;
+};
+
+class DFlashModel {
+ public:
+  // Uploads `drafter`'s weights (bf16 matrices, fp32 norms). Throws flashmap::Error for what the
+  // device path does not do yet: a reduced draft vocabulary (speculators' d2t), and z-lab's
+  // input_embedding_scale / output_multiplier / final_logit_softcapping other than their
+  // defaults (the CPU backend runs those).
+  DFlashModel(Context& gpu, const ::flashmap::DFlashModel& drafter, const uint16_t* embedding,
+              const uint16_t* lm_head, int64_t vocab, int64_t target_hidden);
+  DFlashModel(const DFlashModel&) = delete;
+  DFlashModel& operator=(const DFlashModel&) = delete;
+
+  const DFlashConfig& config() const { return config_; }
+  int block_size() const { return config_.block_size; }  // B: anchor + B − 1 proposals
+  int64_t vocab() const { return vocab_; }
+  int64_t feature_dim() const { return int64_t(config_.target_layer_ids.size()) * hidden_; }
+
+  DFlashDeviceContext new_context(int64_t max_positions) const;
+  void reset(DFlashDeviceContext& ctx) const { ctx.length_ = 0; }
+  // flashmap::DFlashModel::extend_context: appends the target's features d_features [n,
+  // feature_dim()] (fp32, device) at the next n positions.
+  void extend_context(DFlashDeviceContext& ctx, const float* d_features, int64_t n);
+  // flashmap::DFlashModel::draft for one sequence and a full block: d_logits [B − 1, V] fp32
+  // (device, cudaMalloc-aligned) after the anchor, read from d_anchor (device, in [0, V)).
+  void draft(DFlashDeviceContext& ctx, const int32_t* d_anchor, float* d_logits);
+
+ private:
+  struct Linear {
+    DeviceBuffer<uint16_t> w;  // [out, in] bf16
+    int64_t out = 0, in = 0;
+  };
+  struct Layer {
+    DeviceBuffer<float> input_norm, post_norm, q_norm, k_norm;
+    Linear q, k, v, o, gate, up, down;
+  };
+  void linear(const Linear& l, const float* x, int64_t rows, float* y) const;
+  // keys = rope(k_norm(k_proj(x))), values = v_proj(x) at `positions`, into k_/v_ work rows.
+  void project_kv(const Layer& L, const float* x, int64_t rows, const int64_t* positions);
+  void grow(int64_t rows);
+
+  Context& gpu_;
+  DFlashConfig config_;
+  const uint16_t* embedding_;  // target's, bf16 [V, H]
+  const uint16_t* lm_head_;    // target's, bf16 [V, H]
+  int64_t vocab_, hidden_;
+  Linear fc_;
+  DeviceBuffer<float> hidden_norm_, norm_;
+  std::vector<Layer> layers_;
+
+  // Work: block rows (B) and extend_context rows (grown on demand).
+  int64_t rows_ = 0;
+  DeviceBuffer<float> x_, a_, q_, k_, v_, o_, gate_, up_, ctx_;
+  DeviceBuffer<int32_t> block_ids_;
+  DeviceBuffer<int64_t> positions_, key_count_;
+};
+
+}  // namespace flashmap::cuda
