@@ -2,6 +2,7 @@
 // shapes the committed fixtures do not have (a vocabulary small enough to enumerate).
 #pragma once
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -108,6 +109,63 @@ inline RandomPair write_random_pair(const std::string& name, int vocab, int hidd
       {"cond_dim", cond},         {"time_embed_dim", temb}};
   std::ofstream(root / "draft/config.json") << dc.dump(2);
   return {(root / "target").string(), (root / "draft").string()};
+}
+
+// A random z-lab DFlash drafter (one layer, block 4, mask id 6, tapping layer 0) for the 8-token
+// target of `pair` (write_random_pair(..., vocab 8, hidden 8, ...)), in a folder beside it;
+// returns the folder.
+inline std::filesystem::path write_random_dflash(const RandomPair& pair, uint64_t seed) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(pair.target).parent_path() / "dflash";
+  fs::create_directories(dir);
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<TensorData> tensors;
+  auto mat = [&](const std::string& n, int64_t rows, int64_t cols) {
+    std::vector<float> v(static_cast<size_t>(rows * cols));
+    for (auto& x : v) x = 2.0f * normal(gen) / std::sqrt(float(cols));
+    tensors.push_back(make_tensor(n, {rows, cols}, v));
+  };
+  auto vec = [&](const std::string& n, int64_t len) {
+    std::vector<float> v(static_cast<size_t>(len));
+    for (auto& x : v) x = 1.0f + 0.2f * normal(gen);
+    tensors.push_back(make_tensor(n, {len}, v));
+  };
+  const int H = 8, heads = 2, kv = 1, hd = 4, inter = 16;
+  mat("fc.weight", H, H);
+  vec("hidden_norm.weight", H);
+  vec("norm.weight", H);
+  const std::string p = "layers.0.";
+  vec(p + "input_layernorm.weight", H);
+  vec(p + "post_attention_layernorm.weight", H);
+  vec(p + "self_attn.q_norm.weight", hd);
+  vec(p + "self_attn.k_norm.weight", hd);
+  mat(p + "self_attn.q_proj.weight", heads * hd, H);
+  mat(p + "self_attn.k_proj.weight", kv * hd, H);
+  mat(p + "self_attn.v_proj.weight", kv * hd, H);
+  mat(p + "self_attn.o_proj.weight", H, heads * hd);
+  mat(p + "mlp.gate_proj.weight", inter, H);
+  mat(p + "mlp.up_proj.weight", inter, H);
+  mat(p + "mlp.down_proj.weight", H, inter);
+  write_safetensors((dir / "model.safetensors").string(), tensors);
+  nlohmann::json c = {{"architectures", {"DFlashDraftModel"}},
+                      {"model_type", "qwen3"},
+                      {"block_size", 4},
+                      {"dflash_config", {{"mask_token_id", 6}, {"target_layer_ids", {0}}}},
+                      {"num_target_layers", 2},
+                      {"hidden_size", H},
+                      {"intermediate_size", inter},
+                      {"num_hidden_layers", 1},
+                      {"num_attention_heads", heads},
+                      {"num_key_value_heads", kv},
+                      {"head_dim", hd},
+                      {"vocab_size", 8},
+                      {"rope_theta", 10000.0},
+                      {"max_position_embeddings", 4096},
+                      {"rms_norm_eps", 1e-6},
+                      {"layer_types", {"full_attention"}}};
+  std::ofstream(dir / "config.json") << c.dump(2);
+  return dir;
 }
 
 }  // namespace flashmap::testing

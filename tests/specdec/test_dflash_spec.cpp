@@ -93,56 +93,7 @@ TEST(DFlashSpec, EngineLoadsEitherFormat) {
 TEST(DFlashSpec, SpeculativeSamplingMatchesTargetJointDistribution) {
   namespace fs = std::filesystem;
   const auto pair = flashmap::testing::write_random_pair("tiny-v8-dflash", 8, 8, 2, 4, 81);
-  const fs::path dir = fs::path(pair.target).parent_path() / "dflash";
-  fs::create_directories(dir);
-  std::mt19937_64 gen(5);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<TensorData> tensors;
-  auto mat = [&](const std::string& n, int64_t rows, int64_t cols) {
-    std::vector<float> v(static_cast<size_t>(rows * cols));
-    for (auto& x : v) x = 2.0f * normal(gen) / std::sqrt(float(cols));
-    tensors.push_back(make_tensor(n, {rows, cols}, v));
-  };
-  auto vec = [&](const std::string& n, int64_t len) {
-    std::vector<float> v(static_cast<size_t>(len));
-    for (auto& x : v) x = 1.0f + 0.2f * normal(gen);
-    tensors.push_back(make_tensor(n, {len}, v));
-  };
-  const int H = 8, heads = 2, kv = 1, hd = 4, inter = 16;
-  mat("fc.weight", H, H);
-  vec("hidden_norm.weight", H);
-  vec("norm.weight", H);
-  const std::string p = "layers.0.";
-  vec(p + "input_layernorm.weight", H);
-  vec(p + "post_attention_layernorm.weight", H);
-  vec(p + "self_attn.q_norm.weight", hd);
-  vec(p + "self_attn.k_norm.weight", hd);
-  mat(p + "self_attn.q_proj.weight", heads * hd, H);
-  mat(p + "self_attn.k_proj.weight", kv * hd, H);
-  mat(p + "self_attn.v_proj.weight", kv * hd, H);
-  mat(p + "self_attn.o_proj.weight", H, heads * hd);
-  mat(p + "mlp.gate_proj.weight", inter, H);
-  mat(p + "mlp.up_proj.weight", inter, H);
-  mat(p + "mlp.down_proj.weight", H, inter);
-  write_safetensors((dir / "model.safetensors").string(), tensors);
-  nlohmann::json c = {{"architectures", {"DFlashDraftModel"}},
-                      {"model_type", "qwen3"},
-                      {"block_size", 4},
-                      {"dflash_config", {{"mask_token_id", 6}, {"target_layer_ids", {0}}}},
-                      {"num_target_layers", 2},
-                      {"hidden_size", H},
-                      {"intermediate_size", inter},
-                      {"num_hidden_layers", 1},
-                      {"num_attention_heads", heads},
-                      {"num_key_value_heads", kv},
-                      {"head_dim", hd},
-                      {"vocab_size", 8},
-                      {"rope_theta", 10000.0},
-                      {"max_position_embeddings", 4096},
-                      {"rms_norm_eps", 1e-6},
-                      {"layer_types", {"full_attention"}}};
-  std::ofstream(dir / "config.json") << c.dump(2);
-
+  const fs::path dir = flashmap::testing::write_random_dflash(pair, 5);
   Qwen3Model target(pair.target);
   DFlashModel model(dir.string(), target);
   DFlashProposer d(model, target);

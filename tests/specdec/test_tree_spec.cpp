@@ -109,7 +109,7 @@ TEST(TreeSpec, SeededSamplingEqualsTargetAloneSeeded) {
     }
 }
 
-// 8-token target, random FlashMap drafter: n runs of four tokens at T = 1; the first round after
+// 8-token target, random FlashMap and DFlash drafters: n runs of four tokens at T = 1; the first round after
 // the prefill verifies a tree at most 2 deep (no draft is verified that could not be emitted), so
 // tokens 2 and 3 both come from the tree walk. Against the exact law of (t1, t2, t3) over 512
 // cells; and the walk must descend often enough (first-level acceptance > 20% of the runs).
@@ -141,8 +141,12 @@ TEST(TreeSpec, JointLawOfThreeTokensAtT1) {
         exact[size_t((a * V + b) * V + c)] = double(p1[size_t(a)]) * p2[size_t(b)] * p3[size_t(c)];
     }
   }
+  // And a DFlash drafter (no noise: its trees are top-k expansions of one pass).
+  DFlashModel dmodel(flashmap::testing::write_random_dflash(pair, 5).string(), target);
+  DFlashProposer dd(dmodel, target);
   const int n = 30000;
-  for (const std::string shape : {"paths:3+topk:6", "topk:4"})
+  for (const auto& [shape, drafter] : std::vector<std::pair<std::string, const BlockProposer*>>{
+           {"paths:3+topk:6", &d}, {"topk:4", &d}, {"topk:5", &dd}})
     for (bool seeded : {false, true}) {
       std::vector<double> counts(exact.size(), 0.0);
       GenerateOptions o = options(4, shape);
@@ -151,7 +155,7 @@ TEST(TreeSpec, JointLawOfThreeTokensAtT1) {
       double descended = 0;
       for (int i = 0; i < n; ++i) {
         o.seed = uint64_t(i) * 7919 + 1;
-        const auto r = generate(target, &d, prompt, o);
+        const auto r = generate(target, drafter, prompt, o);
         ASSERT_EQ(r.ids.size(), 4u);
         counts[size_t((r.ids[0] * V + r.ids[1]) * V + r.ids[2])] += 1;
         descended += r.accepted_at[0] > 0;
