@@ -39,9 +39,12 @@ TreePolicy::Bucket& TreePolicy::bucket(int batch) {
 
 int TreePolicy::decide(int batch) {
   Bucket& b = bucket(batch);
-  // Every candidate is measured once first (the fallback, candidate 0, before the others).
-  for (size_t i = 0; i < b.est.size(); ++i)
-    if (b.est[i].samples == 0) return int(i);
+  // A round's committed tokens vary from 1 to K + 1, so one round says little: every candidate
+  // gets kMinSamples rounds before it may be chosen, taken every other round while the fallback
+  // (candidate 0, measured first) or the best so far runs in between.
+  if (b.est[0].samples == 0) return 0;
+  for (size_t i = 1; i < b.est.size(); ++i)
+    if (b.est[i].samples < kMinSamples) return (++b.warmup % 2 == 0) ? int(i) : b.best;
   if (b.est.size() > 1 && ++b.since_explore >= b.interval) {
     // Explore the candidates other than the best in turn.
     b.since_explore = 0;
@@ -58,18 +61,23 @@ void TreePolicy::observe(int batch, int choice, double seconds, int tokens) {
   FLASHMAP_ASSERT(choice >= 0 && size_t(choice) < b.est.size());
   ++rounds_[size_t(choice)];
   Estimate& e = b.est[size_t(choice)];
-  if (e.samples++ == 0) {
-    e.seconds = seconds;
-    e.tokens = tokens;
-  } else {
-    e.seconds += alpha_ * (seconds - e.seconds);
-    e.tokens += alpha_ * (tokens - e.tokens);
-  }
+  // Running means, then EWMAs: a round's time is steady and follows the load quickly (alpha); its
+  // committed tokens swing from 1 to K + 1 with the text, so they are averaged over 64 rounds.
+  ++e.samples;
+  const double ws = std::max(alpha_, 1.0 / double(e.samples));
+  const double wt = std::max(1.0 / 64, 1.0 / double(e.samples));
+  e.seconds += ws * (seconds - e.seconds);
+  e.tokens += wt * (tokens - e.tokens);
+  // Another candidate takes over only when it is ahead by kMargin: near-ties would otherwise flip
+  // back and forth on noise, and every flip resets the exploration interval.
   int best = b.best;
+  double best_tps = b.est[size_t(best)].tokens_per_second() * (1 + kMargin);
   for (size_t i = 0; i < b.est.size(); ++i)
-    if (b.est[i].samples > 0 &&
-        b.est[i].tokens_per_second() > b.est[size_t(best)].tokens_per_second())
+    if (int(i) != b.best && b.est[i].samples >= kMinSamples &&
+        b.est[i].tokens_per_second() > best_tps) {
       best = int(i);
+      best_tps = b.est[i].tokens_per_second();
+    }
   if (choice != b.best) {
     // An exploration: it confirmed the choice (explore less often) or flipped it (look again
     // soon, the estimates are moving).

@@ -18,6 +18,10 @@ namespace flashmap::engine {
 
 class TreePolicy {
  public:
+  // Rounds a candidate is measured before it may be chosen.
+  static constexpr uint64_t kMinSamples = 8;
+  // How far ahead (relative tokens/s) a candidate must be to replace the current choice.
+  static constexpr double kMargin = 0.03;
   // candidates[0] should be the single block (off): the fallback while nothing is measured.
   TreePolicy(std::vector<TreeShape> candidates, int explore_min = 16, int explore_max = 256,
              double alpha = 0.25);
@@ -38,7 +42,7 @@ class TreePolicy {
   };
   struct Bucket {
     std::vector<Estimate> est;
-    int best = 0, since_explore = 0, interval = 0, next_probe = 1;
+    int best = 0, since_explore = 0, interval = 0, next_probe = 1, warmup = 0;
   };
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // Rounds that drafted each candidate (all buckets).

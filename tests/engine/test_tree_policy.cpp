@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <numeric>
+#include <random>
 
 #include "core/check.h"
 #include "engine/cpu_backend.h"
@@ -63,6 +64,29 @@ TEST(TreePolicy, FallsBackToBlocksWhereTreesDoNotPay) {
   const std::vector<Cost> cost = {{8.0, 3}, {12.0, 3}, {16.0, 4}, {32.0, 4}, {20.0, 3}};
   const auto picked = run(p, cost, 2000);
   EXPECT_GT(picked[0], 1900);
+}
+
+TEST(TreePolicy, NoisyRoundsDoNotMisleadIt) {
+  // Committed tokens vary round to round as they do in decoding (1 to K + 1). A CPU-like case: the
+  // single block (3.5 tokens/s on average) beats trees that commit more per round (4.5) but cost
+  // 1.5× (3.0 tokens/s); a GPU-like case: the trees cost the same and win. The policy must not
+  // settle on whichever had lucky rounds.
+  for (const double tree_cost : {1.5, 1.0}) {
+    int wrong_runs = 0;
+    for (uint64_t seed = 1; seed <= 20; ++seed) {
+      TreePolicy p(TreePolicy::auto_candidates(8, false), 16, 256);
+      std::mt19937_64 g(seed);
+      int off = 0;
+      for (int i = 0; i < 2000; ++i) {
+        const int c = p.decide(1);
+        const int tokens = c == 0 ? int(1 + g() % 6) : int(1 + g() % 8);  // means 3.5, 4.5
+        p.observe(1, c, c == 0 ? 1.0 : tree_cost, tokens);
+        off += c == 0;
+      }
+      wrong_runs += tree_cost > 1.0 ? off < 1600 : off > 400;
+    }
+    EXPECT_LE(wrong_runs, 1) << "of 20 runs chose wrongly at tree cost " << tree_cost;
+  }
 }
 
 TEST(TreePolicy, FollowsAChange) {
