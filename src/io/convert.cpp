@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "core/check.h"
+#include "io/config_json.h"
 #include "io/draft_vocab.h"
 #include "io/files.h"
 #include "io/hf_config.h"
@@ -34,16 +35,7 @@ ConvertSource parse_convert_source(const std::string& name) {
 namespace {
 
 json read_config(const std::string& path) {
-  const std::string text = read_regular_file(path, kMaxConfigFileBytes);
-  check_json_depth(text, path);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: not valid JSON ({})", path, e.what()));
-  }
-  FLASHMAP_CHECK(j.is_object(), "{}: not a JSON object", path);
-  return j;
+  return read_config_json(path);
 }
 
 bool has(const json& j, const char* key) {

@@ -5,14 +5,14 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "io/config_json.h"
 #include "io/files.h"
 
 namespace flashmap {
 
 using json = nlohmann::json;
 
-static json read_json(const std::string& path) {
-  const std::string text = read_regular_file(path, kMaxConfigFileBytes);
+json parse_config_json(const std::string& text, const std::string& path) {
   check_json_depth(text, path);
   json j;
   try {
@@ -22,6 +22,14 @@ static json read_json(const std::string& path) {
   }
   FLASHMAP_CHECK(j.is_object(), "{}: not a JSON object", path);
   return j;
+}
+
+json read_config_json(const std::string& path) {
+  return parse_config_json(read_regular_file(path, kMaxConfigFileBytes), path);
+}
+
+static json read_json(const std::string& path) {
+  return read_config_json(path);
 }
 
 namespace {
@@ -342,14 +350,7 @@ FlashMapConfig FlashMapConfig::from_file(const std::string& path) {
 }
 
 FlashMapConfig FlashMapConfig::from_json_text(const std::string& text, const std::string& path) {
-  check_json_depth(text, path);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: not valid JSON ({})", path, e.what()));
-  }
-  FLASHMAP_CHECK(j.is_object(), "{}: not a JSON object", path);
+  const json j = parse_config_json(text, path);
   Fields f{j, path};
   const std::string type = f.string_or("model_type", "");
   FLASHMAP_CHECK(type == "flashmap", "{}: model_type is '{}', expected 'flashmap'", path, type);
