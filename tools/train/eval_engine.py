@@ -16,10 +16,8 @@ import os
 import subprocess
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_target import read_corpus  # noqa: E402
+from train_drafter import heldout_prompts  # noqa: E402
 
 
 def main():
@@ -36,12 +34,7 @@ def main():
     args = ap.parse_args()
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
-    # held-out prompts: the last 2% of the documents (the target's validation split)
-    docs = read_corpus(args.corpus)
-    docs = docs[-max(len(docs) // 50, 1):]
-    gen = torch.Generator().manual_seed(args.seed)
-    prompts = [tok.encode(docs[int(i)]).ids[:16] for i in torch.randint(0, len(docs), (args.prompts,), generator=gen)]
-    prompts = [p for p in prompts if len(p) >= 4]
+    prompts, _ = heldout_prompts(args.corpus, tok, args.prompts, args.seed)
     # A DFlash drafter (tools/train/train_dflash.py, or any z-lab / speculators folder) has no
     # steps: one row per temperature.
     with open(os.path.join(args.draft, "config.json")) as f:

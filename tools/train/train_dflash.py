@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_drafter import load_target  # noqa: E402
+from train_drafter import heldout_prompts, load_target  # noqa: E402
 
 
 def make_config(args, target, data):
@@ -231,20 +231,14 @@ def cmd_eval(args):
     """tau of the reference loop (dflash_generate, dflash/model.py:180-328) on the held-out prompts
     that train_drafter.py eval and eval_engine.py use (same seed), mean +- 95% CI over rounds."""
     import dflash.model as zlab
-    from transformers import AutoModel  # noqa: F401
     from tokenizers import Tokenizer
-    from train_target import read_corpus
     from dflash.model import DFlashDraftModel, dflash_generate
     zlab._cuda_time = time.perf_counter  # its timer synchronizes CUDA; a wall clock on the CPU
     torch.set_num_threads(args.threads)
     target = load_target(args.target, "cpu")
     draft = DFlashDraftModel.from_pretrained(args.draft_dir, dtype=torch.float32).eval()
     tok = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
-    docs = read_corpus(args.corpus)
-    docs = docs[-max(len(docs) // 50, 1):]
-    gen = torch.Generator().manual_seed(args.seed)
-    prompts = [tok.encode(docs[int(i)]).ids[:16] for i in torch.randint(0, len(docs), (args.prompts,), generator=gen)]
-    prompts = [p for p in prompts if len(p) >= 4]
+    prompts, _ = heldout_prompts(args.corpus, tok, args.prompts, args.seed)
     for temp in args.temperatures:
         taus = []
         for p in prompts:

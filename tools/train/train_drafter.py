@@ -89,6 +89,19 @@ def cmd_gen(args):
     print(f"wrote {args.out}")
 
 
+def heldout_prompts(corpus, tok, n, seed):
+    """The first 16 tokens of n documents drawn (seeded) from the last 2% of the corpus (the
+    target's validation split), those of at least 4 tokens, and the generator after the draws
+    (train_drafter eval goes on using it). Shared by every tau evaluation so they see the same
+    prompts."""
+    from train_target import read_corpus
+    docs = read_corpus(corpus)
+    docs = docs[-max(len(docs) // 50, 1):]
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [tok.encode(docs[int(i)]).ids[:16] for i in torch.randint(0, len(docs), (n,), generator=gen)]
+    return [p for p in prompts if len(p) >= 4], gen
+
+
 # ---- the training forward ----------------------------------------------------------------
 
 def _attention(mod, x, rope, keys, values, mask=None):
@@ -403,16 +416,10 @@ def cmd_eval(args):
     import flashmap  # noqa: F401  (registers AutoModel)
     from transformers import AutoModel
     from tokenizers import Tokenizer
-    from train_target import EOS, read_corpus
     target = load_target(args.target, "cpu")
     draft = AutoModel.from_pretrained(args.draft_dir, dtype=torch.float32).eval()
     tok = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
-    # held-out prompts: the last 2% of the documents (the target's validation split)
-    docs = read_corpus(args.corpus)
-    docs = docs[-max(len(docs) // 50, 1):]
-    gen = torch.Generator().manual_seed(args.seed)
-    prompts = [tok.encode(docs[int(i)]).ids[:16] for i in torch.randint(0, len(docs), (args.prompts,), generator=gen)]
-    prompts = [p for p in prompts if len(p) >= 4]
+    prompts, gen = heldout_prompts(args.corpus, tok, args.prompts, args.seed)
     results = {}
     for temp in args.temperatures:
         for n in (1, 2, 3, 4):
