@@ -25,8 +25,8 @@ class TreePolicy {
   // candidates[0] should be the single block (off): the fallback while nothing is measured.
   TreePolicy(std::vector<TreeShape> candidates, int explore_min = 16, int explore_max = 256,
              double alpha = 0.25);
-  // auto's candidates for a drafter of block size K: off, top-k trees of 1.5K, 2K and 4K nodes,
-  // and (when the drafter has noise to draw) 4 paths.
+  // auto's candidates for a drafter of block size K: off and top-k trees of 1.5K, 2K and 4K
+  // nodes (`noise`: whether the drafter's draws differ; unused while paths are not candidates).
   static std::vector<TreeShape> auto_candidates(int K, bool noise);
 
   // The candidate for a speculative round of `batch` sequences.
