@@ -194,10 +194,10 @@ void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
     int64_t r = 0;
     for (const auto& s : batch) {
       starts.push_back(r);
-      FLASHMAP_CHECK(s.cache->length + int64_t(s.tokens.size()) <= c.max_position_embeddings,
-                     "sequence of {} tokens exceeds max_position_embeddings {}",
-                     s.cache->length + int64_t(s.tokens.size()), c.max_position_embeddings);
       if (s.parents.empty()) {
+        FLASHMAP_CHECK(s.cache->length + int64_t(s.tokens.size()) <= c.max_position_embeddings,
+                       "sequence of {} tokens exceeds max_position_embeddings {}",
+                       s.cache->length + int64_t(s.tokens.size()), c.max_position_embeddings);
         for (size_t i = 0; i < s.tokens.size(); ++i)
           positions[static_cast<size_t>(r++)] = s.cache->length + int64_t(i);
         continue;
@@ -212,6 +212,11 @@ void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
                        "forward: token tree row {} has parent {}, not in [-1, {})", i, up, i);
         positions[static_cast<size_t>(r++)] =
             up < 0 ? s.cache->length : positions[static_cast<size_t>(r0 + up)] + 1;
+        // A tree holds more rows than positions: only its depth has to fit (its rows' keys sit
+        // in cache rows past that until keep_rows).
+        FLASHMAP_CHECK(positions[static_cast<size_t>(r - 1)] < c.max_position_embeddings,
+                       "token tree reaches position {}, past max_position_embeddings {}",
+                       positions[static_cast<size_t>(r - 1)], c.max_position_embeddings);
       }
     }
   }

@@ -109,10 +109,11 @@ TEST(TreeSpec, SeededSamplingEqualsTargetAloneSeeded) {
     }
 }
 
-// 8-token target, random FlashMap and DFlash drafters: n runs of four tokens at T = 1; the first round after
-// the prefill verifies a tree at most 2 deep (no draft is verified that could not be emitted), so
-// tokens 2 and 3 both come from the tree walk. Against the exact law of (t1, t2, t3) over 512
-// cells; and the walk must descend often enough (first-level acceptance > 20% of the runs).
+// 8-token target, random FlashMap and DFlash drafters: n runs of four tokens at T = 1; the first
+// round after the prefill verifies a tree at most 2 deep (no draft is verified that could not be
+// emitted), so tokens 2 and 3 both come from the tree walk. Against the exact law of (t1, t2, t3)
+// over 512 cells; and the walk must descend often enough (first-level acceptance > 20% of the
+// runs).
 TEST(TreeSpec, JointLawOfThreeTokensAtT1) {
   const auto pair = flashmap::testing::write_random_pair("tiny-v8-tree", 8, 8, 2, 4, 77);
   Qwen3Model target(pair.target);
@@ -228,4 +229,18 @@ TEST(TreeSpec, DrafterContextGetsTheAcceptedPathsFeatures) {
     // Some round accepted a branch other than the first path: otherwise nothing moved.
     EXPECT_GT(r.acceptance_length(), 1.0) << shape;
   }
+}
+
+// A tree holds more rows than positions: near the end of the context (24 positions here) a
+// 32-node tree of depth <= the room left still fits, and the output runs to the last position.
+TEST(TreeSpec, TreesRunToTheEndOfTheContext) {
+  const auto pair = flashmap::testing::write_random_pair("tiny-v8-tree-ctx", 8, 8, 2, 4, 77, 24);
+  Qwen3Model target(pair.target);
+  FlashMapModel model(pair.draft, target);
+  FlashMapProposer d(model, 1);
+  const std::vector<int32_t> prompt = {1, 5, 2};
+  const auto alone = generate(target, nullptr, prompt, options(21)).ids;
+  ASSERT_EQ(alone.size(), 21u);
+  for (const std::string shape : {"topk:32", "paths:8+topk:40"})
+    EXPECT_EQ(generate(target, &d, prompt, options(21, shape)).ids, alone) << shape;
 }
