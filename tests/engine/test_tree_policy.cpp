@@ -162,3 +162,44 @@ TEST(TreePolicy, EngineRefusesBadTrees) {
     EXPECT_THROW(Engine(std::make_unique<CpuBackend>(target, &d), eo), Error) << bad;
   }
 }
+
+// Trees batched with other sequences in one verify pass (the serving loop): each request's
+// greedy output equals its target-alone output, whatever its neighbours' prompts and lengths.
+TEST(TreePolicy, BatchedTreeRequestsEqualTargetAlone) {
+  Qwen3Model target("tests/fixtures/tiny-a/target");
+  FlashMapModel fm("tests/fixtures/tiny-a/draft", target);
+  FlashMapProposer d(fm, 1);
+  const std::vector<std::vector<int32_t>> prompts = {
+      {5, 17, 300, 2, 999, 41, 7}, {1, 2, 3}, {700, 12, 12, 90, 4, 4, 4, 4, 31, 8, 640}};
+  const std::vector<int> lengths = {60, 25, 41};
+  std::vector<std::vector<int32_t>> wants;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateOptions o;
+    o.max_new_tokens = lengths[i];
+    wants.push_back(generate(target, nullptr, prompts[i], o).ids);
+  }
+  EngineOptions eo;
+  eo.spec_policy = SpecPolicyKind::Always;
+  eo.draft_tree = "paths:2+topk:14";
+  Engine engine(std::make_unique<CpuBackend>(target, &d), eo);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestParams p;
+    p.prompt = prompts[i];
+    p.max_tokens = lengths[i];
+    reqs.push_back(engine.submit(p));
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::vector<int32_t> got;
+    bool finished = false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!finished && std::chrono::steady_clock::now() < deadline) {
+      const auto u = reqs[i]->wait(got.size(), std::chrono::milliseconds(1000));
+      got.insert(got.end(), u.tokens.begin(), u.tokens.end());
+      finished = u.finished;
+    }
+    EXPECT_TRUE(finished) << "request " << i;
+    EXPECT_EQ(got, wants[i]) << "request " << i;
+  }
+  EXPECT_GT(engine.stats().tree_rounds["paths:2+topk:14"], 0u);
+}
