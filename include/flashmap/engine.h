@@ -166,9 +166,15 @@ struct EngineStats {
   // acceptance_hist[n]: verify rounds that committed n tokens (n in 1..K+1).
   std::vector<uint64_t> acceptance_hist;
   engine::PrefixCacheStats prefix_cache;
-  // Draft trees: the option, and speculative rounds by the tree they drafted ("off": blocks).
+  // Draft trees: the option, and per tree shape drafted ("off": single blocks) its speculative
+  // rounds, the drafting sequences' rounds in them, the tokens those committed (τ = committed /
+  // sequence_rounds) and the draft tokens verified (nodes per sequence round = nodes /
+  // sequence_rounds).
   std::string draft_tree;
-  std::map<std::string, uint64_t> tree_rounds;
+  struct TreeCounts {
+    uint64_t rounds = 0, sequence_rounds = 0, committed = 0, nodes = 0;
+  };
+  std::map<std::string, TreeCounts> trees;
 };
 
 // A batch of one on CPU models the caller holds (tests, parity, tools): through an Engine over

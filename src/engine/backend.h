@@ -83,6 +83,8 @@ class Target {
   virtual void truncate(Slot& slot, int64_t length) = 0;
   // Whether verify() and accept() take draft trees (SeqStep::tree).
   virtual bool trees() const { return false; }
+  // Draft tokens (block slots or tree nodes) the last verify() ran, all sequences.
+  virtual int64_t drafts_verified() const { return 0; }
   // Host access to a sequence's rows of the last prefill (its one row) or verify (anchor +
   // drafts), for what the loop computes itself: logit controls (read, changed, written back
   // before pick/accept) and logprobs. Rows count from the sequence's first.

@@ -113,6 +113,7 @@ void CpuBackend::verify(std::span<const SeqStep> steps) {
   std::vector<Qwen3Model::SeqInput> in;
   bool any_draft = false;
   int64_t rows = 0;
+  drafts_verified_ = 0;
   for (const SeqStep& st : steps) {
     CpuSlot& s = cpu(*st.slot);
     s.fed.assign(1, s.anchor);
@@ -127,6 +128,7 @@ void CpuBackend::verify(std::span<const SeqStep> steps) {
     }
     s.logits_row = s.feature_row = rows;
     rows += int64_t(s.fed.size());
+    drafts_verified_ += int64_t(s.fed.size()) - 1;
     any_draft = any_draft || s.draft;
     in.push_back({&s.cache, s.fed, s.fed_parents});
   }

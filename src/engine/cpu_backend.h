@@ -36,6 +36,7 @@ class CpuBackend : public Backend {
   void verify(std::span<const SeqStep> steps) override;
   void truncate(Slot& slot, int64_t length) override;
   bool trees() const override { return true; }
+  int64_t drafts_verified() const override { return drafts_verified_; }
   void read_logits(Slot& slot, int64_t first, int64_t n, float* dst) override;
   void write_logits(Slot& slot, int64_t first, int64_t n, const float* src) override;
   void read_drafts(Slot& slot, int n, int32_t* dst) override;
@@ -65,6 +66,7 @@ class CpuBackend : public Backend {
   const Qwen3Model& target_;
   const BlockProposer* proposer_;
   Qwen3Model::Output out_;  // the last forward's logits and features
+  int64_t drafts_verified_ = 0;
 };
 
 }  // namespace flashmap::engine

@@ -184,7 +184,7 @@ struct Engine::Impl {
   uint64_t next_id = 1;
   uint64_t rounds = 0, spec_rounds = 0;
   uint64_t policy_rounds[2][2] = {{0, 0}, {0, 0}};
-  std::map<std::string, uint64_t> tree_rounds;
+  std::map<std::string, EngineStats::TreeCounts> trees;
   std::vector<engine::SpecPolicy::Bucket> buckets;
   std::vector<uint64_t> acceptance_hist;
   engine::PrefixCacheStats prefix_cache;
@@ -339,7 +339,7 @@ EngineStats Engine::stats() const {
   s.buckets = m.buckets;
   s.prefix_cache = m.prefix_cache;
   s.draft_tree = options_.draft_tree;
-  s.tree_rounds = m.tree_rounds;
+  s.trees = m.trees;
   return s;
 }
 
@@ -431,7 +431,13 @@ void Engine::loop() {
         ++m.policy_rounds[report.decision.speculate][report.decision.explore];
         m.buckets = m.loop->policy().buckets();
       }
-      if (report.speculating > 0) ++m.tree_rounds[report.tree.name()];
+      if (report.speculating > 0) {
+        auto& t = m.trees[report.tree.name()];
+        ++t.rounds;
+        t.sequence_rounds += report.committed_counts.size();
+        for (int c : report.committed_counts) t.committed += uint64_t(c);
+        t.nodes += uint64_t(report.drafts_verified);
+      }
       for (int c : report.committed_counts)
         if (size_t(c) < m.acceptance_hist.size()) ++m.acceptance_hist[size_t(c)];
     }

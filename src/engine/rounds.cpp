@@ -264,6 +264,7 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
   // Verify: anchor + block of every sequence in one forward.
   t0 = Clock::now();
   backend_.verify(steps);
+  report.drafts_verified = backend_.drafts_verified();
   const double verify_ms = ms_since(t0);
 
   // Accept, emit, commit.

@@ -86,6 +86,7 @@ struct RoundReport {
   int speculating = 0;                // sequences that drafted
   std::vector<int> committed_counts;  // per drafting sequence
   TreeShape tree;                     // the round's draft tree (off: single blocks)
+  int64_t drafts_verified = 0;        // draft tokens (block slots or tree nodes) verified
 };
 
 class RoundLoop {

@@ -97,14 +97,29 @@ std::string Metrics::render(const EngineStats& s) const {
       out += fmt::format("flashmap_spec_policy_rounds_total{{mode=\"{}\",explore=\"{}\"}} {}\n",
                          spec ? "speculative" : "target", explore ? "true" : "false",
                          s.policy_rounds[spec][explore]);
-  if (!s.tree_rounds.empty()) {
-    out += fmt::format(
-        "# HELP flashmap_draft_tree_rounds_total Speculative rounds by the draft tree they "
-        "verified (--draft-tree {}; off: single blocks).\n"
-        "# TYPE flashmap_draft_tree_rounds_total counter\n",
-        s.draft_tree);
-    for (const auto& [tree, n] : s.tree_rounds)
-      out += fmt::format("flashmap_draft_tree_rounds_total{{tree=\"{}\"}} {}\n", tree, n);
+  if (!s.trees.empty()) {
+    // Per tree shape (--draft-tree auto mixes them): rounds, and for τ and nodes per round the
+    // drafting sequences' rounds, committed tokens and verified draft tokens.
+    using Counts = EngineStats::TreeCounts;
+    const struct {
+      const char *name, *help;
+      uint64_t Counts::*field;
+    } series[] = {
+        {"rounds", "Speculative rounds by the draft tree they verified", &Counts::rounds},
+        {"sequence_rounds", "Drafting sequences' rounds by draft tree", &Counts::sequence_rounds},
+        {"committed_tokens", "Tokens committed by drafting sequences, by draft tree",
+         &Counts::committed},
+        {"verified_nodes", "Draft tokens (tree nodes or block slots) verified, by draft tree",
+         &Counts::nodes}};
+    for (const auto& x : series) {
+      out += fmt::format(
+          "# HELP flashmap_draft_tree_{0}_total {1} (--draft-tree {2}; off: single blocks).\n"
+          "# TYPE flashmap_draft_tree_{0}_total counter\n",
+          x.name, x.help, s.draft_tree);
+      for (const auto& [tree, t] : s.trees)
+        out += fmt::format("flashmap_draft_tree_{}_total{{tree=\"{}\"}} {}\n", x.name, tree,
+                           t.*x.field);
+    }
   }
   std::string tps, secs, toks, samples, choice;
   for (size_t b = 0; b < s.buckets.size(); ++b) {

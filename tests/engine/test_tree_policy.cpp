@@ -146,10 +146,19 @@ TEST(TreePolicy, EngineAutoIsLosslessAndCountsRoundsByTree) {
   const auto stats = engine.stats();
   EXPECT_EQ(stats.draft_tree, "auto");
   // Every candidate is measured first, so all four drafted some round.
-  EXPECT_EQ(stats.tree_rounds.size(), 4u);
-  uint64_t rounds = 0;
-  for (const auto& [tree, n] : stats.tree_rounds) rounds += n;
+  EXPECT_EQ(stats.trees.size(), 4u);
+  uint64_t rounds = 0, committed = 0;
+  for (const auto& [tree, t] : stats.trees) {
+    rounds += t.rounds;
+    committed += t.committed;
+    EXPECT_EQ(t.sequence_rounds, t.rounds) << tree;  // one sequence
+    // Nodes per round: K = 8 for a block (the last rounds fewer), up to the budget for a tree.
+    EXPECT_LE(t.nodes, t.rounds * (tree == "off" ? 8 : 32)) << tree;
+    EXPECT_GT(t.nodes, tree == "off" ? 0 : t.rounds * 8 - 8) << tree;
+  }
   EXPECT_EQ(rounds, stats.speculative_rounds);
+  // The first token comes from the prefill, one from each plain round (the last, with no room).
+  EXPECT_EQ(committed + 1 + (stats.rounds - stats.speculative_rounds), alone.size());
 }
 
 TEST(TreePolicy, EngineRefusesBadTrees) {
@@ -201,5 +210,5 @@ TEST(TreePolicy, BatchedTreeRequestsEqualTargetAlone) {
     EXPECT_TRUE(finished) << "request " << i;
     EXPECT_EQ(got, wants[i]) << "request " << i;
   }
-  EXPECT_GT(engine.stats().tree_rounds["paths:2+topk:14"], 0u);
+  EXPECT_GT(engine.stats().trees["paths:2+topk:14"].rounds, 0u);
 }

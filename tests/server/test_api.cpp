@@ -5,6 +5,7 @@
 #include <map>
 
 #include "server/api.h"
+#include "server/metrics.h"
 
 using namespace flashmap::server;
 using flashmap::SamplingParams;
@@ -682,4 +683,22 @@ TEST(ToolCalls, AssistantCallsAndToolResultsRenderAsQwen3Expects) {
   EXPECT_EQ(error_of(with_calls(R"([{"function":{"name":"f","arguments":7}}])"), true),
             E(400, "messages[0].tool_calls[0].function.arguments"));
   EXPECT_EQ(error_of(with_calls(R"([{"function":{"name":"f"}}])"), true), E(200, ""));
+}
+
+// /metrics: per draft-tree shape, the rounds, sequence rounds, committed tokens and verified nodes
+// (τ and nodes per round follow from them); nothing about trees when no round drafted.
+TEST(Metrics, DraftTreeCounters) {
+  Metrics m;
+  flashmap::EngineStats s;
+  EXPECT_EQ(m.render(s).find("flashmap_draft_tree"), std::string::npos);
+  s.draft_tree = "auto";
+  s.trees["off"] = {10, 12, 40, 96};
+  s.trees["topk:12"] = {3, 3, 11, 36};
+  const std::string text = m.render(s);
+  for (const std::string line : {"flashmap_draft_tree_rounds_total{tree=\"off\"} 10",
+                                 "flashmap_draft_tree_sequence_rounds_total{tree=\"off\"} 12",
+                                 "flashmap_draft_tree_committed_tokens_total{tree=\"topk:12\"} 11",
+                                 "flashmap_draft_tree_verified_nodes_total{tree=\"topk:12\"} 36",
+                                 "# TYPE flashmap_draft_tree_verified_nodes_total counter"})
+    EXPECT_NE(text.find(line + "\n"), std::string::npos) << line;
 }
