@@ -127,7 +127,11 @@ std::vector<int32_t> ids_from(nb::handle obj, const char* what) {
       default: {
         if (is_uint) {
           const uint64_t u = *reinterpret_cast<const uint64_t*>(p);
-          v = u > uint64_t(std::numeric_limits<long long>::max()) ? -1 : (long long)u;
+          if (u > uint64_t(std::numeric_limits<int32_t>::max()))
+            throw nb::value_error(
+                fmt::format("{}[{}] = {} is not a token id (expected 0 <= id < 2^31)", what, i, u)
+                    .c_str());
+          v = (long long)u;
         } else {
           v = *reinterpret_cast<const int64_t*>(p);
         }
@@ -242,6 +246,13 @@ class TokenStream {
     worker_ = std::thread([st = st_, engine = std::move(engine), params = std::move(params)] {
       try {
         std::lock_guard compute(compute_mutex());
+        // Dropped while it waited for the lock: not even the prefill is worth running.
+        if (st->cancel.load()) {
+          std::lock_guard lk(st->m);
+          st->done = true;
+          st->cv.notify_all();
+          return;
+        }
         auto r = engine->generate(
             params,
             [&](std::span<const int32_t> t) {

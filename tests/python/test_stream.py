@@ -66,3 +66,17 @@ def test_streams_from_threads(engines):
     for t in threads:
         t.join(120)
     assert got == want
+
+
+def test_stream_dropped_before_it_starts(engines):
+    # Another thread holds the engine: a stream closed while it waits never starts decoding.
+    e = engines("default")
+    t = threading.Thread(target=lambda: e.generate([1, 2], 1500, stop_token_ids=[]))
+    t.start()
+    time.sleep(0.1)
+    s = e.stream([1, 2, 3], 50, stop_token_ids=[])
+    s.close()
+    t.join(120)
+    with pytest.raises(StopIteration):
+        next(s)
+    assert s.result is None or s.result.finish_reason == "cancelled"  # None: it never started
