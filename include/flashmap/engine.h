@@ -74,6 +74,14 @@ struct EngineOptions {
 // throws flashmap::Error saying why not. Called before any model loads.
 void check_device(const std::string& device);
 
+// The CPU backend computes on one process-wide thread pool, made on first use with
+// FLASHMAP_THREADS threads (else one per core) and never resized. Sets that size before the pool
+// exists and returns the pool's size; throws flashmap::Error when it already runs with another.
+// The pool runs one parallel loop at a time: engines must not compute from two threads at once.
+int set_cpu_threads(int threads);
+// The pool's size (making it with the default size when it does not exist yet).
+int cpu_threads();
+
 // `flashmap bench --device cuda --shape S`: the device's kernels at a real shape with random
 // weights (src/cuda/bench_shape.h); markdown on stdout, JSON to json_out when set.
 void bench_device_shape(const DeviceShapeBench& spec);
@@ -86,7 +94,7 @@ struct GenerateResult {
   std::vector<int> acceptance_lengths;  // tokens committed by each verify pass (the reference's)
   std::vector<int64_t> accepted_at;     // [K]: rounds in which draft slot k was accepted
   int rounds = 0;
-  std::string finish_reason;  // "stop" or "length"
+  std::string finish_reason;  // "stop", "length" or "cancelled"
   PhaseTimes times;
   // Mean tokens per target forward pass (the paper's tau); 0 without rounds.
   double acceptance_length() const;
@@ -214,13 +222,18 @@ class Engine {
   std::string device() const;
   int block_size() const;       // 0 without a drafter
   int64_t max_context() const;  // prompt + max_tokens limit
+  // The target's generation_config.json eos ids (none without the file): the stop ids that
+  // `flashmap generate` and the reference's spec_generate use by default.
+  std::vector<int32_t> eos_token_ids() const;
   // The one validation of a request (what a user can get wrong); throws flashmap::Error.
   void validate(const RequestParams& params) const;
 
   // A batch of one through the round loop, on the calling thread (not while serving). on_tokens
-  // receives the tokens of each round as they are accepted.
+  // receives the tokens of each round as they are accepted. When `cancel` becomes true (from
+  // any thread) the sequence ends at the next round boundary with finish_reason "cancelled".
   GenerateResult generate(const RequestParams& params,
-                          const std::function<void(std::span<const int32_t>)>& on_tokens = {});
+                          const std::function<void(std::span<const int32_t>)>& on_tokens = {},
+                          const std::atomic<bool>* cancel = nullptr);
 
   // Serving: validates and queues a request for the engine thread (started on first use);
   // throws flashmap::Error (bad request) or AdmissionError.

@@ -4,10 +4,12 @@
 // and finished or cancelled ones leave (their slots freed).
 #include <flashmap/engine.h>
 
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <thread>
 
+#include "core/thread_pool.h"
 #include "engine/cpu_backend.h"
 #include "ops/gemm.h"
 #ifdef FLASHMAP_WITH_CUDA
@@ -46,6 +48,33 @@ std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
 }
 
 }  // namespace
+
+int set_cpu_threads(int threads) {
+  FLASHMAP_CHECK(threads >= 1 && threads <= 1024, "threads must be in [1, 1024], got {}", threads);
+  static std::mutex m;
+  std::lock_guard lk(m);
+  // The pool reads the variable once, when it is made; afterwards setting it would only mislead
+  // a later reader, so the old value comes back when the pool already exists.
+  const char* old = std::getenv("FLASHMAP_THREADS");
+  const std::string saved = old ? old : "";
+  setenv("FLASHMAP_THREADS", std::to_string(threads).c_str(), 1);
+  const int size = ThreadPool::global().size();
+  if (size != threads) {
+    if (old)
+      setenv("FLASHMAP_THREADS", saved.c_str(), 1);
+    else
+      unsetenv("FLASHMAP_THREADS");
+  }
+  FLASHMAP_CHECK(size == threads,
+                 "threads={}: this process's CPU thread pool already runs {} threads (it is made "
+                 "once, by the first engine)",
+                 threads, size);
+  return size;
+}
+
+int cpu_threads() {
+  return ThreadPool::global().size();
+}
 
 void check_device(const std::string& device) {
   if (device == "cpu") return;
@@ -249,12 +278,18 @@ int Engine::block_size() const {
 int64_t Engine::max_context() const {
   return impl_->loop->max_context();
 }
+std::vector<int32_t> Engine::eos_token_ids() const {
+  if (options_.target.empty()) return {};  // a backend made elsewhere: no folder to read
+  const auto ids = GenerationConfig::from_dir(options_.target).eos_token_ids;
+  return {ids.begin(), ids.end()};
+}
 void Engine::validate(const RequestParams& params) const {
   impl_->loop->validate(params);
 }
 
 GenerateResult Engine::generate(const RequestParams& params,
-                                const std::function<void(std::span<const int32_t>)>& on_tokens) {
+                                const std::function<void(std::span<const int32_t>)>& on_tokens,
+                                const std::atomic<bool>* cancel) {
   {
     std::lock_guard lk(impl_->mutex);
     FLASHMAP_CHECK(!impl_->serving, "Engine::generate: the engine is serving requests");
@@ -266,7 +301,7 @@ GenerateResult Engine::generate(const RequestParams& params,
     res.logprobs.insert(res.logprobs.end(), lp.begin(), lp.end());
     if (on_tokens && !t.empty()) on_tokens(t);
   };
-  impl_->loop->run(seq);
+  impl_->loop->run(seq, cancel);
   res.prompt_logprobs = std::move(seq.prompt_logprobs);
   res.acceptance_lengths = std::move(seq.acceptance_lengths);
   res.accepted_at = std::move(seq.accepted_at);

@@ -314,12 +314,19 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
   return report;
 }
 
-void RoundLoop::run(Sequence& seq) {
+void RoundLoop::run(Sequence& seq, const std::atomic<bool>* cancel) {
   const auto t0 = Clock::now();
   validate(seq.params);
   Sequence* one = &seq;
   admit({&one, 1});
-  while (!seq.done) round({&one, 1});
+  while (!seq.done) {
+    if (cancel && cancel->load()) {  // as the serving loop cancels: between rounds
+      seq.done = true;
+      seq.finish_reason = "cancelled";
+      break;
+    }
+    round({&one, 1});
+  }
   retire(seq);
   seq.times.total_ms = ms_since(t0);
 }

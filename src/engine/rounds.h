@@ -5,6 +5,7 @@
 // a batch of one; `flashmap serve` admits and retires sequences between rounds (engine.cpp).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -116,8 +117,8 @@ class RoundLoop {
   void admit(std::span<Sequence* const> fresh);
   // One round over the running sequences that are not done.
   RoundReport round(std::span<Sequence* const> running);
-  // Runs one sequence to its end (generate()).
-  void run(Sequence& seq);
+  // Runs one sequence to its end (generate()), or to the round boundary after `cancel` is set.
+  void run(Sequence& seq, const std::atomic<bool>* cancel = nullptr);
   // A sequence leaves: its slot goes to the prefix cache (unless it failed) or is freed.
   void retire(Sequence& seq);
   PrefixCacheStats prefix_cache_stats() const { return cache_.stats(); }

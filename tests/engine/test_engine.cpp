@@ -209,6 +209,47 @@ TEST(Engine, CancelFreesTheSequence) {
   EXPECT_EQ(wait_all(*r2).size(), 5u);
 }
 
+// Engine::generate's cancel flag (the Python binding's streams): the sequence ends at the round
+// boundary after it is set, with the tokens up to there equal to an uncancelled run's.
+TEST(Engine, GenerateCancelsBetweenRounds) {
+  auto& m = models();
+  Engine engine(cpu(m.target, &m.drafter), {.spec_policy = SpecPolicyKind::Always});
+  RequestParams p;
+  p.prompt = prompt_of(6, 2);
+  p.max_tokens = 60;
+  const auto full = engine.generate(p);
+  ASSERT_EQ(full.ids.size(), 60u);
+  std::atomic<bool> cancel{false};
+  int calls = 0;
+  const auto cut = engine.generate(
+      p,
+      [&](std::span<const int32_t>) {
+        if (++calls == 3) cancel.store(true);
+      },
+      &cancel);
+  EXPECT_EQ(cut.finish_reason, "cancelled");
+  EXPECT_EQ(calls, 3);  // the prefill's token and two rounds, none after the flag
+  ASSERT_LT(cut.ids.size(), full.ids.size());
+  EXPECT_TRUE(std::equal(cut.ids.begin(), cut.ids.end(), full.ids.begin()));
+  EXPECT_EQ(cut.rounds, 2);
+  // A flag set before the call leaves the prefill's token only.
+  const auto none = engine.generate(p, {}, &cancel);
+  EXPECT_EQ(none.finish_reason, "cancelled");
+  EXPECT_EQ(none.ids.size(), 1u);
+  // A backend made elsewhere has no folder: no eos ids.
+  EXPECT_TRUE(engine.eos_token_ids().empty());
+}
+
+TEST(Engine, EosIdsAndThreadPoolSize) {
+  Engine engine(EngineOptions{.target = "models/default/target"});
+  EXPECT_EQ(engine.eos_token_ids(), std::vector<int32_t>{0});
+  const int n = cpu_threads();
+  EXPECT_EQ(set_cpu_threads(n), n);
+  EXPECT_THAT([&] { set_cpu_threads(n + 1); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("already runs")));
+  EXPECT_THROW(set_cpu_threads(0), Error);
+}
+
 TEST(Engine, AdmissionLimits) {
   auto& m = models();
   Engine sched(cpu(m.target, &m.drafter),
