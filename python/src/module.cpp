@@ -327,7 +327,7 @@ class TokenStream {
 class PyEngine {
  public:
   PyEngine(const std::string& target, std::optional<std::string> draft, const std::string& device,
-           std::optional<int> threads, std::optional<int> steps) {
+           std::optional<int> threads, std::optional<int> steps, const std::string& draft_tree) {
     std::error_code ec;
     if (std::filesystem::exists(std::filesystem::path(target) / "tokenizer.json", ec))
       tokenizer_ = std::make_shared<PyTokenizer>(target);
@@ -336,6 +336,7 @@ class PyEngine {
     o.draft = draft.value_or("");
     o.device = device;
     o.steps = steps.value_or(0);
+    o.draft_tree = draft_tree;  // checked by the engine (one-line errors)
     if (steps && *steps < 1)
       throw flashmap::Error(fmt::format("steps must be >= 1, got {}", *steps));
     if (steps && o.draft.empty()) throw flashmap::Error("steps needs a drafter (draft_dir)");
@@ -483,9 +484,9 @@ NB_MODULE(_core, m) {
                        "A Qwen3 target folder, an optional FlashMap or DFlash drafter folder and "
                        "a device (cpu, cuda, cuda:N).")
       .def(nb::init<const std::string&, std::optional<std::string>, const std::string&,
-                    std::optional<int>, std::optional<int>>(),
+                    std::optional<int>, std::optional<int>, const std::string&>(),
            "target_dir"_a, "draft_dir"_a = nb::none(), "device"_a = "cpu", "threads"_a = nb::none(),
-           "steps"_a = nb::none())
+           "steps"_a = nb::none(), "draft_tree"_a = "off")
       .def(
           "generate",
           [](PyEngine& e, nb::handle input_ids, int max_new_tokens, double temperature, int top_k,
@@ -531,6 +532,7 @@ NB_MODULE(_core, m) {
                      const int s = e.get()->options().steps;
                      return s > 0 ? std::optional<int>(s) : std::nullopt;
                    })
+      .def_prop_ro("draft_tree", [](const PyEngine& e) { return e.get()->options().draft_tree; })
       .def_prop_ro("closed", &PyEngine::closed)
       .def("close", &PyEngine::close,
            "frees the models (a generation running on another thread keeps them until it ends); "

@@ -78,3 +78,25 @@ def test_result_fields(engines):
         sum(out.acceptance_lengths) / len(out.acceptance_lengths))
     assert len(out.accepted_at) == e.block_size == 8
     assert e.device == "cpu" and e.draft_dir.endswith("draft")
+
+
+@pytest.mark.parametrize("tree", ["topk:12", "paths:2+topk:16", "auto"])
+def test_draft_tree_greedy_equals_target_alone(engines, tree):
+    # Draft trees (EngineOptions::draft_tree) are lossless: greedy ids equal the target's own.
+    from flashmap_engine import Engine
+    pair = PAIRS["default"]
+    e = Engine(str(pair / "target"), str(pair / "draft"), draft_tree=tree)
+    assert e.draft_tree == tree
+    alone = engines("default", draft=False)
+    for prompt in prompts(e.vocab_size, n=2, seed=7):
+        assert e.generate(prompt, 48).ids.tolist() == alone.generate(prompt, 48).ids.tolist()
+    e.close()
+
+
+def test_bad_draft_tree_is_an_error():
+    from flashmap_engine import Engine, Error
+    pair = PAIRS["default"]
+    with pytest.raises(Error, match=r"'paths:0' needs a count in \[1, 64\]"):
+        Engine(str(pair / "target"), str(pair / "draft"), draft_tree="paths:0")
+    with pytest.raises(Error, match="needs a drafter"):
+        Engine(str(pair / "target"), draft_tree="topk:8")
