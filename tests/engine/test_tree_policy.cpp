@@ -35,6 +35,19 @@ std::vector<int> run(TreePolicy& p, const std::vector<Cost>& cost, int rounds, i
   }
   return picked;
 }
+
+// A submitted request's tokens as they stream in, until it finishes (or 120 s pass).
+std::vector<int32_t> wait_all(Request& r, bool& finished) {
+  std::vector<int32_t> got;
+  finished = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!finished && std::chrono::steady_clock::now() < deadline) {
+    const auto u = r.wait(got.size(), std::chrono::milliseconds(1000));
+    got.insert(got.end(), u.tokens.begin(), u.tokens.end());
+    finished = u.finished;
+  }
+  return got;
+}
 }  // namespace
 
 TEST(TreePolicy, AutoCandidates) {
@@ -133,16 +146,9 @@ TEST(TreePolicy, EngineAutoIsLosslessAndCountsRoundsByTree) {
   p.max_tokens = 200;
   // Through the serving loop (the one that keeps the statistics).
   const auto req = engine.submit(p);
-  std::vector<int32_t> got;
   bool finished = false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!finished && std::chrono::steady_clock::now() < deadline) {
-    const auto u = req->wait(got.size(), std::chrono::milliseconds(1000));
-    got.insert(got.end(), u.tokens.begin(), u.tokens.end());
-    finished = u.finished;
-  }
+  EXPECT_EQ(wait_all(*req, finished), alone);
   ASSERT_TRUE(finished);
-  EXPECT_EQ(got, alone);
   const auto stats = engine.stats();
   EXPECT_EQ(stats.draft_tree, "auto");
   // Every candidate is measured first, so all four drafted some round.
@@ -199,16 +205,9 @@ TEST(TreePolicy, BatchedTreeRequestsEqualTargetAlone) {
     reqs.push_back(engine.submit(p));
   }
   for (size_t i = 0; i < reqs.size(); ++i) {
-    std::vector<int32_t> got;
     bool finished = false;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (!finished && std::chrono::steady_clock::now() < deadline) {
-      const auto u = reqs[i]->wait(got.size(), std::chrono::milliseconds(1000));
-      got.insert(got.end(), u.tokens.begin(), u.tokens.end());
-      finished = u.finished;
-    }
+    EXPECT_EQ(wait_all(*reqs[i], finished), wants[i]) << "request " << i;
     EXPECT_TRUE(finished) << "request " << i;
-    EXPECT_EQ(got, wants[i]) << "request " << i;
   }
   EXPECT_GT(engine.stats().trees["paths:2+topk:14"].rounds, 0u);
 }

@@ -8,6 +8,7 @@
 #include <flashmap/engine.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <vector>
 
 #include "models/qwen3.h"
@@ -69,6 +70,44 @@ inline void expect_joint_two(const Qwen3Model& target, const BlockProposer& d,
                             << chi.critical << " " << chi.impossible;
     EXPECT_GT(accepted, n * min_accept) << "seeded=" << seeded;
   }
+}
+
+// The target's next-token logits after `prefix`, by one full forward (no cache reuse).
+inline std::vector<float> next_logits(const Qwen3Model& target,
+                                      const std::vector<int32_t>& prefix) {
+  KVCache c = target.new_cache();
+  Qwen3Model::Output out;
+  Qwen3Model::SeqInput s{&c, prefix};
+  target.forward({&s, 1}, Qwen3Model::Logits::Last, {}, out);
+  return out.logits;
+}
+
+// The exact joint law of a run's first three tokens over a V-token vocabulary, from `next`: the
+// target's (controlled, masked) distribution after a given output. A run that stops at its
+// second token (stop id) has a third "token" V of its own: cell (t1 · V + t2) · (V + 1) + t3.
+inline std::vector<double> exact_three(
+    int64_t V, int32_t stop,
+    const std::function<std::vector<double>(const std::vector<int32_t>&)>& next) {
+  auto cell = [&](int32_t t1, int32_t t2, int32_t t3) {
+    return size_t((t1 * V + t2) * (V + 1) + t3);
+  };
+  std::vector<double> exact(size_t(V * V * (V + 1)), 0.0);
+  const auto p1 = next({});
+  for (int32_t t1 = 0; t1 < V; ++t1) {
+    if (p1[size_t(t1)] == 0 || t1 == stop) continue;
+    const auto p2 = next({t1});
+    for (int32_t t2 = 0; t2 < V; ++t2) {
+      if (p2[size_t(t2)] == 0) continue;
+      if (t2 == stop) {
+        exact[cell(t1, t2, int32_t(V))] = p1[size_t(t1)] * p2[size_t(t2)];
+        continue;
+      }
+      const auto p3 = next({t1, t2});
+      for (int32_t t3 = 0; t3 < V; ++t3)
+        exact[cell(t1, t2, t3)] = p1[size_t(t1)] * p2[size_t(t2)] * p3[size_t(t3)];
+    }
+  }
+  return exact;
 }
 
 }  // namespace flashmap::testing

@@ -13,6 +13,7 @@
 #include <functional>
 
 #include "core/check.h"
+#include "joint.h"
 #include "models/dflash.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
@@ -112,8 +113,8 @@ TEST(TreeSpec, SeededSamplingEqualsTargetAloneSeeded) {
 // 8-token target, random FlashMap and DFlash drafters: n runs of four tokens at T = 1; the first
 // round after the prefill verifies a tree at most 2 deep (no draft is verified that could not be
 // emitted), so tokens 2 and 3 both come from the tree walk. Against the exact law of (t1, t2, t3)
-// over 512 cells; and the walk must descend often enough (first-level acceptance > 20% of the
-// runs).
+// (exact_three, joint.h); and the walk must descend often enough (first-level acceptance > 20% of
+// the runs).
 TEST(TreeSpec, JointLawOfThreeTokensAtT1) {
   const auto pair = flashmap::testing::write_random_pair("tiny-v8-tree", 8, 8, 2, 4, 77);
   Qwen3Model target(pair.target);
@@ -122,26 +123,16 @@ TEST(TreeSpec, JointLawOfThreeTokensAtT1) {
   const int64_t V = 8;
   const std::vector<int32_t> prompt = {1, 5, 2};
   const SamplingParams sp{1.0f, 0, 1.0f, 0.0f};
-  auto next = [&](std::vector<int32_t> prefix) {
-    prefix.insert(prefix.begin(), prompt.begin(), prompt.end());
-    KVCache c = target.new_cache();
-    Qwen3Model::Output out;
-    Qwen3Model::SeqInput s{&c, prefix};
-    target.forward({&s, 1}, Qwen3Model::Logits::Last, {}, out);
+  // Without a stop id (−1): the exact law's third dimension keeps exact_three's V + 1 cells, the
+  // last never reached.
+  const auto exact = flashmap::testing::exact_three(V, -1, [&](const std::vector<int32_t>& out) {
+    auto prefix = prompt;
+    prefix.insert(prefix.end(), out.begin(), out.end());
+    const auto logits = flashmap::testing::next_logits(target, prefix);
     std::vector<float> p(static_cast<size_t>(V));
-    filtered_probs(out.logits.data(), V, sp, p.data());
-    return p;
-  };
-  std::vector<double> exact(size_t(V * V * V), 0.0);
-  const auto p1 = next({});
-  for (int32_t a = 0; a < V; ++a) {
-    const auto p2 = next({a});
-    for (int32_t b = 0; b < V; ++b) {
-      const auto p3 = next({a, b});
-      for (int32_t c = 0; c < V; ++c)
-        exact[size_t((a * V + b) * V + c)] = double(p1[size_t(a)]) * p2[size_t(b)] * p3[size_t(c)];
-    }
-  }
+    filtered_probs(logits.data(), V, sp, p.data());
+    return std::vector<double>(p.begin(), p.end());
+  });
   // And a DFlash drafter (no noise: its trees are top-k expansions of one pass).
   DFlashModel dmodel(flashmap::testing::write_random_dflash(pair, 5).string(), target);
   DFlashProposer dd(dmodel, target);
@@ -158,7 +149,7 @@ TEST(TreeSpec, JointLawOfThreeTokensAtT1) {
         o.seed = uint64_t(i) * 7919 + 1;
         const auto r = generate(target, drafter, prompt, o);
         ASSERT_EQ(r.ids.size(), 4u);
-        counts[size_t((r.ids[0] * V + r.ids[1]) * V + r.ids[2])] += 1;
+        counts[size_t((r.ids[0] * V + r.ids[1]) * (V + 1) + r.ids[2])] += 1;
         descended += r.accepted_at[0] > 0;
       }
       const auto chi = flashmap::testing::chi_square(counts, exact);
