@@ -183,6 +183,11 @@ struct EngineStats {
     uint64_t rounds = 0, sequence_rounds = 0, committed = 0, nodes = 0;
   };
   std::map<std::string, TreeCounts> trees;
+  // False after a device fault (flashmap::DeviceFault): every request held then failed and no
+  // more are taken; `fault` says what happened. The process must restart to serve again.
+  bool healthy = true;
+  std::string fault;
+  int max_running = 0;  // sequences decoded together (--max-running, at most what the device holds)
 };
 
 // A batch of one on CPU models the caller holds (tests, parity, tools): through an Engine over
@@ -220,7 +225,12 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   const Qwen3Config& target_config() const;
   std::string device() const;
-  int block_size() const;       // 0 without a drafter
+  int block_size() const;  // 0 without a drafter
+  // Sequences decoded together: EngineOptions::max_running, at most as many as the device's
+  // memory holds with their full context (the backend counts them at start).
+  int max_running() const;
+  // False once a device fault ended serving (EngineStats::healthy).
+  bool healthy() const;
   int64_t max_context() const;  // prompt + max_tokens limit
   // The target's generation_config.json eos ids (none without the file): the stop ids that
   // `flashmap generate` and the reference's spec_generate use by default.

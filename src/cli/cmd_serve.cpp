@@ -81,23 +81,30 @@ void run_serve(ServeArgs& a) {
   eo.max_context = a.sched.max_context;
   eo.spec_policy = a.sched.spec_policy;
   eo.spec_max_batch = a.sched.spec_max_batch;
-  // The prefix cache keeps slots of the CPU backend only (CUDA: issue 18).
+  // The prefix cache keeps slots of the CPU backend only.
   eo.prefix_cache_mb = eo.device == "cpu" ? a.sched.prefix_cache_mb : 0;
   Engine engine(eo);
   const bool drafter = engine.block_size() > 0;
   server::Server srv(engine, text.get(), a.server);
   const int port = srv.bind();
   std::thread signals([&] {
-    while (!g_stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    while (!g_stop_requested && !srv.stopped())
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (srv.stopped()) return;  // it stopped itself (a device fault)
     std::cerr << "flashmap serve: stopping: finishing running requests\n";
     srv.stop();
   });
   std::cerr << fmt::format(
-      "flashmap serve: model '{}' (target {}, {}) on {}, context {}, max running {}, max queue "
-      "{}, speculation policy {}\n",
+      "flashmap serve: model '{}' (target {}, {}) on {}, context {}, max running {}{}, max "
+      "queue {}, speculation policy {}\n",
       a.server.model_name, a.model.target,
       drafter ? fmt::format("draft {}", a.model.draft) : std::string("no draft"), engine.device(),
-      engine.max_context(), a.sched.max_running, a.sched.max_queue,
+      engine.max_context(), engine.max_running(),
+      engine.max_running() < a.sched.max_running
+          ? fmt::format(" (of --max-running {}: what the device memory holds at this context)",
+                        a.sched.max_running)
+          : std::string(),
+      a.sched.max_queue,
       a.sched.spec_policy != SpecPolicyKind::Batch ? a.spec_policy
       : a.sched.spec_max_batch == 0
           ? std::string("batch (always)")
@@ -106,6 +113,9 @@ void run_serve(ServeArgs& a) {
   std::cerr.flush();
   srv.serve();
   signals.join();
+  // Exit non-zero after a device fault, so that a supervisor or router restarts the server.
+  const std::string fault = srv.fault();
+  FLASHMAP_CHECK(fault.empty(), "serve stopped: the device failed: {}", fault);
   std::cerr << "flashmap serve: stopped\n";
 }
 

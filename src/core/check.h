@@ -16,6 +16,14 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A fault after which a device cannot compute again (on CUDA: an illegal address, a kernel
+// trap, an uncorrectable ECC error; every later call on the context fails the same way). The
+// engine stops taking requests and fails the ones it holds; a supervisor restarts the process.
+class DeviceFault : public Error {
+ public:
+  using Error::Error;
+};
+
 // A broken internal invariant (a bug in flashmap, not in the input).
 class InternalError : public std::logic_error {
  public:

@@ -106,6 +106,9 @@ using engine::Accepted;
 using engine::SeqStep;
 using engine::Slot;
 
+// Prompt tokens per prefill forward.
+constexpr size_t kPrefillChunk = 512;
+
 // One sequence's device resources, pooled: the graphs captured for them (the verify forward
 // keyed by the KV cache, the draft keyed by its context, anchor and logits buffers) stay valid
 // for the next sequence that takes them.
@@ -137,7 +140,8 @@ CudaSlot& cu(Slot& s) {
 
 class CudaBackend : public engine::Backend {
  public:
-  CudaBackend(Qwen3Model& target, DeviceProposer* proposer, int64_t capacity, bool graphs)
+  CudaBackend(Qwen3Model& target, DeviceProposer* proposer, int64_t capacity, bool graphs,
+              int max_lanes)
       : target_(target),
         proposer_(proposer),
         graphs_(graphs),
@@ -162,8 +166,9 @@ class CudaBackend : public engine::Backend {
       FLASHMAP_CHECK(K_ >= 1, "the drafter's block size must be >= 1, got {}", K_);
     }
     // The verify pass's activations up front, so that a round never regrows them (regrowing
-    // drops the captured graphs).
-    target_.reserve(K_ + 1, K_ + 1);
+    // drops the captured graphs), and a prefill chunk's.
+    target_.reserve(std::max<int64_t>(K_ + 1, kPrefillChunk), K_ + 1);
+    count_lanes(max_lanes);
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(ctx_.stream());
@@ -182,48 +187,52 @@ class CudaBackend : public engine::Backend {
   int block_size() const override { return K_; }
 
   std::unique_ptr<Slot> open(bool drafting) override {
+    ctx_.make_current();
+    std::unique_ptr<Lane> lane;
+    if (!pool_.empty()) {
+      lane = std::move(pool_.back());
+      pool_.pop_back();
+      lane->kv->truncate(0);
+      if (lane->draft) proposer_->reset(*lane->draft);
+    } else {
+      lane = new_lane();  // throws before the slot holds it: no half-built lane reaches the pool
+    }
     auto s = std::make_unique<CudaSlot>();
     s->owner = this;
     s->drafting = drafting && proposer_;
-    if (!pool_.empty()) {
-      s->lane = std::move(pool_.back());
-      pool_.pop_back();
-      s->lane->kv->truncate(0);
-      if (s->lane->draft) proposer_->reset(*s->lane->draft);
-    } else {
-      s->lane = std::make_unique<Lane>();
-      Lane& l = *s->lane;
-      l.kv = target_.new_cache(capacity_);
-      if (proposer_) l.draft = proposer_->begin(capacity_);
-      l.round = DeviceBuffer<int32_t>(size_t(K_) + 3);
-      l.logits = DeviceBuffer<float>(size_t(K_ + 1) * size_t(V_));
-      l.features = DeviceBuffer<float>(size_t(K_ + 1) * size_t(std::max<int64_t>(F_, 1)));
-      if (K_ > 0) {
-        l.draft_logits = DeviceBuffer<float>(size_t(K_) * size_t(V_));
-        l.q = DeviceBuffer<float>(size_t(K_) * size_t(V_));
-      }
-      l.rng = DeviceBuffer<uint64_t>(2);
-    }
+    s->lane = std::move(lane);
     return s;
   }
 
+  int max_sequences() const override { return lanes_; }
+
   void prefill(std::span<Slot* const> slots,
                std::span<const std::span<const int32_t>> prompts) override {
+    ctx_.make_current();
     for (size_t i = 0; i < slots.size(); ++i) {
       CudaSlot& s = cu(*slots[i]);
       Lane& l = *s.lane;
-      const auto out = target_.forward_host(
-          *l.kv, prompts[i], Qwen3Model::Logits::Last,
-          s.drafting ? std::span<const int>(taps_) : std::span<const int>{}, false);
-      keep_logits(l, out.logits, 1);
-      // The prompt's features go to the drafter now: the next sequence's forward reuses the
-      // target's feature buffer.
-      if (s.drafting) proposer_->commit(*l.draft, out.features, int64_t(prompts[i].size()));
+      const std::span<const int32_t> prompt = prompts[i];
+      // In chunks of kPrefillChunk tokens: the activations of a forward grow with its rows
+      // (~80 floats per hidden unit and token at Qwen3-8B), so a long prompt in one piece would
+      // need gigabytes at once; chunked, they stay bounded whatever the prompt.
+      for (size_t at = 0; at < prompt.size(); at += kPrefillChunk) {
+        const auto chunk = prompt.subspan(at, std::min(kPrefillChunk, prompt.size() - at));
+        const bool last = at + chunk.size() == prompt.size();
+        const auto out = target_.forward_host(
+            *l.kv, chunk, last ? Qwen3Model::Logits::Last : Qwen3Model::Logits::None,
+            s.drafting ? std::span<const int>(taps_) : std::span<const int>{}, false);
+        if (last) keep_logits(l, out.logits, 1);
+        // The chunk's features go to the drafter now: the next forward reuses the target's
+        // feature buffer.
+        if (s.drafting) proposer_->commit(*l.draft, out.features, int64_t(chunk.size()));
+      }
       s.rows = 1;
     }
   }
 
   void verify(std::span<const SeqStep> steps) override {
+    ctx_.make_current();
     for (const SeqStep& st : steps) {
       CudaSlot& s = cu(*st.slot);
       Lane& l = *s.lane;
@@ -248,18 +257,21 @@ class CudaBackend : public engine::Backend {
   // The loop's logit controls and logprobs run on the host (src/engine/rounds.cpp): the rows
   // travel through pageable memory, a cost only requests that ask for them pay.
   void read_logits(Slot& slot, int64_t first, int64_t n, float* dst) override {
+    ctx_.make_current();
     check(cudaMemcpyAsync(dst, cu(slot).lane->logits.data() + first * V_,
                           size_t(n * V_) * sizeof(float), cudaMemcpyDeviceToHost, ctx_.stream()),
           "cudaMemcpyAsync D2H (logits rows)");
     ctx_.sync();
   }
   void write_logits(Slot& slot, int64_t first, int64_t n, const float* src) override {
+    ctx_.make_current();
     check(cudaMemcpyAsync(cu(slot).lane->logits.data() + first * V_, src,
                           size_t(n * V_) * sizeof(float), cudaMemcpyHostToDevice, ctx_.stream()),
           "cudaMemcpyAsync H2D (logits rows)");
     ctx_.sync();
   }
   void read_drafts(Slot& slot, int n, int32_t* dst) override {
+    ctx_.make_current();
     check(cudaMemcpyAsync(dst, cu(slot).lane->round.data() + 3, size_t(n) * sizeof(int32_t),
                           cudaMemcpyDeviceToHost, ctx_.stream()),
           "cudaMemcpyAsync D2H (drafts)");
@@ -267,6 +279,7 @@ class CudaBackend : public engine::Backend {
   }
 
   void commit(std::span<Slot* const> slots, std::span<const int64_t> n) override {
+    ctx_.make_current();
     for (size_t i = 0; i < slots.size(); ++i) {
       CudaSlot& s = cu(*slots[i]);
       if (s.drafting) proposer_->commit(*s.lane->draft, s.lane->features.data(), n[i]);
@@ -274,6 +287,7 @@ class CudaBackend : public engine::Backend {
   }
 
   void propose(std::span<const SeqStep> steps) override {
+    ctx_.make_current();
     const cudaStream_t st = ctx_.stream();
     for (const SeqStep& step : steps) {
       CudaSlot& s = cu(*step.slot);
@@ -299,6 +313,7 @@ class CudaBackend : public engine::Backend {
   }
 
   void pick(std::span<const SeqStep> steps, std::span<int32_t> tokens) override {
+    ctx_.make_current();
     grow_host(steps.size());
     for (size_t i = 0; i < steps.size(); ++i) {
       CudaSlot& s = cu(*steps[i].slot);
@@ -319,6 +334,7 @@ class CudaBackend : public engine::Backend {
   }
 
   void accept(std::span<const SeqStep> steps, std::span<Accepted> out) override {
+    ctx_.make_current();
     grow_host(steps.size());
     const cudaStream_t st = ctx_.stream();
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -357,6 +373,41 @@ class CudaBackend : public engine::Backend {
       out[i].tokens.push_back(h[1]);
     }
   }
+
+ private:
+  // One sequence's buffers, all or none (a failed allocation throws and frees what it made).
+  std::unique_ptr<Lane> new_lane() {
+    auto lane = std::make_unique<Lane>();
+    Lane& l = *lane;
+    l.kv = target_.new_cache(capacity_);
+    if (proposer_) l.draft = proposer_->begin(capacity_);
+    l.round = DeviceBuffer<int32_t>(size_t(K_) + 3);
+    l.logits = DeviceBuffer<float>(size_t(K_ + 1) * size_t(V_));
+    l.features = DeviceBuffer<float>(size_t(K_ + 1) * size_t(std::max<int64_t>(F_, 1)));
+    if (K_ > 0) {
+      l.draft_logits = DeviceBuffer<float>(size_t(K_) * size_t(V_));
+      l.q = DeviceBuffer<float>(size_t(K_) * size_t(V_));
+    }
+    l.rng = DeviceBuffer<uint64_t>(2);
+    return lane;
+  }
+
+  // How many sequences fit: the first lane is made now (into the pool) and what it took of the
+  // free device memory sets the count, less a reserve for what grows later (activations of
+  // longer forwards, graphs, cuBLASLt's scratch). At most max_lanes (0: no cap of the caller's).
+  void count_lanes(int max_lanes) {
+    const size_t before = ctx_.free_bytes();
+    auto first = new_lane();
+    const size_t after = ctx_.free_bytes();
+    lane_bytes_ = before > after ? before - after : 1;
+    pool_.push_back(std::move(first));
+    const size_t reserve = std::max<size_t>(size_t(1) << 30, after / 20);
+    const size_t more = after > reserve ? (after - reserve) / lane_bytes_ : 0;
+    lanes_ = int(std::min<size_t>(more + 1, size_t(max_lanes > 0 ? max_lanes : 1 << 20)));
+  }
+
+ public:
+  size_t lane_bytes() const { return lane_bytes_; }
 
  private:
   // The sequence's own generator {seed, counter}, started at its first use.
@@ -410,6 +461,8 @@ class CudaBackend : public engine::Backend {
   Sampler sampler_;
   DeviceBuffer<float> p_;  // [K + 1, V] filtered target rows
   std::vector<std::unique_ptr<Lane>> pool_;
+  size_t lane_bytes_ = 0;
+  int lanes_ = 1;
   int32_t* host_ = nullptr;  // pinned [sequences, K + 3]
   size_t host_seqs_ = 0, row_ = 0;
 };
@@ -432,22 +485,24 @@ struct OwnedModels {
 };
 
 struct OwningBackend : private OwnedModels, public CudaBackend {
-  OwningBackend(std::unique_ptr<Models> m, int64_t capacity)
+  OwningBackend(std::unique_ptr<Models> m, int64_t capacity, int max_lanes)
       : OwnedModels{std::move(m)},
-        CudaBackend(*models->target, models->proposer.get(), capacity, true) {}
+        CudaBackend(*models->target, models->proposer.get(), capacity, true, max_lanes) {}
 };
 
 }  // namespace
 
 std::unique_ptr<engine::Backend> make_backend(Qwen3Model& target, DeviceProposer* proposer,
-                                              int64_t capacity, bool graphs) {
-  return std::make_unique<CudaBackend>(target, proposer, capacity, graphs);
+                                              int64_t capacity, bool graphs, int max_lanes) {
+  target.context().make_current();
+  return std::make_unique<CudaBackend>(target, proposer, capacity, graphs, max_lanes);
 }
 
 std::unique_ptr<engine::Backend> make_backend(const std::string& device,
                                               const std::string& target_dir,
                                               const std::string& draft_dir, int steps,
-                                              int64_t sampled_vocab, int64_t capacity) {
+                                              int64_t sampled_vocab, int64_t capacity,
+                                              int max_lanes) {
   auto m = std::make_unique<OwnedModels::Models>();
   m->ctx = std::make_unique<Context>(device);
   {
@@ -480,7 +535,7 @@ std::unique_ptr<engine::Backend> make_backend(const std::string& device,
     }
     capacity = cap;
   }
-  return std::make_unique<OwningBackend>(std::move(m), capacity);
+  return std::make_unique<OwningBackend>(std::move(m), capacity, max_lanes);
 }
 
 }  // namespace flashmap::cuda

@@ -95,14 +95,18 @@ class DFlashDeviceProposer : public DeviceProposer {
 // proposer may be null (target alone); capacity: positions of each sequence's KV cache (at most
 // max_position_embeddings); graphs: replay CUDA graphs for the full-block verify and the
 // single-token step (false: the same kernels eagerly, the same results bit for bit).
+// Sequences (max_sequences()): as many as the device memory free at start holds, each with
+// its full capacity, at most max_lanes (0: no cap); the first one's buffers are made here.
 std::unique_ptr<engine::Backend> make_backend(Qwen3Model& target, DeviceProposer* proposer,
-                                              int64_t capacity, bool graphs = true);
+                                              int64_t capacity, bool graphs = true,
+                                              int max_lanes = 0);
 
 // The engine's factory: loads the folders on the host, uploads them to `device` ("cuda",
 // "cuda:N") in bf16 and frees the host copies. capacity 0: the target's max_position_embeddings.
 std::unique_ptr<engine::Backend> make_backend(const std::string& device,
                                               const std::string& target_dir,
                                               const std::string& draft_dir, int steps,
-                                              int64_t sampled_vocab, int64_t capacity);
+                                              int64_t sampled_vocab, int64_t capacity,
+                                              int max_lanes = 0);
 
 }  // namespace flashmap::cuda

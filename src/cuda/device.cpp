@@ -4,10 +4,38 @@
 
 namespace flashmap::cuda {
 
+bool is_sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorContextIsDestroyed:
+    case cudaErrorDevicesUnavailable:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw Error(
-        fmt::format("CUDA: {} failed: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
+  if (e == cudaSuccess) return;
+  // Out of memory and bad arguments also set the thread's last error; left there, it would fail
+  // the next healthy call that checks cudaGetLastError (a later round of another request).
+  cudaGetLastError();
+  const std::string msg =
+      fmt::format("CUDA: {} failed: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e));
+  // A sticky error stays in the context (the reset above cannot clear it): every later call
+  // would fail, so it is a fault of the device, not of this request.
+  if (is_sticky(e) || cudaPeekAtLastError() != cudaSuccess)
+    throw DeviceFault(msg + "; the device cannot be used until the process restarts");
+  throw Error(msg);
 }
 
 void check(cublasStatus_t s, const char* what) {
@@ -49,6 +77,8 @@ Context::Context(std::string_view spec, size_t workspace_bytes) {
   FLASHMAP_CHECK(device_ < n, "--device {}: GPU index {} out of range, this machine has {} GPU(s)",
                  spec, device_, n);
   check(cudaSetDevice(device_), "cudaSetDevice");
+  // The primary context now, so that free_bytes() below and later allocations see its memory.
+  check(cudaFree(nullptr), "cudaFree (context start)");
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
   name_ = fmt::format("{} (sm_{}{}, {} MiB)", prop.name, prop.major, prop.minor,
@@ -57,6 +87,19 @@ Context::Context(std::string_view spec, size_t workspace_bytes) {
   check(cublasLtCreate(&lt_), "cublasLtCreate");
   workspace_bytes_ = workspace_bytes;
   check(cudaMalloc(&workspace_, workspace_bytes_), "cudaMalloc (cuBLASLt workspace)");
+}
+
+void Context::make_current() const {
+  int now = -1;
+  if (cudaGetDevice(&now) != cudaSuccess || now != device_)
+    check(cudaSetDevice(device_), "cudaSetDevice");
+}
+
+size_t Context::free_bytes() const {
+  make_current();
+  size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
 }
 
 Context::~Context() {

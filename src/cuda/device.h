@@ -17,8 +17,10 @@
 
 namespace flashmap::cuda {
 
-// Throws flashmap::Error naming the call and the CUDA error.
+// Throws flashmap::Error naming the call and the CUDA error, after clearing the thread's last
+// error; flashmap::DeviceFault when the error is sticky (the context cannot compute again).
 void check(cudaError_t e, const char* what);
+bool is_sticky(cudaError_t e);
 void check(cublasStatus_t s, const char* what);
 
 // The number of usable GPUs; 0 when there are none or the driver/runtime cannot be used (no
@@ -38,6 +40,12 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   int device() const { return device_; }
+  // Makes this context's GPU the calling thread's current device. The runtime keeps the current
+  // device per thread: a thread that never calls it allocates and launches on GPU 0, so every
+  // entry point a thread other than the constructing one may call starts with it.
+  void make_current() const;
+  // Device memory free now (cudaMemGetInfo), for sizing what is allocated later.
+  size_t free_bytes() const;
   const std::string& name() const { return name_; }
   cudaStream_t stream() const { return stream_; }
   cublasLtHandle_t lt() const { return lt_; }
@@ -64,8 +72,18 @@ template <typename T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n) : n_(n) {
-    if (n) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
+  // check() clears the failed allocation's last error, so that a later healthy call does not
+  // report it.
+  explicit DeviceBuffer(size_t n) {
+    if (n == 0) return;
+    const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T));
+    if (e != cudaSuccess) {
+      p_ = nullptr;
+      check(
+          e,
+          fmt::format("cudaMalloc of {:.1f} MiB", double(n * sizeof(T)) / double(1 << 20)).c_str());
+    }
+    n_ = n;
   }
   DeviceBuffer(const Context& ctx, const std::vector<T>& host) : DeviceBuffer(host.size()) {
     upload(ctx, host.data(), host.size());

@@ -231,42 +231,87 @@ void Qwen3Model::reserve(int64_t rows, int64_t logit_rows) {
 }
 
 void Qwen3Model::grow(int64_t rows, int64_t logit_rows, int64_t feature_floats) {
+  // A step's GEMMs always run kStepRows rows (step_rows), so every buffer they write holds them.
+  rows = std::max(rows, kStepRows);
+  if (logit_rows > 0) logit_rows = std::max(logit_rows, kStepRows);
   const bool more_rows = rows > rows_, more_logits = logit_rows > logit_rows_,
              more_features = feature_floats > feature_floats_;
   if (!more_rows && !more_logits && !more_features) return;
   // Queued kernels (and captured graphs) may still use the old buffers.
   ctx_.sync();
-  drop_graphs();
   const auto& c = config_;
   const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
   const int nh = c.num_attention_heads;
   const int64_t q_dim = nh * hd, kv_dim = c.num_key_value_heads * hd;
+  // Every new buffer is made before anything is replaced or a size recorded: when one
+  // allocation fails (out of device memory), the model keeps its old buffers, sizes and graphs
+  // and the next forward that fits them still runs. Geometric growth, so a sequence of slightly
+  // longer prompts does not regrow every time.
+  const int64_t new_rows = more_rows ? std::max(rows, rows_ * 2) : rows_;
+  const int64_t new_logit_rows = more_logits ? std::max(logit_rows, logit_rows_ * 2) : logit_rows_;
+  const int64_t new_features =
+      more_features ? std::max(feature_floats, feature_floats_ * 2) : feature_floats_;
+  struct RowBuffers {
+    DeviceBuffer<int32_t> ids;
+    DeviceBuffer<int64_t> positions, key_count;
+    DeviceBuffer<float> x, delta, qkv, q, gu, partial;
+    DeviceBuffer<uint16_t> hb, attn, act;
+  } r;
+  DeviceBuffer<float> logits, features;
+  const cudaStream_t s = ctx_.stream();
   if (more_rows) {
-    // Geometric growth, so a sequence of slightly longer prompts does not regrow every time.
-    rows_ = std::max(rows, rows_ * 2);
-    ids_ = DeviceBuffer<int32_t>(size_t(rows_));
-    positions_ = DeviceBuffer<int64_t>(size_t(rows_));
-    key_count_ = DeviceBuffer<int64_t>(size_t(rows_));
-    x_ = DeviceBuffer<float>(size_t(rows_ * H));
-    delta_ = DeviceBuffer<float>(size_t(rows_ * H));
-    qkv_ = DeviceBuffer<float>(size_t(rows_ * (q_dim + 2 * kv_dim)));
-    q_ = DeviceBuffer<float>(size_t(rows_ * q_dim));
-    gu_ = DeviceBuffer<float>(size_t(rows_ * 2 * I));
-    // attention_splits makes nq·heads·splits at most max(4096, nq·heads) + nq·heads.
-    partial_ = DeviceBuffer<float>(size_t((4096 + 2 * rows_ * nh) * (hd + 2)));
-    hb_ = DeviceBuffer<uint16_t>(size_t(rows_ * H));
-    attn_ = DeviceBuffer<uint16_t>(size_t(rows_ * q_dim));
-    act_ = DeviceBuffer<uint16_t>(size_t(rows_ * I));
-    if (last_.size() == 0) last_ = DeviceBuffer<uint16_t>(size_t(H));
+    const int64_t R = new_rows;
+    r.ids = DeviceBuffer<int32_t>(size_t(R));
+    r.positions = DeviceBuffer<int64_t>(size_t(R));
+    r.key_count = DeviceBuffer<int64_t>(size_t(R));
+    r.x = DeviceBuffer<float>(size_t(R * H));
+    r.delta = DeviceBuffer<float>(size_t(R * H));
+    r.qkv = DeviceBuffer<float>(size_t(R * (q_dim + 2 * kv_dim)));
+    r.q = DeviceBuffer<float>(size_t(R * q_dim));
+    r.gu = DeviceBuffer<float>(size_t(R * 2 * I));
+    // attention_splits makes nq·heads·splits at most max(4096, nq·heads) + nq·heads; a step
+    // uses kStepSplits splits for each of its at most kStepRows rows.
+    const int64_t slots = std::max<int64_t>(4096 + 2 * R * nh, kStepRows * nh * kStepSplits);
+    r.partial = DeviceBuffer<float>(size_t(slots * (hd + 2)));
+    r.hb = DeviceBuffer<uint16_t>(size_t(R * H));
+    r.attn = DeviceBuffer<uint16_t>(size_t(R * q_dim));
+    r.act = DeviceBuffer<uint16_t>(size_t(R * I));
+    // The GEMM inputs' rows past a step's tokens are computed and thrown away: zeros there keep
+    // them finite.
+    for (auto* b : {&r.hb, &r.attn, &r.act})
+      check(cudaMemsetAsync(b->data(), 0, b->size() * 2, s), "cudaMemsetAsync (activations)");
+  }
+  if (more_logits) logits = DeviceBuffer<float>(size_t(new_logit_rows * c.vocab_size));
+  if (more_features) features = DeviceBuffer<float>(size_t(new_features));
+  DeviceBuffer<uint16_t> last;
+  if (last_.size() == 0) last = DeviceBuffer<uint16_t>(size_t(H));
+  ctx_.sync();
+
+  drop_graphs();
+  if (more_rows) {
+    ids_ = std::move(r.ids);
+    positions_ = std::move(r.positions);
+    key_count_ = std::move(r.key_count);
+    x_ = std::move(r.x);
+    delta_ = std::move(r.delta);
+    qkv_ = std::move(r.qkv);
+    q_ = std::move(r.q);
+    gu_ = std::move(r.gu);
+    partial_ = std::move(r.partial);
+    hb_ = std::move(r.hb);
+    attn_ = std::move(r.attn);
+    act_ = std::move(r.act);
+    rows_ = new_rows;
   }
   if (more_logits) {
-    logit_rows_ = std::max(logit_rows, logit_rows_ * 2);
-    logits_ = DeviceBuffer<float>(size_t(logit_rows_ * c.vocab_size));
+    logits_ = std::move(logits);
+    logit_rows_ = new_logit_rows;
   }
   if (more_features) {
-    feature_floats_ = std::max(feature_floats, feature_floats_ * 2);
-    features_ = DeviceBuffer<float>(size_t(feature_floats_));
+    features_ = std::move(features);
+    feature_floats_ = new_features;
   }
+  if (last.size()) last_ = std::move(last);
 }
 
 // flashmap::Qwen3Model::forward for one sequence, step for step (the comments name its lines). The
@@ -281,7 +326,10 @@ void Qwen3Model::run_layers(const Key& key, KVCache& cache) {
   const int64_t q_dim = int64_t(nh) * hd, kv_dim = int64_t(nkv) * hd, qkv_dim = q_dim + 2 * kv_dim;
   const int64_t F = int64_t(key.taps.size()) * H;
   const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(hd));
-  const int splits = attention_splits(n, nh);
+  // Batch invariance (see kStepRows): a step's GEMMs run m = kStepRows rows whatever n is, and
+  // its attention kStepSplits splits, so each row's result depends on its own inputs only.
+  const int64_t m = step_rows(n);
+  const int splits = n <= kStepRows ? kStepSplits : attention_splits(n, nh);
   const cudaStream_t s = ctx_.stream();
 
   // The rows of x as they leave layer `layer` go to every tap slot naming it.
@@ -303,7 +351,7 @@ void Qwen3Model::run_layers(const Key& key, KVCache& cache) {
                       hb_.data(), s);
     if (l > 0) copy_taps(l - 1);
     // q, k, v = linear(h) as one GEMM; then q_norm/k_norm, rope_half and the cache append.
-    linear(ctx_, hb_.data(), Elem::BF16, n, H, L.qkv, qkv_dim, nullptr, qkv_.data(), Elem::F32);
+    linear(ctx_, hb_.data(), Elem::BF16, m, H, L.qkv, qkv_dim, nullptr, qkv_.data(), Elem::F32);
     qk_norm_rope_append(qkv_.data(), n, qkv_dim, nh, nkv, hd, L.q_norm, L.k_norm, eps,
                         positions_.data(), c.rope_theta, q_.data(), cache.k_[size_t(l)].data(),
                         cache.v_[size_t(l)].data(), s);
@@ -312,19 +360,19 @@ void Qwen3Model::run_layers(const Key& key, KVCache& cache) {
                        cache.v_[size_t(l)].data(), key_count_.data(), scale, splits,
                        partial_.data(), attn_.data(), Elem::BF16, s);
     // tmp = linear(attn, o); x += tmp; h = rms_norm(x, post_norm).
-    linear(ctx_, attn_.data(), Elem::BF16, n, q_dim, L.o, H, nullptr, delta_.data(), Elem::F32);
+    linear(ctx_, attn_.data(), Elem::BF16, m, q_dim, L.o, H, nullptr, delta_.data(), Elem::F32);
     add_rms_norm_bf16(x_.data(), delta_.data(), L.post_norm, eps, n, H, hb_.data(), s);
     // gate, up = linear(h) as one GEMM; silu(gate) * up; tmp = linear(·, down) (added next).
-    linear(ctx_, hb_.data(), Elem::BF16, n, H, L.gate_up, 2 * I, nullptr, gu_.data(), Elem::F32);
+    linear(ctx_, hb_.data(), Elem::BF16, m, H, L.gate_up, 2 * I, nullptr, gu_.data(), Elem::F32);
     swiglu_bf16(gu_.data(), n, I, act_.data(), s);
-    linear(ctx_, act_.data(), Elem::BF16, n, I, L.down, H, nullptr, delta_.data(), Elem::F32);
+    linear(ctx_, act_.data(), Elem::BF16, m, I, L.down, H, nullptr, delta_.data(), Elem::F32);
     check(cudaGetLastError(), "Qwen3Model layer kernels");
   }
   // The last `x += tmp`, then logits_of: final norm and lm_head.
   add_rms_norm_bf16(x_.data(), delta_.data(), final_norm_, eps, n, H, hb_.data(), s);
   copy_taps(c.num_hidden_layers - 1);
   if (key.logits == Logits::All) {
-    linear(ctx_, hb_.data(), Elem::BF16, n, H, lm_head_, V, nullptr, logits_.data(), Elem::F32);
+    linear(ctx_, hb_.data(), Elem::BF16, m, H, lm_head_, V, nullptr, logits_.data(), Elem::F32);
   } else if (key.logits == Logits::Last) {
     // The last row copied to its own (allocation-aligned) buffer: cuBLASLt's heuristics assume
     // 256-byte aligned operands by default.

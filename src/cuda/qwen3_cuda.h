@@ -119,6 +119,20 @@ class Qwen3Model {
     return forward_host(*own_, tokens, logits, taps, graph);
   }
 
+  // Batch invariance. A decoding step (n <= kStepRows tokens: a decode, a verify of anchor +
+  // drafts) runs every GEMM with kStepRows rows, the rows past n computed and dropped, and its
+  // attention with kStepSplits key splits: cuBLASLt picks its algorithm by the GEMM's shape, and
+  // the split count sets the order of the softmax sums, so a row's logits would otherwise
+  // depend on how many rows share its forward. With both fixed, a token verified in row k of a
+  // block gets the bits it gets alone in a decode step, and greedy speculative decoding
+  // reproduces the device's own target-alone output exactly. A bf16 GEMM of 32 rows reads the
+  // same weight bytes as one of 1 row and is bandwidth-bound on Hopper (32 FLOP per weight byte
+  // against ~200 at the ridge), so the padding costs little; blocks of more than kStepRows − 1
+  // drafts and prefill chunks run their own shapes.
+  static constexpr int64_t kStepRows = 32;
+  static constexpr int kStepSplits = 16;
+  static int64_t step_rows(int64_t n) { return n <= kStepRows ? kStepRows : n; }
+
   // Preallocates activation buffers for forwards of up to `rows` tokens (and logits for
   // `logit_rows` rows) so that a later, longer prefill does not regrow them: regrowing drops the
   // captured graphs, which are then captured again on their next use.

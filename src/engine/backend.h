@@ -143,6 +143,9 @@ class Backend : public Target, public Proposer, public Verifier {
   // Target layers the drafter reads (empty without one).
   virtual std::span<const int> taps() const = 0;
   virtual std::string device() const = 0;  // "cpu", "cuda:0", ...
+  // Sequences it can hold at once (device memory for their KV caches and drafter contexts);
+  // the engine runs at most this many and queues the rest.
+  virtual int max_sequences() const { return 1 << 20; }
 };
 
 }  // namespace flashmap::engine

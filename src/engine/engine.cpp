@@ -41,7 +41,8 @@ std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
                  "--weights {}: the CUDA backend runs bf16 weights only (q8 is a CPU format)",
                  o.weights);
 #ifdef FLASHMAP_WITH_CUDA
-  return cuda::make_backend(o.device, o.target, o.draft, o.steps, o.sampled_vocab, o.max_context);
+  return cuda::make_backend(o.device, o.target, o.draft, o.steps, o.sampled_vocab, o.max_context,
+                            o.max_running);
 #else
   throw Error("unreachable: check_device accepted a device this build lacks");
 #endif
@@ -217,6 +218,9 @@ struct Engine::Impl {
   std::vector<engine::SpecPolicy::Bucket> buckets;
   std::vector<uint64_t> acceptance_hist;
   engine::PrefixCacheStats prefix_cache;
+  int max_running = 1;  // options' max_running, at most what the backend holds
+  bool healthy = true;
+  std::string fault;  // the DeviceFault's message once unhealthy
   std::thread thread;
 };
 
@@ -228,6 +232,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
                  options_.max_running);
   FLASHMAP_CHECK(options_.max_queue >= 0, "max_queue must be >= 0, got {}", options_.max_queue);
   impl_->backend = std::move(backend);
+  impl_->max_running = std::min(options_.max_running, impl_->backend->max_sequences());
   impl_->loop = std::make_unique<RoundLoop>(
       *impl_->backend,
       engine::SpecPolicyOptions{.kind = options_.spec_policy,
@@ -323,14 +328,17 @@ std::vector<std::shared_ptr<Request>> Engine::submit_all(std::vector<RequestPara
   std::vector<std::shared_ptr<Request>> reqs;
   {
     std::lock_guard lk(m.mutex);
+    if (!m.healthy)
+      throw AdmissionError(
+          503, fmt::format("the device failed and the server must be restarted: {}", m.fault));
     if (m.shutting_down) throw AdmissionError(503, "the server is shutting down");
     // Capacity counts running and waiting requests together, so a burst waits in the queue
     // rather than failing while slots free up round by round.
-    if (m.in_flight + int(params.size()) > options_.max_running + options_.max_queue)
-      throw AdmissionError(429, fmt::format("the server is busy: {} requests running and {} "
-                                            "queued (--max-running {}, --max-queue {})",
-                                            m.running, m.in_flight - m.running,
-                                            options_.max_running, options_.max_queue));
+    if (m.in_flight + int(params.size()) > m.max_running + options_.max_queue)
+      throw AdmissionError(
+          429, fmt::format("the server is busy: {} requests running and {} "
+                           "queued (--max-running {}, --max-queue {})",
+                           m.running, m.in_flight - m.running, m.max_running, options_.max_queue));
     for (auto& p : params) {
       reqs.push_back(std::make_shared<Request>(m.next_id++, std::move(p)));
       m.queue.push_back(std::make_unique<Impl::Served>(reqs.back()));
@@ -375,7 +383,19 @@ EngineStats Engine::stats() const {
   s.prefix_cache = m.prefix_cache;
   s.draft_tree = options_.draft_tree;
   s.trees = m.trees;
+  s.healthy = m.healthy;
+  s.fault = m.fault;
+  s.max_running = m.max_running;
   return s;
+}
+
+int Engine::max_running() const {
+  return impl_->max_running;
+}
+
+bool Engine::healthy() const {
+  std::lock_guard lk(impl_->mutex);
+  return impl_->healthy;
 }
 
 void Engine::loop() {
@@ -394,6 +414,38 @@ void Engine::loop() {
     m.idle_cv.notify_all();
     s.req->finish(reason, error);
   };
+  // Admits sequences together; when that fails (out of device memory for one more sequence, say),
+  // each again alone, so that only the ones that cannot start fail. A failed admission has
+  // emitted nothing (the first token comes after every prefill), so a sequence starts afresh.
+  auto admit = [&](std::span<Sequence* const> fresh) {
+    try {
+      m.loop->admit(fresh);
+      return;
+    } catch (const DeviceFault&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (fresh.size() == 1) {
+        fresh[0]->slot.reset();
+        fresh[0]->done = true;
+        fresh[0]->finish_reason = "error";
+        fresh[0]->error = e.what();
+        return;
+      }
+    }
+    for (Sequence* s : fresh) {
+      s->restart();
+      try {
+        m.loop->admit({&s, 1});
+      } catch (const DeviceFault&) {
+        throw;
+      } catch (const std::exception& e) {
+        s->slot.reset();
+        s->done = true;
+        s->finish_reason = "error";
+        s->error = e.what();
+      }
+    }
+  };
   for (;;) {
     std::vector<Sequence*> fresh;
     std::vector<std::unique_ptr<Impl::Served>> dropped;
@@ -408,7 +460,7 @@ void Engine::loop() {
           m.queue.pop_front();
         }
       }
-      while (!m.queue.empty() && int(running.size()) < options_.max_running) {
+      while (!m.queue.empty() && int(running.size()) < m.max_running) {
         auto s = std::move(m.queue.front());
         m.queue.pop_front();
         if (s->req->cancelled()) {
@@ -446,9 +498,28 @@ void Engine::loop() {
     engine::RoundReport report;
     try {
       std::erase_if(fresh, [](Sequence* s) { return s->done; });
-      m.loop->admit(fresh);
+      admit(fresh);
       for (auto& s : running) s->req->cached_tokens_.store(s->seq.cached_tokens);
       report = m.loop->round(all);
+    } catch (const DeviceFault& e) {
+      // The device cannot compute again: every request held fails now, none is taken any
+      // more, and the thread ends (healthy() tells the server, which exits for a restart).
+      std::vector<std::unique_ptr<Impl::Served>> queued;
+      {
+        std::lock_guard lk(m.mutex);
+        m.healthy = false;
+        m.fault = e.what();
+        m.shutting_down = true;
+        while (!m.queue.empty()) {
+          queued.push_back(std::move(m.queue.front()));
+          m.queue.pop_front();
+        }
+      }
+      for (auto& s : running) retire(*s, true, "error", e.what());
+      for (auto& s : queued) retire(*s, false, "error", e.what());
+      std::lock_guard lk(m.mutex);
+      m.running = 0;
+      return;
     } catch (const std::exception& e) {
       // An engine failure fails the sequences of this round, not the server.
       for (auto& s : running)
@@ -477,7 +548,7 @@ void Engine::loop() {
         if (size_t(c) < m.acceptance_hist.size()) ++m.acceptance_hist[size_t(c)];
     }
     for (auto& s : running)
-      if (s->seq.done) retire(*s, true, s->seq.finish_reason);
+      if (s->seq.done) retire(*s, true, s->seq.finish_reason, s->seq.error);
     std::erase_if(running, [](const std::unique_ptr<Impl::Served>& s) { return s->seq.done; });
     std::lock_guard lk(m.mutex);
     m.running = int(running.size());

@@ -20,6 +20,23 @@ bool is_stop(const SequenceParams& p, int32_t t) {
 Sequence::Sequence(SequenceParams p)
     : params(std::move(p)), sampler(params.sampling, params.seed, params.seeded) {}
 
+void Sequence::restart() {
+  sampler = SeqSampler(params.sampling, params.seed, params.seeded);
+  controls = ControlState();
+  slot.reset();
+  length = cached_tokens = 0;
+  history.clear();
+  prompt_logprobs.clear();
+  generated = 0;
+  drafting = done = false;
+  finish_reason.clear();
+  error.clear();
+  room = rounds = 0;
+  acceptance_lengths.clear();
+  accepted_at.clear();
+  times = {};
+}
+
 std::vector<float> RoundLoop::control(Sequence& s, int rows) {
   if (!s.controls.active()) return {};
   const int64_t V = backend_.config().vocab_size;

@@ -65,6 +65,7 @@ struct Sequence {
   bool drafting = false;  // has a drafter context
   bool done = false;
   std::string finish_reason;  // "stop", "length"; set by the loop or by the engine
+  std::string error;          // why, when finish_reason is "error"
   int room = 0;               // drafts verified in the current round
   // Statistics (the reference's acceptance lengths: tokens committed per verify pass).
   int rounds = 0;
@@ -77,6 +78,9 @@ struct Sequence {
   std::function<void(std::span<const int32_t>, int, std::span<const TokenLogprob>)> sink;
   // Receives the prompt logprobs (params.prompt_logprobs >= 0) before the first token.
   std::function<void(const std::vector<TokenLogprob>&)> on_prompt_logprobs;
+  // Back to the state before admission (its slot freed), for a new try; sink and
+  // on_prompt_logprobs stay.
+  void restart();
 };
 
 // Acceptance histogram etc. of one round, for the engine's counters.

@@ -72,6 +72,10 @@ std::string Metrics::render(const EngineStats& s) const {
               "Time between consecutive output tokens.");
   e2e_.render(out, "flashmap_request_latency_seconds", "Submission to last token.");
   out += fmt::format(
+      "# HELP flashmap_engine_healthy 1 while the engine serves; 0 after a device fault (the "
+      "process must restart).\n# TYPE flashmap_engine_healthy gauge\nflashmap_engine_healthy {}\n"
+      "# HELP flashmap_max_running Sequences decoded together (at most what device memory "
+      "holds).\n# TYPE flashmap_max_running gauge\nflashmap_max_running {}\n"
       "# HELP flashmap_queue_depth Requests waiting for a slot.\n"
       "# TYPE flashmap_queue_depth gauge\nflashmap_queue_depth {}\n"
       "# HELP flashmap_running_sequences Sequences being decoded.\n"
@@ -83,7 +87,8 @@ std::string Metrics::render(const EngineStats& s) const {
       "# HELP flashmap_spec_max_batch --spec-policy batch: speculation runs while running "
       "sequences <= this (0: always).\n# TYPE flashmap_spec_max_batch gauge\n"
       "flashmap_spec_max_batch {}\n",
-      s.queued, s.running, s.rounds, s.speculative_rounds, s.spec_max_batch);
+      s.healthy ? 1 : 0, s.max_running, s.queued, s.running, s.rounds, s.speculative_rounds,
+      s.spec_max_batch);
   // The speculation policy's decisions and, for the adaptive one, what it bases them on.
   out += fmt::format(
       "# HELP flashmap_spec_policy The speculation policy (--spec-policy).\n"

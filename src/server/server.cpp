@@ -197,6 +197,8 @@ struct Server::Impl {
   Metrics metrics;
   std::atomic<uint64_t> next_rid{1};
   std::atomic<bool> draining{false};
+  std::atomic<bool> stopped{false}, listening{false};
+  std::mutex stop_mutex;
   std::atomic<int> active{0};  // generation handlers still writing
   std::mutex log_mutex;
 
@@ -1044,6 +1046,10 @@ void Server::Impl::routes() {
   });
 
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (!sched.healthy())
+      return send_error(res, 503,
+                        fmt::format("the device failed: {}", printable(sched.stats().fault, 500)),
+                        {}, {}, "server_error");
     if (draining) return send_error(res, 503, "the server is shutting down");
     res.set_content(R"({"status":"ok"})", "application/json");
   });
@@ -1109,12 +1115,32 @@ int Server::bind() {
 }
 
 void Server::serve() {
-  impl_->http.start();
-  impl_->http.listen_after_bind();
+  Impl& s = *impl_;
+  s.listening = true;
+  // A device fault ends serving: the engine has failed what it held and takes nothing more, so
+  // the process should exit (non-zero, see fault()) for a supervisor or router to restart it.
+  std::thread watch([this, &s] {
+    while (s.listening && !s.stopped) {
+      if (!s.sched.healthy()) {
+        s.log(fmt::format("flashmap serve: the device failed, stopping: {}",
+                          printable(s.sched.stats().fault, 500)));
+        std::this_thread::sleep_for(std::chrono::milliseconds(s.opt.fault_stop_delay_ms));
+        stop();
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  s.http.start();
+  s.http.listen_after_bind();
+  s.listening = false;
+  watch.join();
 }
 
 void Server::stop() {
   Impl& s = *impl_;
+  std::lock_guard lk(s.stop_mutex);
+  if (s.stopped) return;
   s.draining = true;
   s.sched.shutdown();
   s.sched.drain();
@@ -1122,6 +1148,15 @@ void Server::stop() {
   while (s.active.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   s.http.stop();
   s.http.shutdown();
+  s.stopped = true;
+}
+
+bool Server::stopped() const {
+  return impl_->stopped;
+}
+
+std::string Server::fault() const {
+  return impl_->sched.healthy() ? std::string() : impl_->sched.stats().fault;
 }
 
 }  // namespace flashmap::server

@@ -69,6 +69,9 @@ struct ServerOptions {
   int max_connections = 512;
   int request_timeout_ms = 10000;
   int idle_timeout_ms = 5000;
+  // After a device fault, how long /health keeps answering 503 (so that a router or load
+  // balancer polling it sees the failure) before the server stops and serve() returns.
+  int fault_stop_delay_ms = 1000;
 };
 
 class Server {
@@ -78,10 +81,16 @@ class Server {
   ~Server();
   // Binds the socket; returns the port (the chosen one for port 0). Throws flashmap::Error.
   int bind();
-  // Serves until stop(); call after bind().
+  // Serves until stop(), or until the engine reports a device fault (Engine::healthy()): then
+  // it stops by itself, every held request having failed with the fault's message, and
+  // fault() says why. Call after bind().
   void serve();
-  // Graceful stop: new requests get 503, running ones finish, then serve() returns.
+  // Graceful stop: new requests get 503, running ones finish, then serve() returns. Any thread,
+  // any number of times.
   void stop();
+  bool stopped() const;
+  // The device fault that stopped serving; empty when none did.
+  std::string fault() const;
 
  private:
   struct Impl;

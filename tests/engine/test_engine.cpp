@@ -3,6 +3,7 @@
 // whatever else shares its rounds. Plus cancellation and admission control. References are
 // computed while no scheduler runs: the models share one thread pool, which takes one caller at
 // a time (in the server only the engine thread computes).
+#include <flashmap/engine.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -12,11 +13,10 @@
 #include <thread>
 
 #include "../specdec/random_models.h"
+#include "engine/cpu_backend.h"
+#include "faulty_backend.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
-#include <flashmap/engine.h>
-
-#include "engine/cpu_backend.h"
 
 using namespace flashmap;
 using namespace flashmap::engine;
@@ -62,6 +62,20 @@ std::vector<int32_t> wait_all(Request& r, std::string* reason = nullptr) {
   }
 }
 
+// The request's end (finished false if it did not end within 60 s).
+Request::Update finish_of(Request& r) {
+  Request::Update u;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  size_t seen = 0;
+  while (!(u = r.wait(seen, std::chrono::milliseconds(500))).finished &&
+         std::chrono::steady_clock::now() < deadline)
+    seen += u.tokens.size();
+  // The whole output, not the part after `seen`.
+  Request::Update all = r.wait(0, std::chrono::milliseconds(0));
+  all.finished = u.finished;
+  return all;
+}
+
 GenerateResult reference(const RequestParams& p, bool with_drafter) {
   GenerateOptions o;
   o.max_new_tokens = p.max_tokens;
@@ -87,7 +101,7 @@ TEST(Engine, BatchedGreedyEqualsGenerate) {
   for (auto& p : params) wants.push_back(reference(p, p.speculative));
   // Always: the acceptance path matches generate()'s only if every round drafts.
   Engine sched(cpu(m.target, &m.drafter),
-                  {.max_running = 8, .max_queue = 8, .spec_policy = SpecPolicyKind::Always});
+               {.max_running = 8, .max_queue = 8, .spec_policy = SpecPolicyKind::Always});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -121,7 +135,8 @@ TEST(Engine, SeededSamplingEqualsGenerate) {
   }
   std::vector<std::vector<int32_t>> wants;
   for (auto& p : params) wants.push_back(reference(p, true).ids);
-  Engine sched(cpu(m.target, &m.drafter), {.max_running = 4, .spec_policy = SpecPolicyKind::Always});
+  Engine sched(cpu(m.target, &m.drafter),
+               {.max_running = 4, .spec_policy = SpecPolicyKind::Always});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i)
@@ -175,7 +190,7 @@ TEST(Engine, SpeculationOffAboveSpecMaxBatch) {
     wants.push_back(reference(p, true).ids);
   }
   Engine sched(cpu(m.target, &m.drafter),
-                  {.max_running = 8, .spec_max_batch = 1, .spec_policy = SpecPolicyKind::Batch});
+               {.max_running = 8, .spec_max_batch = 1, .spec_policy = SpecPolicyKind::Batch});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(wait_all(*reqs[i]), wants[i]);  // lossless
@@ -253,7 +268,7 @@ TEST(Engine, EosIdsAndThreadPoolSize) {
 TEST(Engine, AdmissionLimits) {
   auto& m = models();
   Engine sched(cpu(m.target, &m.drafter),
-                  {.max_running = 1, .max_queue = 1, .max_context = 64, .spec_max_batch = 0});
+               {.max_running = 1, .max_queue = 1, .max_context = 64, .spec_max_batch = 0});
   RequestParams p;
   p.prompt = prompt_of(8, 2);
   p.max_tokens = 57;  // 8 + 57 > 64
@@ -293,6 +308,114 @@ TEST(Engine, AdmissionLimits) {
   EXPECT_EQ(wait_all(*b).size(), 56u);
   sched.drain();
   EXPECT_EQ(sched.stats().running, 0);
+}
+
+// A sequence that cannot start (its device buffers do not fit) fails alone, with the device's
+// message; the requests admitted with it, and the ones running, decode as generate() does.
+TEST(Engine, AFailedAdmissionFailsThatRequestOnly) {
+  auto& m = models();
+  auto backend = std::make_unique<test::FaultyBackend>(m.target, &m.drafter);
+  // The batch's third open fails; in the retries one at a time, the second sequence's does.
+  backend->failing_opens = {2, 4};
+  Engine engine(std::move(backend), {.max_running = 4, .spec_max_batch = 0});
+  std::vector<RequestParams> params;
+  for (int i = 0; i < 4; ++i) {
+    RequestParams p;
+    p.prompt = prompt_of(5 + i, i);
+    p.max_tokens = 12;
+    params.push_back(p);
+  }
+  // Admitted together in one round, then each alone.
+  auto reqs = engine.submit_all(params);
+  int failed = 0;
+  std::vector<Request::Update> ends;
+  for (auto& r : reqs) ends.push_back(finish_of(*r));
+  engine.drain();  // the references below compute on the pool the engine thread uses
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Request::Update& u = ends[i];
+    ASSERT_TRUE(u.finished) << i;
+    if (u.finish_reason == "error") {
+      ++failed;
+      EXPECT_THAT(u.error, HasSubstr("out of memory")) << i;
+      EXPECT_TRUE(u.tokens.empty()) << i;
+      continue;
+    }
+    EXPECT_EQ(u.tokens, reference(params[i], true).ids) << i;
+  }
+  EXPECT_EQ(failed, 1);
+  EXPECT_TRUE(engine.healthy());
+  // The engine goes on serving.
+  auto again = engine.submit(params[0]);
+  const auto tokens = wait_all(*again);
+  engine.drain();
+  EXPECT_EQ(tokens, reference(params[0], true).ids);
+}
+
+// A device fault (a sticky CUDA error) ends serving: the running and queued requests finish
+// with the fault's message, new ones get 503 naming it, drain() returns and stats() says so.
+TEST(Engine, ADeviceFaultFailsEveryHeldRequestAndRefusesNewOnes) {
+  auto& m = models();
+  auto backend = std::make_unique<test::FaultyBackend>(m.target, &m.drafter);
+  backend->fault_at = 3;
+  Engine engine(std::move(backend), {.max_running = 2, .max_queue = 8, .spec_max_batch = 0});
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < 5; ++i) {
+    RequestParams p;
+    p.prompt = prompt_of(6, i);
+    p.max_tokens = 40;
+    reqs.push_back(engine.submit(p));
+  }
+  for (auto& r : reqs) {
+    const Request::Update u = finish_of(*r);
+    ASSERT_TRUE(u.finished) << "request " << r->id << " hangs after the fault";
+    EXPECT_EQ(u.finish_reason, "error");
+    EXPECT_THAT(u.error, HasSubstr("illegal memory access"));
+    EXPECT_LT(u.tokens.size(), 40u);
+  }
+  engine.drain();
+  EXPECT_FALSE(engine.healthy());
+  const auto st = engine.stats();
+  EXPECT_FALSE(st.healthy);
+  EXPECT_THAT(st.fault, HasSubstr("cudaErrorIllegalAddress"));
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.queued, 0);
+  RequestParams p;
+  p.prompt = prompt_of(6, 9);
+  p.max_tokens = 4;
+  try {
+    engine.submit(p);
+    FAIL() << "expected 503";
+  } catch (const AdmissionError& e) {
+    EXPECT_EQ(e.status, 503);
+    EXPECT_THAT(e.what(), HasSubstr("illegal memory access"));
+  }
+}
+
+// A backend that holds fewer sequences than --max-running asks for caps the running ones; the
+// rest wait in the queue, and past it get 429.
+TEST(Engine, RunningSequencesAreCappedByTheDevice) {
+  auto& m = models();
+  auto backend = std::make_unique<test::FaultyBackend>(m.target, &m.drafter);
+  backend->lanes = 2;
+  Engine engine(std::move(backend), {.max_running = 8, .max_queue = 1, .spec_max_batch = 0});
+  EXPECT_EQ(engine.max_running(), 2);
+  EXPECT_EQ(engine.stats().max_running, 2);
+  RequestParams p;
+  p.prompt = prompt_of(6, 1);
+  p.max_tokens = 30;
+  auto a = engine.submit(p), b = engine.submit(p), c = engine.submit(p);
+  try {
+    engine.submit(p);
+    FAIL() << "expected 429";
+  } catch (const AdmissionError& e) {
+    EXPECT_EQ(e.status, 429);
+    EXPECT_THAT(e.what(), HasSubstr("--max-running 2"));
+  }
+  std::vector<std::vector<int32_t>> got;
+  for (auto* r : {a.get(), b.get(), c.get()}) got.push_back(wait_all(*r));
+  engine.drain();
+  const auto want = reference(p, true).ids;
+  for (const auto& g : got) EXPECT_EQ(g, want);
 }
 
 TEST(Engine, TargetAloneEqualsGenerate) {
@@ -434,12 +557,11 @@ TEST(AdaptivePolicy, OutputsEqualGenerateWhateverTheModeSequence) {
     t += std::uniform_real_distribution<double>(1e-4, 1e-2)(gen);
     return t;
   };
-  Engine sched(cpu(m.target, &m.drafter),
-                  {.max_running = 3,
-                   .max_queue = 8,
-                   .explore_min = 2,
-                   .explore_max = 4,
-                   .clock = random_clock});
+  Engine sched(cpu(m.target, &m.drafter), {.max_running = 3,
+                                           .max_queue = 8,
+                                           .explore_min = 2,
+                                           .explore_max = 4,
+                                           .clock = random_clock});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -500,9 +622,8 @@ TEST(Engine, GenerationToTheEndOfTheContext) {
 // is the one a fresh prefill builds), with the cached positions reported.
 TEST(PrefixCache, CachedPrefixesDecodeAsFreshOnes) {
   auto& m = models();
-  Engine sched(cpu(m.target, &m.drafter), {.max_running = 4,
-                                           .spec_policy = SpecPolicyKind::Always,
-                                           .prefix_cache_mb = 64});
+  Engine sched(cpu(m.target, &m.drafter),
+               {.max_running = 4, .spec_policy = SpecPolicyKind::Always, .prefix_cache_mb = 64});
   auto run = [&](const RequestParams& p) {
     const auto want = reference(p, p.speculative);
     auto r = sched.submit(p);
@@ -567,9 +688,8 @@ TEST(PrefixCache, CachedPrefixesDecodeAsFreshOnes) {
 // within it; outputs are unchanged.
 TEST(PrefixCache, EvictsWithinTheBudget) {
   auto& m = models();
-  Engine sched(cpu(m.target, &m.drafter), {.max_running = 2,
-                                           .spec_policy = SpecPolicyKind::Always,
-                                           .prefix_cache_mb = 1});
+  Engine sched(cpu(m.target, &m.drafter),
+               {.max_running = 2, .spec_policy = SpecPolicyKind::Always, .prefix_cache_mb = 1});
   for (int i = 0; i < 12; ++i) {
     RequestParams p;
     p.prompt = prompt_of(200, 40 + i);
