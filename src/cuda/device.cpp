@@ -33,7 +33,7 @@ void check(cudaError_t e, const char* what) {
       fmt::format("CUDA: {} failed: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e));
   // A sticky error stays in the context (the reset above cannot clear it): every later call
   // would fail, so it is a fault of the device, not of this request.
-  if (is_sticky(e) || cudaPeekAtLastError() != cudaSuccess)
+  if (is_sticky(e))
     throw DeviceFault(msg + "; the device cannot be used until the process restarts");
   throw Error(msg);
 }

@@ -359,3 +359,33 @@ TEST_F(CudaOps, VerifyGreedyMatchesCpu) {
 
 }  // namespace
 }  // namespace flashmap::cuda
+
+namespace flashmap::cuda {
+namespace {
+
+// Which CUDA errors fault the device (host only: runs without a GPU). A sticky error (the
+// context cannot compute again) is a DeviceFault, which ends serving; anything else fails only
+// the call's request (flashmap::Error).
+TEST(CudaCheck, StickyErrorsAreDeviceFaults) {
+  for (cudaError_t e :
+       {cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorAssert,
+        cudaErrorIllegalInstruction, cudaErrorMisalignedAddress, cudaErrorECCUncorrectable}) {
+    EXPECT_TRUE(is_sticky(e)) << cudaGetErrorName(e);
+    EXPECT_THROW(check(e, "a kernel"), DeviceFault) << cudaGetErrorName(e);
+  }
+  for (cudaError_t e : {cudaErrorMemoryAllocation, cudaErrorInvalidValue, cudaErrorNoDevice}) {
+    EXPECT_FALSE(is_sticky(e)) << cudaGetErrorName(e);
+    try {
+      check(e, "cudaMalloc");
+      ADD_FAILURE() << "no error thrown for " << cudaGetErrorName(e);
+    } catch (const DeviceFault&) {
+      ADD_FAILURE() << cudaGetErrorName(e) << " is not a device fault";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find(cudaGetErrorName(e)), std::string::npos);
+    }
+  }
+  EXPECT_NO_THROW(check(cudaSuccess, "nothing"));
+}
+
+}  // namespace
+}  // namespace flashmap::cuda

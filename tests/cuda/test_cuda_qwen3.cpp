@@ -480,6 +480,55 @@ TEST_F(CudaQwen3, ClearErrorsAndStillUsable) {
   EXPECT_EQ(dev.length(), 16);
 }
 
+// The batch invariance the engine's exactness rests on (Qwen3Model::kStepRows): a token's logits
+// are the same bits whether its step forward holds it alone (a decode) or in row k of a block of
+// up to kStepRows tokens (a verify), at any k.
+TEST_F(CudaQwen3, StepRowsAreBatchInvariant) {
+  for (const std::string dir : {"tests/fixtures/tiny-a/target", "tests/fixtures/tiny-c/target"}) {
+    SCOPED_TRACE(dir);
+    ::flashmap::Qwen3Model cpu(dir);
+    const int64_t V = cpu.config().vocab_size;
+    Qwen3Model dev(*ctx, cpu, 512);
+    const auto prompt = random_ids(int(V), 37, 11);
+    for (int64_t n : {int64_t(2), int64_t(9), int64_t(17), Qwen3Model::kStepRows}) {
+      const auto block = random_ids(int(V), size_t(n), 12 + uint64_t(n));
+      for (bool graph : {false, true}) {
+        dev.truncate(0);
+        dev.forward_host(prompt, Qwen3Model::Logits::None);
+        const auto rows =
+            down(dev.forward_host(block, Qwen3Model::Logits::All, {}, graph).logits, n * V);
+        dev.truncate(0);
+        dev.forward_host(prompt, Qwen3Model::Logits::None);
+        for (int64_t k = 0; k < n; ++k) {
+          const auto one = down(
+              dev.forward_host({&block[size_t(k)], 1}, Qwen3Model::Logits::All, {}, graph).logits,
+              V);
+          ASSERT_EQ(0, std::memcmp(one.data(), rows.data() + k * V, size_t(V) * 4))
+              << "row " << k << " of a " << n << "-token step differs from its decode step"
+              << (graph ? " (graphs)" : "");
+        }
+      }
+    }
+  }
+}
+
+// A forward whose buffers cannot grow (more rows than the device memory holds) fails with
+// flashmap::Error and leaves the model as it was: the next forward that fits runs and gives the
+// same logits as before the failure.
+TEST_F(CudaQwen3, AFailedGrowKeepsTheOldBuffers) {
+  ::flashmap::Qwen3Model cpu("tests/fixtures/tiny-a/target");
+  const int64_t V = cpu.config().vocab_size;
+  Qwen3Model dev(*ctx, cpu, 64);
+  const auto toks = random_ids(int(V), 9, 21);
+  const auto before = down(dev.forward_host(toks, Qwen3Model::Logits::All, {}, true).logits, 9 * V);
+  dev.truncate(0);
+  // More logits rows than any GPU holds: the allocation fails inside grow().
+  EXPECT_THROW(dev.reserve(8, (int64_t(1) << 40) / V), Error);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the failed allocation left its error behind";
+  const auto after = down(dev.forward_host(toks, Qwen3Model::Logits::All, {}, true).logits, 9 * V);
+  EXPECT_EQ(0, std::memcmp(before.data(), after.data(), before.size() * 4));
+}
+
 TEST_F(CudaQwen3, RandomWeightsAreDeterministic) {
   Qwen3Config c;
   c.vocab_size = 4096, c.hidden_size = 256, c.intermediate_size = 768, c.num_hidden_layers = 4;
