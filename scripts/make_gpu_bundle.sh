@@ -1,38 +1,62 @@
 #!/usr/bin/env bash
 # Builds here (a machine with the CUDA toolkit and the engine's build dependencies, no GPU needed)
-# what scripts/run_on_gpu.sh runs on a lent H200, and packs it as build-gpu/gpu-bundle.tar.gz:
-# the flashmap binary, every tests/cuda test, and the shared libraries they need that a bare GPU
+# what scripts/run_on_gpu.sh runs on a lent H200, and packs it as $B/gpu-bundle.tar.gz: the
+# flashmap binary, every tests/cuda test, and the shared libraries they need that a bare GPU
 # image lacks (fmt, PCRE2, utf8proc, OpenBLAS, cpp-httplib, ...; CUDA's own libraries are on the
 # device). The GPU image has nvcc and CMake but not GoogleTest/fmt/nlohmann-json/..., so building
 # there is only the fallback; carrying this bundle also saves device minutes.
 #
 #   scripts/make_gpu_bundle.sh
-#   run(command="scripts/run_on_gpu.sh", carry=["build-gpu/gpu-bundle.tar.gz"], timeout_s=560)
+#   run(command="scripts/run_on_gpu.sh", carry=["build-gpu/gpu-bundle.tar.gz"], timeout_s=540)
 #
-# -DFLASHMAP_NATIVE=OFF: the CPU reference inside the tests must not use instructions of this
-# machine's CPU that the GPU host's CPU may lack (-march=native would). Builds take the shared
-# build lock and run at low priority, one target at a time (CPU is scarce on the dev machine).
+# B = ${FLASHMAP_GPU_BUILD:-build-gpu}. Without a configured build there, it is configured with
+# -DFLASHMAP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHMAP_NATIVE=OFF -DFLASHMAP_BUILD_BENCH=OFF
+# (Release): the CPU reference inside the tests must not use instructions of this machine's CPU
+# that the GPU host's CPU may lack (-march=native would). The default build-gpu is (re)configured
+# with those flags on every call (a no-op when they are already set); an existing build named by
+# FLASHMAP_GPU_BUILD (CI: FLASHMAP_GPU_BUILD=build, its main build) is used as it is, with a warning
+# when it has FLASHMAP_NATIVE=ON (fine for `run_on_gpu.sh --dry-run`, not for a real GPU run).
+#
+# Knobs: JOBS (default: nproc), FLASHMAP_BUILD_LOCK (a lock file shared by builds on this machine,
+# default /tmp/fm-build.lock). Idempotent: a second call rebuilds nothing and repacks the same files.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 B="${FLASHMAP_GPU_BUILD:-build-gpu}"
 LOCK="${FLASHMAP_BUILD_LOCK:-/tmp/fm-build.lock}"
-JOBS="${JOBS:-2}"
+JOBS="${JOBS:-$(nproc)}"
 export PATH="/usr/local/cuda/bin:$PATH"
-locked() { nice -n 19 flock "$LOCK" "$@"; }
+locked() { nice -n 10 flock "$LOCK" "$@"; }
+cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$B/CMakeCache.txt" | head -1; }
 
-if [[ ! -f "$B/CMakeCache.txt" ]]; then
+if [[ -z "${FLASHMAP_GPU_BUILD:-}" || ! -f "$B/CMakeCache.txt" ]]; then
+  echo "configuring $B (CUDA ON, sm_90a, FLASHMAP_NATIVE=OFF, Release)"
   locked cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DFLASHMAP_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHMAP_NATIVE=OFF -DFLASHMAP_BUILD_BENCH=OFF >/dev/null
+else
+  echo "using the configured build $B as it is (not reconfigured)"
+  if [[ "$(cache_value FLASHMAP_NATIVE)" =~ ^(ON|On|on|TRUE|True|true|1|YES|Yes|yes)$ ]]; then
+    echo "WARNING: $B has FLASHMAP_NATIVE=ON (-march=native): its binaries may use instructions the" \
+      "GPU host's CPU lacks. Fine for run_on_gpu.sh --dry-run; for a real GPU run build the default" \
+      "build-gpu (FLASHMAP_NATIVE=OFF)." >&2
+  fi
+  if [[ -z "$(cache_value CMAKE_CUDA_COMPILER)" ]]; then
+    echo "FAILED: $B was configured without CUDA (no CMAKE_CUDA_COMPILER in its cache)" >&2
+    exit 1
+  fi
+  arch="$(cache_value CMAKE_CUDA_ARCHITECTURES)"
+  if [[ -n "$arch" && "$arch" != *90* ]]; then
+    echo "WARNING: $B has CMAKE_CUDA_ARCHITECTURES=$arch: no sm_90 code for an H200" >&2
+  fi
 fi
+
 tests=()
 for src in tests/cuda/test_*.cpp; do tests+=("$(basename "$src" .cpp)"); done
-for t in flashmap_lib flashmap_cuda flashmap "${tests[@]}"; do
-  echo "building $t"
-  locked cmake --build "$B" -j"$JOBS" --target "$t" >"$B/last_build.log" 2>&1 || {
-    grep -E "error|Error" "$B/last_build.log" | head -30
-    exit 1
-  }
-done
+echo "building in $B (-j$JOBS): flashmap ${tests[*]}"
+locked cmake --build "$B" -j"$JOBS" --target flashmap "${tests[@]}" >"$B/gpu_bundle_build.log" 2>&1 || {
+  grep -E "error|Error" "$B/gpu_bundle_build.log" | head -30
+  echo "FAILED: build (log: $B/gpu_bundle_build.log)" >&2
+  exit 1
+}
 
 rm -rf "$B/bundle"
 mkdir -p "$B/bundle/bin" "$B/bundle/lib" "$B/bundle/lib-fallback"
@@ -46,14 +70,28 @@ for b in "${bins[@]}"; do ldd "$b"; done | awk '/=>/ && $3 ~ /^\// {print $1, $3
   while read -r name path; do
     case "$name" in
       libc.so* | libm.so* | libdl.so* | libpthread.so* | librt.so* | ld-linux* | libcuda.so* | \
-        libcudart.so* | libcublas*) ;;
+        libcudart.so* | libcublas* | libnvidia*) ;;
       libstdc++.so* | libgcc_s.so*) cp -L "$path" "$B/bundle/lib-fallback/$name" ;;
       *) cp -L "$path" "$B/bundle/lib/$name" ;;
     esac
   done
-git rev-parse --short HEAD >"$B/bundle/COMMIT" 2>/dev/null || true
-git status --short -- src tests >>"$B/bundle/COMMIT" 2>/dev/null || true
-tar -C "$B" -czf "$B/gpu-bundle.tar.gz" bundle
+if ldd "${bins[@]}" | grep -q "not found"; then
+  ldd "${bins[@]}" | grep "not found" | sort -u >&2
+  echo "FAILED: a library the binaries need is not found here" >&2
+  exit 1
+fi
+{
+  git rev-parse --short HEAD 2>/dev/null || echo unknown
+  git status --short -- src tests CMakeLists.txt 2>/dev/null || true
+} >"$B/bundle/COMMIT"
+# Fixed order, owner and times: the same files give the same archive.
+tar -C "$B" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - bundle |
+  gzip -n >"$B/gpu-bundle.tar.gz"
 ls -la "$B/gpu-bundle.tar.gz"
+size=$(stat -c %s "$B/gpu-bundle.tar.gz")
+if ((size > 60 * 1024 * 1024)); then
+  echo "WARNING: $B/gpu-bundle.tar.gz is $((size >> 20)) MiB; a carry holds 64 MiB in all" >&2
+fi
+echo "built from: $(head -1 "$B/bundle/COMMIT")$( (($(wc -l <"$B/bundle/COMMIT") > 1)) && echo ' (with uncommitted changes under src/ tests/)')"
 echo "max glibc symbol version needed:"
 for b in "${bins[@]}"; do objdump -T "$b" | grep -o 'GLIBC_[0-9.]*'; done | sort -uV | tail -1
