@@ -193,6 +193,15 @@ void expect_lossless(Qwen3Model& t, const std::vector<int32_t>& got,
   expect_lossless(t, kPrompt, got, want, what);
 }
 
+// The request's last update, once it finished (finished false after 60 s without an end).
+Request::Update wait_end(Request& r) {
+  Request::Update u;
+  size_t seen = 0;
+  for (int t = 0; t < 600 && !(u = r.wait(seen, std::chrono::milliseconds(100))).finished; ++t)
+    seen += u.tokens.size();
+  return u;
+}
+
 class CudaEngine : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -459,11 +468,7 @@ TEST_F(CudaEngine, BatchedSequencesEqualEachAlone) {
         reqs.push_back(engine.submit(r));
       }
       for (size_t i = 0; i < reqs.size(); ++i) {
-        Request::Update u;
-        size_t seen = 0;
-        for (int t = 0;
-             t < 600 && !(u = reqs[i]->wait(seen, std::chrono::milliseconds(100))).finished; ++t)
-          seen += u.tokens.size();
+        const Request::Update u = wait_end(*reqs[i]);
         ASSERT_TRUE(u.finished) << "request " << i;
         EXPECT_EQ(u.finish_reason, "length");
         got[rep].push_back(reqs[i]->tokens());
@@ -524,10 +529,8 @@ TEST_F(CudaEngine, ServingOnASecondGpuStaysOnIt) {
     }
     std::vector<std::vector<int32_t>> out;
     for (auto& r : reqs) {
-      Request::Update u;
-      size_t seen = 0;
-      for (int t = 0; t < 600 && !(u = r->wait(seen, std::chrono::milliseconds(100))).finished; ++t)
-        seen += u.tokens.size();
+      const Request::Update u = wait_end(*r);
+      EXPECT_TRUE(u.finished);
       EXPECT_EQ(u.finish_reason, "length");
       out.push_back(r->tokens());
     }
