@@ -24,7 +24,7 @@
 # Two binaries in one stage share its budget: the first gets the budget minus the second's share,
 # the second whatever is left (so it always gets at least its share).
 #
-# Results in $OUT (default gpu-out/ here; the device tool sets its own), at most 6 files so that
+# Results in $OUT (default gpu-out/; a remote runner may set its own), at most 6 files so that
 # all of them come back: run.log (everything printed), summary.json (rewritten at the start and end
 # of every stage, so it exists however the call ends: per stage name, command, budget_s, seconds,
 # status passed|failed|timeout|skipped|planned (running|pending while the run is in progress),
