@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "text/utf8.h"
 
 namespace flashmap::constrain {
 
@@ -148,32 +149,6 @@ void Builder::define(int rule, int expr) {
 
 namespace {
 
-int utf8_len(uint32_t cp) {
-  return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-}
-
-void utf8_encode(uint32_t cp, uint8_t out[4]) {
-  switch (utf8_len(cp)) {
-    case 1:
-      out[0] = uint8_t(cp);
-      break;
-    case 2:
-      out[0] = uint8_t(0xC0 | (cp >> 6));
-      out[1] = uint8_t(0x80 | (cp & 0x3F));
-      break;
-    case 3:
-      out[0] = uint8_t(0xE0 | (cp >> 12));
-      out[1] = uint8_t(0x80 | ((cp >> 6) & 0x3F));
-      out[2] = uint8_t(0x80 | (cp & 0x3F));
-      break;
-    default:
-      out[0] = uint8_t(0xF0 | (cp >> 18));
-      out[1] = uint8_t(0x80 | ((cp >> 12) & 0x3F));
-      out[2] = uint8_t(0x80 | ((cp >> 6) & 0x3F));
-      out[3] = uint8_t(0x80 | (cp & 0x3F));
-  }
-}
-
 // Splits [lo, hi] into ranges whose UTF-8 encodings are products of byte ranges (as RE2 does).
 void utf8_sequences(uint32_t lo, uint32_t hi,
                     std::vector<std::vector<std::pair<uint8_t, uint8_t>>>& out) {
@@ -184,7 +159,10 @@ void utf8_sequences(uint32_t lo, uint32_t hi,
       utf8_sequences(m + 1, hi, out);
       return;
     }
-  const int n = utf8_len(lo);
+  std::string a, b;
+  utf8::append(a, lo);
+  utf8::append(b, hi);
+  const int n = int(a.size());
   for (int i = 1; i < n; ++i) {
     const uint32_t m = (1u << (6 * i)) - 1;
     if ((lo & ~m) != (hi & ~m)) {
@@ -200,11 +178,8 @@ void utf8_sequences(uint32_t lo, uint32_t hi,
       }
     }
   }
-  uint8_t a[4], b[4];
-  utf8_encode(lo, a);
-  utf8_encode(hi, b);
   std::vector<std::pair<uint8_t, uint8_t>> seq;
-  for (int i = 0; i < n; ++i) seq.push_back({a[i], b[i]});
+  for (int i = 0; i < n; ++i) seq.push_back({uint8_t(a[size_t(i)]), uint8_t(b[size_t(i)])});
   out.push_back(std::move(seq));
 }
 

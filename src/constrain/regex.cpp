@@ -8,6 +8,7 @@
 
 #include "constrain/automaton.h"
 #include "core/check.h"
+#include "text/utf8.h"
 
 namespace flashmap::constrain {
 
@@ -71,17 +72,11 @@ class RegexParser {
   bool more() const { return pos_ < end_; }
   char peek() const { return p_[pos_]; }
 
-  uint32_t next_cp() {  // decodes one UTF-8 code point
-    const auto c = static_cast<unsigned char>(p_[pos_]);
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || pos_ + n > end_) bad("invalid UTF-8", pos_);
-    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
-    for (int i = 1; i < n; ++i) {
-      const auto cc = static_cast<unsigned char>(p_[pos_ + i]);
-      if ((cc >> 6) != 2) bad("invalid UTF-8", pos_);
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    pos_ += n;
+  uint32_t next_cp() {
+    char32_t cp;
+    const int n = utf8::decode(p_.substr(0, end_), pos_, cp);
+    if (n == 0) bad("invalid UTF-8", pos_);
+    pos_ += size_t(n);
     return cp;
   }
 

@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "io/files.h"
 #include "text/jinja.h"
+#include "text/utf8.h"
 
 namespace flashmap {
 
@@ -106,7 +107,7 @@ std::shared_ptr<ChatTemplate::Impl> make_impl(
 }
 
 bool is_python_space(uint32_t cp) {
-  return jinja::utf8::is_space(cp);
+  return jinja::pystr::is_space(cp);
 }
 
 // Python's str.strip() / rstrip() with the default (Unicode whitespace) characters.
@@ -115,15 +116,14 @@ std::string py_strip(const std::string& s, bool left) {
   if (left) {
     while (begin < end) {
       size_t q = begin;
-      if (!is_python_space(jinja::utf8::decode(s, q))) break;
+      if (!is_python_space(jinja::pystr::decode(s, q))) break;
       begin = q;
     }
   }
   while (end > begin) {
-    size_t start = end - 1;
-    while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    const size_t start = utf8::prev(s, end, begin);
     size_t q = start;
-    if (!is_python_space(jinja::utf8::decode(s, q))) break;
+    if (!is_python_space(jinja::pystr::decode(s, q))) break;
     end = start;
   }
   return s.substr(begin, end - begin);

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "text/jinja_ast.h"
+#include "text/utf8.h"
 
 namespace flashmap::jinja {
 namespace {
@@ -53,12 +54,12 @@ template <class F>
 std::string map_cps(std::string_view s, F f) {
   std::string out;
   out.reserve(s.size());
-  for (size_t pos = 0; pos < s.size();) utf8::encode(out, f(utf8::decode(s, pos)));
+  for (size_t pos = 0; pos < s.size();) pystr::encode(out, f(pystr::decode(s, pos)));
   return out;
 }
 
 std::string py_lower(std::string_view s) {
-  if (utf8::is_ascii(s)) {
+  if (pystr::is_ascii(s)) {
     std::string out(s);
     for (auto& c : out)
       if (c >= 'A' && c <= 'Z') c = char(c + 32);
@@ -68,7 +69,7 @@ std::string py_lower(std::string_view s) {
 }
 
 std::string py_upper(std::string_view s) {
-  if (utf8::is_ascii(s)) {
+  if (pystr::is_ascii(s)) {
     std::string out(s);
     for (auto& c : out)
       if (c >= 'a' && c <= 'z') c = char(c - 32);
@@ -108,26 +109,25 @@ std::string py_strip(std::string_view s, const Value* chars, bool left, bool rig
   if (!ws) {
     if (!chars->is_string())
       fail(fmt::format("strip arg must be None or str, not {}", type_name(*chars)));
-    set = utf8::to_codepoints(chars->str());
+    set = pystr::to_codepoints(chars->str());
     std::sort(set.begin(), set.end());  // a long `chars` must not make stripping quadratic
   }
   auto strippable = [&](uint32_t c) {
-    return ws ? utf8::is_space(c) : std::binary_search(set.begin(), set.end(), c);
+    return ws ? pystr::is_space(c) : std::binary_search(set.begin(), set.end(), c);
   };
   size_t begin = 0, end = s.size();
   if (left) {
     while (begin < end) {
       size_t q = begin;
-      if (!strippable(utf8::decode(s, q))) break;
+      if (!strippable(pystr::decode(s, q))) break;
       begin = q;
     }
   }
   if (right) {
     while (end > begin) {
-      size_t start = end - 1;
-      while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+      const size_t start = utf8::prev(s, end, begin);
       size_t q = start;
-      if (!strippable(utf8::decode(s, q))) break;
+      if (!strippable(pystr::decode(s, q))) break;
       end = start;
     }
   }
@@ -175,35 +175,35 @@ ValueList py_split(const std::string& s, const Value* sep_v, int64_t maxsplit, b
     return out;
   }
   // Whitespace split, as CPython's split_whitespace / rsplit_whitespace.
-  auto cps = utf8::to_codepoints(s);
+  auto cps = pystr::to_codepoints(s);
   size_t n = cps.size();
   if (!from_right) {
     size_t i = 0;
     while (maxsplit != 0) {
-      while (i < n && utf8::is_space(cps[i])) ++i;
+      while (i < n && pystr::is_space(cps[i])) ++i;
       if (i == n) break;
       size_t j = i;
-      while (i < n && !utf8::is_space(cps[i])) ++i;
-      out.emplace_back(utf8::from_codepoints(cps, j, i));
+      while (i < n && !pystr::is_space(cps[i])) ++i;
+      out.emplace_back(pystr::from_codepoints(cps, j, i));
       --maxsplit;
     }
     if (i < n) {
-      while (i < n && utf8::is_space(cps[i])) ++i;
-      if (i != n) out.emplace_back(utf8::from_codepoints(cps, i, n));
+      while (i < n && pystr::is_space(cps[i])) ++i;
+      if (i != n) out.emplace_back(pystr::from_codepoints(cps, i, n));
     }
   } else {
     size_t i = n;
     while (maxsplit != 0) {
-      while (i > 0 && utf8::is_space(cps[i - 1])) --i;
+      while (i > 0 && pystr::is_space(cps[i - 1])) --i;
       if (i == 0) break;
       size_t j = i;
-      while (i > 0 && !utf8::is_space(cps[i - 1])) --i;
-      out.emplace_back(utf8::from_codepoints(cps, i, j));
+      while (i > 0 && !pystr::is_space(cps[i - 1])) --i;
+      out.emplace_back(pystr::from_codepoints(cps, i, j));
       --maxsplit;
     }
     if (i > 0) {
-      while (i > 0 && utf8::is_space(cps[i - 1])) --i;
-      if (i != 0) out.emplace_back(utf8::from_codepoints(cps, 0, i));
+      while (i > 0 && pystr::is_space(cps[i - 1])) --i;
+      if (i != 0) out.emplace_back(pystr::from_codepoints(cps, 0, i));
     }
     std::reverse(out.begin(), out.end());
   }
@@ -217,7 +217,7 @@ bool is_line_break(uint32_t c) {
 
 std::vector<std::string> py_splitlines(const std::string& s, bool keepends) {
   std::vector<std::string> out;
-  auto cps = utf8::to_codepoints(s);
+  auto cps = pystr::to_codepoints(s);
   size_t i = 0, n = cps.size();
   while (i < n) {
     // 64 MiB of newlines would be 64M strings (2 GiB) before any Value counted them.
@@ -234,7 +234,7 @@ std::vector<std::string> py_splitlines(const std::string& s, bool keepends) {
         ++j;
       if (keepends) eol = j;
     }
-    out.push_back(utf8::from_codepoints(cps, i, eol));
+    out.push_back(pystr::from_codepoints(cps, i, eol));
     i = j;
   }
   return out;
@@ -257,7 +257,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
       ++done;
       if (pos == s.size()) break;
       size_t q = pos;
-      utf8::decode(s, q);
+      pystr::decode(s, q);
       out.append(s, pos, q - pos);
       pos = q;
     }
@@ -282,7 +282,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
 std::pair<size_t, size_t> cp_range(const std::string& s, const Value* start, const Value* end) {
   bool has_start = start && !start->is_none(), has_end = end && !end->is_none();
   if (!has_start && !has_end) return {0, s.size()};
-  int64_t n = int64_t(utf8::length(s));
+  int64_t n = int64_t(pystr::length(s));
   auto adjust = [&](const Value* v, int64_t dflt) {
     if (!v || v->is_none()) return dflt;
     if (!v->is_int() && !v->is_bool()) fail("slice indices must be integers or None");
@@ -293,7 +293,7 @@ std::pair<size_t, size_t> cp_range(const std::string& s, const Value* start, con
   int64_t a = adjust(start, 0), b = adjust(end, n);
   auto byte_of = [&](int64_t cp) {
     size_t pos = 0;
-    for (int64_t k = 0; k < cp && pos < s.size(); ++k) utf8::decode(s, pos);
+    for (int64_t k = 0; k < cp && pos < s.size(); ++k) pystr::decode(s, pos);
     return pos;
   };
   size_t ba = byte_of(a), bb = std::max(ba, byte_of(b));
@@ -301,7 +301,7 @@ std::pair<size_t, size_t> cp_range(const std::string& s, const Value* start, con
 }
 
 int64_t cp_index(const std::string& s, size_t byte) {
-  return int64_t(utf8::length(std::string_view(s).substr(0, byte)));
+  return int64_t(pystr::length(std::string_view(s).substr(0, byte)));
 }
 
 const std::string& need_str(const Value& v, const char* what) {
@@ -451,7 +451,7 @@ struct Spec {
 
 Spec parse_spec(const std::string& s) {
   Spec sp;
-  auto cps = utf8::to_codepoints(s);
+  auto cps = pystr::to_codepoints(s);
   size_t i = 0;
   auto is_align = [](uint32_t c) { return c == '<' || c == '>' || c == '^' || c == '='; };
   if (cps.size() >= 2 && is_align(cps[1])) {
@@ -503,17 +503,17 @@ std::string group_digits(const std::string& digits, char sep) {
 
 std::string pad(std::string body, const Spec& sp, char default_align, size_t sign_len) {
   if (sp.width < 0) return body;
-  size_t len = utf8::length(body);
+  size_t len = pystr::length(body);
   if (int64_t(len) >= sp.width) return body;
   size_t n = size_t(sp.width) - len;
   char align = sp.align ? sp.align : (sp.zero ? '=' : default_align);
   uint32_t fill = sp.align ? sp.fill : (sp.zero ? '0' : sp.fill);
   check_string_size(body.size() + n * 4, "a padded string");  // a fill character is <= 4 bytes
   std::string f;
-  for (size_t i = 0; i < n; ++i) utf8::encode(f, fill);
+  for (size_t i = 0; i < n; ++i) pystr::encode(f, fill);
   auto fill_n = [&](size_t k) {
     std::string r;
-    for (size_t i = 0; i < k; ++i) utf8::encode(r, fill);
+    for (size_t i = 0; i < k; ++i) pystr::encode(r, fill);
     return r;
   };
   switch (align) {
@@ -535,9 +535,9 @@ std::string format_value(const Value& v, const std::string& spec_text) {
     if (sp.type && sp.type != 's')
       fail(fmt::format("Unknown format code '{}' for object of type 'str'", sp.type));
     std::string s = to_str(v);
-    if (sp.precision >= 0 && int64_t(utf8::length(s)) > sp.precision) {
-      auto cps = utf8::to_codepoints(s);
-      s = utf8::from_codepoints(cps, 0, size_t(sp.precision));
+    if (sp.precision >= 0 && int64_t(pystr::length(s)) > sp.precision) {
+      auto cps = pystr::to_codepoints(s);
+      s = pystr::from_codepoints(cps, 0, size_t(sp.precision));
     }
     return pad(std::move(s), sp, '<', 0);
   }
@@ -576,7 +576,7 @@ std::string format_value(const Value& v, const std::string& spec_text) {
       case 'c': {
         if (i < 0 || i > 0x10FFFF) fail("%c arg not in range(0x110000)");
         std::string c;
-        utf8::encode(c, uint32_t(i));
+        pystr::encode(c, uint32_t(i));
         return pad(c, sp, '<', 0);
       }
       default:
@@ -886,7 +886,7 @@ Value f_center(Context&, const Value& v, CallArgs& a) {
   Params p(a, "center", {"width"});
   int64_t width = bounded(p[0] ? need_int(*p[0], "center") : 80);
   std::string s = to_str(v);
-  int64_t len = int64_t(utf8::length(s));
+  int64_t len = int64_t(pystr::length(s));
   if (len >= width) return Value(s);
   // str.center puts the odd extra space on the left when the total margin is odd and len is odd.
   int64_t marg = width - len;
@@ -1101,9 +1101,9 @@ Value f_replace(Context&, const Value& v, CallArgs& a) {
 Value f_reverse(Context&, const Value& v, CallArgs& a) {
   Params(a, "reverse", {});
   if (v.is_string()) {
-    auto cps = utf8::to_codepoints(v.str());
+    auto cps = pystr::to_codepoints(v.str());
     std::reverse(cps.begin(), cps.end());
-    return Value(utf8::from_codepoints(cps, 0, cps.size()));
+    return Value(pystr::from_codepoints(cps, 0, cps.size()));
   }
   ValueList items = iterate(v);
   std::reverse(items.begin(), items.end());
@@ -1298,19 +1298,19 @@ Value f_title(Context&, const Value& v, CallArgs& a) {
   std::string s = to_str(v);
   std::string out;
   auto is_sep = [](uint32_t c) {
-    return utf8::is_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    return pystr::is_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
   };
-  auto cps = utf8::to_codepoints(s);
+  auto cps = pystr::to_codepoints(s);
   size_t i = 0;
   while (i < cps.size()) {
     size_t j = i;
     bool sep = is_sep(cps[i]);
     while (j < cps.size() && is_sep(cps[j]) == sep) ++j;
     if (sep) {
-      out += utf8::from_codepoints(cps, i, j);
+      out += pystr::from_codepoints(cps, i, j);
     } else {
-      utf8::encode(out, upper_cp(cps[i]));
-      for (size_t k = i + 1; k < j; ++k) utf8::encode(out, lower_cp(cps[k]));
+      pystr::encode(out, upper_cp(cps[i]));
+      for (size_t k = i + 1; k < j; ++k) pystr::encode(out, lower_cp(cps[k]));
     }
     i = j;
   }
@@ -1361,13 +1361,13 @@ Value f_truncate(Context&, const Value& v, CallArgs& a) {
     fail(fmt::format("cannot truncate a {}", type_name(v)));
   }
   std::string s = v.str();
-  auto cps = utf8::to_codepoints(s);
-  int64_t end_len = int64_t(utf8::length(end));
+  auto cps = pystr::to_codepoints(s);
+  int64_t end_len = int64_t(pystr::length(end));
   if (length < end_len) fail(fmt::format("expected length >= {}, got {}", end_len, length));
   if (leeway < 0) fail(fmt::format("expected leeway >= 0, got {}", leeway));
   if (int64_t(cps.size()) <= room) return Value(s);
   size_t keep = size_t(length - end_len);
-  std::string head = utf8::from_codepoints(cps, 0, keep);
+  std::string head = pystr::from_codepoints(cps, 0, keep);
   if (killwords) return Value(head + end);
   size_t sp = head.rfind(' ');
   return Value((sp == std::string::npos ? head : head.substr(0, sp)) + end);
@@ -1400,7 +1400,7 @@ Value f_wordcount(Context&, const Value& v, CallArgs& a) {
   bool in_word = false;
   std::string s = to_str(v);
   for (size_t pos = 0; pos < s.size();) {
-    uint32_t c = utf8::decode(s, pos);
+    uint32_t c = pystr::decode(s, pos);
     bool w = c == '_' || is_alpha_cp(c) || is_numeric_cp(c);
     if (w && !in_word) ++n;
     in_word = w;
@@ -1520,7 +1520,7 @@ bool t_lower(Context&, const Value& v, CallArgs&) {
   bool cased = false;
   std::string s = to_str(v);
   for (size_t pos = 0; pos < s.size();) {
-    uint32_t c = utf8::decode(s, pos);
+    uint32_t c = pystr::decode(s, pos);
     if (is_upper_cp(c)) return false;
     if (is_lower_cp(c)) cased = true;
   }
@@ -1530,7 +1530,7 @@ bool t_upper(Context&, const Value& v, CallArgs&) {
   bool cased = false;
   std::string s = to_str(v);
   for (size_t pos = 0; pos < s.size();) {
-    uint32_t c = utf8::decode(s, pos);
+    uint32_t c = pystr::decode(s, pos);
     if (is_lower_cp(c)) return false;
     if (is_upper_cp(c)) cased = true;
   }
@@ -1713,7 +1713,7 @@ Value str_method(Context& ctx, const std::string& s, std::string_view name, Call
     auto [b, e] = cp_range(s, p[1], p[2]);
     std::string_view hay = std::string_view(s).substr(b, e - b);
     if (name == "count") {
-      if (sub.empty()) return Value(int64_t(utf8::length(hay)) + 1);
+      if (sub.empty()) return Value(int64_t(pystr::length(hay)) + 1);
       int64_t n = 0;
       for (size_t pos = find_text(hay, sub); pos != std::string_view::npos;
            pos = find_text(hay, sub, pos + sub.size()))
@@ -1767,7 +1767,7 @@ Value str_method(Context& ctx, const std::string& s, std::string_view name, Call
     Params p(a, std::string(name).c_str(), {"width", "fillchar"});
     if (!p[0]) fail(fmt::format("{}() takes at least 1 argument (0 given)", name));
     int64_t width = bounded(need_int(*p[0], "width"));
-    int64_t len = int64_t(utf8::length(s));
+    int64_t len = int64_t(pystr::length(s));
     if (len >= width) return Value(s);
     std::string fill = p[1] ? need_str(*p[1], "fillchar") : " ";
     size_t n = size_t(width - len);
@@ -1791,8 +1791,8 @@ Value str_method(Context& ctx, const std::string& s, std::string_view name, Call
     Params(a, std::string(name).c_str(), {});
     if (s.empty()) return Value(false);
     for (size_t pos = 0; pos < s.size();) {
-      uint32_t c = utf8::decode(s, pos);
-      bool ok = name == "isspace"     ? utf8::is_space(c)
+      uint32_t c = pystr::decode(s, pos);
+      bool ok = name == "isspace"     ? pystr::is_space(c)
                 : name == "isalpha"   ? is_alpha_cp(c)
                 : name == "isalnum"   ? is_alpha_cp(c) || is_numeric_cp(c)
                 : name == "isnumeric" ? is_numeric_cp(c)
@@ -2016,9 +2016,9 @@ Value percent_format(const std::string& f, const Value& args) {
       case 'a': {
         body = conv == 's' ? to_str(v) : repr(v);
         if (has_prec) {
-          auto cps = utf8::to_codepoints(body);
+          auto cps = pystr::to_codepoints(body);
           size_t p = prec.empty() ? 0 : size_t(bounded(std::stoll(prec.substr(0, 12))));
-          if (p < cps.size()) body = utf8::from_codepoints(cps, 0, p);
+          if (p < cps.size()) body = pystr::from_codepoints(cps, 0, p);
         }
         zero = false;
         break;
@@ -2046,7 +2046,7 @@ Value percent_format(const std::string& f, const Value& args) {
               type_name(v)));
         if (conv == 'c') {
           if (n < 0 || n > 0x10FFFF) fail("%c arg not in range(0x110000)");
-          utf8::encode(body, uint32_t(n));
+          pystr::encode(body, uint32_t(n));
           zero = false;
           break;
         }
@@ -2069,7 +2069,7 @@ Value percent_format(const std::string& f, const Value& args) {
       default:
         fail(fmt::format("unsupported format character '{}' (0x{:x})", conv, int(conv)));
     }
-    int64_t len = int64_t(utf8::length(body));
+    int64_t len = int64_t(pystr::length(body));
     if (len < w) {
       size_t n = size_t(w - len);
       if (left) {

@@ -281,8 +281,8 @@ Value slice(const Value& obj, const Value& start_v, const Value& stop_v, const V
   int64_t len;
   bool ascii = false;
   if (obj.is_string()) {
-    ascii = utf8::is_ascii(obj.str());
-    if (!ascii) cps = utf8::to_codepoints(obj.str());
+    ascii = pystr::is_ascii(obj.str());
+    if (!ascii) cps = pystr::to_codepoints(obj.str());
     len = ascii ? int64_t(obj.str().size()) : int64_t(cps.size());
   } else if (obj.is_sequence() && obj.view() == Value::View::None) {
     len = int64_t(obj.items().size());
@@ -319,7 +319,7 @@ Value slice(const Value& obj, const Value& start_v, const Value& stop_v, const V
       if (ascii)
         out.push_back(s[index(k)]);
       else
-        utf8::encode(out, cps[index(k)]);
+        pystr::encode(out, cps[index(k)]);
     }
     return Value(std::move(out));
   }
@@ -589,17 +589,17 @@ Value get_item(const Value& obj, const Value& key) {
         int64_t i = key.as_int();
         if (obj.is_string()) {
           const std::string& s = obj.str();
-          if (utf8::is_ascii(s)) {
+          if (pystr::is_ascii(s)) {
             int64_t n = int64_t(s.size());
             if (i < 0) i += n;
             if (i < 0 || i >= n) return missing_element(obj, key);
             return Value(s.substr(size_t(i), 1));
           }
-          auto cps = utf8::to_codepoints(s);
+          auto cps = pystr::to_codepoints(s);
           int64_t n = int64_t(cps.size());
           if (i < 0) i += n;
           if (i < 0 || i >= n) return missing_element(obj, key);
-          return Value(utf8::from_codepoints(cps, size_t(i), size_t(i) + 1));
+          return Value(pystr::from_codepoints(cps, size_t(i), size_t(i) + 1));
         }
         int64_t n = int64_t(obj.items().size());
         if (i < 0) i += n;

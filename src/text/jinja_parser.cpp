@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "text/jinja_ast.h"
+#include "text/utf8.h"
 
 namespace flashmap::jinja {
 namespace {
@@ -77,8 +78,8 @@ class Lexer {
   size_t space_at(size_t p) const {
     if (p >= src_.size()) return 0;
     size_t q = p;
-    uint32_t cp = utf8::decode(src_, q);
-    return utf8::is_space(cp) ? q - p : 0;
+    uint32_t cp = pystr::decode(src_, q);
+    return pystr::is_space(cp) ? q - p : 0;
   }
   size_t skip_spaces(size_t p) const {
     while (size_t n = space_at(p)) p += n;
@@ -113,10 +114,9 @@ class Lexer {
       size_t end = text.size();
       // rstrip() with Python's whitespace: walk back over whole characters.
       while (end > 0) {
-        size_t start = end - 1;
-        while (start > 0 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+        const size_t start = utf8::prev(text, end);
         size_t q = start;
-        if (!utf8::is_space(utf8::decode(text, q))) break;
+        if (!pystr::is_space(pystr::decode(text, q))) break;
         end = start;
       }
       newlines_stripped = int(std::count(text.begin() + std::ptrdiff_t(end), text.end(), '\n'));
@@ -127,7 +127,7 @@ class Lexer {
       if ((l_pos > 0 || line_starting_) && l_pos < text.size()) {
         bool all_space = true;
         for (size_t q = l_pos; q < text.size();) {
-          if (!utf8::is_space(utf8::decode(text, q))) {
+          if (!pystr::is_space(pystr::decode(text, q))) {
             all_space = false;
             break;
           }
@@ -356,20 +356,23 @@ class Lexer {
           out.push_back('\v');
           break;
         case 'x':
-          utf8::encode(out, hex(2));
+          pystr::encode(out, hex(2));
           break;
         case 'u':
-          utf8::encode(out, hex(4));
+          pystr::encode(out, hex(4));
           break;
-        case 'U':
-          utf8::encode(out, hex(8));
+        case 'U': {
+          const uint32_t cp = hex(8);
+          if (cp > 0x10FFFF) syntax_error(line, "illegal Unicode character");
+          pystr::encode(out, cp);
           break;
+        }
         default:
           if (e >= '0' && e <= '7') {
             uint32_t v = uint32_t(e - '0');
             for (int k = 0; k < 2 && i + 1 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '7'; ++k)
               v = v * 8 + uint32_t(s[++i] - '0');
-            utf8::encode(out, v);
+            pystr::encode(out, v);
           } else {
             out.push_back('\\');
             out.push_back(e);

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "text/utf8.h"
+
 namespace flashmap::jinja {
 
 void fail(std::string message) {
@@ -374,48 +376,16 @@ size_t rfind_text(std::string_view hay, std::string_view needle) {
 // ---------------------------------------------------------------------------------------------
 // UTF-8
 
-namespace utf8 {
+namespace pystr {
 
 uint32_t decode(std::string_view s, size_t& pos) {
-  auto c = static_cast<unsigned char>(s[pos]);
-  if (c < 0x80) {
-    ++pos;
-    return c;
-  }
-  size_t n = c >= 0xF8 ? 0 : c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
-  if (n == 0 || pos + n >= s.size()) {
-    ++pos;
-    return c;
-  }
-  uint32_t cp = c & (0x3F >> n);
-  for (size_t i = 1; i <= n; ++i) {
-    auto cc = static_cast<unsigned char>(s[pos + i]);
-    if ((cc & 0xC0) != 0x80) {
-      ++pos;
-      return c;
-    }
-    cp = (cp << 6) | (cc & 0x3F);
-  }
-  pos += n + 1;
+  char32_t cp;
+  pos += size_t(utf8::decode_loose(s, pos, cp));
   return cp;
 }
 
 void encode(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(char(cp));
-  } else if (cp < 0x800) {
-    out.push_back(char(0xC0 | (cp >> 6)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(char(0xE0 | (cp >> 12)));
-    out.push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(char(0xF0 | (cp >> 18)));
-    out.push_back(char(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  }
+  utf8::append(out, cp);
 }
 
 bool is_ascii(std::string_view s) {
@@ -425,10 +395,7 @@ bool is_ascii(std::string_view s) {
 }
 
 size_t length(std::string_view s) {
-  size_t n = 0;
-  for (char c : s)
-    if ((static_cast<unsigned char>(c) & 0xC0) != 0x80) ++n;
-  return n;
+  return utf8::length(s);
 }
 
 std::vector<uint32_t> to_codepoints(std::string_view s) {
@@ -451,7 +418,7 @@ bool is_space(uint32_t cp) {
          cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
-}  // namespace utf8
+}  // namespace pystr
 
 // ---------------------------------------------------------------------------------------------
 // Python semantics
@@ -590,7 +557,7 @@ void repr_string(std::string& out, const std::string& s) {
   char quote = has_single && !has_double ? '"' : '\'';
   out.push_back(quote);
   for (size_t pos = 0; pos < s.size();) {
-    uint32_t cp = utf8::decode(s, pos);
+    uint32_t cp = pystr::decode(s, pos);
     if (cp == uint32_t(quote) || cp == '\\') {
       out.push_back('\\');
       out.push_back(char(cp));
@@ -603,7 +570,7 @@ void repr_string(std::string& out, const std::string& s) {
     } else if (cp < 0x20 || cp == 0x7F) {
       out += fmt::format("\\x{:02x}", cp);
     } else if (cp < 0x80 || is_printable(cp)) {
-      utf8::encode(out, cp);
+      pystr::encode(out, cp);
     } else if (cp < 0x100) {
       out += fmt::format("\\x{:02x}", cp);
     } else if (cp < 0x10000) {
@@ -802,10 +769,10 @@ ValueList iterate(const Value& v) {
     case Kind::String: {
       ValueList out;
       const std::string& s = v.str();
-      check_items(utf8::length(s), "a string iterated as a list");
+      check_items(pystr::length(s), "a string iterated as a list");
       for (size_t pos = 0; pos < s.size();) {
         size_t start = pos;
-        utf8::decode(s, pos);
+        pystr::decode(s, pos);
         out.emplace_back(s.substr(start, pos - start));
       }
       return out;
@@ -836,7 +803,7 @@ size_t py_len(const Value& v) {
     case Kind::Undefined:
       return 0;
     case Kind::String:
-      return utf8::length(v.str());
+      return pystr::length(v.str());
     case Kind::List:
     case Kind::Tuple:
       return v.items().size();
@@ -858,7 +825,7 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
     auto c = static_cast<unsigned char>(s[pos]);
     if (c >= 0x80) {
       size_t start = pos;
-      uint32_t cp = utf8::decode(s, pos);
+      uint32_t cp = pystr::decode(s, pos);
       if (!ensure_ascii) {
         out.append(s, start, pos - start);
       } else if (cp >= 0x10000) {

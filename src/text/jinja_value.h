@@ -300,8 +300,8 @@ Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 size_t find_text(std::string_view hay, std::string_view needle, size_t from = 0);
 size_t rfind_text(std::string_view hay, std::string_view needle);
 
-// UTF-8 helpers: Python strings index by code point.
-namespace utf8 {
+// Python str over UTF-8 bytes: Python strings index by code point, read by utf8::decode_loose.
+namespace pystr {
 uint32_t decode(std::string_view s, size_t& pos);  // advances pos; bad bytes decode as themselves
 void encode(std::string& out, uint32_t cp);
 bool is_ascii(std::string_view s);
@@ -309,6 +309,6 @@ size_t length(std::string_view s);
 std::vector<uint32_t> to_codepoints(std::string_view s);
 std::string from_codepoints(const std::vector<uint32_t>& cps, size_t begin, size_t end);
 bool is_space(uint32_t cp);  // str.isspace()
-}  // namespace utf8
+}  // namespace pystr
 
 }  // namespace flashmap::jinja

@@ -21,6 +21,7 @@
 #include "core/check.h"
 #include "io/files.h"
 #include "text/unicode.h"
+#include "text/utf8.h"
 
 namespace flashmap {
 
@@ -210,7 +211,7 @@ class Regex {
       if (ms == me && have_last && last_match_end == me) {
         if (last_end >= s.size()) break;
         size_t k = last_end;
-        text::next_code_point(s, k);
+        utf8::next(s, k);
         last_end = k;
         continue;
       }
@@ -338,9 +339,8 @@ class AddedMatcher {
   }
 
   static char32_t last_char(std::string_view s) {
-    size_t i = s.size() - 1;
-    while (i > 0 && (static_cast<uint8_t>(s[i]) & 0xC0) == 0x80) --i;
-    return text::next_code_point(s, i);
+    size_t i = utf8::prev(s, s.size());
+    return utf8::next(s, i);
   }
   // The Rust regexes \w$ and ^\w used by HF.
   static bool ends_with_word(std::string_view s) {
@@ -348,16 +348,15 @@ class AddedMatcher {
   }
   static bool starts_with_word(std::string_view s) {
     size_t i = 0;
-    return !s.empty() && text::is_rust_word_char(text::next_code_point(s, i));
+    return !s.empty() && text::is_rust_word_char(utf8::next(s, i));
   }
   // Start of the match of \s*$ (the trailing whitespace).
   static size_t space_leftmost_at_end(std::string_view s) {
     size_t end = s.size();
     while (end > 0) {
-      size_t i = end - 1;
-      while (i > 0 && (static_cast<uint8_t>(s[i]) & 0xC0) == 0x80) --i;
+      const size_t i = utf8::prev(s, end);
       size_t k = i;
-      if (!text::is_rust_whitespace(text::next_code_point(s, k))) break;
+      if (!text::is_rust_whitespace(utf8::next(s, k))) break;
       end = i;
     }
     return end;
@@ -367,7 +366,7 @@ class AddedMatcher {
     size_t i = 0;
     while (i < s.size()) {
       size_t k = i;
-      if (!text::is_rust_whitespace(text::next_code_point(s, k))) break;
+      if (!text::is_rust_whitespace(utf8::next(s, k))) break;
       i = k;
     }
     return i;
@@ -588,7 +587,7 @@ std::optional<std::string> byte_level_to_bytes(std::string_view token) {
   std::string out;
   size_t i = 0;
   while (i < token.size()) {
-    const int b = text::char_to_byte(text::next_code_point(token, i));
+    const int b = text::char_to_byte(utf8::next(token, i));
     if (b < 0) return std::nullopt;
     out += static_cast<char>(b);
   }
@@ -659,7 +658,7 @@ std::shared_ptr<Tokenizer::Impl> build(const JsonCtx& cx, const json& root) {
       t->special = cx.flag(list[i], "special", false, field);
       t->normalized = cx.flag(list[i], "normalized", !t->special, field);
       if (t->content.empty()) continue;  // HF ignores empty added tokens
-      if (text::find_invalid_utf8(t->content) != npos) cx.fail(field, "content is not UTF-8");
+      if (!utf8::valid(t->content)) cx.fail(field, "content is not UTF-8");
       max_id = std::max(max_id, t->id);
       m->added.push_back(std::move(t));
     }
@@ -708,7 +707,7 @@ std::shared_ptr<Tokenizer::Impl> build(const JsonCtx& cx, const json& root) {
   // Byte-level word alphabet: byte b enters BPE as the token for GPT-2's character for b.
   for (int b = 0; b < 256; ++b) {
     std::string ch;
-    text::append_utf8(ch, text::byte_to_char(static_cast<uint8_t>(b)));
+    utf8::append(ch, text::byte_to_char(static_cast<uint8_t>(b)));
     auto it = m->model_vocab.find(ch);
     m->byte_id[b] = it == m->model_vocab.end() ? -1 : it->second;
     if (m->byte_fallback) {  // HF looks up <0xXX> for each UTF-8 byte of the character
@@ -1100,7 +1099,7 @@ Tokenizer Tokenizer::from_dir(const std::string& dir) {
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
-  if (const size_t bad = text::find_invalid_utf8(text); bad != npos)
+  if (size_t bad = 0; !utf8::valid(text, &bad))
     throw Error(fmt::format("invalid UTF-8 in text to tokenize at byte offset {} (byte 0x{:02X})",
                             bad, static_cast<uint8_t>(text[bad])));
   const Impl& m = *impl_;
@@ -1121,9 +1120,9 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
     if (skip_special_tokens && m.special[id]) continue;
     bytes.append(m.decoded(id));
   }
-  if (text::find_invalid_utf8(bytes) == npos) return bytes;
+  if (utf8::valid(bytes)) return bytes;
   std::string out;
-  text::append_utf8_lossy(out, bytes);
+  utf8::append_lossy(out, bytes);
   return out;
 }
 
@@ -1168,16 +1167,16 @@ std::string Tokenizer::StreamDecoder::push(int32_t id) {
   impl_->check_id(id);
   if (skip_special_ && impl_->special[id]) return {};
   pending_.append(impl_->decoded(id));
-  const size_t hold = text::incomplete_utf8_suffix(pending_);
+  const size_t done = utf8::complete_prefix(pending_);
   std::string out;
-  text::append_utf8_lossy(out, std::string_view(pending_).substr(0, pending_.size() - hold));
-  pending_.erase(0, pending_.size() - hold);
+  utf8::append_lossy(out, std::string_view(pending_).substr(0, done));
+  pending_.erase(0, done);
   return out;
 }
 
 std::string Tokenizer::StreamDecoder::flush() {
   std::string out;
-  text::append_utf8_lossy(out, pending_);
+  utf8::append_lossy(out, pending_);
   pending_.clear();
   return out;
 }

@@ -4,156 +4,14 @@
 
 #include <array>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "core/check.h"
+#include "text/utf8.h"
 
 namespace flashmap::text {
-
-namespace {
-
-// Second-byte range allowed after each lead byte (Unicode Table 3-7, which Rust's str follows).
-struct LeadInfo {
-  uint8_t len;  // 0: not a lead byte
-  uint8_t lo, hi;
-};
-
-constexpr LeadInfo lead_info(uint8_t b) {
-  if (b >= 0xC2 && b <= 0xDF) return {2, 0x80, 0xBF};
-  if (b == 0xE0) return {3, 0xA0, 0xBF};
-  if (b == 0xED) return {3, 0x80, 0x9F};
-  if (b >= 0xE1 && b <= 0xEF) return {3, 0x80, 0xBF};
-  if (b == 0xF0) return {4, 0x90, 0xBF};
-  if (b >= 0xF1 && b <= 0xF3) return {4, 0x80, 0xBF};
-  if (b == 0xF4) return {4, 0x80, 0x8F};
-  return {0, 0, 0};
-}
-
-// Length of the valid sequence at s[i], or 0 if s[i] starts an invalid one; `subpart` receives
-// the length of the maximal invalid subpart in that case (at least 1).
-size_t valid_sequence_at(std::string_view s, size_t i, size_t* subpart) {
-  const auto b = static_cast<uint8_t>(s[i]);
-  if (b < 0x80) return 1;
-  const LeadInfo info = lead_info(b);
-  if (info.len == 0) {
-    *subpart = 1;
-    return 0;
-  }
-  size_t j = i + 1;
-  for (size_t k = 1; k < info.len; ++k, ++j) {
-    const uint8_t lo = k == 1 ? info.lo : 0x80;
-    const uint8_t hi = k == 1 ? info.hi : 0xBF;
-    if (j >= s.size() || static_cast<uint8_t>(s[j]) < lo || static_cast<uint8_t>(s[j]) > hi) {
-      *subpart = j - i;
-      return 0;
-    }
-  }
-  return info.len;
-}
-
-}  // namespace
-
-size_t find_invalid_utf8(std::string_view s) {
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    // Skip ASCII eight bytes at a time: most text is mostly ASCII.
-    while (i + 8 <= n) {
-      uint64_t w;
-      std::memcpy(&w, s.data() + i, 8);
-      if (w & 0x8080808080808080ULL) break;
-      i += 8;
-    }
-    if (i >= n) break;
-    size_t subpart = 0;
-    const size_t len = valid_sequence_at(s, i, &subpart);
-    if (len == 0) return i;
-    i += len;
-  }
-  return std::string_view::npos;
-}
-
-char32_t next_code_point(std::string_view s, size_t& i) {
-  const auto b0 = static_cast<uint8_t>(s[i]);
-  if (b0 < 0x80) {
-    ++i;
-    return b0;
-  }
-  if (b0 < 0xE0) {
-    char32_t cp = ((b0 & 0x1F) << 6) | (static_cast<uint8_t>(s[i + 1]) & 0x3F);
-    i += 2;
-    return cp;
-  }
-  if (b0 < 0xF0) {
-    char32_t cp = ((b0 & 0x0F) << 12) | ((static_cast<uint8_t>(s[i + 1]) & 0x3F) << 6) |
-                  (static_cast<uint8_t>(s[i + 2]) & 0x3F);
-    i += 3;
-    return cp;
-  }
-  char32_t cp = ((b0 & 0x07) << 18) | ((static_cast<uint8_t>(s[i + 1]) & 0x3F) << 12) |
-                ((static_cast<uint8_t>(s[i + 2]) & 0x3F) << 6) |
-                (static_cast<uint8_t>(s[i + 3]) & 0x3F);
-  i += 4;
-  return cp;
-}
-
-void append_utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-void append_utf8_lossy(std::string& out, std::string_view bytes) {
-  size_t i = 0, run = 0;  // [run, i) is valid and not yet copied
-  while (i < bytes.size()) {
-    size_t subpart = 0;
-    const size_t len = valid_sequence_at(bytes, i, &subpart);
-    if (len != 0) {
-      i += len;
-      continue;
-    }
-    out.append(bytes.substr(run, i - run));
-    out += "\xEF\xBF\xBD";
-    i += subpart;
-    run = i;
-  }
-  out.append(bytes.substr(run));
-}
-
-size_t incomplete_utf8_suffix(std::string_view bytes) {
-  const size_t n = bytes.size();
-  for (size_t k = 1; k <= 3 && k <= n; ++k) {
-    const auto b = static_cast<uint8_t>(bytes[n - k]);
-    if (b < 0x80) return 0;
-    if (b >= 0xC0) {  // the lead byte of the last sequence
-      const LeadInfo info = lead_info(b);
-      if (info.len <= k) return 0;  // complete, or an invalid lead byte
-      for (size_t j = 1; j < k; ++j) {
-        const auto c = static_cast<uint8_t>(bytes[n - k + j]);
-        const uint8_t lo = j == 1 ? info.lo : 0x80;
-        const uint8_t hi = j == 1 ? info.hi : 0xBF;
-        if (c < lo || c > hi) return 0;  // already invalid: nothing to wait for
-      }
-      return k;
-    }
-  }
-  return 0;
-}
 
 // ---------------------------------------------------------------------------------------------
 // NFC
@@ -227,7 +85,7 @@ class InertTable {
     for (const auto& [c, d] : decomposable) {
       if (!get(c)) continue;
       std::string s;
-      append_utf8(s, c);
+      utf8::append(s, c);
       if (second[d[0]] || utf8proc_nfc(s) != s) clear(c);
     }
   }
@@ -250,7 +108,7 @@ void nfc_run(std::string_view run, std::string& out) {
   size_t i = 0, start = 0;
   while (i < run.size()) {
     const size_t at = i;
-    const char32_t cp = next_code_point(run, i);
+    const char32_t cp = utf8::next(run, i);
     if (is_late_mark(cp)) {
       if (at > start) out += utf8proc_nfc(run.substr(start, at - start));
       out.append(run.substr(at, i - at));
@@ -272,13 +130,10 @@ bool nfc(std::string_view s, std::string& out) {
   size_t i = first, copied = 0;
   // Start of the previous character if it is inert (all characters before `first` are).
   size_t last_inert = std::string_view::npos;
-  if (first > 0) {
-    last_inert = first - 1;
-    while (last_inert > 0 && (static_cast<uint8_t>(s[last_inert]) & 0xC0) == 0x80) --last_inert;
-  }
+  if (first > 0) last_inert = utf8::prev(s, first);
   while (i < s.size()) {
     const size_t at = i;
-    const char32_t cp = next_code_point(s, i);
+    const char32_t cp = utf8::next(s, i);
     if (inert.get(cp)) {
       last_inert = at;
       continue;
@@ -289,7 +144,7 @@ bool nfc(std::string_view s, std::string& out) {
     size_t end = i;
     while (end < s.size()) {
       size_t next = end;
-      if (inert.get(next_code_point(s, next))) break;
+      if (inert.get(utf8::next(s, next))) break;
       end = next;
     }
     if (!touched) {

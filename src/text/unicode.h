@@ -9,22 +9,6 @@
 
 namespace flashmap::text {
 
-// Offset of the first byte that does not start or continue a valid UTF-8 sequence (overlongs,
-// surrogates and code points past U+10FFFF are invalid, as for Rust's str), or npos if `s` is
-// valid.
-size_t find_invalid_utf8(std::string_view s);
-
-// Decodes the code point at s[i] (s must be valid UTF-8) and advances i.
-char32_t next_code_point(std::string_view s, size_t& i);
-void append_utf8(std::string& out, char32_t cp);
-
-// Appends `bytes` to `out` as Rust's String::from_utf8_lossy does: each maximal invalid subpart
-// becomes one U+FFFD.
-void append_utf8_lossy(std::string& out, std::string_view bytes);
-// Length of the longest suffix of `bytes` that is an incomplete but so far valid UTF-8 sequence
-// (0-3): what a streaming decoder must hold back.
-size_t incomplete_utf8_suffix(std::string_view bytes);
-
 // NFC as HF's normalizer computes it. HF uses the unicode-normalization-alignments crate, whose
 // tables are Unicode 9.0: marks given a combining class later are starters to it, so they never
 // reorder. Returns false (and leaves `out` alone) when `s` is already NFC by a cheap check.

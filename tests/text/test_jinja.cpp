@@ -104,6 +104,21 @@ TEST(Jinja, RenderTakesInterpreterValues) {
             "1.52None");
 }
 
+// jinja2 3.1.6: "\U00110000" is a TemplateSyntaxError "illegal Unicode character", and "\ud800"
+// is a one-character str.
+TEST(Jinja, UnicodeEscapesAsJinja2) {
+  try {
+    Template t("{{ \"\\U00110000\" }}");
+    FAIL() << "expected a syntax error";
+  } catch (const TemplateError& e) {
+    EXPECT_TRUE(e.syntax());
+    EXPECT_THAT(e.what(), HasSubstr("illegal Unicode character"));
+  }
+  EXPECT_EQ(Template("{{ \"\\ud800\"|length }}").render(json::object()), "1");
+  EXPECT_EQ(Template("{{ \"\\U0010FFFF\"|length }}").render(json::object()), "1");
+  EXPECT_EQ(Template("{{ \"\\777\" }}").render(json::object()), "\u01FF");
+}
+
 TEST(Jinja, VariablesMustBeAnObject) {
   Template t("x");
   EXPECT_THROW(t.render(json::array()), flashmap::Error);

@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "flashmap/tokenizer.h"
 #include "text/unicode.h"
+#include "text/utf8.h"
 
 namespace {
 
@@ -95,7 +96,7 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 bool valid_utf8(std::string_view s) {
-  return flashmap::text::find_invalid_utf8(s) == std::string_view::npos;
+  return flashmap::utf8::valid(s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -249,7 +250,7 @@ TEST(Tokenizer, Qwen3VocabularyAndSpecialTokens) {
 
 int32_t byte_token(const Tokenizer& t, uint8_t b) {
   std::string s;
-  flashmap::text::append_utf8(s, flashmap::text::byte_to_char(b));
+  flashmap::utf8::append(s, flashmap::text::byte_to_char(b));
   return t.token_to_id(s).value();
 }
 
@@ -363,7 +364,7 @@ json minimal_tokenizer() {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) {
     std::string s;
-    flashmap::text::append_utf8(s, flashmap::text::byte_to_char(static_cast<uint8_t>(b)));
+    flashmap::utf8::append(s, flashmap::text::byte_to_char(static_cast<uint8_t>(b)));
     vocab[s] = b;
   }
   vocab["ab"] = 256;
@@ -431,24 +432,6 @@ TEST(TokenizerErrors, UnsupportedPartsNameTheField) {
 
 // ---------------------------------------------------------------------------------------------
 // Unicode helpers
-
-TEST(TokenizerUnicode, LossyDecodingReplacesMaximalSubparts) {
-  // The example of Unicode 15, section 3.9 (U+FFFD substitution of maximal subparts).
-  std::string out;
-  flashmap::text::append_utf8_lossy(out, "\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64");
-  EXPECT_EQ(out, "a\uFFFD\uFFFD\uFFFDb\uFFFDc\uFFFD\uFFFDd");
-}
-
-TEST(TokenizerUnicode, IncompleteSuffix) {
-  using flashmap::text::incomplete_utf8_suffix;
-  EXPECT_EQ(incomplete_utf8_suffix("abc"), 0u);
-  EXPECT_EQ(incomplete_utf8_suffix("a\xF0\x9F"), 2u);
-  EXPECT_EQ(incomplete_utf8_suffix("a\xF0\x9F\x98"), 3u);
-  EXPECT_EQ(incomplete_utf8_suffix("a\xF0\x9F\x98\x80"), 0u);
-  EXPECT_EQ(incomplete_utf8_suffix("a\xE0\x80"), 0u);  // can never complete
-  EXPECT_EQ(incomplete_utf8_suffix("\xC3"), 1u);
-  EXPECT_EQ(incomplete_utf8_suffix("\xFF"), 0u);
-}
 
 TEST(TokenizerUnicode, LongInputs) {
   // Deep regex backtracking (a long space run before \S) must not fail.
