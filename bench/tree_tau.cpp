@@ -1,4 +1,4 @@
-// Offline τ of draft trees (issue 16, item 1): how many tokens a verify pass would commit if it
+// Offline τ of draft trees: how many tokens a verify pass would commit if it
 // checked a trie of candidate blocks instead of one block, on the shipped default pair, before
 // any engine change. At temperature 0 the committed sequence does not depend on the drafter, so
 // the target's greedy continuation is computed once per prompt and each round's candidates are
@@ -33,9 +33,10 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "cpu/proposers.h"
+#include "engine/generate.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
-#include "specdec/proposer.h"
 #include "specdec/tree.h"
 
 using namespace flashmap;

@@ -1,52 +1,48 @@
-// The engine: the one seam between what users run (`flashmap generate`, `bench`, `serve`) and the
-// devices. An Engine opens a Qwen3 target folder, an optional FlashMap drafter folder and a device
-// ("cpu", "cuda", "cuda:N"), owns the models and every sequence's state on that device, and runs
-// the round loop of speculative decoding (src/engine/rounds.h) over a batch of sequences:
+// The engine: the one seam between what users run (`flashmap generate`, `bench`, `serve`, the
+// Python module) and the devices. An Engine opens a Qwen3 target folder, an optional drafter
+// folder and a device ("cpu", "cuda", "cuda:N"), owns the models and every sequence's state on
+// that device, and runs the round loop of speculative decoding over a batch of sequences:
 // requests in, token events out. Nothing above it knows which backend runs.
 //
-//   flashmap::EngineOptions o{.target = "Qwen3-8B", .draft = "FlashMap-Qwen3-8B", .device =
-//   "cuda"}; flashmap::Engine engine(o); auto r = engine.generate({.prompt = ids, .max_tokens =
-//   64});          // a batch of one auto req = engine.submit({.prompt = ids, .max_tokens = 64});
-//   // serving while (!(u = req->wait(seen, 100ms)).finished) ...
+//   flashmap::Engine engine({.target = "Qwen3-8B", .draft = "FlashMap-Qwen3-8B"});
+//   auto r = engine.generate({.prompt = ids, .max_tokens = 64});  // a batch of one
+//   auto req = engine.submit({.prompt = ids, .max_tokens = 64});  // serving
+//   while (!(u = req->wait(seen, 100ms)).finished) ...
 #pragma once
+
+#include <flashmap/errors.h>
+#include <flashmap/request.h>
+#include <flashmap/stats.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
-
-#include "core/check.h"
-#include "engine/device_bench.h"
-#include "engine/rounds.h"
-#include "engine/spec_policy.h"
 
 namespace flashmap {
 
-class Qwen3Model;
-class BlockProposer;
+namespace engine {
+class Backend;  // src/engine/backend.h
+}
 
-using engine::PhaseTimes;
-using engine::SpecPolicyKind;
-using flashmap::LogitControls;
-using flashmap::TokenLogprob;
-using RequestParams = engine::SequenceParams;
 using Clock = std::chrono::steady_clock;
 
 struct EngineOptions {
   std::string target = {};     // Hugging Face folder of a Qwen3 target
-  std::string draft = {};      // FlashMap drafter folder; empty: the target alone
+  std::string draft = {};      // drafter folder (FlashMap or DFlash); empty: the target alone
   std::string device = "cpu";  // cpu, cuda or cuda:N
   int steps = 0;               // drafter jumps (a key of its jump_grids; 0: its num_steps)
-  // Draft trees (issue 16): "off", "paths:N" (N noise draws), "topk:B" (best-first top-k
-  // expansion to B nodes) or "paths:N+topk:B", verified in one pass by sample-and-match; "auto":
-  // each speculative round's tree (or none) chosen by measured tokens/s (engine/tree_policy.h).
+  // Draft trees: "off", "paths:N" (N noise draws), "topk:B" (best-first top-k expansion to B
+  // nodes) or "paths:N+topk:B", verified in one pass by sample-and-match; "auto": each
+  // speculative round's tree (or none) chosen by measured tokens/s (src/engine/tree_policy.h).
   // CPU backend; sequences with logit controls or logprobs draft single blocks.
   std::string draft_tree = "off";
   // How the CPU backend holds linear weights: "native" (their file dtype, packed for the GEMM
@@ -59,15 +55,27 @@ struct EngineOptions {
   int max_running = 8;
   int max_queue = 64;
   int64_t max_context = 0;
-  // When rounds speculate (engine/spec_policy.h); generate() callers usually want Always.
+  // When rounds speculate (src/engine/spec_policy.h); generate() callers usually want Always.
   int spec_max_batch = 0;
   SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;
   int explore_min = 16, explore_max = 256;
-  // The prefix cache's budget in MiB (engine/prefix_cache.h; 0: off): finished sequences keep
+  // The prefix cache's budget in MiB (src/engine/prefix_cache.h; 0: off): finished sequences keep
   // their KV cache and drafter context for requests that share their prefix. CPU backend only.
   size_t prefix_cache_mb = 0;
   // Seconds on a monotonic clock for timing rounds; null: steady_clock (tests inject one).
   std::function<double()> clock = nullptr;
+  // CPU threads: the size of the process-wide pool the CPU backend computes on (0: the
+  // FLASHMAP_THREADS variable, else one per core). The pool is made once per process, by the
+  // first engine; an engine asking for another size than the pool's is an Error.
+  int threads = 0;
+};
+
+// What callers may need to know of the target model (its config.json).
+struct ModelInfo {
+  int64_t vocab_size = 0;  // the embedding's rows (ids past the tokenizer's are padding)
+  int hidden_size = 0;
+  int num_hidden_layers = 0;
+  int64_t max_position_embeddings = 0;
 };
 
 // Checks a device string ("cpu", "cuda", "cuda:N") and that this build and machine can run it;
@@ -75,38 +83,13 @@ struct EngineOptions {
 void check_device(const std::string& device);
 
 // The CPU backend computes on one process-wide thread pool, made on first use with
-// FLASHMAP_THREADS threads (else one per core) and never resized. Sets that size before the pool
-// exists and returns the pool's size; throws flashmap::Error when it already runs with another.
-// The pool runs one parallel loop at a time: engines must not compute from two threads at once.
+// EngineOptions::threads, FLASHMAP_THREADS or one thread per core, and never resized. Makes the
+// pool with `threads` threads when it does not exist yet and returns its size; throws
+// flashmap::Error when it already runs with another. The pool runs one parallel loop at a time:
+// engines must not compute from two threads at once.
 int set_cpu_threads(int threads);
 // The pool's size (making it with the default size when it does not exist yet).
 int cpu_threads();
-
-// `flashmap bench --device cuda --shape S`: the device's kernels at a real shape with random
-// weights (src/cuda/bench_shape.h); markdown on stdout, JSON to json_out when set.
-void bench_device_shape(const DeviceShapeBench& spec);
-
-// The result of a batch-of-one generation.
-struct GenerateResult {
-  std::vector<int32_t> ids;                   // generated tokens, without the prompt
-  std::vector<TokenLogprob> logprobs;         // one per id when RequestParams::logprobs >= 0
-  std::vector<TokenLogprob> prompt_logprobs;  // prompt tokens 1.. (prompt_logprobs >= 0)
-  std::vector<int> acceptance_lengths;  // tokens committed by each verify pass (the reference's)
-  std::vector<int64_t> accepted_at;     // [K]: rounds in which draft slot k was accepted
-  int rounds = 0;
-  std::string finish_reason;  // "stop", "length" or "cancelled"
-  PhaseTimes times;
-  // Mean tokens per target forward pass (the paper's tau); 0 without rounds.
-  double acceptance_length() const;
-};
-
-// A request the engine refuses to take now: `status` is the HTTP status it maps to (429 queue
-// full, 503 shutting down). Bad requests are plain flashmap::Error (400).
-class AdmissionError : public Error {
- public:
-  AdmissionError(int status, const std::string& message) : Error(message), status(status) {}
-  int status;
-};
 
 // What a waiting client sees of its request; the engine thread produces, the client consumes.
 class Request {
@@ -162,55 +145,6 @@ class Request {
   std::string finish_reason_, error_;
 };
 
-// Counters for /metrics, read without stopping the engine.
-struct EngineStats {
-  int running = 0, queued = 0;
-  uint64_t rounds = 0, speculative_rounds = 0;
-  // Rounds with a policy decision (some sequence could draft), by [speculated][explored].
-  uint64_t policy_rounds[2][2] = {{0, 0}, {0, 0}};
-  SpecPolicyKind policy = SpecPolicyKind::Adaptive;
-  int spec_max_batch = 0;
-  std::vector<engine::SpecPolicy::Bucket> buckets;  // the adaptive policy's estimates
-  // acceptance_hist[n]: verify rounds that committed n tokens (n in 1..K+1).
-  std::vector<uint64_t> acceptance_hist;
-  engine::PrefixCacheStats prefix_cache;
-  // Draft trees: the option, and per tree shape drafted ("off": single blocks) its speculative
-  // rounds, the drafting sequences' rounds in them, the tokens those committed (τ = committed /
-  // sequence_rounds) and the draft tokens verified (nodes per sequence round = nodes /
-  // sequence_rounds).
-  std::string draft_tree;
-  struct TreeCounts {
-    uint64_t rounds = 0, sequence_rounds = 0, committed = 0, nodes = 0;
-  };
-  std::map<std::string, TreeCounts> trees;
-  // False after a device fault (flashmap::DeviceFault): every request held then failed and no
-  // more are taken; `fault` says what happened. The process must restart to serve again.
-  bool healthy = true;
-  std::string fault;
-  int max_running = 0;  // sequences decoded together (--max-running, at most what the device holds)
-};
-
-// A batch of one on CPU models the caller holds (tests, parity, tools): through an Engine over
-// a CpuBackend that borrows them, with every round speculating when there is a proposer.
-struct GenerateOptions {
-  int max_new_tokens = 256;
-  SamplingParams sampling;
-  uint64_t seed = 0;
-  bool seeded = false;  // RequestParams::seeded
-  std::vector<int32_t> stop_ids;
-  LogitControls controls;          // RequestParams::controls
-  int logprobs = -1;               // RequestParams::logprobs
-  int prompt_logprobs = -1;        // RequestParams::prompt_logprobs
-  std::string draft_tree = "off";  // EngineOptions::draft_tree
-  // Called with the tokens each round commits (after stop-token truncation and the
-  // max_new_tokens cut), as they are accepted.
-  std::function<void(std::span<const int32_t>)> on_tokens;
-  // The request these options make for `prompt`.
-  RequestParams request(std::span<const int32_t> prompt) const;
-};
-GenerateResult generate(const Qwen3Model& target, const BlockProposer* proposer,
-                        std::span<const int32_t> prompt, const GenerateOptions& options);
-
 class Engine {
  public:
   // Checks the device, then loads the models onto it. Throws flashmap::Error naming the file,
@@ -223,7 +157,7 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   const EngineOptions& options() const { return options_; }
-  const Qwen3Config& target_config() const;
+  ModelInfo target_info() const;
   std::string device() const;
   int block_size() const;  // 0 without a drafter
   // Sequences decoded together: EngineOptions::max_running, at most as many as the device's

@@ -30,7 +30,10 @@
 #include "cli/options.h"
 #include "core/check.h"
 #include "core/rng.h"
-#include "engine/cpu_backend.h"
+#include "core/thread_pool.h"
+#include "cpu/backend.h"
+#include "engine/device_bench.h"
+#include "engine/generate.h"
 #include "io/hf_config.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
@@ -205,7 +208,7 @@ json run_decode(const Qwen3Model& target, const BlockProposer* proposer,
                 const std::vector<std::vector<int32_t>>& prompts, int max_new, int reps) {
   EngineOptions o;
   o.spec_policy = SpecPolicyKind::Always;
-  Engine engine(std::make_unique<engine::CpuBackend>(target, proposer), o);
+  Engine engine(std::make_unique<cpu::CpuBackend>(target, proposer), o);
   return run_decode(engine, prompts, max_new, reps);
 }
 
@@ -233,9 +236,9 @@ void run_bench(BenchArgs& a) {
                                  .reps = a.reps,
                                  .max_new_tokens = a.max_new_tokens});
   }
-  // The process-wide pool is made on first use, with FLASHMAP_THREADS threads: --threads must be
-  // in place before the first ThreadPool::global() (ModelOptions::resolve() comes too late).
-  if (a.model.threads > 0) setenv("FLASHMAP_THREADS", std::to_string(a.model.threads).c_str(), 1);
+  // The process-wide pool is made once, on first use: --threads sizes it before the bandwidth
+  // probe and the --shape models compute on it (the engines below then find it that size).
+  if (a.model.threads > 0) ThreadPool::configure_global(a.model.threads);
   json out;
   out["threads"] = ThreadPool::global().size();
   std::unique_ptr<Qwen3Model> target_ptr;
@@ -383,7 +386,7 @@ void run_bench(BenchArgs& a) {
     alone_opt.steps = 0;
     alone_opt.draft_tree = "off";
     Engine alone_engine(alone_opt);
-    const int V = int(alone_engine.target_config().vocab_size);
+    const int V = int(alone_engine.target_info().vocab_size);
     std::vector<std::vector<int32_t>> prompts;
     Rng rng(7);
     for (int i = 0; i < a.prompts; ++i) {

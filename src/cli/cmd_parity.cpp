@@ -11,10 +11,11 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/check.h"
+#include "cpu/proposers.h"
+#include "engine/generate.h"
 #include "io/files.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
-#include "specdec/proposer.h"
 
 namespace flashmap::cli {
 namespace fs = std::filesystem;

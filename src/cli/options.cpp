@@ -4,7 +4,6 @@
 #include <random>
 
 #include "core/check.h"
-#include "core/thread_pool.h"
 
 #ifndef FLASHMAP_SOURCE_DIR
 #define FLASHMAP_SOURCE_DIR "."
@@ -30,7 +29,6 @@ void ModelOptions::resolve() {
   if (no_draft) draft.clear();
   if (tokenizer.empty() && std::filesystem::exists(target + "/tokenizer.json", ec))
     tokenizer = target;
-  if (threads > 0) setenv("FLASHMAP_THREADS", std::to_string(threads).c_str(), 1);
 }
 
 CLI::Validator non_empty(const std::string& message) {
@@ -74,7 +72,7 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
 }
 
 EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
-  if (draft.empty()) FLASHMAP_CHECK(steps == 0, "--steps needs a drafter (--draft)");
+  // --steps against the drafter's kind: checked where the drafter loads (models/drafter.h).
   EngineOptions o;
   o.target = target;
   o.draft = draft;
@@ -83,6 +81,7 @@ EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
   o.weights = weights;
   o.draft_tree = draft_tree;
   o.sampled_vocab = sampled_vocab;
+  o.threads = threads;
   return o;
 }
 

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <memory>
+
+#include "core/check.h"
 
 namespace flashmap {
 namespace {
@@ -49,12 +52,42 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
-ThreadPool& ThreadPool::global() {
-  static ThreadPool pool([] {
+namespace {
+
+std::mutex global_mutex;
+std::unique_ptr<ThreadPool> global_owner;  // joins the workers at exit
+std::atomic<ThreadPool*> global_pool{nullptr};
+
+// The process-wide pool, made with `threads` threads (0: FLASHMAP_THREADS, else one per core)
+// when it does not exist yet.
+ThreadPool& global_pool_of(int threads) {
+  std::lock_guard lk(global_mutex);
+  if (ThreadPool* p = global_pool.load(std::memory_order_relaxed)) return *p;
+  if (threads <= 0) {
     const char* env = std::getenv("FLASHMAP_THREADS");
-    return env ? std::atoi(env) : 0;
-  }());
-  return pool;
+    threads = env ? std::atoi(env) : 0;
+  }
+  global_owner = std::make_unique<ThreadPool>(threads);
+  global_pool.store(global_owner.get(), std::memory_order_release);
+  return *global_owner;
+}
+
+}  // namespace
+
+ThreadPool& ThreadPool::global() {
+  // parallel_for asks for the pool hundreds of times per forward: no lock once it exists.
+  if (ThreadPool* p = global_pool.load(std::memory_order_acquire)) return *p;
+  return global_pool_of(0);
+}
+
+int ThreadPool::configure_global(int threads) {
+  FLASHMAP_CHECK(threads >= 1 && threads <= 1024, "threads must be in [1, 1024], got {}", threads);
+  const int size = global_pool_of(threads).size();
+  FLASHMAP_CHECK(size == threads,
+                 "threads={}: this process's CPU thread pool already runs {} threads (it is made "
+                 "once, by the first engine)",
+                 threads, size);
+  return size;
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain,

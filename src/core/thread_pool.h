@@ -28,8 +28,12 @@ class ThreadPool {
   // rethrows the first exception any of them threw.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
-  // The process-wide pool (threads from FLASHMAP_THREADS, else the hardware's).
+  // The process-wide pool, made on first use with FLASHMAP_THREADS threads, else one per core.
   static ThreadPool& global();
+  // Makes the process-wide pool with `threads` threads (in [1, 1024]) when it does not exist
+  // yet; throws flashmap::Error when it already runs with another size (it is never resized:
+  // the workers of a running pool belong to every model computing on it). Returns its size.
+  static int configure_global(int threads);
 
  private:
   void worker_loop(int index);

@@ -4,7 +4,7 @@
 
 #include "core/check.h"
 
-namespace flashmap::engine {
+namespace flashmap {
 
 SpecPolicyKind parse_spec_policy(const std::string& name) {
   if (name == "adaptive") return SpecPolicyKind::Adaptive;
@@ -29,6 +29,15 @@ const char* spec_policy_name(SpecPolicyKind kind) {
   return "?";
 }
 
+std::string spec_bucket_label(int bucket) {
+  if (bucket <= 1) return std::to_string(bucket + 1);
+  return fmt::format("{}-{}", (1 << (bucket - 1)) + 1, 1 << bucket);
+}
+
+}  // namespace flashmap
+
+namespace flashmap::engine {
+
 SpecPolicy::SpecPolicy(SpecPolicyOptions options) : options_(options) {
   FLASHMAP_CHECK(options_.max_batch >= 0, "spec_max_batch must be >= 0, got {}",
                  options_.max_batch);
@@ -43,11 +52,6 @@ int SpecPolicy::bucket_of(int batch) {
   int b = 0;
   while ((1 << b) < batch) ++b;
   return b;
-}
-
-std::string SpecPolicy::bucket_label(int bucket) {
-  if (bucket <= 1) return std::to_string(bucket + 1);
-  return fmt::format("{}-{}", (1 << (bucket - 1)) + 1, 1 << bucket);
 }
 
 SpecPolicy::Bucket& SpecPolicy::bucket(int batch) {

@@ -11,22 +11,18 @@
 // under its own lock for /metrics.
 #pragma once
 
+#include <flashmap/request.h>  // SpecPolicyKind, parse_spec_policy, spec_policy_name
+#include <flashmap/stats.h>    // SpecPolicyBucket, SpecPolicyEstimate, spec_bucket_label
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace flashmap::engine {
 
-enum class SpecPolicyKind {
-  Adaptive,  // measured, per batch-size bucket (default)
-  Always,    // every round drafts
-  Never,     // target alone
-  Batch,     // drafts while running sequences <= max_batch (0: always)
-};
-
-// "adaptive", "always", "never", "batch"; parse throws flashmap::Error on anything else.
-SpecPolicyKind parse_spec_policy(const std::string& name);
-const char* spec_policy_name(SpecPolicyKind kind);
+using ::flashmap::parse_spec_policy;
+using ::flashmap::spec_policy_name;
+using ::flashmap::SpecPolicyKind;
 
 struct SpecPolicyOptions {
   SpecPolicyKind kind = SpecPolicyKind::Adaptive;
@@ -59,20 +55,10 @@ class SpecPolicy {
 
   // Buckets: batch 1, 2, 3-4, 5-8, ... (powers of two): one index per bucket.
   static int bucket_of(int batch);
-  static std::string bucket_label(int bucket);  // "1", "2", "3-4", ...
+  static std::string bucket_label(int bucket) { return spec_bucket_label(bucket); }
 
-  struct Estimate {
-    uint64_t samples = 0;
-    double seconds = 0, tokens = 0;  // EWMA per round
-    double tokens_per_second() const { return seconds > 0 ? tokens / seconds : 0; }
-  };
-  struct Bucket {
-    Estimate spec, plain;
-    int since_explore = 0;
-    int interval = 0;
-    bool has_choice() const { return spec.samples > 0 && plain.samples > 0; }
-    bool prefers_spec() const { return spec.tokens_per_second() > plain.tokens_per_second(); }
-  };
+  using Estimate = SpecPolicyEstimate;
+  using Bucket = SpecPolicyBucket;
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const SpecPolicyOptions& options() const { return options_; }
 

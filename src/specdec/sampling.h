@@ -3,6 +3,8 @@
 // the target's filtered sampling distribution.
 #pragma once
 
+#include <flashmap/request.h>  // SamplingParams
+
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -10,16 +12,6 @@
 #include "core/rng.h"
 
 namespace flashmap {
-
-struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy
-  int top_k = 0;             // 0: off
-  float top_p = 1.0f;        // (0, 1]
-  float min_p = 0.0f;        // [0, 1]
-  bool greedy() const { return temperature <= 0.0f; }
-  // Throws flashmap::Error naming the parameter that is out of range.
-  void validate() const;
-};
 
 // The distribution to sample from: softmax(logits / T), then top-k, top-p (the smallest set of
 // most likely tokens whose mass reaches top_p), min-p (tokens below min_p · max prob dropped),

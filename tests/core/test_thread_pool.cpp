@@ -9,9 +9,11 @@
 #include <future>
 #include <iostream>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "core/check.h"
 #include "core/thread_pool.h"
 
 namespace flashmap {
@@ -129,6 +131,52 @@ TEST(ThreadPool, RethrowsTheFirstExceptionAfterEveryPartFinished) {
     for (int64_t i = b; i < e; ++i) sum += i;
   });
   EXPECT_EQ(sum.load(), 4950);
+}
+
+// The process-wide pool, in a process of its own (the child re-runs this binary, so no earlier
+// test made it): an explicit size wins over FLASHMAP_THREADS without touching the variable, the
+// same size is accepted again and another one refused, naming the size the pool has.
+TEST(ThreadPool, ConfigureGlobalSizesThePoolOnce) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("FLASHMAP_THREADS", "5", 1);
+        const int made = ThreadPool::configure_global(3);
+        const int again = ThreadPool::configure_global(3);
+        std::string refused;
+        try {
+          ThreadPool::configure_global(4);
+        } catch (const Error& e) {
+          refused = e.what();
+        }
+        std::cerr << "made " << made << " again " << again << " size "
+                  << ThreadPool::global().size() << " env " << std::getenv("FLASHMAP_THREADS")
+                  << " refused: " << refused << "\n";
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0),
+      "made 3 again 3 size 3 env 5 refused: threads=4: this process's CPU thread pool already "
+      "runs 3 threads");
+  // Without a size the variable decides, and a later explicit size must agree with it.
+  EXPECT_EXIT(
+      {
+        setenv("FLASHMAP_THREADS", "2", 1);
+        const int size = ThreadPool::global().size();
+        std::cerr << "size " << size << " then " << ThreadPool::configure_global(2) << "\n";
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "size 2 then 2");
+}
+
+TEST(ThreadPool, ConfigureGlobalChecksTheRange) {
+  for (int bad : {0, -1, 1025}) {
+    try {
+      ThreadPool::configure_global(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), "threads must be in [1, 1024], got " + std::to_string(bad));
+    }
+  }
 }
 
 }  // namespace
