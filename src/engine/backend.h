@@ -1,151 +1,198 @@
 // What the round loop (rounds.h) needs of a device: three small interfaces, implemented once for
-// the CPU (cpu_backend.h, the reference) and once for CUDA (src/cuda/cuda_backend.cpp).
+// the CPU (src/cpu, the fp32 reference) and once for CUDA (src/cuda).
 //
 //   Target    the target's forward over a batch of sequences, each with its own KV cache, with
-//             hidden-state taps for the drafter;
-//   Proposer  a block of K draft tokens after each sequence's anchor;
-//   Verifier  the first token of a sequence and each round's acceptance, returned to the host as a
-//             small per-sequence result (on a GPU: one device→host copy per round).
+//             hidden-state taps for the drafter: open / prefill / forward / commit;
+//   Proposer  a block (or a tree) of drafts after each sequence's anchor;
+//   Verifier  the first token of a sequence and each round's acceptance, where the logits live:
+//             logit controls, constraints and logprobs are applied there, so that a device never
+//             ships logits rows to the host for them.
 //
-// A sequence's device state (KV cache, drafter context, the round's block, its last logits) is a
-// Slot that the backend makes and the loop holds; the three interfaces act on the same slots, so
-// the tokens of a block never need to visit the host. Everything above the loop sees only these.
+// A sequence's state on the device (KV cache, drafter context, the round's block, its last
+// logits) stays in the backend that made it, in a table of its own type; the loop holds a Slot,
+// which names a row of that table and gives it back when it goes. Everything above the loop
+// sees only these interfaces and BackendInfo.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "core/check.h"
 #include "io/hf_config.h"
 #include "specdec/controls.h"
+#include "specdec/logprobs.h"
 #include "specdec/sampling.h"
 #include "specdec/tree.h"
 
 namespace flashmap::engine {
 
-// One sequence's state on a device.
+class Target;
+
+// A sequence's handle: the index of its state in the backend that opened it. Move-only; its
+// destruction closes the sequence (its memory goes back to the backend).
 class Slot {
  public:
-  virtual ~Slot() = default;
+  Slot() = default;
+  Slot(Target* owner, int index) : owner_(owner), index_(index) {}
+  Slot(Slot&& o) noexcept : owner_(std::exchange(o.owner_, nullptr)), index_(o.index_) {}
+  Slot& operator=(Slot&& o) noexcept {
+    if (this != &o) {
+      reset();
+      owner_ = std::exchange(o.owner_, nullptr);
+      index_ = o.index_;
+    }
+    return *this;
+  }
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+  ~Slot() { reset(); }
+  void reset();
+  explicit operator bool() const { return owner_ != nullptr; }
+  int index() const { return index_; }
+
+ private:
+  Target* owner_ = nullptr;
+  int index_ = -1;
+};
+
+// What a backend offers beyond the round itself, declared once; the engine checks options and
+// requests against it at start (engine.cpp) with a clear error.
+struct Capabilities {
+  bool fork = false;             // open() from another sequence's prefix (prefix cache, n > 1)
+  bool prompt_logprobs = false;  // prefill scoring each prompt token (Prefill::score)
+  bool trees = false;            // draft trees (SeqStep::tree) drafted, verified and accepted
+};
+
+// What the loop reads of a backend; fixed when the backend is made.
+struct BackendInfo {
+  const Qwen3Config* config = nullptr;
+  int64_t max_positions = 0;    // positions a sequence's KV cache holds
+  std::string device;           // "cpu", "cuda:0", ...
+  int max_sequences = 1 << 20;  // sequences it holds at once (the engine queues the rest)
+  Capabilities caps;
+  int block_size = 0;          // K drafts per block; 0: no drafter
+  std::vector<int> taps;       // target layers the drafter reads
+  bool drafter_noise = false;  // FlashMap: different draws, different blocks; DFlash: none
+  bool has_drafter() const { return block_size > 0; }
+};
+
+// How a sequence opens: fresh, or (Capabilities::fork) holding the first `length` positions of
+// `from` (KV cache and, when drafting, drafter context), to be prefilled with the rest.
+struct Open {
+  bool drafting = false;
+  const Slot* from = nullptr;
+  int64_t length = 0;
+};
+
+// One sequence's prefill: its `tokens` appended to the KV cache, the drafter context (when it
+// drafts) takes their features, and its last row becomes the row pick() draws from. With
+// score >= 0 (Capabilities::prompt_logprobs) every row is kept chunk by chunk and `scored` gets
+// the logprob of tokens[r + 1] under row r with its `score` most likely alternatives.
+struct Prefill {
+  int seq = 0;  // Slot::index()
+  std::span<const int32_t> tokens;
+  int score = -1;
+  std::vector<TokenLogprob>* scored = nullptr;
 };
 
 // One sequence's part in a step of the loop.
 struct SeqStep {
-  Slot* slot = nullptr;
+  int seq = 0;  // Slot::index()
   // Sequence position of the anchor (the cache length before this forward); the token drawn
   // from logits row r is at position + 1 + r.
   int64_t position = 0;
   int room = 0;  // drafts verified this round (0: the anchor alone)
   SeqSampler* sampler = nullptr;
-  ControlState* controls = nullptr;  // the sequence's logit controls (a constraint masks drafts)
-  // Active: the round drafts a tree of this shape (at most `room` deep), verifies it in the same
-  // forward and accepts by sample-and-match; only on backends with trees() (and never with logit
-  // controls or logprobs, whose rows assume a chain).
+  // The sequence's logit controls and structured-output constraint (null or inactive: none),
+  // applied to the target's rows before pick/accept, and the constraint to the drafter's rows.
+  ControlState* controls = nullptr;
+  // -1: no logprobs; n >= 0: the emitted tokens' logprobs under the raw target rows with their
+  // n most likely alternatives (Accepted::logprobs).
+  int logprobs = -1;
+  // Active: the round may draft a tree of this shape (at most `room` deep) when the proposer
+  // takes one for this sequence (Capabilities::trees; never for a sequence with controls or
+  // logprobs, whose rows are read as a chain); it is verified in the same forward and accepted
+  // by sample-and-match.
   TreeShape tree = {};
 };
 
-// A round's outcome for one sequence, on the host: `accepted` drafts then the target's token
-// (for a tree: the accepted path's tokens; the backend has already kept only that path's KV and
-// put its rows first, so that truncate() and commit() see a block).
+// pick()'s or accept()'s outcome for one sequence, on the host: `accepted` drafts then the
+// target's token (for a tree: the accepted path's tokens; the backend has already kept only
+// that path's KV and rows, first and in order, so that commit() sees a block).
 struct Accepted {
   int accepted = 0;
-  std::vector<int32_t> tokens;  // accepted + 1 tokens
+  std::vector<int32_t> tokens;         // accepted + 1 tokens (pick: the one first token)
+  std::vector<TokenLogprob> logprobs;  // one per token when SeqStep::logprobs >= 0
+  int64_t drafted = 0;                 // draft tokens (block slots or tree nodes) verified
+};
+
+// After accept: a sequence keeps the first `length` positions of its KV cache (the rejected
+// drafts go) and its drafter context takes the target's features of the first `drafted` rows
+// of the last forward (the anchor and the accepted drafts; 0: nothing, e.g. it ends).
+struct Commit {
+  int seq = 0;
+  int64_t length = 0;
+  int64_t drafted = 0;
+};
+
+// What a sequence holds, for the prefix cache: the positions both its KV cache and its drafter
+// context hold (what a fork can copy), and the bytes of memory.
+struct Held {
+  int64_t positions = 0;
+  size_t bytes = 0;
 };
 
 class Target {
  public:
   virtual ~Target() = default;
-  virtual const Qwen3Config& config() const = 0;
-  // Positions a sequence's KV cache holds.
-  virtual int64_t max_positions() const = 0;
-  // A new sequence: an empty KV cache and, when `drafting`, an empty drafter context.
-  virtual std::unique_ptr<Slot> open(bool drafting) = 0;
-  // The prompts' forward over a batch: KV appended; each sequence's last logits row; and the
-  // drafting sequences' drafter contexts take the target's features of every prompt position.
-  virtual void prefill(std::span<Slot* const> slots,
-                       std::span<const std::span<const int32_t>> prompts) = 0;
-  // Prompt logprobs: one sequence's next `tokens` of its prompt with the logits of every row kept,
-  // its drafter context extended as prefill does; called chunk by chunk, so the rows held stay
-  // bounded. Its last row is then the sequence's row 0 (the one pick() draws from), so
-  // read_logits(slot, −(n − 1), n) reads all n.
-  virtual void prefill_all(Slot& slot, std::span<const int32_t> tokens) {
-    (void)slot, (void)tokens;
-    throw InternalError("prefill_all on a backend without it");
-  }
-  virtual bool has_prefill_all() const { return false; }
-  // Each sequence's anchor and its first `room` drafts in one forward over the batch: KV
+  // A new sequence; an empty Slot when `o.from` is set and this one cannot be forked from it.
+  virtual Slot open(const Open& o) = 0;
+  virtual void prefill(std::span<const Prefill> seqs) = 0;
+  // Each sequence's anchor and its `room` drafts (or tree) in one forward over the batch: KV
   // appended, logits of every row, taps for drafting sequences.
-  virtual void verify(std::span<const SeqStep> steps) = 0;
-  // Keeps the first `length` positions of a sequence's cache (drops rejected drafts).
-  virtual void truncate(Slot& slot, int64_t length) = 0;
-  // Whether verify() and accept() take draft trees (SeqStep::tree).
-  virtual bool trees() const { return false; }
-  // Draft tokens (block slots or tree nodes) the last verify() ran, all sequences.
-  virtual int64_t drafts_verified() const { return 0; }
-  // Host access to a sequence's rows of the last prefill (its one row) or verify (anchor +
-  // drafts), for what the loop computes itself: logit controls (read, changed, written back
-  // before pick/accept) and logprobs. Rows count from the sequence's first.
-  virtual void read_logits(Slot& slot, int64_t first, int64_t n, float* dst) = 0;
-  virtual void write_logits(Slot& slot, int64_t first, int64_t n, const float* src) = 0;
-  // The first n drafts of the sequence's block, as proposed.
-  virtual void read_drafts(Slot& slot, int n, int32_t* dst) = 0;
-  // The prefix cache (engine/prefix_cache.h). fork: a new sequence holding the first `length`
-  // positions of `from` (KV cache and, when `drafting`, drafter context), to be prefilled
-  // with the rest of its prompt; null where the backend cannot. forkable: the positions `slot`
-  // holds in both. bytes: the memory it holds.
-  virtual std::unique_ptr<Slot> fork(Slot& from, int64_t length, bool drafting) {
-    (void)from, (void)length, (void)drafting;
-    return nullptr;
-  }
-  virtual int64_t forkable(Slot& slot) {
-    (void)slot;
-    return 0;
-  }
-  virtual size_t bytes(Slot& slot) {
-    (void)slot;
-    return 0;
-  }
+  virtual void forward(std::span<const SeqStep> steps) = 0;
+  virtual void commit(std::span<const Commit> seqs) = 0;
+  virtual Held held(int seq) const = 0;
+
+ protected:
+  friend class Slot;
+  virtual void close(int seq) = 0;  // through Slot's destruction only
 };
+
+inline void Slot::reset() {
+  if (owner_) std::exchange(owner_, nullptr)->close(index_);
+}
 
 class Proposer {
  public:
   virtual ~Proposer() = default;
-  virtual int block_size() const = 0;
-  // Appends to each drafting sequence's context the target's features of the first n[i] rows
-  // the last verify fed it (the anchor and the accepted drafts).
-  virtual void commit(std::span<Slot* const> slots, std::span<const int64_t> n) = 0;
-  // Drafts K tokens after each sequence's anchor, all in one batch, drawn as the sequence's
-  // sampler draws (argmax, keyed by position, or from the filtered q kept for rejection
-  // sampling); they stay in the slot for Target::verify.
+  // Drafts after each sequence's anchor, all in one batch, drawn as the sequence's sampler draws
+  // (argmax, keyed by position, or from the filtered q kept for rejection sampling); they stay
+  // in the backend for forward().
   virtual void propose(std::span<const SeqStep> steps) = 0;
 };
 
 class Verifier {
  public:
   virtual ~Verifier() = default;
-  // After prefill: each sequence's first token from its last logits row (drawn at position
-  // step.position + 1, the prompt's length). It becomes the slot's anchor.
-  virtual void pick(std::span<const SeqStep> steps, std::span<int32_t> tokens) = 0;
-  // After verify: each sequence's acceptance in its sampler's mode (greedy, keyed, rejection).
-  // The target's token after the accepted drafts becomes the slot's anchor.
+  // After prefill: each sequence's first token from its last row (drawn at position
+  // step.position + 1, the prompt's length). It becomes the sequence's anchor.
+  virtual void pick(std::span<const SeqStep> steps, std::span<Accepted> out) = 0;
+  // After forward: each sequence's acceptance in its sampler's mode (greedy, keyed, rejection).
+  // The target's token after the accepted drafts becomes the anchor.
   virtual void accept(std::span<const SeqStep> steps, std::span<Accepted> out) = 0;
 };
 
 // A device with the target and, optionally, a drafter.
 class Backend : public Target, public Proposer, public Verifier {
  public:
-  virtual bool has_drafter() const = 0;
-  // Whether the drafter draws noise (FlashMap: different draws, different blocks; DFlash: none).
-  virtual bool drafter_has_noise() const { return true; }
-  // Target layers the drafter reads (empty without one).
-  virtual std::span<const int> taps() const = 0;
-  virtual std::string device() const = 0;  // "cpu", "cuda:0", ...
-  // Sequences it can hold at once (device memory for their KV caches and drafter contexts);
-  // the engine runs at most this many and queues the rest.
-  virtual int max_sequences() const { return 1 << 20; }
+  const BackendInfo& info() const { return info_; }
+  const Qwen3Config& config() const { return *info_.config; }
+
+ protected:
+  BackendInfo info_;
 };
 
 }  // namespace flashmap::engine

@@ -4,17 +4,21 @@
 // and finished or cancelled ones leave (their slots freed).
 #include <flashmap/engine.h>
 
-#include <cstdlib>
 #include <deque>
 #include <map>
 #include <thread>
 
+#include "core/check.h"
 #include "core/thread_pool.h"
-#include "engine/cpu_backend.h"
+#include "cpu/backend.h"
+#include "engine/device_bench.h"
+#include "engine/rounds.h"
+#include "engine/spec_policy.h"
+#include "engine/tree_policy.h"
 #include "ops/gemm.h"
 #ifdef FLASHMAP_WITH_CUDA
+#include "cuda/backend.h"
 #include "cuda/bench_shape.h"
-#include "cuda/cuda_backend.h"
 #include "cuda/device.h"
 #endif
 
@@ -36,7 +40,7 @@ std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
   check_device(o.device);
   const ops::WeightFormat weights = ops::parse_weight_format(o.weights);
   if (o.device == "cpu")
-    return engine::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab, weights);
+    return cpu::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab, weights);
   FLASHMAP_CHECK(weights == ops::WeightFormat::Native,
                  "--weights {}: the CUDA backend runs bf16 weights only (q8 is a CPU format)",
                  o.weights);
@@ -51,26 +55,7 @@ std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
 }  // namespace
 
 int set_cpu_threads(int threads) {
-  FLASHMAP_CHECK(threads >= 1 && threads <= 1024, "threads must be in [1, 1024], got {}", threads);
-  static std::mutex m;
-  std::lock_guard lk(m);
-  // The pool reads the variable once, when it is made; afterwards setting it would only mislead
-  // a later reader, so the old value comes back when the pool already exists.
-  const char* old = std::getenv("FLASHMAP_THREADS");
-  const std::string saved = old ? old : "";
-  setenv("FLASHMAP_THREADS", std::to_string(threads).c_str(), 1);
-  const int size = ThreadPool::global().size();
-  if (size != threads) {
-    if (old)
-      setenv("FLASHMAP_THREADS", saved.c_str(), 1);
-    else
-      unsetenv("FLASHMAP_THREADS");
-  }
-  FLASHMAP_CHECK(size == threads,
-                 "threads={}: this process's CPU thread pool already runs {} threads (it is made "
-                 "once, by the first engine)",
-                 threads, size);
-  return size;
+  return ThreadPool::configure_global(threads);
 }
 
 int cpu_threads() {
@@ -103,29 +88,6 @@ double GenerateResult::acceptance_length() const {
   double s = 0;
   for (int a : acceptance_lengths) s += a;
   return s / double(acceptance_lengths.size());
-}
-
-GenerateResult generate(const Qwen3Model& target, const BlockProposer* proposer,
-                        std::span<const int32_t> prompt, const GenerateOptions& opt) {
-  EngineOptions eo;
-  eo.spec_policy = SpecPolicyKind::Always;
-  eo.draft_tree = opt.draft_tree;
-  Engine engine(std::make_unique<engine::CpuBackend>(target, proposer), eo);
-  return engine.generate(opt.request(prompt), opt.on_tokens);
-}
-
-RequestParams GenerateOptions::request(std::span<const int32_t> prompt) const {
-  RequestParams p;
-  p.prompt.assign(prompt.begin(), prompt.end());
-  p.max_tokens = max_new_tokens;
-  p.sampling = sampling;
-  p.seed = seed;
-  p.seeded = seeded;
-  p.stop_ids = stop_ids;
-  p.controls = controls;
-  p.logprobs = logprobs;
-  p.prompt_logprobs = prompt_logprobs;
-  return p;
 }
 
 // ---- Request ----
@@ -224,15 +186,33 @@ struct Engine::Impl {
   std::thread thread;
 };
 
-Engine::Engine(EngineOptions options) : Engine(make_backend(options), options) {}
+namespace {
+
+// EngineOptions::threads sizes the CPU pool before anything computes on it (loading the models
+// packs their weights on it).
+const EngineOptions& with_threads(const EngineOptions& o) {
+  if (o.threads != 0) ThreadPool::configure_global(o.threads);
+  return o;
+}
+
+}  // namespace
+
+Engine::Engine(EngineOptions options) : Engine(make_backend(with_threads(options)), options) {}
 
 Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
     : options_(std::move(options)), impl_(std::make_unique<Impl>()) {
+  with_threads(options_);
   FLASHMAP_CHECK(options_.max_running >= 1, "max_running must be >= 1, got {}",
                  options_.max_running);
   FLASHMAP_CHECK(options_.max_queue >= 0, "max_queue must be >= 0, got {}", options_.max_queue);
   impl_->backend = std::move(backend);
-  impl_->max_running = std::min(options_.max_running, impl_->backend->max_sequences());
+  const engine::BackendInfo& info = impl_->backend->info();
+  // What the options ask of the backend, checked once here (engine/backend.h Capabilities).
+  FLASHMAP_CHECK(options_.prefix_cache_mb == 0 || info.caps.fork,
+                 "--prefix-cache-mb {}: the prefix cache needs a backend that copies a "
+                 "sequence's prefix, which {} does not (use 0)",
+                 options_.prefix_cache_mb, info.device);
+  impl_->max_running = std::min(options_.max_running, info.max_sequences);
   impl_->loop = std::make_unique<RoundLoop>(
       *impl_->backend,
       engine::SpecPolicyOptions{.kind = options_.spec_policy,
@@ -240,21 +220,20 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
                                 .explore_min = options_.explore_min,
                                 .explore_max = options_.explore_max},
       options_.max_context, options_.clock, options_.prefix_cache_mb << 20);
-  if (impl_->backend->has_drafter())
-    impl_->acceptance_hist.assign(size_t(impl_->backend->block_size()) + 2, 0);
+  if (info.has_drafter()) impl_->acceptance_hist.assign(size_t(info.block_size) + 2, 0);
   const bool tree_auto = options_.draft_tree == "auto";
   const TreeShape tree =
       tree_auto ? TreeShape{1, 0} : TreeShape::parse(options_.draft_tree, "--draft-tree");
   if (tree.active()) {
-    FLASHMAP_CHECK(impl_->backend->has_drafter(), "--draft-tree {} needs a drafter (--draft)",
+    FLASHMAP_CHECK(info.has_drafter(), "--draft-tree {} needs a drafter (--draft)",
                    options_.draft_tree);
-    FLASHMAP_CHECK(impl_->backend->trees(),
+    FLASHMAP_CHECK(info.caps.trees,
                    "--draft-tree {}: draft trees run on the CPU backend only, not on {}",
-                   options_.draft_tree, impl_->backend->device());
+                   options_.draft_tree, info.device);
     if (tree_auto) {
       // A DFlash drafter has no noise: its draws would all be the same block.
-      impl_->loop->set_tree_auto(engine::TreePolicy::auto_candidates(
-          impl_->backend->block_size(), impl_->backend->drafter_has_noise()));
+      impl_->loop->set_tree_auto(
+          engine::TreePolicy::auto_candidates(info.block_size, info.drafter_noise));
     } else {
       impl_->loop->set_tree(tree);
     }
@@ -271,11 +250,15 @@ Engine::~Engine() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-const Qwen3Config& Engine::target_config() const {
-  return impl_->backend->config();
+ModelInfo Engine::target_info() const {
+  const Qwen3Config& c = impl_->backend->config();
+  return {.vocab_size = c.vocab_size,
+          .hidden_size = c.hidden_size,
+          .num_hidden_layers = c.num_hidden_layers,
+          .max_position_embeddings = c.max_position_embeddings};
 }
 std::string Engine::device() const {
-  return impl_->backend->device();
+  return impl_->backend->info().device;
 }
 int Engine::block_size() const {
   return impl_->loop->block_size();

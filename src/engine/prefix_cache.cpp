@@ -14,14 +14,15 @@ size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
 }  // namespace
 
 PrefixCache::PrefixCache(Backend& backend, size_t budget_bytes, int64_t min_match)
-    : backend_(backend), budget_(budget_bytes), min_match_(std::max<int64_t>(min_match, 1)) {
-  stats_.budget = budget_bytes;
+    : backend_(backend),
+      budget_(backend.info().caps.fork ? budget_bytes : 0),
+      min_match_(std::max<int64_t>(min_match, 1)) {
+  stats_.budget = budget_;
 }
 
-std::unique_ptr<Slot> PrefixCache::lookup(std::span<const int32_t> prompt, bool drafting,
-                                          int64_t& cached) {
+Slot PrefixCache::lookup(std::span<const int32_t> prompt, bool drafting, int64_t& cached) {
   cached = 0;
-  if (!enabled() || prompt.size() < 2) return nullptr;
+  if (!enabled() || prompt.size() < 2) return {};
   ++stats_.queries;
   stats_.query_tokens += prompt.size();
   const auto limit = prompt.size() - 1;
@@ -35,9 +36,9 @@ std::unique_ptr<Slot> PrefixCache::lookup(std::span<const int32_t> prompt, bool 
       best = it;
     }
   }
-  if (best == lru_.end() || int64_t(best_len) < min_match_) return nullptr;
-  auto slot = backend_.fork(*best->slot, int64_t(best_len), drafting);
-  if (!slot) return nullptr;
+  if (best == lru_.end() || int64_t(best_len) < min_match_) return {};
+  Slot slot = backend_.open({drafting, &best->slot, int64_t(best_len)});
+  if (!slot) return {};
   lru_.splice(lru_.begin(), lru_, best);
   ++stats_.hits;
   stats_.hit_tokens += best_len;
@@ -45,9 +46,10 @@ std::unique_ptr<Slot> PrefixCache::lookup(std::span<const int32_t> prompt, bool 
   return slot;
 }
 
-void PrefixCache::insert(std::vector<int32_t> tokens, std::unique_ptr<Slot> slot, bool drafting) {
+void PrefixCache::insert(std::vector<int32_t> tokens, Slot slot, bool drafting) {
   if (!enabled() || !slot) return;
-  const int64_t held = std::min<int64_t>(backend_.forkable(*slot), int64_t(tokens.size()));
+  const Held h = backend_.held(slot.index());
+  const int64_t held = std::min<int64_t>(h.positions, int64_t(tokens.size()));
   if (held < min_match_) return;
   tokens.resize(size_t(held));
   for (auto it = lru_.begin(); it != lru_.end();) {
@@ -65,8 +67,7 @@ void PrefixCache::insert(std::vector<int32_t> tokens, std::unique_ptr<Slot> slot
     }
     ++it;
   }
-  Entry e{std::move(tokens), std::move(slot), drafting, 0};
-  e.bytes = backend_.bytes(*e.slot);
+  Entry e{std::move(tokens), std::move(slot), drafting, h.bytes};
   if (e.bytes > budget_) return;
   evict_to(budget_ - e.bytes);
   stats_.bytes += e.bytes;

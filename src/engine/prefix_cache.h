@@ -8,9 +8,10 @@
 // ops/attention.cpp), which the tests check as identical greedy output with the cache on and off.
 #pragma once
 
+#include <flashmap/stats.h>  // PrefixCacheStats
+
 #include <cstdint>
 #include <list>
-#include <memory>
 #include <span>
 #include <vector>
 
@@ -18,35 +19,30 @@
 
 namespace flashmap::engine {
 
-struct PrefixCacheStats {
-  uint64_t queries = 0, hits = 0;
-  uint64_t query_tokens = 0, hit_tokens = 0;  // prompt tokens asked for, and served from cache
-  uint64_t inserts = 0, evictions = 0;
-  size_t entries = 0, bytes = 0, budget = 0;
-};
+using PrefixCacheStats = ::flashmap::PrefixCacheStats;
 
 class PrefixCache {
  public:
-  // budget_bytes 0: off. Matches shorter than min_match tokens are not used (a copy is not
-  // worth it for a few positions).
+  // budget_bytes 0 (or a backend that cannot fork): off. Matches shorter than min_match tokens are
+  // not used (a copy is not worth it for a few positions).
   PrefixCache(Backend& backend, size_t budget_bytes, int64_t min_match = 16);
   bool enabled() const { return budget_ > 0; }
 
   // A slot for `prompt` holding its longest cached prefix (at most prompt.size() − 1 tokens: the
   // last prompt token's logits must come from a forward), and for a drafting request only from
   // an entry that has a drafter context; `cached` gets the positions it holds. Null: no usable
-  // entry (or the backend cannot fork).
-  std::unique_ptr<Slot> lookup(std::span<const int32_t> prompt, bool drafting, int64_t& cached);
+  // entry (or the drafter's kind cannot fork).
+  Slot lookup(std::span<const int32_t> prompt, bool drafting, int64_t& cached);
   // Keeps a finished sequence's slot; `tokens` are what its positions hold (the first
-  // backend.forkable(slot) of them count). Entries it extends are dropped; an entry it is a prefix
-  // of makes it redundant.
-  void insert(std::vector<int32_t> tokens, std::unique_ptr<Slot> slot, bool drafting);
+  // backend.held(slot).positions of them count). Entries it extends are dropped; an entry it is a
+  // prefix of makes it redundant.
+  void insert(std::vector<int32_t> tokens, Slot slot, bool drafting);
   PrefixCacheStats stats() const;
 
  private:
   struct Entry {
     std::vector<int32_t> tokens;  // exactly the positions the slot holds
-    std::unique_ptr<Slot> slot;
+    Slot slot;
     bool drafting = false;
     size_t bytes = 0;
   };

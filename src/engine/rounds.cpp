@@ -23,7 +23,7 @@ Sequence::Sequence(SequenceParams p)
 void Sequence::restart() {
   sampler = SeqSampler(params.sampling, params.seed, params.seeded);
   controls = ControlState();
-  slot.reset();
+  slot = Slot();
   length = cached_tokens = 0;
   history.clear();
   prompt_logprobs.clear();
@@ -37,52 +37,8 @@ void Sequence::restart() {
   times = {};
 }
 
-std::vector<float> RoundLoop::control(Sequence& s, int rows) {
-  if (!s.controls.active()) return {};
-  const int64_t V = backend_.config().vocab_size;
-  std::vector<float> raw(size_t(rows) * size_t(V));
-  backend_.read_logits(*s.slot, 0, rows, raw.data());
-  std::vector<int32_t> drafts(size_t(rows - 1));
-  if (rows > 1) backend_.read_drafts(*s.slot, rows - 1, drafts.data());
-  std::vector<float> rows_now = raw;
-  s.controls.apply(rows_now.data(), drafts);
-  backend_.write_logits(*s.slot, 0, rows, rows_now.data());
-  return s.params.logprobs >= 0 ? raw : std::vector<float>{};
-}
-
-void RoundLoop::prefill_scored(Sequence& s) {
-  // 128 rows of logits at a time: 78 MB at Qwen3's vocabulary, whatever the prompt's length.
-  constexpr int64_t kChunk = 128;
-  const int64_t V = backend_.config().vocab_size;
-  const auto& prompt = s.params.prompt;
-  const int64_t P = int64_t(prompt.size());
-  std::vector<float> rows;
-  s.prompt_logprobs.clear();
-  for (int64_t start = 0; start < P; start += kChunk) {
-    const int64_t n = std::min(kChunk, P - start);
-    backend_.prefill_all(*s.slot, std::span(prompt).subspan(size_t(start), size_t(n)));
-    rows.resize(size_t(n * V));
-    backend_.read_logits(*s.slot, -(n - 1), n, rows.data());
-    for (int64_t r = 0; r < n && start + r + 1 < P; ++r)
-      s.prompt_logprobs.push_back(token_logprob(
-          rows.data() + r * V, V, prompt[size_t(start + r + 1)], s.params.prompt_logprobs));
-  }
-  if (s.on_prompt_logprobs) s.on_prompt_logprobs(s.prompt_logprobs);
-}
-
-std::vector<TokenLogprob> RoundLoop::logprobs(Sequence& s, std::span<const int32_t> tokens,
-                                              std::vector<float> raw) {
-  if (s.params.logprobs < 0) return {};
-  const int64_t V = backend_.config().vocab_size;
-  const int64_t n = int64_t(tokens.size());
-  if (raw.empty()) {
-    raw.resize(size_t(n * V));
-    backend_.read_logits(*s.slot, 0, n, raw.data());
-  }
-  std::vector<TokenLogprob> out;
-  for (int64_t k = 0; k < n; ++k)
-    out.push_back(token_logprob(raw.data() + k * V, V, tokens[size_t(k)], s.params.logprobs));
-  return out;
+SeqStep RoundLoop::step(Sequence& s, int64_t position, int room, TreeShape tree) {
+  return {s.slot.index(), position, room, &s.sampler, &s.controls, s.params.logprobs, tree};
 }
 
 RoundLoop::RoundLoop(Backend& backend, SpecPolicyOptions policy, int64_t max_context,
@@ -92,7 +48,7 @@ RoundLoop::RoundLoop(Backend& backend, SpecPolicyOptions policy, int64_t max_con
       clock_(std::move(clock)),
       cache_(backend, prefix_cache_bytes) {
   const int64_t cap =
-      std::min<int64_t>(backend_.config().max_position_embeddings, backend_.max_positions());
+      std::min<int64_t>(backend_.config().max_position_embeddings, backend_.info().max_positions);
   FLASHMAP_CHECK(max_context >= 0, "max_context must be >= 0, got {}", max_context);
   max_context_ = max_context > 0 ? std::min(max_context, cap) : cap;
   if (!clock_)
@@ -101,31 +57,45 @@ RoundLoop::RoundLoop(Backend& backend, SpecPolicyOptions policy, int64_t max_con
 
 void RoundLoop::validate(const SequenceParams& p) const {
   const int64_t V = backend_.config().vocab_size;
-  FLASHMAP_CHECK(!p.prompt.empty(), "the prompt is empty: give at least one token");
+  FLASHMAP_CHECK_PARAM(!p.prompt.empty(), "prompt", "the prompt is empty: give at least one token");
   for (size_t i = 0; i < p.prompt.size(); ++i)
-    FLASHMAP_CHECK(p.prompt[i] >= 0 && p.prompt[i] < V,
-                   "prompt token {} (at index {}) is outside the vocabulary [0, {})", p.prompt[i],
-                   i, V);
-  FLASHMAP_CHECK(p.max_tokens > 0, "max_new_tokens must be > 0, got {}", p.max_tokens);
+    FLASHMAP_CHECK_PARAM(p.prompt[i] >= 0 && p.prompt[i] < V, "prompt",
+                         "prompt token {} (at index {}) is outside the vocabulary [0, {})",
+                         p.prompt[i], i, V);
+  // Before max_tokens: a prompt that fills the context leaves none, whatever was asked for.
+  if (int64_t(p.prompt.size()) >= max_context_)
+    throw ParamError("prompt",
+                     fmt::format("the prompt ({} tokens) leaves no room in the context of {} "
+                                 "positions",
+                                 p.prompt.size(), max_context_),
+                     "context_length_exceeded");
+  FLASHMAP_CHECK_PARAM(p.max_tokens > 0, "max_tokens", "max_new_tokens must be > 0, got {}",
+                       p.max_tokens);
   for (int32_t s : p.stop_ids)
-    FLASHMAP_CHECK(s >= 0 && s < V, "stop token {} is outside the vocabulary [0, {})", s, V);
+    FLASHMAP_CHECK_PARAM(s >= 0 && s < V, "stop_token_ids",
+                         "stop token {} is outside the vocabulary [0, {})", s, V);
   p.sampling.validate();
   p.controls.validate(V);
-  FLASHMAP_CHECK(!p.controls.constraint || !p.stop_ids.empty(),
-                 "structured output needs a stop token to end the output (the model's eos ids, or "
-                 "stop_token_ids; not ignore_eos alone)");
-  FLASHMAP_CHECK(p.logprobs >= -1 && p.logprobs <= kMaxTopLogprobs,
-                 "top_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, p.logprobs);
-  FLASHMAP_CHECK(p.prompt_logprobs >= -1 && p.prompt_logprobs <= kMaxTopLogprobs,
-                 "prompt_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, p.prompt_logprobs);
-  FLASHMAP_CHECK(p.prompt_logprobs < 0 || backend_.has_prefill_all(),
-                 "prompt logprobs (echo with logprobs, prompt_logprobs) are not supported on {} "
-                 "yet (CPU only)",
-                 backend_.device());
+  FLASHMAP_CHECK_PARAM(!p.controls.constraint || !p.stop_ids.empty(), "response_format",
+                       "structured output needs a stop token to end the output (the model's eos "
+                       "ids, or stop_token_ids; not ignore_eos alone)");
+  FLASHMAP_CHECK_PARAM(p.logprobs >= -1 && p.logprobs <= kMaxTopLogprobs, "top_logprobs",
+                       "top_logprobs must be in [0, {}], got {}", kMaxTopLogprobs, p.logprobs);
+  FLASHMAP_CHECK_PARAM(p.prompt_logprobs >= -1 && p.prompt_logprobs <= kMaxTopLogprobs,
+                       "prompt_logprobs", "prompt_logprobs must be in [0, {}], got {}",
+                       kMaxTopLogprobs, p.prompt_logprobs);
+  FLASHMAP_CHECK_PARAM(p.prompt_logprobs < 0 || backend_.info().caps.prompt_logprobs,
+                       "prompt_logprobs",
+                       "prompt logprobs (echo with logprobs, prompt_logprobs) are not supported "
+                       "on {} yet (CPU only)",
+                       backend_.info().device);
   const int64_t need = int64_t(p.prompt.size()) + p.max_tokens;
-  FLASHMAP_CHECK(need <= max_context_,
-                 "prompt ({} tokens) + max_new_tokens ({}) exceeds the context of {} positions",
-                 p.prompt.size(), p.max_tokens, max_context_);
+  if (need > max_context_)
+    throw ParamError("max_tokens",
+                     fmt::format("prompt ({} tokens) + max_new_tokens ({}) exceeds the context of "
+                                 "{} positions",
+                                 p.prompt.size(), p.max_tokens, max_context_),
+                     "context_length_exceeded");
 }
 
 bool RoundLoop::emit(Sequence& s, std::span<const int32_t> fresh, bool verified,
@@ -165,7 +135,7 @@ void RoundLoop::admit(std::span<Sequence* const> fresh) {
   // it, and prefill only their last token (whose logits they need).
   std::vector<Sequence*> leaders, copies, sources;
   for (Sequence* s : fresh) {
-    s->drafting = backend_.has_drafter() && s->params.speculative;
+    s->drafting = backend_.info().has_drafter() && s->params.speculative;
     if (s->params.prompt_logprobs >= 0) {
       admit_group({&s, 1}, {});  // alone: its rows are read chunk by chunk
       continue;
@@ -189,52 +159,47 @@ void RoundLoop::admit(std::span<Sequence* const> fresh) {
 void RoundLoop::admit_group(std::span<Sequence* const> fresh, std::span<Sequence* const> sources) {
   if (fresh.empty()) return;
   const auto t0 = Clock::now();
-  std::vector<Slot*> slots;
-  std::vector<std::span<const int32_t>> prompts;
-  const bool scored = fresh.size() == 1 && fresh[0]->params.prompt_logprobs >= 0;
+  std::vector<Prefill> prefills;
   for (size_t i = 0; i < fresh.size(); ++i) {
     Sequence* s = fresh[i];
     const std::span<const int32_t> prompt = s->params.prompt;
-    if (scored) {
-      s->slot = backend_.open(s->drafting);
-    }
+    const bool scored = s->params.prompt_logprobs >= 0;  // alone, fresh: every row is scored
     if (!sources.empty()) {
       const int64_t n = int64_t(prompt.size()) - 1;
-      if (backend_.forkable(*sources[i]->slot) >= n)
-        s->slot = backend_.fork(*sources[i]->slot, n, s->drafting);
+      const Slot& from = sources[i]->slot;
+      if (backend_.held(from.index()).positions >= n)
+        s->slot = backend_.open({s->drafting, &from, n});
       s->cached_tokens = s->slot ? n : 0;
     }
-    if (!s->slot) s->slot = cache_.lookup(prompt, s->drafting, s->cached_tokens);
-    if (!s->slot) s->slot = backend_.open(s->drafting);
+    if (!s->slot && !scored) s->slot = cache_.lookup(prompt, s->drafting, s->cached_tokens);
+    if (!s->slot) s->slot = backend_.open({s->drafting});
     if (cache_.enabled()) s->history.assign(prompt.begin(), prompt.end());
     s->controls = ControlState(s->params.controls, s->params.prompt, s->params.stop_ids,
                                backend_.config().vocab_size);
-    if (s->drafting) s->accepted_at.assign(size_t(backend_.block_size()), 0);
-    slots.push_back(s->slot.get());
-    prompts.push_back(prompt.subspan(size_t(s->cached_tokens)));
+    if (s->drafting) s->accepted_at.assign(size_t(block_size()), 0);
+    prefills.push_back({s->slot.index(), prompt.subspan(size_t(s->cached_tokens)),
+                        scored ? s->params.prompt_logprobs : -1,
+                        scored ? &s->prompt_logprobs : nullptr});
   }
-  if (scored) {
-    prefill_scored(*fresh[0]);
-  } else {
-    backend_.prefill(slots, prompts);
-  }
+  backend_.prefill(prefills);
   std::vector<SeqStep> steps;
   for (Sequence* s : fresh) {
     s->length = int64_t(s->params.prompt.size());
+    if (s->params.prompt_logprobs >= 0 && s->on_prompt_logprobs)
+      s->on_prompt_logprobs(s->prompt_logprobs);
     // The first token is drawn at the prompt's length: the "anchor" is the last prompt token.
-    steps.push_back({s->slot.get(), s->length - 1, 0, &s->sampler, &s->controls});
+    steps.push_back(step(*s, s->length - 1, 0));
   }
-  std::vector<std::vector<float>> raw(fresh.size());
-  for (size_t i = 0; i < fresh.size(); ++i) raw[i] = control(*fresh[i], 1);
-  std::vector<int32_t> first(fresh.size());
+  std::vector<Accepted> first(fresh.size());
   backend_.pick(steps, first);
   const double ms = ms_since(t0);
   for (size_t i = 0; i < fresh.size(); ++i) {
     Sequence& s = *fresh[i];
     s.times.prefill_ms += ms;
-    if (cache_.enabled()) s.history.push_back(first[i]);
-    const auto lp = logprobs(s, {&first[i], 1}, std::move(raw[i]));
-    if (!emit(s, {&first[i], 1}, false, lp)) s.done = true;
+    const std::span<const int32_t> token = first[i].tokens;
+    FLASHMAP_ASSERT(token.size() == 1);
+    if (cache_.enabled()) s.history.push_back(token[0]);
+    if (!emit(s, token, false, first[i].logprobs)) s.done = true;
   }
 }
 
@@ -267,12 +232,7 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
                   ? block_room(K, s->length, max_context_,
                                int64_t(s->params.max_tokens) - int64_t(s->generated))
                   : 0;
-    // A tree's rows are not a chain: controls and logprobs, which read rows as prefix + drafts
-    // 0..k-1, keep single blocks.
-    const bool tree =
-        report.tree.active() && s->room > 0 && !s->controls.active() && s->params.logprobs < 0;
-    steps.push_back({s->slot.get(), s->length, s->room, &s->sampler, &s->controls,
-                     tree ? report.tree : TreeShape{}});
+    steps.push_back(step(*s, s->length, s->room, s->room > 0 ? report.tree : TreeShape{}));
     if (s->room > 0) drafts.push_back(steps.back());
   }
   if (!drafts.empty()) backend_.propose(drafts);
@@ -280,29 +240,25 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
 
   // Verify: anchor + block of every sequence in one forward.
   t0 = Clock::now();
-  backend_.verify(steps);
-  report.drafts_verified = backend_.drafts_verified();
+  backend_.forward(steps);
   const double verify_ms = ms_since(t0);
 
   // Accept, emit, commit.
   t0 = Clock::now();
-  std::vector<std::vector<float>> raw(active.size());
-  for (size_t i = 0; i < active.size(); ++i) raw[i] = control(*active[i], active[i]->room + 1);
   std::vector<Accepted> results(active.size());
   backend_.accept(steps, results);
   int round_tokens = 0;
-  std::vector<Slot*> commit_slots;
-  std::vector<int64_t> commit_counts;
+  std::vector<Commit> commits;
   for (size_t i = 0; i < active.size(); ++i) {
     Sequence& s = *active[i];
     const Accepted& r = results[i];
     FLASHMAP_ASSERT(r.accepted >= 0 && r.accepted <= s.room &&
                     r.tokens.size() == size_t(r.accepted) + 1);
     ++s.rounds;
+    report.drafts_verified += r.drafted;
     for (int k = 0; k < r.accepted; ++k) ++s.accepted_at[size_t(k)];
     if (cache_.enabled()) s.history.insert(s.history.end(), r.tokens.begin(), r.tokens.end());
-    const auto lp = logprobs(s, r.tokens, std::move(raw[i]));
-    const bool going = emit(s, r.tokens, true, lp);
+    const bool going = emit(s, r.tokens, true, r.logprobs);
     const int committed = s.acceptance_lengths.back();
     round_tokens += committed;
     if (s.room > 0) {
@@ -311,14 +267,10 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
     }
     // Keep the anchor and the accepted drafts; the target's token is the next anchor.
     s.length += r.accepted + 1;
-    backend_.truncate(*s.slot, s.length);
-    if (going && s.drafting) {
-      commit_slots.push_back(s.slot.get());
-      commit_counts.push_back(r.accepted + 1);
-    }
+    commits.push_back({s.slot.index(), s.length, going && s.drafting ? r.accepted + 1 : 0});
     if (!going) s.done = true;
   }
-  if (!commit_slots.empty()) backend_.commit(commit_slots, commit_counts);
+  backend_.commit(commits);
   const double accept_ms = ms_since(t0);
   for (Sequence* s : active) {
     s->times.draft_ms += draft_ms;
@@ -352,7 +304,7 @@ void RoundLoop::retire(Sequence& seq) {
   // A failed round may have left the slot part-way through a forward.
   if (seq.slot && seq.finish_reason != "error")
     cache_.insert(std::move(seq.history), std::move(seq.slot), seq.drafting);
-  seq.slot.reset();
+  seq.slot = Slot();
   seq.history.clear();
 }
 

@@ -5,6 +5,8 @@
 // a batch of one; `flashmap serve` admits and retires sequences between rounds (engine.cpp).
 #pragma once
 
+#include <flashmap/request.h>  // RequestParams, PhaseTimes
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -25,30 +27,7 @@
 
 namespace flashmap::engine {
 
-// What a request asks of the loop.
-struct SequenceParams {
-  std::vector<int32_t> prompt;
-  int max_tokens = 16;
-  SamplingParams sampling;
-  uint64_t seed = 0;
-  // The caller chose the seed: draws keyed by (seed, position) (sample_keyed), so the output is
-  // the target-alone output for the seed whatever the batch, the drafts or the policy do.
-  bool seeded = false;
-  std::vector<int32_t> stop_ids;
-  bool speculative = true;  // false: this sequence never drafts
-  // Penalties, logit_bias, min_tokens (min_tokens masks stop_ids): specdec/controls.h.
-  LogitControls controls;
-  // -1: no logprobs; n >= 0: each emitted token's logprob under the target and its n most likely
-  // alternatives (n <= kMaxTopLogprobs).
-  int logprobs = -1;
-  // The same for the prompt's tokens (each given the ones before it; the first has none): the
-  // prompt is then prefilled alone, in chunks, without the prefix cache.
-  int prompt_logprobs = -1;
-};
-
-struct PhaseTimes {
-  double prefill_ms = 0, draft_ms = 0, verify_ms = 0, accept_ms = 0, total_ms = 0;
-};
+using SequenceParams = ::flashmap::RequestParams;
 
 // One sequence as the loop keeps it between rounds.
 struct Sequence {
@@ -56,7 +35,7 @@ struct Sequence {
   SequenceParams params;
   SeqSampler sampler;
   ControlState controls;
-  std::unique_ptr<Slot> slot;
+  Slot slot;
   int64_t length = 0;            // positions in the target's cache (the anchor's position)
   int64_t cached_tokens = 0;     // prompt tokens that came from the prefix cache
   std::vector<int32_t> history;  // prompt + committed tokens (the prefix cache's key)
@@ -103,9 +82,10 @@ class RoundLoop {
 
   Backend& backend() { return backend_; }
   int64_t max_context() const { return max_context_; }
-  int block_size() const { return backend_.has_drafter() ? backend_.block_size() : 0; }
+  int block_size() const { return backend_.info().block_size; }
   const SpecPolicy& policy() const { return policy_; }
-  // Rounds draft trees of this shape (the backend must take trees; off by default).
+  // Rounds offer draft trees of this shape to the proposer (off by default; the engine checks
+  // the backend takes trees).
   void set_tree(TreeShape tree) { tree_ = tree; }
   // --draft-tree auto: each speculative round's tree chosen by measured tokens/s.
   void set_tree_auto(std::vector<TreeShape> candidates) {
@@ -128,22 +108,16 @@ class RoundLoop {
   PrefixCacheStats prefix_cache_stats() const { return cache_.stats(); }
 
  private:
-  // Emits fresh tokens, cut at a stop token and at max_tokens; false when the sequence ends.
-  // verified: they come from a verify pass, whose acceptance length (the tokens through the
-  // first stop token) is recorded.
   // admit() for sequences that prefill together; `sources` (empty, or one per sequence): the
   // sequence whose slot each starts from (its prompt but the last token).
   void admit_group(std::span<Sequence* const> fresh, std::span<Sequence* const> sources);
-  // The prompt of a sequence that asked for prompt logprobs, prefilled in chunks with every row.
-  void prefill_scored(Sequence& s);
+  // Emits fresh tokens, cut at a stop token and at max_tokens; false when the sequence ends.
+  // verified: they come from a verify pass, whose acceptance length (the tokens through the
+  // first stop token) is recorded.
   bool emit(Sequence& s, std::span<const int32_t> fresh, bool verified,
             std::span<const TokenLogprob> logprobs);
-  // Before pick/accept: the sequence's logit controls applied to its `rows` rows (anchor +
-  // drafts); returns the raw rows when it read them (for logprobs), else empty.
-  std::vector<float> control(Sequence& s, int rows);
-  // The logprobs of `tokens`, token k from raw row k (`raw` when control() read it).
-  std::vector<TokenLogprob> logprobs(Sequence& s, std::span<const int32_t> tokens,
-                                     std::vector<float> raw);
+  // The sequence's part in a step: its slot, anchor position, room, sampler, controls, logprobs.
+  SeqStep step(Sequence& s, int64_t position, int room, TreeShape tree = {});
 
   Backend& backend_;
   SpecPolicy policy_;

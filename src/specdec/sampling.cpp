@@ -10,11 +10,13 @@
 namespace flashmap {
 
 void SamplingParams::validate() const {
-  FLASHMAP_CHECK(std::isfinite(temperature) && temperature >= 0.0f,
-                 "temperature must be >= 0, got {}", temperature);
-  FLASHMAP_CHECK(top_k >= 0, "top_k must be >= 0 (0 turns it off), got {}", top_k);
-  FLASHMAP_CHECK(top_p > 0.0f && top_p <= 1.0f, "top_p must be in (0, 1], got {}", top_p);
-  FLASHMAP_CHECK(min_p >= 0.0f && min_p <= 1.0f, "min_p must be in [0, 1], got {}", min_p);
+  FLASHMAP_CHECK_PARAM(std::isfinite(temperature) && temperature >= 0.0f, "temperature",
+                       "temperature must be >= 0, got {}", temperature);
+  FLASHMAP_CHECK_PARAM(top_k >= 0, "top_k", "top_k must be >= 0 (0 turns it off), got {}", top_k);
+  FLASHMAP_CHECK_PARAM(top_p > 0.0f && top_p <= 1.0f, "top_p", "top_p must be in (0, 1], got {}",
+                       top_p);
+  FLASHMAP_CHECK_PARAM(min_p >= 0.0f && min_p <= 1.0f, "min_p", "min_p must be in [0, 1], got {}",
+                       min_p);
 }
 
 int32_t argmax(const float* x, int64_t n) {

@@ -13,19 +13,23 @@
 #include <thread>
 
 #include "../specdec/random_models.h"
-#include "engine/cpu_backend.h"
+#include "cpu/backend.h"
+#include "engine/generate.h"
+#include "engine/rounds.h"
 #include "faulty_backend.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 
 using namespace flashmap;
 using namespace flashmap::engine;
+using flashmap::cpu::CpuBackend;
 using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 
 namespace {
 const std::string kA = "tests/fixtures/tiny-a";
 
-std::unique_ptr<Backend> cpu(const Qwen3Model& target, const BlockProposer* proposer) {
+std::unique_ptr<Backend> on_cpu(const Qwen3Model& target, const BlockProposer* proposer) {
   return std::make_unique<CpuBackend>(target, proposer);
 }
 
@@ -100,7 +104,7 @@ TEST(Engine, BatchedGreedyEqualsGenerate) {
   std::vector<GenerateResult> wants;
   for (auto& p : params) wants.push_back(reference(p, p.speculative));
   // Always: the acceptance path matches generate()'s only if every round drafts.
-  Engine sched(cpu(m.target, &m.drafter),
+  Engine sched(on_cpu(m.target, &m.drafter),
                {.max_running = 8, .max_queue = 8, .spec_policy = SpecPolicyKind::Always});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
@@ -135,7 +139,7 @@ TEST(Engine, SeededSamplingEqualsGenerate) {
   }
   std::vector<std::vector<int32_t>> wants;
   for (auto& p : params) wants.push_back(reference(p, true).ids);
-  Engine sched(cpu(m.target, &m.drafter),
+  Engine sched(on_cpu(m.target, &m.drafter),
                {.max_running = 4, .spec_policy = SpecPolicyKind::Always});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
@@ -163,7 +167,7 @@ TEST(Engine, StopIdsAndLateJoinersMatchGenerate) {
     params.push_back(p);
     wants.push_back(reference(p, true));
   }
-  Engine sched(cpu(m.target, &m.drafter), {.max_running = 2, .max_queue = 8});
+  Engine sched(on_cpu(m.target, &m.drafter), {.max_running = 2, .max_queue = 8});
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) {
     std::string reason;
@@ -189,7 +193,7 @@ TEST(Engine, SpeculationOffAboveSpecMaxBatch) {
     params.push_back(p);
     wants.push_back(reference(p, true).ids);
   }
-  Engine sched(cpu(m.target, &m.drafter),
+  Engine sched(on_cpu(m.target, &m.drafter),
                {.max_running = 8, .spec_max_batch = 1, .spec_policy = SpecPolicyKind::Batch});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
@@ -202,7 +206,7 @@ TEST(Engine, SpeculationOffAboveSpecMaxBatch) {
 
 TEST(Engine, CancelFreesTheSequence) {
   auto& m = models();
-  Engine sched(cpu(m.target, &m.drafter), {.max_running = 2});
+  Engine sched(on_cpu(m.target, &m.drafter), {.max_running = 2});
   RequestParams p;
   p.prompt = prompt_of(6, 1);
   p.max_tokens = 4000;  // far more than the test waits for
@@ -228,7 +232,7 @@ TEST(Engine, CancelFreesTheSequence) {
 // boundary after it is set, with the tokens up to there equal to an uncancelled run's.
 TEST(Engine, GenerateCancelsBetweenRounds) {
   auto& m = models();
-  Engine engine(cpu(m.target, &m.drafter), {.spec_policy = SpecPolicyKind::Always});
+  Engine engine(on_cpu(m.target, &m.drafter), {.spec_policy = SpecPolicyKind::Always});
   RequestParams p;
   p.prompt = prompt_of(6, 2);
   p.max_tokens = 60;
@@ -263,11 +267,16 @@ TEST(Engine, EosIdsAndThreadPoolSize) {
   EXPECT_THAT([&] { set_cpu_threads(n + 1); },
               ::testing::ThrowsMessage<Error>(HasSubstr("already runs")));
   EXPECT_THROW(set_cpu_threads(0), Error);
+  // EngineOptions::threads: the pool's size is taken, another one refused before any model loads.
+  const std::string kTarget = "models/default/target";
+  EXPECT_EQ(Engine(EngineOptions{.target = kTarget, .threads = n}).eos_token_ids().size(), 1u);
+  EXPECT_THAT([&] { Engine(EngineOptions{.target = "/nonexistent", .threads = n + 1}); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("already runs")));
 }
 
 TEST(Engine, AdmissionLimits) {
   auto& m = models();
-  Engine sched(cpu(m.target, &m.drafter),
+  Engine sched(on_cpu(m.target, &m.drafter),
                {.max_running = 1, .max_queue = 1, .max_context = 64, .spec_max_batch = 0});
   RequestParams p;
   p.prompt = prompt_of(8, 2);
@@ -396,7 +405,7 @@ TEST(Engine, ADeviceFaultFailsEveryHeldRequestAndRefusesNewOnes) {
 TEST(Engine, RunningSequencesAreCappedByTheDevice) {
   auto& m = models();
   auto backend = std::make_unique<test::FaultyBackend>(m.target, &m.drafter);
-  backend->lanes = 2;
+  backend->set_lanes(2);
   Engine engine(std::move(backend), {.max_running = 8, .max_queue = 1, .spec_max_batch = 0});
   EXPECT_EQ(engine.max_running(), 2);
   EXPECT_EQ(engine.stats().max_running, 2);
@@ -418,6 +427,29 @@ TEST(Engine, RunningSequencesAreCappedByTheDevice) {
   for (const auto& g : got) EXPECT_EQ(g, want);
 }
 
+// What a backend cannot do is refused once, at Engine start (options) or at submit (a request's
+// field), naming the option or field, never silently ignored.
+TEST(Engine, OptionsABackendCannotServeAreRefusedAtStart) {
+  auto& m = models();
+  auto without = [&] {
+    auto b = std::make_unique<test::FaultyBackend>(m.target, &m.drafter);
+    b->set_caps({.fork = false, .prompt_logprobs = false, .trees = false});
+    return b;
+  };
+  EXPECT_THAT([&] { Engine e(without(), {.prefix_cache_mb = 64}); },
+              ThrowsMessage<Error>(HasSubstr("--prefix-cache-mb 64")));
+  EXPECT_THAT([&] { Engine e(without(), {.draft_tree = "paths:2"}); },
+              ThrowsMessage<Error>(HasSubstr("--draft-tree paths:2")));
+  Engine engine(without(), {.spec_max_batch = 0});
+  RequestParams p;
+  p.prompt = prompt_of(6, 1);
+  p.prompt_logprobs = 1;
+  EXPECT_THAT([&] { engine.submit(p); }, ThrowsMessage<Error>(HasSubstr("prompt logprobs")));
+  p.prompt_logprobs = -1;
+  p.max_tokens = 8;
+  EXPECT_EQ(wait_all(*engine.submit(p)), reference(p, true).ids);
+}
+
 TEST(Engine, TargetAloneEqualsGenerate) {
   auto& m = models();
   std::vector<RequestParams> params;
@@ -429,7 +461,7 @@ TEST(Engine, TargetAloneEqualsGenerate) {
     params.push_back(p);
     wants.push_back(reference(p, false).ids);
   }
-  Engine sched(cpu(m.target, nullptr), {.max_running = 4});
+  Engine sched(on_cpu(m.target, nullptr), {.max_running = 4});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(wait_all(*reqs[i]), wants[i]);
@@ -454,7 +486,7 @@ class BilledDrafter : public BlockProposer {
   BilledDrafter(const BlockProposer& inner, FakeClock& clock) : inner_(inner), clock_(clock) {}
   int block_size() const override { return inner_.block_size(); }
   std::span<const int> target_layer_ids() const override { return inner_.target_layer_ids(); }
-  std::unique_ptr<DraftState> begin() const override { return inner_.begin(); }
+  DraftState begin() const override { return inner_.begin(); }
   void commit(DraftState& state, const float* features, int64_t n,
               std::span<const int32_t> tokens) const override {
     inner_.commit(state, features, n, tokens);
@@ -489,7 +521,7 @@ TEST(AdaptivePolicy, WrongDrafterConvergesToTargetAlone) {
   ScriptedProposer wrong(4, m.target.config().vocab_size, want, 0);
   FakeClock clock;
   BilledDrafter drafter(wrong, clock);
-  Engine sched(cpu(m.target, &drafter), {.max_running = 4, .clock = clock.fn()});
+  Engine sched(on_cpu(m.target, &drafter), {.max_running = 4, .clock = clock.fn()});
   auto r = sched.submit(p);
   EXPECT_EQ(wait_all(*r), want);
   const auto st = sched.stats();
@@ -516,7 +548,7 @@ TEST(AdaptivePolicy, RightDrafterConvergesToSpeculation) {
   ScriptedProposer right(4, m.target.config().vocab_size, want, 4);
   FakeClock clock;
   BilledDrafter drafter(right, clock);
-  Engine sched(cpu(m.target, &drafter), {.max_running = 4, .clock = clock.fn()});
+  Engine sched(on_cpu(m.target, &drafter), {.max_running = 4, .clock = clock.fn()});
   auto r = sched.submit(p);
   EXPECT_EQ(wait_all(*r), want);
   EXPECT_GT(r->acceptance_length(), 4.0);
@@ -557,11 +589,11 @@ TEST(AdaptivePolicy, OutputsEqualGenerateWhateverTheModeSequence) {
     t += std::uniform_real_distribution<double>(1e-4, 1e-2)(gen);
     return t;
   };
-  Engine sched(cpu(m.target, &m.drafter), {.max_running = 3,
-                                           .max_queue = 8,
-                                           .explore_min = 2,
-                                           .explore_max = 4,
-                                           .clock = random_clock});
+  Engine sched(on_cpu(m.target, &m.drafter), {.max_running = 3,
+                                              .max_queue = 8,
+                                              .explore_min = 2,
+                                              .explore_max = 4,
+                                              .clock = random_clock});
   std::vector<std::shared_ptr<Request>> reqs;
   for (auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -605,7 +637,7 @@ TEST(Engine, GenerationToTheEndOfTheContext) {
     o.seeded = p.seeded;
     wants.push_back(generate(target, nullptr, p.prompt, o).ids);
   }
-  Engine sched(cpu(target, &drafter), {.max_running = 4, .spec_policy = SpecPolicyKind::Always});
+  Engine sched(on_cpu(target, &drafter), {.max_running = 4, .spec_policy = SpecPolicyKind::Always});
   std::vector<std::shared_ptr<Request>> reqs;
   for (const auto& p : params) reqs.push_back(sched.submit(p));
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -622,7 +654,7 @@ TEST(Engine, GenerationToTheEndOfTheContext) {
 // is the one a fresh prefill builds), with the cached positions reported.
 TEST(PrefixCache, CachedPrefixesDecodeAsFreshOnes) {
   auto& m = models();
-  Engine sched(cpu(m.target, &m.drafter),
+  Engine sched(on_cpu(m.target, &m.drafter),
                {.max_running = 4, .spec_policy = SpecPolicyKind::Always, .prefix_cache_mb = 64});
   auto run = [&](const RequestParams& p) {
     const auto want = reference(p, p.speculative);
@@ -688,7 +720,7 @@ TEST(PrefixCache, CachedPrefixesDecodeAsFreshOnes) {
 // within it; outputs are unchanged.
 TEST(PrefixCache, EvictsWithinTheBudget) {
   auto& m = models();
-  Engine sched(cpu(m.target, &m.drafter),
+  Engine sched(on_cpu(m.target, &m.drafter),
                {.max_running = 2, .spec_policy = SpecPolicyKind::Always, .prefix_cache_mb = 1});
   for (int i = 0; i < 12; ++i) {
     RequestParams p;

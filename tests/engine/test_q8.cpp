@@ -11,9 +11,10 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "cpu/proposers.h"
+#include "engine/generate.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
-#include "specdec/proposer.h"
 
 using namespace flashmap;
 using ops::WeightFormat;

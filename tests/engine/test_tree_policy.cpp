@@ -11,14 +11,16 @@
 #include <random>
 
 #include "core/check.h"
-#include "engine/cpu_backend.h"
+#include "cpu/backend.h"
+#include "cpu/proposers.h"
+#include "engine/generate.h"
 #include "engine/tree_policy.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
-#include "specdec/proposer.h"
 
 using namespace flashmap;
 using namespace flashmap::engine;
+using flashmap::cpu::CpuBackend;
 
 namespace {
 // Per candidate: seconds and committed tokens of a round (a deterministic cost model).

@@ -1,4 +1,4 @@
-// Hostile model and tokenizer files (issue 11, item 8): every narrowed or size-giving field is
+// Hostile model and tokenizer files: every narrowed or size-giving field is
 // range-checked with an error naming the file and the field, before anything is allocated from
 // it. (FIFOs and devices named like model files are tested from the shell: special_files.sh.)
 #include <gmock/gmock.h>

@@ -11,8 +11,9 @@
 #include <functional>
 #include <vector>
 
+#include "cpu/proposers.h"
+#include "engine/generate.h"
 #include "models/qwen3.h"
-#include "specdec/proposer.h"
 #include "specdec/sampling.h"
 #include "stats.h"
 

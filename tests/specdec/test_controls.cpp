@@ -17,11 +17,12 @@
 #include "constrain/constrain.h"
 #include "constrain/token_constraint.h"
 #include "core/check.h"
+#include "cpu/proposers.h"
+#include "engine/generate.h"
 #include "joint.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "random_models.h"
-#include "specdec/proposer.h"
 #include "stats.h"
 
 using namespace flashmap;
@@ -434,12 +435,12 @@ TEST(Constrained, DraftsFollowTheGrammar) {
   KVCache cache = target.new_cache();
   Qwen3Model::SeqInput seq{&cache, kPrompt};
   target.forward({&seq, 1}, Qwen3Model::Logits::Last, d.target_layer_ids(), out);
-  d.commit(*state, out.features.data(), int64_t(kPrompt.size()), kPrompt);
+  d.commit(state, out.features.data(), int64_t(kPrompt.size()), kPrompt);
   for (float T : {0.0f, 1.5f}) {
     SeqSampler sampler({T, 0, 1.0f, 0.0f}, 11, false);
     Proposal p;
     for (int i = 0; i < 20; ++i) {
-      BlockProposer::Seq s{state.get(), 5, int64_t(kPrompt.size()) + 1, &sampler, &p, &controls};
+      BlockProposer::Seq s{&state, 5, int64_t(kPrompt.size()) + 1, &sampler, &p, &controls};
       d.propose({&s, 1});
       constrain::Matcher m(g, vocab);
       for (int32_t t : p.tokens) {

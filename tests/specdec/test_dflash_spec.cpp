@@ -1,4 +1,4 @@
-// The DFlash drafter in the round loop (issue 15): greedy speculative decoding with the z-lab
+// The DFlash drafter in the round loop: greedy speculative decoding with the z-lab
 // fixture reproduces the reference package's loop (dflash==0.1.0, tools/make_dflash_fixtures.py):
 // the same tokens (the target's greedy continuation) and the same acceptance length per round
 // (its blocks shrink near max_new_tokens as ours do); seeded sampling equals target-alone; both
@@ -12,12 +12,13 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cpu/proposers.h"
+#include "engine/generate.h"
 #include "io/safetensors.h"
 #include "joint.h"
 #include "models/dflash.h"
 #include "models/qwen3.h"
 #include "random_models.h"
-#include "specdec/proposer.h"
 
 using namespace flashmap;
 

@@ -90,7 +90,7 @@ TEST(Sampling, BadParameters) {
   EXPECT_THROW((SamplingParams{1.0f, 0, 1.0f, 2.0f}.validate()), Error);
 }
 
-// Seeded sampling (issue 11): the exponential race picks each id with its probability, from the
+// Seeded sampling: the exponential race picks each id with its probability, from the
 // (seed, position) key alone.
 TEST(KeyedSampling, IsDistributedAsProbs) {
   const std::vector<float> probs = {0.3f, 0.0f, 0.05f, 0.25f, 0.001f, 0.199f, 0.2f, 0.0f};

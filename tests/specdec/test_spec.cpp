@@ -7,11 +7,12 @@
 #include <map>
 
 #include "core/check.h"
+#include "cpu/proposers.h"
+#include "engine/generate.h"
 #include "joint.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "random_models.h"
-#include "specdec/proposer.h"
 #include "specdec/verify.h"
 #include "stats.h"
 
@@ -245,11 +246,11 @@ TEST(Spec, PaddingIdsAreNeverSampled) {
   KVCache cache = target.new_cache();
   Qwen3Model::SeqInput seq{&cache, kPrompt};
   target.forward({&seq, 1}, Qwen3Model::Logits::Last, d.target_layer_ids(), out);
-  d.commit(*state, out.features.data(), int64_t(kPrompt.size()), kPrompt);
+  d.commit(state, out.features.data(), int64_t(kPrompt.size()), kPrompt);
   SeqSampler sampler(o.sampling, 11, false);
   Proposal p;
   for (int i = 0; i < 50; ++i) {
-    BlockProposer::Seq s{state.get(), 5, int64_t(kPrompt.size()) + 1, &sampler, &p};
+    BlockProposer::Seq s{&state, 5, int64_t(kPrompt.size()) + 1, &sampler, &p};
     d.propose({&s, 1});
     for (int32_t t : p.tokens) ASSERT_LT(t, known);
     for (int64_t k = 0; k < d.block_size(); ++k)

@@ -1,4 +1,4 @@
-// Draft trees in the round loop (issue 16): a trie of candidates verified in one target pass and
+// Draft trees in the round loop: a trie of candidates verified in one target pass and
 // accepted by sample-and-match is lossless. Greedy output equals target-alone output for every
 // tree shape and drafter kind (FlashMap at 1 and 2 steps, DFlash, a scripted drafter whose right
 // branch is never the first child); seeded sampling equals target-alone seeded sampling token for
@@ -13,12 +13,13 @@
 #include <functional>
 
 #include "core/check.h"
+#include "cpu/proposers.h"
+#include "engine/generate.h"
 #include "joint.h"
 #include "models/dflash.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "random_models.h"
-#include "specdec/proposer.h"
 #include "specdec/tree.h"
 #include "stats.h"
 
@@ -175,7 +176,7 @@ class Recording : public BlockProposer {
   Recording(const BlockProposer& inner, int64_t F) : inner_(inner), F_(F) {}
   int block_size() const override { return inner_.block_size(); }
   std::span<const int> target_layer_ids() const override { return inner_.target_layer_ids(); }
-  std::unique_ptr<DraftState> begin() const override { return inner_.begin(); }
+  DraftState begin() const override { return inner_.begin(); }
   void commit(DraftState& state, const float* features, int64_t n,
               std::span<const int32_t> tokens) const override {
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());

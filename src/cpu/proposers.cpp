@@ -1,4 +1,4 @@
-#include "specdec/proposer.h"
+#include "cpu/proposers.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,15 +8,6 @@
 #include "core/check.h"
 
 namespace flashmap {
-
-namespace {
-struct FlashMapState : DraftState {
-  DraftContext ctx;
-};
-struct ScriptState : DraftState {
-  int64_t committed = -1;  // generated tokens committed so far; the prompt's features come first
-};
-}  // namespace
 
 namespace {
 // A block's tokens from its per-slot logits [K, V] as the sequence draws (argmax, keyed with the
@@ -67,7 +58,7 @@ void pick_tree(const BlockProposer::Seq& s, float* logits, int draws, int64_t K,
   Proposal block;
   BlockProposer::Seq one = s;
   one.out = &block;
-  one.controls = nullptr;  // trees run without logit controls (rounds.cpp)
+  one.controls = nullptr;  // trees run without logit controls (CpuBackend::propose)
   // topk:B alone is pure best-first expansion (no path inserted first).
   for (int j = 0; j < (s.tree.paths > 0 ? draws : 0); ++j) {
     pick_block(one, logits + int64_t(j) * K * V, K, V);
@@ -89,29 +80,25 @@ FlashMapProposer::FlashMapProposer(const FlashMapModel& model, int steps)
   model_.grid(steps);  // throws when `steps` is not in jump_grids
 }
 
-std::unique_ptr<DraftState> FlashMapProposer::begin() const {
-  auto s = std::make_unique<FlashMapState>();
-  s->ctx = model_.new_context();
-  return s;
+DraftState FlashMapProposer::begin() const {
+  return model_.new_context();
 }
 
 void FlashMapProposer::commit(DraftState& state, const float* features, int64_t n,
                               std::span<const int32_t>) const {
-  model_.extend_context(static_cast<FlashMapState&>(state).ctx, features, n);
+  model_.extend_context(std::get<DraftContext>(state), features, n);
 }
 
-std::unique_ptr<DraftState> FlashMapProposer::fork(const DraftState& from, int64_t length) const {
-  auto s = std::make_unique<FlashMapState>();
-  s->ctx = model_.fork_context(static_cast<const FlashMapState&>(from).ctx, length);
-  return s;
+std::optional<DraftState> FlashMapProposer::fork(const DraftState& from, int64_t length) const {
+  return model_.fork_context(std::get<DraftContext>(from), length);
 }
 
 int64_t FlashMapProposer::context_length(const DraftState& state) const {
-  return static_cast<const FlashMapState&>(state).ctx.length;
+  return std::get<DraftContext>(state).length;
 }
 
 size_t FlashMapProposer::bytes(const DraftState& state) const {
-  const auto& ctx = static_cast<const FlashMapState&>(state).ctx;
+  const auto& ctx = std::get<DraftContext>(state);
   size_t b = 0;
   for (size_t l = 0; l < ctx.k.size(); ++l)
     b += (ctx.k[l].capacity() + ctx.v[l].capacity()) * sizeof(float);
@@ -128,7 +115,7 @@ void FlashMapProposer::propose(std::span<const Seq> batch) const {
     first.push_back(reqs.size());
     const int draws = s.tree.active() ? std::max(1, s.tree.paths) : 1;
     for (int j = 0; j < draws; ++j)
-      reqs.push_back({&static_cast<FlashMapState*>(s.state)->ctx,
+      reqs.push_back({&std::get<DraftContext>(*s.state),
                       s.anchor,
                       {FlashMapModel::Noise::Draw, nullptr, &s.sampler->rng}});
   }
@@ -147,24 +134,16 @@ void FlashMapProposer::propose(std::span<const Seq> batch) const {
   }
 }
 
-namespace {
-struct DFlashState : DraftState {
-  DFlashContext ctx;
-};
-}  // namespace
-
 DFlashProposer::DFlashProposer(const DFlashModel& model, const Qwen3Model& target)
     : model_(model), target_(target) {}
 
-std::unique_ptr<DraftState> DFlashProposer::begin() const {
-  auto s = std::make_unique<DFlashState>();
-  s->ctx = model_.new_context();
-  return s;
+DraftState DFlashProposer::begin() const {
+  return model_.new_context();
 }
 
 void DFlashProposer::commit(DraftState& state, const float* features, int64_t n,
                             std::span<const int32_t>) const {
-  model_.extend_context(static_cast<DFlashState&>(state).ctx, features, n);
+  model_.extend_context(std::get<DFlashContext>(state), features, n);
 }
 
 void DFlashProposer::propose(std::span<const Seq> batch) const {
@@ -175,7 +154,7 @@ void DFlashProposer::propose(std::span<const Seq> batch) const {
   for (size_t b = 0; b < batch.size(); ++b) {
     const Seq& s = batch[b];
     const int64_t drafts = s.room > 0 && s.room < K ? s.room : K;
-    DFlashModel::Request req{&static_cast<DFlashState*>(s.state)->ctx, s.anchor};
+    DFlashModel::Request req{&std::get<DFlashContext>(*s.state), s.anchor};
     logits.resize(size_t(K * V));
     model_.draft({&req, 1}, int(drafts + 1), logits.data());
     target_.mask_padding(logits.data(), drafts);
@@ -192,18 +171,16 @@ void DFlashProposer::propose(std::span<const Seq> batch) const {
   }
 }
 
-std::unique_ptr<DraftState> DFlashProposer::fork(const DraftState& from, int64_t length) const {
-  auto s = std::make_unique<DFlashState>();
-  s->ctx = model_.fork_context(static_cast<const DFlashState&>(from).ctx, length);
-  return s;
+std::optional<DraftState> DFlashProposer::fork(const DraftState& from, int64_t length) const {
+  return model_.fork_context(std::get<DFlashContext>(from), length);
 }
 
 int64_t DFlashProposer::context_length(const DraftState& state) const {
-  return static_cast<const DFlashState&>(state).ctx.length;
+  return std::get<DFlashContext>(state).length;
 }
 
 size_t DFlashProposer::bytes(const DraftState& state) const {
-  return model_.context_bytes(static_cast<const DFlashState&>(state).ctx);
+  return model_.context_bytes(std::get<DFlashContext>(state));
 }
 
 ScriptedProposer::ScriptedProposer(int block_size, int64_t vocab, std::vector<int32_t> script,
@@ -215,13 +192,13 @@ ScriptedProposer::ScriptedProposer(int block_size, int64_t vocab, std::vector<in
   FLASHMAP_CHECK(block_size >= 1, "scripted drafter: block size must be >= 1");
 }
 
-std::unique_ptr<DraftState> ScriptedProposer::begin() const {
-  return std::make_unique<ScriptState>();
+DraftState ScriptedProposer::begin() const {
+  return ScriptContext{};
 }
 
 void ScriptedProposer::commit(DraftState& state, const float*, int64_t n,
                               std::span<const int32_t>) const {
-  auto& s = static_cast<ScriptState&>(state);
+  auto& s = std::get<ScriptContext>(state);
   // The first commit holds the prompt's features; the generated tokens count from the next.
   s.committed = s.committed < 0 ? 0 : s.committed + n;
 }
@@ -229,7 +206,7 @@ void ScriptedProposer::commit(DraftState& state, const float*, int64_t n,
 void ScriptedProposer::propose(std::span<const Seq> batch) const {
   for (const auto& s : batch) {
     // The anchor is generated token number `committed`; the block proposes the ones after it.
-    const int64_t next = static_cast<ScriptState*>(s.state)->committed + 1;
+    const int64_t next = std::get<ScriptContext>(*s.state).committed + 1;
     Proposal& out = *s.out;
     out.tokens.resize(size_t(block_size_));
     for (int k = 0; k < block_size_; ++k) {

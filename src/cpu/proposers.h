@@ -1,11 +1,14 @@
-// Block proposers on the CPU (what the CPU backend's engine::Proposer runs): a block of K
-// proposed tokens after the anchor, with the per-slot distributions q they were drawn from (for
-// rejection sampling), from the target's features of every committed token. The FlashMap drafter,
-// and a scripted one that tests and benchmarks use to choose the acceptance path.
+// The CPU backend's block proposers (what its engine::Proposer runs): a block of K proposed
+// tokens after the anchor, with the per-slot distributions q they were drawn from (for rejection
+// sampling), from the target's features of every committed token. The FlashMap and DFlash
+// drafters, and a scripted one that tests and benchmarks use to choose the acceptance path.
+// Their per-sequence contexts are one closed set of types (DraftState), held by the backend.
 #pragma once
 
-#include <memory>
+#include <cstdint>
+#include <optional>
 #include <span>
+#include <variant>
 #include <vector>
 
 #include "core/rng.h"
@@ -17,10 +20,13 @@
 
 namespace flashmap {
 
-// One sequence's drafting state.
-struct DraftState {
-  virtual ~DraftState() = default;
+// A scripted proposer's context: the generated tokens committed so far.
+struct ScriptContext {
+  int64_t committed = -1;  // the prompt's commit comes first
 };
+
+// One sequence's drafting context, of the proposer's kind.
+using DraftState = std::variant<DraftContext, DFlashContext, ScriptContext>;
 
 struct Proposal {
   std::vector<int32_t> tokens;  // [K], or a draft tree's nodes
@@ -36,8 +42,8 @@ class BlockProposer {
   virtual int block_size() const = 0;
   // The target layers whose outputs the drafter reads (empty: none).
   virtual std::span<const int> target_layer_ids() const = 0;
-  virtual std::unique_ptr<DraftState> begin() const = 0;
-  // Appends the target's features [n, F] of the next n committed tokens.
+  virtual DraftState begin() const = 0;
+  // Appends the target's features [n, F] of the next n committed tokens (`tokens`, n of them).
   virtual void commit(DraftState& state, const float* features, int64_t n,
                       std::span<const int32_t> tokens) const = 0;
   // Proposes blocks after each anchor (one per sequence, all in one batch).
@@ -55,10 +61,10 @@ class BlockProposer {
   // Whether proposals depend on noise (several draws give several candidate blocks).
   virtual bool has_noise() const { return true; }
   // The prefix cache (engine/prefix_cache.h): a new state holding the first `length` committed
-  // positions of `from`, and how many `state` holds. A proposer that cannot returns null / 0.
-  virtual std::unique_ptr<DraftState> fork(const DraftState& from, int64_t length) const {
+  // positions of `from`, and how many `state` holds. A proposer that cannot returns none / 0.
+  virtual std::optional<DraftState> fork(const DraftState& from, int64_t length) const {
     (void)from, (void)length;
-    return nullptr;
+    return std::nullopt;
   }
   virtual int64_t context_length(const DraftState& state) const {
     (void)state;
@@ -76,11 +82,11 @@ class FlashMapProposer : public BlockProposer {
   FlashMapProposer(const FlashMapModel& model, int steps);
   int block_size() const override { return model_.block_size(); }
   std::span<const int> target_layer_ids() const override { return model_.target_layer_ids(); }
-  std::unique_ptr<DraftState> begin() const override;
+  DraftState begin() const override;
   void commit(DraftState& state, const float* features, int64_t n,
               std::span<const int32_t> tokens) const override;
   void propose(std::span<const Seq> batch) const override;
-  std::unique_ptr<DraftState> fork(const DraftState& from, int64_t length) const override;
+  std::optional<DraftState> fork(const DraftState& from, int64_t length) const override;
   int64_t context_length(const DraftState& state) const override;
   size_t bytes(const DraftState& state) const override;
 
@@ -96,12 +102,12 @@ class DFlashProposer : public BlockProposer {
   DFlashProposer(const DFlashModel& model, const Qwen3Model& target);
   int block_size() const override { return model_.block_size() - 1; }
   std::span<const int> target_layer_ids() const override { return model_.target_layer_ids(); }
-  std::unique_ptr<DraftState> begin() const override;
+  DraftState begin() const override;
   void commit(DraftState& state, const float* features, int64_t n,
               std::span<const int32_t> tokens) const override;
   void propose(std::span<const Seq> batch) const override;
   bool has_noise() const override { return false; }
-  std::unique_ptr<DraftState> fork(const DraftState& from, int64_t length) const override;
+  std::optional<DraftState> fork(const DraftState& from, int64_t length) const override;
   int64_t context_length(const DraftState& state) const override;
   size_t bytes(const DraftState& state) const override;
 
@@ -118,7 +124,7 @@ class ScriptedProposer : public BlockProposer {
   ScriptedProposer(int block_size, int64_t vocab, std::vector<int32_t> script, int corrupt_from);
   int block_size() const override { return block_size_; }
   std::span<const int> target_layer_ids() const override { return {}; }
-  std::unique_ptr<DraftState> begin() const override;
+  DraftState begin() const override;
   void commit(DraftState& state, const float* features, int64_t n,
               std::span<const int32_t> tokens) const override;
   void propose(std::span<const Seq> batch) const override;
