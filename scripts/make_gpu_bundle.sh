@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds here (a machine with the CUDA toolkit and the engine's build dependencies, no GPU needed)
-# what scripts/run_on_gpu.sh runs on a lent H200, and packs it as $B/gpu-bundle.tar.gz: the
+# what scripts/run_on_gpu.sh runs on an H200, and packs it as $B/gpu-bundle.tar.gz: the
 # flashmap binary, every tests/cuda test, and the shared libraries they need that a bare GPU
 # image lacks (fmt, PCRE2, utf8proc, OpenBLAS, cpp-httplib, ...; CUDA's own libraries are on the
 # device). The GPU image has nvcc and CMake but not GoogleTest/fmt/nlohmann-json/..., so building
-# there is only the fallback; carrying this bundle also saves device minutes.
+# there is only the fallback; bringing this bundle also saves device minutes.
 #
 #   scripts/make_gpu_bundle.sh
-#   run(command="scripts/run_on_gpu.sh", carry=["build-gpu/gpu-bundle.tar.gz"], timeout_s=540)
+#   scripts/run_on_gpu.sh   # on the GPU, with build-gpu/gpu-bundle.tar.gz copied into the checkout
 #
 # B = ${FLASHMAP_GPU_BUILD:-build-gpu}. Without a configured build there, it is configured with
 # -DFLASHMAP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHMAP_NATIVE=OFF -DFLASHMAP_BUILD_BENCH=OFF
@@ -90,7 +90,7 @@ tar -C "$B" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - bun
 ls -la "$B/gpu-bundle.tar.gz"
 size=$(stat -c %s "$B/gpu-bundle.tar.gz")
 if ((size > 60 * 1024 * 1024)); then
-  echo "WARNING: $B/gpu-bundle.tar.gz is $((size >> 20)) MiB; a carry holds 64 MiB in all" >&2
+  echo "WARNING: $B/gpu-bundle.tar.gz is $((size >> 20)) MiB; a copy to a remote runner holds 64 MiB in all" >&2
 fi
 echo "built from: $(head -1 "$B/bundle/COMMIT")$( (($(wc -l <"$B/bundle/COMMIT") > 1)) && echo ' (with uncommitted changes under src/ tests/)')"
 echo "max glibc symbol version needed:"

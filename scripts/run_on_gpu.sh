@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# The prepared device check for a lent H200 (15 minutes of device time in all, the machine's start
-# included; at most ~560 s per call). On this machine first, then one call on the GPU:
+# The prepared device check for an H200 (sized for 15 minutes of device time in all, the machine's
+# start included, and at most ~560 s per call). On this machine first, then one call on the GPU:
 #
 #   scripts/make_gpu_bundle.sh          # here: build-gpu/gpu-bundle.tar.gz (binaries + libraries)
 #   scripts/run_on_gpu.sh --dry-run     # here, no GPU needed: every binary, test filter, fixture,
 #                                       # flag and script the stages use, and the plan
-#   run(command="scripts/run_on_gpu.sh", carry=["build-gpu/gpu-bundle.tar.gz"], timeout_s=540)
+#   scripts/run_on_gpu.sh               # on the GPU, with build-gpu/gpu-bundle.tar.gz copied into
+#                                       # the checkout (a 540 s limit)
 #
-# Rerun one stage (or a few) on the GPU, same carry:
-#   run(command="scripts/run_on_gpu.sh --only models", carry=["build-gpu/gpu-bundle.tar.gz"],
-#       timeout_s=200)
+# Rerun one stage (or a few) on the GPU, same bundle:
+#   scripts/run_on_gpu.sh --only models  # (a 200 s limit)
 #
 # Usage: scripts/run_on_gpu.sh [--dry-run] [--only STAGE[,STAGE...]] [--list]
 #
 # Stages, in order of value, each under `timeout -k 5` with its own budget (total <= 480 s, so one
 # rerun still fits in 15 minutes); a failing stage does not stop the later ones:
 #   device  15 s  nvidia-smi (name, memory, driver, clocks), nvidia-smi -L, flashmap starts
-#   ops     60 s  test_cuda_ops (every kernel against its CPU op)
+#   ops     80 s  test_cuda_ops (every kernel against its CPU op), then test_cuda_controls (logit
+#                 controls and logprobs on the device against their host rules)
 #   models  75 s  test_cuda_qwen3, then test_cuda_flashmap (the target and the drafter)
 #   engine  90 s  test_cuda_sampling, then test_cuda_engine (the round loop on the device)
 #   bench  120 s  flashmap bench --device cuda --shape tiny (smoke), then --shape qwen3-8b --json
@@ -54,10 +55,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)" || exit 1
 cd "$ROOT" || exit 1
 
 STAGES=(device ops models engine bench serve)
-declare -A BUDGET=([device]=15 [ops]=60 [models]=75 [engine]=90 [bench]=120 [serve]=90)
+declare -A BUDGET=([device]=15 [ops]=80 [models]=75 [engine]=90 [bench]=120 [serve]=90)
 declare -A WHAT=(
   [device]="nvidia-smi (GPU, memory, driver, clocks), nvidia-smi -L, flashmap starts"
-  [ops]="test_cuda_ops: every kernel against its CPU op"
+  [ops]="test_cuda_ops (60 s share): every kernel against its CPU op, test_cuda_controls (20 s share)"
   [models]="test_cuda_qwen3 (45 s share), test_cuda_flashmap (30 s share)"
   [engine]="test_cuda_sampling (30 s share), test_cuda_engine (60 s share)"
   [bench]="flashmap bench --device cuda --shape tiny (smoke), --shape qwen3-8b --json bench_cuda.json"
@@ -171,11 +172,11 @@ link_bins() {
 build_on_device() {
   local b=build-cuda targets=(flashmap) src
   for src in tests/cuda/test_*.cpp; do targets+=("$(basename "$src" .cpp)"); done
-  log "no bundle, FLASHMAP_GPU_BIN or built binaries: building in $b (log: build.log; carry a bundle from scripts/make_gpu_bundle.sh instead)"
+  log "no bundle, FLASHMAP_GPU_BIN or built binaries: building in $b (log: build.log; bring a bundle from scripts/make_gpu_bundle.sh instead)"
   timeout -k 5 120 cmake -S . -B "$b" -DCMAKE_BUILD_TYPE=Release -DFLASHMAP_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHMAP_NATIVE=OFF -DFLASHMAP_BUILD_BENCH=OFF >"$OUT/build.log" 2>&1 || {
     tail -20 "$OUT/build.log"
-    BIN_ERR="configuring $b on the device failed (see build.log; carry build-gpu/gpu-bundle.tar.gz from scripts/make_gpu_bundle.sh)"
+    BIN_ERR="configuring $b on the device failed (see build.log; bring build-gpu/gpu-bundle.tar.gz from scripts/make_gpu_bundle.sh)"
     return 1
   }
   timeout -k 5 "${FLASHMAP_GPU_BUILD_LIMIT:-300}" cmake --build "$b" -j"$(nproc)" --target "${targets[@]}" >>"$OUT/build.log" 2>&1 || {
@@ -342,7 +343,7 @@ fi
 FIXTURES=()
 for f in tiny-a tiny-b tiny-c; do FIXTURES+=("tests/fixtures/$f/target" "tests/fixtures/$f/draft"); done
 # Tests that no stage names go to the engine stage (20 s share each), so every tests/cuda test runs.
-NAMED=" test_cuda_ops test_cuda_qwen3 test_cuda_flashmap test_cuda_sampling test_cuda_engine "
+NAMED=" test_cuda_ops test_cuda_controls test_cuda_qwen3 test_cuda_flashmap test_cuda_sampling test_cuda_engine "
 EXTRA=()
 for src in tests/cuda/test_*.cpp; do
   n=$(basename "$src" .cpp)
@@ -363,6 +364,7 @@ for s in "${SELECTED[@]}"; do
       ;;
     ops)
       gtest_part ops test_cuda_ops 60
+      gtest_part ops test_cuda_controls 20
       ;;
     models)
       for d in "${FIXTURES[@]}" tests/fixtures/tiny-a/target_bf16; do need_model models "$d"; done

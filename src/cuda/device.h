@@ -127,4 +127,46 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
+// An owning pinned (page-locked) host allocation of n elements of T: copies between it and the
+// device are asynchronous, where a pageable buffer's are staged (a device→host copy into one
+// waits for the stream). Stream order does not protect it: the host must know a copy finished
+// (a synchronization, or an event) before it reads the buffer or writes it again.
+template <typename T>
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  explicit HostBuffer(size_t n) {
+    if (n == 0) return;
+    const cudaError_t e = cudaMallocHost(reinterpret_cast<void**>(&p_), n * sizeof(T));
+    if (e != cudaSuccess) {
+      p_ = nullptr;
+      check(e, fmt::format("cudaMallocHost of {:.1f} MiB", double(n * sizeof(T)) / double(1 << 20))
+                   .c_str());
+    }
+    n_ = n;
+  }
+  ~HostBuffer() {
+    if (p_) cudaFreeHost(p_);
+  }
+  HostBuffer(HostBuffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      if (p_) cudaFreeHost(p_);
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 }  // namespace flashmap::cuda

@@ -1,4 +1,4 @@
-// The DFlash drafter on the GPU: flashmap::DFlashModel (src/models/dflash.cpp, the specification,
+// The DFlash drafter on the GPU: flashmap::DFlashModel (src/models/dflash.cpp, the reference,
 // itself mirroring dflash==0.1.0's DFlashDraftModel; docs/DFLASH.md §1) with bf16 weights for the
 // GEMMs (fp32 accumulation), fp32 activations and an fp32 device context of per-layer keys and
 // values. The block is embedded by the target's embedding and read out by its lm_head (bf16 device
@@ -9,8 +9,9 @@
 //   DFlashContext ctx = df.new_context(max_positions);
 //   df.extend_context(ctx, d_features, n);   // target features of n verified tokens
 //   df.draft(ctx, d_anchor, d_logits);        // [B − 1, V] logits of the block after the anchor
-// Eager kernels on the context's stream (no CUDA graph yet). Not run on a GPU yet (issue 18):
-// tests/cuda/test_cuda_dflash.cpp checks it against the CPU model when one is present.
+// Eager kernels on the context's stream (no CUDA graph yet). Not run on a GPU yet:
+// CudaEngine.DFlashDraftMatchesCpuAndIsLossless (tests/cuda/test_cuda_engine.cpp) checks it
+// against the CPU model when a GPU is present.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The FlashMap drafter on the GPU: flashmap::FlashMapModel (src/models/flashmap.cpp, the
-// specification, itself mirroring modeling_flashmap.py of flashmap==0.1.0) with bf16 weights for
+// reference, itself mirroring modeling_flashmap.py of flashmap==0.1.0) with bf16 weights for
 // the GEMMs (fp32 accumulation), fp32 activations, an fp32 device context cache and noise drawn on
 // the device.
 //

@@ -1,4 +1,4 @@
-// CUDA kernels: one launcher per CPU op in src/ops/cpu_ops.cpp (the specification), with the same
+// CUDA kernels: one launcher per CPU op in src/ops/cpu_ops.cpp (the reference), with the same
 // argument order and layout so a device forward reads like the CPU one. All pointers are device
 // pointers; every launcher enqueues on `stream` and returns without synchronizing. Activations are
 // fp32 here (as on the CPU); weights and the KV cache may be bf16 (passed as uint16_t bits, so this

@@ -1,5 +1,5 @@
 // The Qwen3 target on the GPU: flashmap::Qwen3Model::forward (src/models/qwen3.cpp, the
-// specification) for one sequence, with bf16 weights uploaded once, a preallocated bf16 KV cache,
+// reference) for one sequence, with bf16 weights uploaded once, a preallocated bf16 KV cache,
 // fp32 activations between kernels (bf16 only at GEMM inputs, as a bf16 engine stores them), and
 // CUDA graphs for the fixed-size steps of a decoding loop (decode n = 1, verify n = K + 1).
 //

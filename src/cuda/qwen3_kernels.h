@@ -1,5 +1,5 @@
 // Kernels of the Qwen3 forward on the device (Qwen3Model, qwen3_cuda.cpp) that kernels.h does not
-// have: fused steps of flashmap::Qwen3Model::forward (src/models/qwen3.cpp, the specification) that
+// have: fused steps of flashmap::Qwen3Model::forward (src/models/qwen3.cpp, the reference) that
 // write the bf16 GEMM inputs and the bf16 KV cache directly, a split-KV causal attention whose grid
 // does not depend on the context length (so one CUDA graph replays at any position), random bf16
 // weights made on the device, and the HBM read probe of `flashmap bench --device cuda`. Same

@@ -1,4 +1,4 @@
-// Device sampling kernels: each mirrors a CPU function of src/specdec (the specification) — the
+// Device sampling kernels: each mirrors a CPU function of src/specdec (the reference) — the
 // filtered distribution of flashmap::filtered_probs, the inverse-CDF draw of flashmap::sample and
 // the rejection-sampling verification of flashmap::verify_sampled — with the same arithmetic
 // (fp32 probabilities, double sums and uniforms, the same comparisons) so that, given the same

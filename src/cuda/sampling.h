@@ -1,9 +1,9 @@
 // Sampling on the device: the filtered distributions of flashmap::filtered_probs (temperature,
 // top-k, top-p, min-p), inverse-CDF draws of flashmap::sample and the rejection-sampling
-// verification of flashmap::verify_sampled (src/specdec, the specification), with uniforms from a
+// verification of flashmap::verify_sampled (src/specdec, the reference), with uniforms from a
 // counter-based generator in device memory (or, for tests, from a device table filled with a CPU
 // Rng's draws, so that device and CPU decisions can be compared exactly). A round's outcome is
-// one 8-byte RoundResult that the decoder copies to the host.
+// one 8-byte RoundResult that the backend copies to the host.
 #pragma once
 
 #include <cstdint>

@@ -3,27 +3,37 @@
 // token with the FlashMap and DFlash drafters and with a scripted drafter that takes every
 // acceptance path; the device's greedy output agrees with the CPU's as far as bf16 logits allow
 // (agreement reported); sampled decoding is reproducible from its seed and, at top_k = 1, is
-// greedy decoding; long prompts prefill in chunks. Without a usable GPU every test skips.
+// greedy decoding; long prompts prefill in chunks; logit controls, a grammar and logprobs, run
+// on the device, keep speculative output exact and agree with the CPU engine's. Without a usable
+// GPU every test skips.
 #include <flashmap/engine.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
+#include "constrain/constrain.h"
+#include "constrain/token_constraint.h"
 #include "core/check.h"
-#include "cuda/cuda_backend.h"
+#include "cuda/backend.h"
 #include "cuda/device.h"
 #include "cuda/dflash_cuda.h"
 #include "cuda/flashmap_cuda.h"
+#include "cuda/proposers.h"
 #include "cuda/qwen3_cuda.h"
+#include "engine/generate.h"
 #include "gpu_test.h"
 #include "models/dflash.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
+#include "specdec/controls.h"
+#include "specdec/logprobs.h"
 
 namespace flashmap::cuda {
 namespace {
@@ -68,7 +78,8 @@ GenerateOptions greedy(int n, std::vector<int32_t> stop = {}) {
 
 // flashmap::ScriptedProposer on the device: logits one-hot on script[i] for the i-th generated
 // position, every slot from `corrupt_from` on replaced by a wrong token, so that the greedy
-// acceptance length is chosen by the test. Reads no features.
+// acceptance length is chosen by the test. Reads no features; a lane is the count of generated
+// tokens committed.
 class ScriptedDeviceProposer : public DeviceProposer {
  public:
   ScriptedDeviceProposer(Context& ctx, int K, int64_t V, std::vector<int32_t> script,
@@ -78,18 +89,19 @@ class ScriptedDeviceProposer : public DeviceProposer {
   int64_t vocab() const override { return V_; }
   std::span<const int> target_layer_ids() const override { return {}; }
   int64_t feature_dim() const override { return 0; }
-  struct State : DeviceDraftState {
-    int64_t committed = -1;
-  };
-  std::unique_ptr<DeviceDraftState> begin(int64_t) override { return std::make_unique<State>(); }
-  void reset(DeviceDraftState& s) override { static_cast<State&>(s).committed = -1; }
-  void commit(DeviceDraftState& s, const float*, int64_t n) override {
+  int add_lane(int64_t) override {
+    committed_.push_back(-1);
+    return int(committed_.size()) - 1;
+  }
+  void remove_lane(int) override {}  // a count holds nothing
+  void reset(int lane) override { committed_.at(size_t(lane)) = -1; }
+  void commit(int lane, const float*, int64_t n) override {
     // The first commit holds the prompt; the generated tokens count from the next.
-    auto& c = static_cast<State&>(s).committed;
+    auto& c = committed_.at(size_t(lane));
     c = c < 0 ? 0 : c + n;
   }
-  void draft(DeviceDraftState& s, const int32_t*, uint64_t, uint64_t, float* d_logits) override {
-    const int64_t next = static_cast<State&>(s).committed + 1;
+  void draft(int lane, const int32_t*, uint64_t, uint64_t, float* d_logits) override {
+    const int64_t next = committed_.at(size_t(lane)) + 1;
     logits_.assign(size_t(K_ * V_), 0.0f);
     for (int k = 0; k < K_; ++k) {
       const int64_t i = next + k;
@@ -110,6 +122,7 @@ class ScriptedDeviceProposer : public DeviceProposer {
   std::vector<int32_t> script_;
   int corrupt_from_;
   std::vector<float> logits_;
+  std::vector<int64_t> committed_;  // by lane
 };
 
 // A batch of one through an engine on the device models (every round speculating).
@@ -497,7 +510,7 @@ TEST_F(CudaEngine, LongPromptsPrefillInChunks) {
   const auto spec = run(*p.target, &d, prompt, greedy(40));
   expect_lossless(*p.target, prompt, spec.ids, alone.ids, "1300-token prompt");
   auto backend = make_backend(*p.target, &d, 4096, true, 3);
-  EXPECT_EQ(backend->max_sequences(), 3);
+  EXPECT_EQ(backend->info().max_sequences, 3);
 }
 
 // cuda:N with N >= 1: the engine thread (not the one that loaded the models) must allocate and
@@ -604,6 +617,204 @@ TEST_F(CudaEngine, DFlashDraftMatchesCpuAndIsLossless) {
     expect_lossless(target, r.ids, alone.ids, draft_dir);
     std::cout << "[ info ] " << draft_dir << ": DFlash tau on the device " << r.acceptance_length()
               << "\n";
+  }
+}
+
+}  // namespace
+}  // namespace flashmap::cuda
+
+namespace flashmap::cuda {
+namespace {
+
+// Logit controls, constraints and logprobs on the device (cuda/controls.h), through the engine.
+
+// Token i spells i in base 4 over "abcd" (1 to 5 letters); the last id has no bytes (the stop
+// token), as tests/specdec/test_controls.cpp's grammar tests have it.
+std::shared_ptr<const constrain::Vocabulary> letters(int64_t V) {
+  std::vector<std::string> t(static_cast<size_t>(V));
+  for (int64_t i = 0; i + 1 < V; ++i) {
+    int64_t x = i;
+    std::string s;
+    do {
+      s += char('a' + x % 4);
+      x /= 4;
+    } while (x > 0 && s.size() < 5);
+    t[size_t(i)] = s;
+  }
+  return constrain::Vocabulary::from_bytes(std::move(t));
+}
+
+const char* const kPattern = "(ab|c)+d[abc]{3,12}(dd|cb)";
+
+// The two requests with controls: penalties, biases and min_tokens holding back a stop token the
+// target produces early; and a grammar with a presence penalty. Both ask for logprobs.
+std::vector<std::pair<std::string, GenerateOptions>> controlled_requests(
+    Qwen3Model& target, const std::vector<int32_t>& plain) {
+  const int64_t V = target.config().vocab_size;
+  GenerateOptions a = greedy(40, {plain[2]});
+  a.controls.repetition_penalty = 1.3f;
+  a.controls.frequency_penalty = 0.5f;
+  a.controls.presence_penalty = 0.4f;
+  a.controls.logit_bias = {{17, 2.5f}, {500, -3.0f}, {901, 1.5f}, {17, 0.75f}};
+  a.controls.min_tokens = 12;
+  a.logprobs = 5;
+  GenerateOptions b = greedy(40, {int32_t(V - 1)});
+  b.controls.constraint =
+      constrain::constraint_factory(constrain::compile_regex(kPattern), letters(V));
+  b.controls.presence_penalty = 0.4f;
+  b.logprobs = 3;
+  return {{"penalties, bias, min_tokens", a}, {"grammar", b}};
+}
+
+bool same_logprob(const TokenLogprob& a, const TokenLogprob& b) {
+  if (a.token != b.token || a.rank != b.rank || a.top.size() != b.top.size() ||
+      std::memcmp(&a.logprob, &b.logprob, sizeof(float)) != 0)
+    return false;
+  for (size_t j = 0; j < a.top.size(); ++j)
+    if (a.top[j].first != b.top[j].first ||
+        std::memcmp(&a.top[j].second, &b.top[j].second, sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+void expect_same_logprobs(const std::vector<TokenLogprob>& got,
+                          const std::vector<TokenLogprob>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(same_logprob(got[i], want[i]))
+        << what << ": token " << i << " logprob " << got[i].logprob << " vs " << want[i].logprob
+        << ", rank " << got[i].rank << " vs " << want[i].rank;
+}
+
+// Greedy decoding with controls on the device: speculative output equals the device's own
+// target-alone output token for token, with the same logprobs bit for bit (a token's row has the
+// bits a decode step gives it, CudaQwen3.StepRowsAreBatchInvariant, and the logprobs read the
+// raw rows), with the FlashMap drafter and a scripted one that is always right (so the controls
+// accept correct drafts). Against the CPU engine (fp32) on the same request: the outputs agree
+// until the CPU's controlled top-2 margin is within reach of the bf16 logits' error, and each
+// shared token's logprob is within 2·max|Δlogit| of the CPU's (log-sum-exp is 1-Lipschitz in
+// the max norm), plus slack for the prefill-shaped forward the bound is measured on.
+TEST_F(CudaEngine, ControlsAndLogprobsOnTheDevice) {
+  for (const char* fx : kFixtures) {
+    Pair p(*ctx, fx);
+    const int64_t V = p.cpu->config().vocab_size;
+    const auto plain = run(*p.target, nullptr, kPrompt, greedy(6)).ids;
+    for (const auto& [name, o] : controlled_requests(*p.target, plain)) {
+      const std::string what = fmt::format("{} {}", fx, name);
+      const auto alone = run(*p.target, nullptr, kPrompt, o);
+      ASSERT_FALSE(alone.ids.empty()) << what;
+      ASSERT_EQ(alone.logprobs.size(), alone.ids.size()) << what;
+      FlashMapDeviceProposer d(*p.draft, 1);
+      ScriptedDeviceProposer right(*ctx, 8, V, alone.ids, 8);
+      const auto spec = run(*p.target, &d, kPrompt, o);
+      const auto scripted = run(*p.target, &right, kPrompt, o);
+      EXPECT_EQ(spec.ids, alone.ids) << what;
+      EXPECT_EQ(scripted.ids, alone.ids) << what;
+      expect_same_logprobs(spec.logprobs, alone.logprobs, what + " (FlashMap)");
+      expect_same_logprobs(scripted.logprobs, alone.logprobs, what + " (scripted)");
+      if (alone.ids.size() > 16) EXPECT_GE(scripted.acceptance_length(), 4.0) << what;
+      if (o.controls.min_tokens > 0 && alone.finish_reason == "stop")
+        EXPECT_GT(alone.ids.size(), size_t(o.controls.min_tokens)) << what;
+      if (o.controls.constraint && alone.finish_reason == "stop") {
+        const auto vocab = letters(V);
+        std::string text;
+        for (int32_t t : alone.ids)
+          if (t != V - 1) text += vocab->bytes(t);
+        EXPECT_TRUE(std::regex_match(text, std::regex(kPattern))) << what << ": " << text;
+      }
+
+      const auto cpu = generate(*p.cpu, nullptr, kPrompt, o);
+      const size_t i = common_prefix(cpu.ids, alone.ids);
+      std::cout << "[ info ] " << what << ": device and CPU agree on " << i << " of "
+                << alone.ids.size() << " tokens\n";
+      for (size_t k = 0; k < i; ++k) {
+        const std::span<const int32_t> prefix(alone.ids.data(), k);
+        const auto c = cpu_logits(*p.cpu, kPrompt, prefix);
+        const auto g = device_logits(*p.target, kPrompt, prefix);
+        double err = 0;
+        for (size_t v = 0; v < c.size(); ++v)
+          if (std::isfinite(c[v])) err = std::max(err, std::abs(double(g[v]) - c[v]));
+        EXPECT_NEAR(alone.logprobs[k].logprob, cpu.logprobs[k].logprob, 2 * err + 1e-3)
+            << what << " token " << k;
+        EXPECT_EQ(alone.logprobs[k].token, cpu.logprobs[k].token) << what << " token " << k;
+      }
+      if (i < std::min(cpu.ids.size(), alone.ids.size())) {
+        // Where they part: the CPU's row with the controls the loop applied there.
+        const std::span<const int32_t> prefix(cpu.ids.data(), i);
+        auto c = cpu_logits(*p.cpu, kPrompt, prefix);
+        const auto g = device_logits(*p.target, kPrompt, prefix);
+        double err = 0, n = 0;
+        for (size_t v = 0; v < c.size(); ++v)
+          if (std::isfinite(c[v])) {
+            err += (double(g[v]) - c[v]) * (double(g[v]) - c[v]);
+            ++n;
+          }
+        const double rms = std::sqrt(err / std::max(n, 1.0));
+        ControlState cs(o.controls, kPrompt, o.stop_ids, V);
+        cs.commit(prefix);
+        cs.apply(c.data(), {});
+        float a = -INFINITY, b = -INFINITY;
+        for (float v : c)
+          if (v > a) {
+            b = a;
+            a = v;
+          } else if (v > b) {
+            b = v;
+          }
+        // The repetition penalty scales a logit's error by up to r.
+        const double scale = std::max(1.0f, o.controls.repetition_penalty);
+        EXPECT_LE(double(a - b), 8 * rms * scale)
+            << what << ": diverges at token " << i << " where the CPU's controlled top-2 margin is "
+            << a - b << " and the logits' rms error " << rms;
+      }
+    }
+  }
+}
+
+// All the requests' tokens and logprobs, read as they come.
+std::pair<std::vector<int32_t>, std::vector<TokenLogprob>> collect(Request& r) {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;
+  for (int t = 0; t < 600; ++t) {
+    Request::Update u = r.wait(tokens.size(), std::chrono::milliseconds(100));
+    tokens.insert(tokens.end(), u.tokens.begin(), u.tokens.end());
+    logprobs.insert(logprobs.end(), u.logprobs.begin(), u.logprobs.end());
+    if (u.finished) break;
+  }
+  return {tokens, logprobs};
+}
+
+// Sequences with different controls share rounds (their programs uploaded together, their raw
+// rows copied in turn for the logprobs): each decodes exactly as it does alone, logprobs too.
+TEST_F(CudaEngine, BatchedControlsEqualEachAlone) {
+  Pair p(*ctx, kFixtures[0]);
+  FlashMapDeviceProposer d(*p.draft, 1);
+  const auto plain = run(*p.target, nullptr, kPrompt, greedy(6)).ids;
+  auto requests = controlled_requests(*p.target, plain);
+  GenerateOptions none = greedy(33);
+  none.logprobs = 0;
+  requests.push_back({"logprobs alone", none});
+  GenerateOptions unlogged = requests[0].second;
+  unlogged.logprobs = -1;
+  requests.push_back({"controls alone", unlogged});
+  const std::vector<std::vector<int32_t>> prompts = {kPrompt, {7, 3, 3}, {900, 12, 5, 77}, {4}};
+  std::vector<GenerateResult> alone;
+  for (size_t i = 0; i < requests.size(); ++i)
+    alone.push_back(run(*p.target, &d, prompts[i], requests[i].second));
+  EngineOptions eo;
+  eo.max_running = 4;
+  eo.spec_policy = SpecPolicyKind::Always;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<TokenLogprob>>> got;
+  {
+    Engine engine(make_backend(*p.target, &d, 4096, true), eo);
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (size_t i = 0; i < requests.size(); ++i)
+      reqs.push_back(engine.submit(requests[i].second.request(prompts[i])));
+    for (auto& r : reqs) got.push_back(collect(*r));
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got[i].first, alone[i].ids) << requests[i].first;
+    expect_same_logprobs(got[i].second, alone[i].logprobs, requests[i].first);
   }
 }
 

@@ -1,5 +1,5 @@
 // The FlashMap drafter on the GPU (src/cuda/flashmap_cuda.*) against the CPU
-// flashmap::FlashMapModel (the specification, itself checked against the reference by `flashmap
+// flashmap::FlashMapModel (the reference, itself checked against flashmap==0.1.0 by `flashmap
 // parity`) on the committed fixtures, with the same given noise; the device Philox normal generator
 // against its host copy and N(0, 1); CUDA-graph replays against eager drafts; and a smoke run with
 // timings at the default drafter shape. Without a usable GPU every device test skips; the

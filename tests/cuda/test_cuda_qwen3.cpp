@@ -1,5 +1,5 @@
 // The Qwen3 target on the GPU (src/cuda/qwen3_cuda.h) against the CPU flashmap::Qwen3Model (the
-// specification) on the committed fixtures, plus the new kernels it uses against the CPU ops they
+// reference) on the committed fixtures, plus the new kernels it uses against the CPU ops they
 // fuse. On a machine without a usable GPU every test here skips, so ctest passes in CI.
 //
 // Tolerances. The device engine is bf16: weights (fp32 in the fixtures) are rounded to bf16 once,

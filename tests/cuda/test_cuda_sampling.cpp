@@ -1,4 +1,4 @@
-// Device sampling against the CPU specification (src/specdec/sampling.cpp, verify.cpp): filtered
+// Device sampling against the CPU reference (src/specdec/sampling.cpp, verify.cpp): filtered
 // distributions by NMSE with the same support, and — given the same uniforms, through the
 // sampler's table mode fed with a CPU Rng's draws — the same sampled ids and the same
 // accept/resample decisions as flashmap::sample and flashmap::verify_sampled. The device

@@ -1,0 +1,93 @@
+#include "cuda/proposers.h"
+
+#include "core/check.h"
+
+namespace flashmap::cuda {
+
+// --- FlashMapDeviceProposer
+
+FlashMapDeviceProposer::FlashMapDeviceProposer(FlashMapModel& model, int steps, bool graphs)
+    : model_(model), steps_(steps > 0 ? steps : model.config().num_steps), graphs_(graphs) {
+  model_.grid(steps_);  // throws naming the supported step counts
+}
+
+std::span<const int> FlashMapDeviceProposer::target_layer_ids() const {
+  return model_.config().target_layer_ids;
+}
+
+namespace {
+// The table's row for a new context (made before the table takes it: all or nothing).
+template <typename Ctx>
+int add_to(std::vector<Ctx>& lanes, std::vector<int>& free, Ctx ctx) {
+  if (free.empty()) {
+    lanes.push_back(std::move(ctx));
+    return int(lanes.size()) - 1;
+  }
+  const int i = free.back();
+  free.pop_back();
+  lanes[size_t(i)] = std::move(ctx);
+  return i;
+}
+template <typename Ctx>
+void remove_from(std::vector<Ctx>& lanes, std::vector<int>& free, int lane) {
+  FLASHMAP_ASSERT(lane >= 0 && size_t(lane) < lanes.size());
+  lanes[size_t(lane)] = Ctx();  // its buffers (and captured drafts) go now
+  free.push_back(lane);
+}
+}  // namespace
+
+int FlashMapDeviceProposer::add_lane(int64_t capacity) {
+  // Committed tokens + the anchor's slot.
+  return add_to(lanes_, free_, model_.new_context(capacity + 1));
+}
+
+void FlashMapDeviceProposer::remove_lane(int lane) {
+  remove_from(lanes_, free_, lane);
+}
+
+void FlashMapDeviceProposer::reset(int lane) {
+  model_.reset(lanes_.at(size_t(lane)));
+}
+
+void FlashMapDeviceProposer::commit(int lane, const float* d_features, int64_t n) {
+  model_.extend_context(lanes_.at(size_t(lane)), d_features, n);
+}
+
+void FlashMapDeviceProposer::draft(int lane, const int32_t* d_anchor, uint64_t seed,
+                                   uint64_t counter, float* d_logits) {
+  FlashMapModel::Noise noise;
+  noise.kind = FlashMapModel::Noise::Draw;
+  noise.seed = seed;
+  noise.counter = counter;
+  model_.draft(lanes_.at(size_t(lane)), d_anchor, steps_, noise, d_logits,
+               graphs_ ? FlashMapModel::Exec::Graph : FlashMapModel::Exec::Eager);
+}
+
+// --- DFlashDeviceProposer
+
+std::span<const int> DFlashDeviceProposer::target_layer_ids() const {
+  return model_.config().target_layer_ids;
+}
+
+int DFlashDeviceProposer::add_lane(int64_t capacity) {
+  return add_to(lanes_, free_, model_.new_context(capacity));
+}
+
+void DFlashDeviceProposer::remove_lane(int lane) {
+  remove_from(lanes_, free_, lane);
+}
+
+void DFlashDeviceProposer::reset(int lane) {
+  model_.reset(lanes_.at(size_t(lane)));
+}
+
+void DFlashDeviceProposer::commit(int lane, const float* d_features, int64_t n) {
+  model_.extend_context(lanes_.at(size_t(lane)), d_features, n);
+}
+
+void DFlashDeviceProposer::draft(int lane, const int32_t* d_anchor, uint64_t, uint64_t,
+                                 float* d_logits) {
+  model_.draft(lanes_.at(size_t(lane)), d_anchor, d_logits);
+}
+
+}  // namespace flashmap::cuda
