@@ -1,13 +1,12 @@
-// flashmap_engine._core: the public engine API (include/flashmap/engine.h, tokenizer.h, chat.h)
-// for Python. flashmap_engine/__init__.py adds the reference-shaped helper (spec_generate).
+// flashmap_engine._core: the public engine API (include/flashmap/engine.h, text.h) for Python.
+// flashmap_engine/__init__.py adds the reference-shaped helper (spec_generate).
 //
-// Threads: the CPU backend computes on one process-wide pool that runs one parallel loop at a
-// time (set_cpu_threads in engine.h), so every call that computes (loading, generate, a stream's
-// worker) holds one process-wide lock, taken with the GIL released. Nothing that holds the lock
-// ever waits for the GIL, so Python threads calling at once are served one after the other.
-#include <flashmap/chat.h>
+// Threads: the CPU backend computes on one process-wide pool (sized by EngineOptions::threads)
+// that runs one parallel loop at a time, so every call that computes (loading, generate, a
+// stream's worker) holds one process-wide lock, taken with the GIL released. Nothing that holds the
+// lock ever waits for the GIL, so Python threads calling at once are served one after the other.
 #include <flashmap/engine.h>
-#include <flashmap/tokenizer.h>
+#include <flashmap/text.h>
 #include <fmt/format.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -183,17 +182,18 @@ struct Result {
 // A tokenizer folder: tokenizer.json and, when it has one, its chat template.
 class PyTokenizer {
  public:
-  explicit PyTokenizer(const std::string& dir)
-      : dir_(dir), tok_(flashmap::Tokenizer::from_dir(dir)) {}
+  explicit PyTokenizer(const std::string& dir) : text_(flashmap::TextCodec::from_dir(dir)) {}
 
-  std::vector<int32_t> encode(const std::string& text) const { return tok_.encode(text); }
+  std::vector<int32_t> encode(const std::string& text) const { return text_.encode(text); }
   std::string decode(nb::handle ids, bool skip_special) const {
     const auto v = ids_from(ids, "ids");
-    return tok_.decode(v, skip_special);
+    return text_.decode(v, skip_special);
   }
-  size_t vocab_size() const { return tok_.vocab_size(); }
-  std::optional<int32_t> token_to_id(const std::string& t) const { return tok_.token_to_id(t); }
-  std::string id_to_token(int32_t id) const { return tok_.id_to_token(id); }
+  size_t vocab_size() const { return text_.vocab_size(); }
+  std::optional<int32_t> token_to_id(const std::string& t) const {
+    return text_.tokenizer().token_to_id(t);
+  }
+  std::string id_to_token(int32_t id) const { return text_.tokenizer().id_to_token(id); }
 
   // The request object ChatTemplate::render takes, written by Python's json module (any
   // JSON-able messages and tools; the rest is the template's business).
@@ -210,20 +210,14 @@ class PyTokenizer {
     std::string prompt;
     {
       nb::gil_scoped_release unlocked;
-      std::call_once(chat_once_, [&] {
-        chat_ = std::make_shared<flashmap::ChatTemplate>(flashmap::ChatTemplate::from_dir(dir_));
-      });
-      prompt = chat_->render(nlohmann::ordered_json::parse(text));
+      prompt = text_.render_chat(nlohmann::ordered_json::parse(text));
     }
     if (!tokenize) return nb::cast(prompt);
-    return nb::cast(tok_.encode(prompt));
+    return nb::cast(text_.encode(prompt));
   }
 
  private:
-  std::string dir_;
-  flashmap::Tokenizer tok_;
-  std::once_flag chat_once_;
-  std::shared_ptr<flashmap::ChatTemplate> chat_;
+  flashmap::TextCodec text_;
 };
 
 // What the worker thread of a stream hands to the iterating thread.
@@ -342,9 +336,12 @@ class PyEngine {
     if (steps && o.draft.empty()) throw flashmap::Error("steps needs a drafter (draft_dir)");
     o.sampled_vocab = tokenizer_ ? int64_t(tokenizer_->vocab_size()) : 0;
     o.spec_policy = flashmap::SpecPolicyKind::Always;  // one sequence: every round drafts
+    // None: the pool's default size; a number is the pool's size, never the default (0).
+    if (threads && *threads < 1)
+      throw flashmap::Error(fmt::format("threads must be in [1, 1024], got {}", *threads));
+    o.threads = threads.value_or(0);
     nb::gil_scoped_release unlocked;
     std::lock_guard compute(compute_mutex());
-    if (threads) flashmap::set_cpu_threads(*threads);
     flashmap::check_device(device);
     engine_ = std::make_shared<flashmap::Engine>(std::move(o));
     eos_ = engine_->eos_token_ids();
@@ -520,7 +517,7 @@ NB_MODULE(_core, m) {
           "drafts per round (0 without a drafter)")
       .def_prop_ro("max_context", [](const PyEngine& e) { return e.get()->max_context(); })
       .def_prop_ro("vocab_size",
-                   [](const PyEngine& e) { return e.get()->target_config().vocab_size; })
+                   [](const PyEngine& e) { return e.get()->target_info().vocab_size; })
       .def_prop_ro("target_dir", [](const PyEngine& e) { return e.get()->options().target; })
       .def_prop_ro("draft_dir",
                    [](const PyEngine& e) -> std::optional<std::string> {

@@ -39,7 +39,7 @@ void run_generate(GenerateArgs& a) {
   // A machine without the device (or a binary without its backend) fails here, before loading.
   check_device(a.model.device);
 
-  auto text = TextIO::open(a.model.tokenizer);
+  auto text = open_text(a.model.tokenizer);
   EngineOptions eo = a.model.engine_options(text ? text->vocab_size() : 0);
   eo.spec_policy = SpecPolicyKind::Always;  // one sequence: every round drafts
   Engine engine(eo);
@@ -69,7 +69,7 @@ void run_generate(GenerateArgs& a) {
   nlohmann::json j;
   j["ids"] = r.ids;
   j["prompt_ids"] = p.prompt;
-  if (text) j["text"] = text->decode(r.ids);
+  if (text) j["text"] = text->decode_shown(r.ids);
   j["acceptance_lengths"] = r.acceptance_lengths;
   j["acceptance_length"] = r.acceptance_length();
   j["accepted_at"] = r.accepted_at;

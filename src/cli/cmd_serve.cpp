@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "cli/commands.h"
@@ -13,7 +14,6 @@
 #include "core/check.h"
 #include "io/hf_config.h"
 #include "server/server.h"
-#include "server/text_codec.h"
 
 namespace flashmap::cli {
 namespace {
@@ -59,7 +59,7 @@ void run_serve(ServeArgs& a) {
   // --spec-max-batch alone keeps its old meaning (the batch policy); with another policy it
   // would silently do nothing, so that is an error.
   if (a.spec_policy.empty()) a.spec_policy = a.spec_max_batch_given ? "batch" : "adaptive";
-  a.sched.spec_policy = engine::parse_spec_policy(a.spec_policy);
+  a.sched.spec_policy = parse_spec_policy(a.spec_policy);
   FLASHMAP_CHECK(!a.spec_max_batch_given || a.sched.spec_policy == SpecPolicyKind::Batch,
                  "--spec-max-batch applies to --spec-policy batch, not {}", a.spec_policy);
   if (a.server.model_name.empty())
@@ -67,8 +67,8 @@ void run_serve(ServeArgs& a) {
   if (a.server.model_name.empty() || a.server.model_name == "target")
     a.server.model_name =
         std::filesystem::path(a.model.target).lexically_normal().parent_path().filename();
-  std::unique_ptr<server::TextCodec> text;
-  if (!a.model.tokenizer.empty()) text = server::open_text_codec(a.model.tokenizer);
+  std::optional<TextCodec> text;
+  if (!a.model.tokenizer.empty()) text = TextCodec::from_dir(a.model.tokenizer);
   const auto gen = GenerationConfig::from_dir(a.model.target);
   a.server.eos_ids.assign(gen.eos_token_ids.begin(), gen.eos_token_ids.end());
   a.server.default_sampling = default_sampling(gen);
@@ -85,7 +85,7 @@ void run_serve(ServeArgs& a) {
   eo.prefix_cache_mb = eo.device == "cpu" ? a.sched.prefix_cache_mb : 0;
   Engine engine(eo);
   const bool drafter = engine.block_size() > 0;
-  server::Server srv(engine, text.get(), a.server);
+  server::Server srv(engine, text ? &*text : nullptr, a.server);
   const int port = srv.bind();
   std::thread signals([&] {
     while (!g_stop_requested && !srv.stopped())

@@ -2,6 +2,8 @@
 // streamed as text (when the checkpoint has tokenizer files) or as ids.
 #pragma once
 
+#include <flashmap/text.h>
+
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <optional>
@@ -11,23 +13,13 @@
 
 namespace flashmap::cli {
 
-// A tokenizer and chat template loaded from a folder (tokenizer.json, tokenizer_config.json).
-class TextIO {
- public:
-  // nullptr when `dir` is empty.
-  static std::unique_ptr<TextIO> open(const std::string& dir);
-  virtual ~TextIO() = default;
-  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
-  virtual std::string decode(std::span<const int32_t> ids) const = 0;
-  // The rendered chat prompt for one user message.
-  virtual std::string chat(const std::string& user, const std::string& system,
-                           std::optional<bool> enable_thinking) const = 0;
-  // Streams ids as text without splitting UTF-8 characters.
-  virtual std::string push(int32_t id) = 0;
-  virtual std::string flush() = 0;
-  // Largest id the tokenizer knows + 1.
-  virtual int64_t vocab_size() const = 0;
-};
+// The tokenizer folder `dir` (tokenizer.json; its chat template for --chat); nullptr when `dir`
+// is empty.
+std::unique_ptr<TextCodec> open_text(const std::string& dir);
+
+// The rendered chat prompt for one user message, after a system message when one is given.
+std::string chat_prompt(const TextCodec& text, const std::string& user, const std::string& system,
+                        std::optional<bool> enable_thinking);
 
 // The prompt when none is given and the target has a tokenizer (else the ids 1..8).
 inline constexpr const char* kDefaultPrompt = "The secret of a happy life is";
@@ -36,19 +28,19 @@ struct PromptOptions {
   std::string ids_text, text, chat, system;
   std::optional<bool> enable_thinking;
   // The prompt's ids; needs `text` for --prompt and --chat.
-  std::vector<int32_t> ids_of(TextIO* text) const;
+  std::vector<int32_t> ids_of(const TextCodec* text) const;
 };
 void add_prompt_options(CLI::App& app, PromptOptions& p);
 
 // Prints generated tokens as they come: text through `text`, or ids when there is none.
 class TextStream {
  public:
-  explicit TextStream(TextIO* text) : text_(text) {}
+  explicit TextStream(const TextCodec* text);
   void write(std::span<const int32_t> ids);
   void finish();
 
  private:
-  TextIO* text_;
+  std::optional<TextCodec::Stream> stream_;
   bool first_ = true;
 };
 

@@ -1,19 +1,17 @@
-// The OpenAI-compatible request surface: parsing and validation of /v1/completions and
-// /v1/chat/completions bodies, OpenAI-style error bodies, and stop strings matched on streamed
-// text. Everything a client can get wrong becomes an ApiError with the status, type, param and
-// code OpenAI would answer with.
+// The OpenAI-compatible request surface: parsing and validation of /v1/completions,
+// /v1/chat/completions, /tokenize and /detokenize bodies, and OpenAI-style error bodies.
+// Everything a client can get wrong becomes an ApiError with the status, type, param and code
+// OpenAI would answer with.
 #pragma once
+
+#include <flashmap/errors.h>
+#include <flashmap/request.h>
 
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include "core/check.h"
-#include "specdec/controls.h"
-#include "specdec/logprobs.h"
-#include "specdec/sampling.h"
 
 namespace flashmap::server {
 
@@ -35,17 +33,21 @@ std::string dump_json(const nlohmann::json& j);
 // The type OpenAI gives a status: invalid_request_error, authentication_error, ...
 std::string error_type_for(int status);
 
+// Text from outside (a path, a field name) for a log line or an error message: at most `limit`
+// bytes, control bytes escaped.
+std::string printable(std::string_view s, size_t limit = 200);
+
 // Whether JSON text nests arrays and objects deeper than `limit` (brackets inside strings do not
 // count). Checked before parsing a request: nlohmann's values copy and destroy recursively, so a
 // 100,000-deep body would overflow the stack of whichever handler touched it.
 bool json_nests_deeper_than(std::string_view text, int limit);
 inline constexpr int kMaxJsonDepth = 64;
+// A request body as JSON, after the checks every body passes: UTF-8, nesting, syntax (each a
+// 400 ApiError).
+nlohmann::json parse_json_body(const std::string& text);
 // Bounds on what a request may ask the engine to check on every token.
 inline constexpr size_t kMaxStopBytes = 512;
 inline constexpr size_t kMaxStopTokenIds = 256;
-
-// True when `s` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
-bool valid_utf8(std::string_view s);
 
 struct GenerationRequest {
   bool chat = false;
@@ -134,107 +136,5 @@ std::string flatten_content(const nlohmann::json& parts, const std::string& para
 // model name accepted in `model` (absent is fine).
 GenerationRequest parse_generation_request(const nlohmann::json& body, bool chat,
                                            const std::string& served_model);
-
-// Matches stop strings on text streamed in pieces: text that could still become a stop string
-// is held back until it cannot, and neither the stop string nor anything after it is returned.
-class StopMatcher {
- public:
-  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
-  // Returns the text that is now safe to show; after a match, stopped() is true and every later
-  // call returns "".
-  std::string feed(std::string_view text);
-  // The held-back text, once no more text will come (no stop matched).
-  std::string finish();
-  bool stopped() const { return stopped_; }
-
- private:
-  std::vector<std::string> stops_;
-  std::string pending_;
-  bool stopped_ = false;
-};
-
-// Splits a chat completion's text into reasoning (inside <think>...</think>) and content, on
-// text streamed in pieces cut anywhere: a possible partial tag is held back until it is
-// decided. `starts_inside`: the prompt ends inside an open think block (the model's first token
-// is already reasoning). Otherwise a think block counts only at the very start of the output
-// (Qwen3 writes <think> first when thinking; with enable_thinking false its template has
-// already closed an empty block, and the output is all content). The tags are not returned.
-class ReasoningSplitter {
- public:
-  explicit ReasoningSplitter(bool starts_inside)
-      : state_(starts_inside ? State::Reasoning : State::Start) {}
-  struct Piece {
-    std::string reasoning, content;
-  };
-  Piece feed(std::string_view text);
-  // What is held back, once no more text will come (an unclosed block stays reasoning).
-  Piece finish();
-  // Whether any reasoning was seen (a think block opened).
-  bool saw_reasoning() const { return saw_; }
-
- private:
-  enum class State { Start, Reasoning, Content } state_;
-  std::string pending_;
-  bool saw_ = false;
-};
-
-// Qwen3's (Hermes-style) tool calls in a chat completion's content:
-// <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, any number of them.
-struct ToolCalls {
-  // The content without the blocks: the text before the first block as it is, plus any other
-  // text outside them that is not only whitespace.
-  std::string content;
-  // OpenAI tool_calls: {id: "call_<24 random alphanumerics>", type: "function",
-  // function: {name, arguments: the arguments object as a JSON string}}.
-  nlohmann::json calls = nlohmann::json::array();
-  // Non-empty when a block is not a JSON object with a string name and object arguments, or is
-  // not closed: then calls is empty and content is the whole text.
-  std::string error;
-};
-ToolCalls parse_tool_calls(const std::string& text);
-// "call_" + 24 random alphanumerics, as OpenAI writes tool call ids.
-std::string tool_call_id();
-// The JSON schema a tool_choice "required" output follows: an array (1 item without
-// parallel_tool_calls) of {"name": <a tool's name>, "parameters": <that tool's schema>}. `tools`
-// is the request's array; throws ApiError naming tools[i] for a malformed entry.
-nlohmann::ordered_json required_tools_schema(const nlohmann::ordered_json& tools, bool parallel);
-// The parameters schema of the tool named `name` ({"type": "object"} when it gives none).
-nlohmann::ordered_json named_tool_schema(const nlohmann::ordered_json& tools,
-                                         const std::string& name);
-
-// Streaming side of parse_tool_calls with the arguments as they come, as vLLM's hermes parser
-// streams them: content passes until a "<tool_call>" may begin; for each block of the shape
-// {"name": "...", "arguments": {...}} a delta with index, id, type and name comes once the name
-// is complete, then `function.arguments` deltas carry the arguments object's text as it arrives;
-// whitespace-only text between and after blocks is dropped. A block of another shape is held to
-// the end. finish() checks the whole text with parse_tool_calls: when it does not parse (a call
-// cut off, bad JSON), `error` is set and what was not yet sent as a call comes back as content
-// (deltas already sent stand; the non-streaming answer would be all content).
-class ToolCallStreamer {
- public:
-  struct Out {
-    std::string content;
-    nlohmann::json calls = nlohmann::json::array();  // tool_calls deltas
-  };
-  Out feed(std::string_view text);
-  Out finish();
-  size_t calls() const { return size_t(index_ + 1); }
-  const std::string& error() const { return error_; }
-
- private:
-  enum class State { Text, Head, Args, Tail, Held } state_ = State::Text;
-  void step(Out& out);
-  std::string pending_;  // text not yet decided
-  std::string all_;      // everything fed
-  std::string between_;  // text after a block, shown unless blank
-  int index_ = -1;
-  int depth_ = 0;
-  bool in_string_ = false, escaped_ = false, started_ = false;
-  std::string error_;
-};
-
-// Whether a rendered prompt ends inside an open think block (its last "<think>" comes after its
-// last "</think>").
-bool prompt_opens_think(std::string_view prompt);
 
 }  // namespace flashmap::server

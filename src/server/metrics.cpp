@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "server/http_front.h"
+
 namespace flashmap::server {
 
 void Histogram::observe(double v, uint64_t times) {
@@ -52,25 +54,10 @@ void Metrics::generation_done(const Request& req, size_t completion_tokens) {
   e2e_.observe(seconds(em.back().first - req.submitted));
 }
 
-std::string Metrics::render(const EngineStats& s) const {
-  std::lock_guard lk(mutex_);
-  std::string out;
-  out +=
-      "# HELP flashmap_requests_total HTTP requests by endpoint and status.\n"
-      "# TYPE flashmap_requests_total counter\n";
-  for (const auto& [key, n] : requests_)
-    out += fmt::format("flashmap_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first,
-                       key.second, n);
-  out += fmt::format(
-      "# HELP flashmap_prompt_tokens_total Prompt tokens of finished generations.\n"
-      "# TYPE flashmap_prompt_tokens_total counter\nflashmap_prompt_tokens_total {}\n"
-      "# HELP flashmap_generation_tokens_total Tokens generated.\n"
-      "# TYPE flashmap_generation_tokens_total counter\nflashmap_generation_tokens_total {}\n",
-      prompt_tokens_, generation_tokens_);
-  ttft_.render(out, "flashmap_time_to_first_token_seconds", "Time to first token.");
-  itl_.render(out, "flashmap_inter_token_latency_seconds",
-              "Time between consecutive output tokens.");
-  e2e_.render(out, "flashmap_request_latency_seconds", "Submission to last token.");
+namespace {
+
+// The engine's gauges and round counters.
+void render_engine(std::string& out, const EngineStats& s) {
   out += fmt::format(
       "# HELP flashmap_engine_healthy 1 while the engine serves; 0 after a device fault (the "
       "process must restart).\n# TYPE flashmap_engine_healthy gauge\nflashmap_engine_healthy {}\n"
@@ -89,19 +76,26 @@ std::string Metrics::render(const EngineStats& s) const {
       "flashmap_spec_max_batch {}\n",
       s.healthy ? 1 : 0, s.max_running, s.queued, s.running, s.rounds, s.speculative_rounds,
       s.spec_max_batch);
-  // The speculation policy's decisions and, for the adaptive one, what it bases them on.
+}
+
+// The speculation policy's decisions and, for the adaptive one, what it bases them on.
+void render_policy(std::string& out, const EngineStats& s) {
   out += fmt::format(
       "# HELP flashmap_spec_policy The speculation policy (--spec-policy).\n"
       "# TYPE flashmap_spec_policy gauge\nflashmap_spec_policy{{policy=\"{}\"}} 1\n"
       "# HELP flashmap_spec_policy_rounds_total Rounds in which some sequence could draft, by "
       "the policy's choice (speculative or target) and whether it explored.\n"
       "# TYPE flashmap_spec_policy_rounds_total counter\n",
-      engine::spec_policy_name(s.policy));
+      spec_policy_name(s.policy));
   for (int spec = 1; spec >= 0; --spec)
     for (int explore = 0; explore < 2; ++explore)
       out += fmt::format("flashmap_spec_policy_rounds_total{{mode=\"{}\",explore=\"{}\"}} {}\n",
                          spec ? "speculative" : "target", explore ? "true" : "false",
                          s.policy_rounds[spec][explore]);
+}
+
+// Per draft tree shape: rounds, sequence rounds, committed and verified tokens.
+void render_trees(std::string& out, const EngineStats& s) {
   if (!s.trees.empty()) {
     // Per tree shape (--draft-tree auto mixes them): rounds, and for τ and nodes per round the
     // drafting sequences' rounds, committed tokens and verified draft tokens.
@@ -126,10 +120,14 @@ std::string Metrics::render(const EngineStats& s) const {
                            t.*x.field);
     }
   }
+}
+
+// The adaptive policy's estimates per batch-size bucket and mode.
+void render_estimates(std::string& out, const EngineStats& s) {
   std::string tps, secs, toks, samples, choice;
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     const auto& bk = s.buckets[b];
-    const auto label = engine::SpecPolicy::bucket_label(int(b));
+    const auto label = spec_bucket_label(int(b));
     for (int spec = 1; spec >= 0; --spec) {
       const auto& e = spec ? bk.spec : bk.plain;
       if (e.samples == 0) continue;
@@ -163,7 +161,10 @@ std::string Metrics::render(const EngineStats& s) const {
       "speculation for the batch-size bucket, 0 where the target alone.\n"
       "# TYPE flashmap_spec_policy_speculating gauge\n" +
       choice;
-  // Tokens committed per speculative verify of one sequence (1 .. block size + 1).
+}
+
+// Tokens committed per speculative verify of one sequence (1 .. block size + 1).
+void render_acceptance(std::string& out, const EngineStats& s) {
   out +=
       "# HELP flashmap_acceptance_length Tokens committed per speculative verify.\n"
       "# TYPE flashmap_acceptance_length histogram\n";
@@ -177,6 +178,10 @@ std::string Metrics::render(const EngineStats& s) const {
       "flashmap_acceptance_length_bucket{{le=\"+Inf\"}} {}\nflashmap_acceptance_length_sum {}\n"
       "flashmap_acceptance_length_count {}\n",
       cum, sum, cum);
+}
+
+// The prefix cache's counters and gauges.
+void render_prefix_cache(std::string& out, const EngineStats& s) {
   const auto& pc = s.prefix_cache;
   const std::pair<const char*, std::string> prefix[] = {
       {"flashmap_prefix_cache_queries_total counter Requests that looked up the prefix cache.",
@@ -199,6 +204,59 @@ std::string Metrics::render(const EngineStats& s) const {
     const auto name = v.substr(0, a), type = v.substr(a + 1, b - a - 1), help = v.substr(b + 1);
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
   }
+}
+
+}  // namespace
+
+std::string Metrics::render(const EngineStats& s) const {
+  std::lock_guard lk(mutex_);
+  std::string out;
+  out +=
+      "# HELP flashmap_requests_total HTTP requests by endpoint and status.\n"
+      "# TYPE flashmap_requests_total counter\n";
+  for (const auto& [key, n] : requests_)
+    out += fmt::format("flashmap_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first,
+                       key.second, n);
+  out += fmt::format(
+      "# HELP flashmap_prompt_tokens_total Prompt tokens of finished generations.\n"
+      "# TYPE flashmap_prompt_tokens_total counter\nflashmap_prompt_tokens_total {}\n"
+      "# HELP flashmap_generation_tokens_total Tokens generated.\n"
+      "# TYPE flashmap_generation_tokens_total counter\nflashmap_generation_tokens_total {}\n",
+      prompt_tokens_, generation_tokens_);
+  ttft_.render(out, "flashmap_time_to_first_token_seconds", "Time to first token.");
+  itl_.render(out, "flashmap_inter_token_latency_seconds",
+              "Time between consecutive output tokens.");
+  e2e_.render(out, "flashmap_request_latency_seconds", "Submission to last token.");
+  render_engine(out, s);
+  render_policy(out, s);
+  render_trees(out, s);
+  render_estimates(out, s);
+  render_acceptance(out, s);
+  render_prefix_cache(out, s);
+  return out;
+}
+
+std::string render_front_metrics(const FrontStats& f) {
+  std::string out =
+      "# HELP flashmap_http_connections_open Connections held by the HTTP front.\n"
+      "# TYPE flashmap_http_connections_open gauge\n";
+  out += fmt::format("flashmap_http_connections_open {}\n", f.open);
+  out +=
+      "# HELP flashmap_http_connections_total Connections accepted.\n"
+      "# TYPE flashmap_http_connections_total counter\n";
+  out += fmt::format("flashmap_http_connections_total {}\n", f.connections);
+  out +=
+      "# HELP flashmap_http_refused_total Connections the HTTP front closed or refused, by "
+      "reason.\n# TYPE flashmap_http_refused_total counter\n";
+  const std::pair<const char*, uint64_t> rows[] = {{"idle_timeout", f.timed_out_idle},
+                                                   {"request_timeout", f.timed_out_request},
+                                                   {"evicted", f.evicted},
+                                                   {"connection_limit", f.refused_busy},
+                                                   {"head_too_large", f.refused_head},
+                                                   {"body_too_large", f.refused_body},
+                                                   {"malformed", f.refused_malformed}};
+  for (const auto& [reason, n] : rows)
+    out += fmt::format("flashmap_http_refused_total{{reason=\"{}\"}} {}\n", reason, n);
   return out;
 }
 

@@ -11,6 +11,8 @@
 
 namespace flashmap::server {
 
+struct FrontStats;  // http_front.h
+
 class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds)
@@ -39,5 +41,8 @@ class Metrics {
   uint64_t prompt_tokens_ = 0, generation_tokens_ = 0;
   Histogram ttft_, itl_, e2e_;
 };
+
+// The HTTP front's connection gauges and refusal counters.
+std::string render_front_metrics(const FrontStats& f);
 
 }  // namespace flashmap::server

@@ -4,47 +4,14 @@
 #pragma once
 
 #include <flashmap/engine.h>
+#include <flashmap/text.h>
 
 #include <cstdint>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "specdec/sampling.h"
-
-namespace flashmap::constrain {
-class Vocabulary;
-}
-
 namespace flashmap::server {
-
-// The text layer the server needs: prompts to ids, chat requests to prompts, ids back to text
-// as they stream. Optional: without one the server takes and returns token ids only.
-class TextCodec {
- public:
-  virtual ~TextCodec() = default;
-  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
-  // The prompt text for a chat request object (messages, tools, template kwargs,
-  // add_generation_prompt), as the model's chat template renders it.
-  virtual std::string render_chat(const nlohmann::ordered_json& request) const = 0;
-  // Ids to text without splitting UTF-8 characters; special tokens are not shown.
-  class Stream {
-   public:
-    virtual ~Stream() = default;
-    virtual std::string push(int32_t id) = 0;
-    virtual std::string flush() = 0;
-  };
-  virtual std::unique_ptr<Stream> stream() const = 0;
-  // Ids to text at once, special tokens included (ids are < vocab_size()); throws
-  // flashmap::Error for an id that names no token.
-  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
-  // Largest id the tokenizer knows + 1: the model must not sample past it (padding rows).
-  virtual int64_t vocab_size() const = 0;
-  // Every token's bytes for constrained decoding over a model vocabulary of `model_vocab` ids,
-  // built on first use (~50 ms for Qwen3's) and kept.
-  virtual std::shared_ptr<const constrain::Vocabulary> vocabulary(size_t model_vocab) const = 0;
-};
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -76,7 +43,8 @@ struct ServerOptions {
 
 class Server {
  public:
-  // `text` may be null (token ids only); both must outlive the server.
+  // `text`: the tokenizer folder prompts are encoded and outputs decoded with; null: the server
+  // takes and returns token ids only. Both must outlive the server.
   Server(Engine& engine, const TextCodec* text, ServerOptions options);
   ~Server();
   // Binds the socket; returns the port (the chosen one for port 0). Throws flashmap::Error.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`flashmap serve` against hostile clients (issue 11), over loopback only.
+"""`flashmap serve` against hostile clients, over loopback only.
 
     python3 tests/robustness/test_server_hostile.py BUILD/flashmap tests/fixtures/tiny-a
 

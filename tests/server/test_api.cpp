@@ -1,11 +1,16 @@
-// Request validation and stop-string matching, without a server.
+// Request validation, the output filters and the engine's errors, without a server.
 #include <flashmap/chat.h>
+#include <flashmap/engine.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 
 #include "server/api.h"
+#include "server/filters.h"
 #include "server/metrics.h"
+#include "server/params.h"
 
 using namespace flashmap::server;
 using flashmap::SamplingParams;
@@ -30,12 +35,19 @@ TEST(StopMatcher, FinishReleasesHeldText) {
   EXPECT_EQ(m.finish(), "ab");
 }
 
-TEST(Utf8, RejectsMalformed) {
-  EXPECT_TRUE(valid_utf8("plain ascii, é, 漢, 😀"));
-  EXPECT_FALSE(valid_utf8("\xff"));
-  EXPECT_FALSE(valid_utf8("\xc0\xaf"));      // overlong
-  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));  // surrogate
-  EXPECT_FALSE(valid_utf8("\xe6\xbc"));      // truncated
+TEST(JsonBody, RefusesMalformedUtf8BeforeParsing) {
+  EXPECT_EQ(parse_json_body(R"({"prompt": "plain ascii, é, 漢, 😀"})")["prompt"],
+            "plain ascii, é, 漢, 😀");
+  for (const char* bad : {"{\"prompt\": \"\xff\"}", "{\"prompt\": \"\xc0\xaf\"}",
+                          "{\"prompt\": \"\xed\xa0\x80\"}", "{\"prompt\": \"\xe6\xbc\"}"}) {
+    try {
+      parse_json_body(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_NE(std::string(e.what()).find("not valid UTF-8"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(ParseRequest, FieldsAndErrors) {
@@ -701,4 +713,82 @@ TEST(Metrics, DraftTreeCounters) {
                                  "flashmap_draft_tree_verified_nodes_total{tree=\"topk:12\"} 36",
                                  "# TYPE flashmap_draft_tree_verified_nodes_total counter"})
     EXPECT_NE(text.find(line + "\n"), std::string::npos) << line;
+}
+
+// The engine checks what a request asks of it once; its error names the field, which the server
+// reports in the request's own spelling.
+TEST(EngineErrors, NameTheRequestField) {
+  flashmap::Engine engine(
+      flashmap::EngineOptions{.target = "tests/fixtures/tiny-a/target", .max_context = 64});
+  const int64_t vocab = engine.target_info().vocab_size;
+  auto base = [] {
+    flashmap::RequestParams p;
+    p.prompt = {1, 2, 3};
+    p.max_tokens = 4;
+    return p;
+  };
+  struct Case {
+    std::function<void(flashmap::RequestParams&)> edit;
+    std::string param, code;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& p) { p.prompt.clear(); }, "prompt", ""},
+      {[&](auto& p) { p.prompt[1] = int32_t(vocab); }, "prompt", ""},
+      {[](auto& p) { p.prompt.assign(64, 1); }, "prompt", "context_length_exceeded"},
+      {[](auto& p) { p.max_tokens = 0; }, "max_tokens", ""},
+      {[](auto& p) { p.max_tokens = 62; }, "max_tokens", "context_length_exceeded"},
+      {[&](auto& p) { p.stop_ids = {int32_t(vocab)}; }, "stop_token_ids", ""},
+      {[](auto& p) { p.sampling.temperature = -1; }, "temperature", ""},
+      {[](auto& p) { p.sampling.top_k = -2; }, "top_k", ""},
+      {[](auto& p) { p.sampling.top_p = 0; }, "top_p", ""},
+      {[](auto& p) { p.sampling.min_p = 2; }, "min_p", ""},
+      {[](auto& p) { p.controls.presence_penalty = 3; }, "presence_penalty", ""},
+      {[](auto& p) { p.controls.frequency_penalty = -3; }, "frequency_penalty", ""},
+      {[](auto& p) { p.controls.repetition_penalty = 0; }, "repetition_penalty", ""},
+      {[](auto& p) { p.controls.min_tokens = -1; }, "min_tokens", ""},
+      {[&](auto& p) {
+         p.controls.logit_bias = {{int32_t(vocab), 1.0f}};
+       },
+       "logit_bias", ""},
+      {[](auto& p) {
+         p.controls.logit_bias = {{5, 101.0f}};
+       },
+       "logit_bias", ""},
+      {[](auto& p) { p.logprobs = 21; }, "top_logprobs", ""},
+      {[](auto& p) { p.prompt_logprobs = 21; }, "prompt_logprobs", ""},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto p = base();
+    cases[i].edit(p);
+    try {
+      engine.validate(p);
+      ADD_FAILURE() << "case " << i << " (" << cases[i].param << ") was accepted";
+    } catch (const flashmap::ParamError& e) {
+      EXPECT_EQ(e.param, cases[i].param) << i << ": " << e.what();
+      EXPECT_EQ(e.code, cases[i].code) << i << ": " << e.what();
+    }
+  }
+  engine.validate(base());  // the base request itself is fine
+
+  // The request's spelling: chat prompts are "messages", completions' logprobs "logprobs", the
+  // structured output's need of a stop id the field that asked for it.
+  GenerationRequest chat, completions;
+  chat.chat = true;
+  completions.structure_param = "guided_regex";
+  const flashmap::ParamError prompt("prompt", "the prompt is empty", "");
+  EXPECT_EQ(param_error(prompt, chat).param, "messages");
+  EXPECT_EQ(param_error(prompt, completions).param, "prompt");
+  const flashmap::ParamError top("top_logprobs", "top_logprobs must be in [0, 20], got 21");
+  EXPECT_EQ(param_error(top, chat).param, "top_logprobs");
+  EXPECT_EQ(param_error(top, completions).param, "logprobs");
+  const flashmap::ParamError structure("response_format", "structured output needs a stop token");
+  EXPECT_EQ(param_error(structure, completions).param, "guided_regex");
+  const flashmap::ParamError context("max_tokens", "exceeds the context",
+                                     "context_length_exceeded");
+  const ApiError a = param_error(context, chat);
+  EXPECT_EQ(a.status, 400);
+  EXPECT_EQ(a.param, "max_tokens");
+  EXPECT_EQ(a.code, "context_length_exceeded");
+  EXPECT_EQ(a.type, "invalid_request_error");
+  EXPECT_STREQ(a.what(), "exceeds the context");
 }

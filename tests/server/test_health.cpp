@@ -2,6 +2,7 @@
 // backend): the requests it held fail with the fault's message, /health answers 503 naming it,
 // /metrics reports flashmap_engine_healthy 0, and the server stops by itself (the CLI then exits
 // non-zero, for a supervisor or router to restart it) — no hang, no crash.
+#include <flashmap/engine.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -12,10 +13,10 @@
 #include <thread>
 
 #include "../engine/faulty_backend.h"
+#include "cpu/proposers.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "server/server.h"
-#include "specdec/proposer.h"
 
 using namespace flashmap;
 using ::testing::HasSubstr;

@@ -395,9 +395,10 @@ class ServerTest(unittest.TestCase):
             (dict(body={"prompt": [1, 2], "stream": "yes"}), 400, "stream"),
             (dict(body={"prompt": [1, 2], "stop": ["a", "b", "c", "d", "e"]}), 400, "stop"),
             (dict(body={"prompt": [1, 2], "model": "gpt-4"}), 404, "model"),
-            (dict(body={"prompt": [1, 5000]}), 400, None),  # outside the vocabulary
+            (dict(body={"prompt": [1, 5000]}), 400, "prompt"),  # outside the vocabulary
             (dict(body={"prompt": [1] * 5000}), 400, "prompt"),  # longer than the context
             (dict(body={"prompt": [1] * 100, "max_tokens": 4000}), 400, "max_tokens"),
+            (dict(body={"prompt": [1, 2], "stop_token_ids": [5000]}), 400, "stop_token_ids"),
             (dict(body={"prompt": [1, 2], "max_tokens": 4, "speculative": 1}), 400, "speculative"),
         ]
         for kw, want, param in cases:
@@ -405,6 +406,12 @@ class ServerTest(unittest.TestCase):
             body = json.loads(payload)
             with self.subTest(kw=str(kw)[:80]):
                 self.assertError(status, body, want, param)
+        # The engine's context check names the field and OpenAI's code.
+        for body, param in [({"prompt": [1] * 4096}, "prompt"),
+                            ({"prompt": [1] * 100, "max_tokens": 3997}, "max_tokens")]:
+            status, resp = post(p, body)
+            self.assertError(status, resp, 400, param)
+            self.assertEqual(resp["error"]["code"], "context_length_exceeded")
         status, body = post(p, {"model": "tiny"}, path="/v1/chat/completions")
         self.assertError(status, body, 400, "messages")
         status, body = post(p, {"messages": []}, path="/v1/chat/completions")
@@ -1076,6 +1083,9 @@ class TextTest(unittest.TestCase):
             ("/v1/chat/completions",
              {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
              "messages[0].content[0].text"),
+            # A chat prompt past the context (2048): the engine's "prompt" is the messages.
+            ("/v1/chat/completions",
+             {"messages": [{"role": "user", "content": "a " * 3000}]}, "messages"),
         ]
         for path, body, param in cases:
             with self.subTest(path=path, body=str(body)[:60]):

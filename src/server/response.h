@@ -1,0 +1,107 @@
+// A generation request once its sequences are queued: what each choice has produced and shown,
+// and the OpenAI response objects built from it (the whole JSON answer, logprobs, usage). The
+// streaming answer (sse.h) builds its chunks from the same state.
+#pragma once
+
+#include <flashmap/engine.h>
+#include <flashmap/text.h>
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "server/api.h"
+#include "server/filters.h"
+
+namespace flashmap::server {
+
+// The client's view of a sequence: ids as they arrive, detokenized, with stop strings cut (not
+// within the first min_tokens tokens: vLLM's rule).
+struct Output {
+  std::optional<TextCodec::Stream> decoder;  // none without a tokenizer
+  StopMatcher stop;
+  size_t min_tokens = 0;
+  std::vector<int32_t> ids;  // counted up to the token that completed a stop string
+  std::string text;
+
+  Output(const TextCodec* codec, std::vector<std::string> stops, int min_tokens);
+  // Returns the newly visible text; `fresh_ids` gets the ids taken.
+  std::string feed(const std::vector<int32_t>& tokens, std::vector<int32_t>& fresh_ids);
+  // The held-back text, once the sequence has ended.
+  std::string finish();
+};
+
+// One choice of a response: its sequence in the engine and what the client has seen of it.
+struct Choice {
+  std::shared_ptr<Request> req;
+  Output out;
+  std::unique_ptr<ReasoningSplitter> think;  // chat: <think> text to reasoning_content
+  std::unique_ptr<ToolCallStreamer> tools;   // chat with tools: <tool_call> blocks parsed
+  std::vector<TokenLogprob> logprobs;        // of out.ids, when the request asked for them
+  size_t seen = 0;
+  std::string reason;   // set when it ended: "stop", "length", "tool_calls", "error"
+  std::string tool_id;  // a forced (named) tool call's id, once streamed
+  bool echoed = false;  // streaming: the echo chunk (completions) has gone out
+
+  Choice(const TextCodec* codec, std::vector<std::string> stops, int min_tokens)
+      : out(codec, std::move(stops), min_tokens) {}
+  // Takes an update's tokens (through a stop string) with their logprobs; returns the newly
+  // visible text and, in `ids`, the ids taken.
+  std::string take(const Request::Update& u, std::vector<int32_t>* ids = nullptr);
+  // Records how the sequence ended: true when it stopped on a stop string or at its end
+  // (`reason` set; the engine request is cancelled after a stop string), false while it runs.
+  // An engine failure sets reason "error".
+  bool ended(const Request::Update& u, std::string* tail = nullptr);
+  // best_of's ranking: the sequence's log-likelihood under the target.
+  double sum_logprob() const;
+};
+
+// A generation request's state, shared by the handler that queued it and the writer of its
+// answer (the JSON body, or the event stream that outlives the handler).
+struct Generation {
+  GenerationRequest g;
+  const TextCodec* text = nullptr;
+  std::string rid, path;  // for log lines
+  std::string id;         // the response's id: chatcmpl-N / cmpl-N
+  std::string model;
+  int64_t created = 0;
+  std::string echo;  // completions with echo: the prompt's text, before the output
+  std::vector<Choice> choices;
+  // A log line (a warning about one response); the request id goes first.
+  std::function<void(const std::string&)> log;
+
+  bool chat() const { return g.chat; }
+  bool want_logprobs() const { return g.logprobs >= 0; }
+  void cancel_all();
+  size_t completion_tokens() const;
+  nlohmann::json usage() const;  // OpenAI's usage object
+  double acceptance() const;     // the choices' mean acceptance length
+
+  // A token as logprobs show it: its text (special tokens included; without a tokenizer,
+  // "token_id:N" as vLLM writes it).
+  std::string token_text(int32_t id) const;
+  // OpenAI's logprobs object: chat {"content": [{token, logprob, bytes, top_logprobs}]};
+  // completions {tokens, token_logprobs, top_logprobs, text_offset} (offsets from `offset`).
+  nlohmann::json logprobs_json(std::span<const TokenLogprob> lps, size_t offset) const;
+  // Completions with echo + logprobs: the prompt's tokens before the output's in `lp` (the first
+  // has no logprob: null, as OpenAI answers), offsets from 0.
+  void prepend_prompt(nlohmann::json& lp, const Request& r) const;
+  // vLLM's prompt_logprobs: null for the first token, then per token {"<id>": {logprob, rank,
+  // decoded_token}} for the token and its alternatives.
+  nlohmann::json prompt_logprobs_json(const Request& r) const;
+  // tool_choice required / named: the constrained output as OpenAI tool_calls (empty when it
+  // does not parse: cut by max_tokens; logged, and the text is returned as content).
+  nlohmann::json forced_calls(const std::string& text) const;
+};
+
+// Waits for every choice to end (a non-streaming answer). Returns the engine's message when a
+// sequence failed (every request is then cancelled), else nullopt.
+std::optional<std::string> wait_all(Generation& gen);
+// The whole answer: chat.completion or text_completion, with best_of's choice of sequences.
+nlohmann::json response_body(Generation& gen);
+
+}  // namespace flashmap::server
