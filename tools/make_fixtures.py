@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Builds small random Qwen3 targets and FlashMap drafters, runs the reference package
 (flashmap==0.1.0 on transformers) on them in float32, and writes a fixture folder that
-`flashmap parity DIR` checks (format: issue "Engine core on CPU", tests/fixtures/README.md).
+`flashmap parity DIR` checks (format: tests/fixtures/README.md).
 
     python3 tools/make_fixtures.py --out tests/fixtures/tiny-a --seed 1 --preset a
     python3 tools/make_fixtures.py --out /tmp/fx --seed 7 --vocab 777 --hidden 80 ...

@@ -495,7 +495,7 @@ const std::vector<double>& FlashMapConfig::grid(int steps) const {
 Qwen3Config qwen3_shape(const std::string& shape) {
   Qwen3Config c;
   if (shape == "qwen3-8b") {
-    // Qwen/Qwen3-8B's config.json (untied lm_head): the target of the goal table.
+    // Qwen/Qwen3-8B's config.json (untied lm_head): the target the device goals are set for.
     c.vocab_size = 151936, c.hidden_size = 4096, c.intermediate_size = 12288;
     c.num_hidden_layers = 36, c.num_attention_heads = 32, c.num_key_value_heads = 8,
     c.head_dim = 128;

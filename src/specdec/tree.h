@@ -1,4 +1,4 @@
-// Draft trees (issue 16): several candidate blocks after one anchor, merged into a token trie
+// Draft trees: several candidate blocks after one anchor, merged into a token trie
 // that the target verifies in one forward (Qwen3Model::SeqInput::parents) and walks by
 // sample-and-match (verify.h verify_tree). Candidates: N noise draws of the flow map, each decoded
 // as a single draft is (pick_block), and DDTree-style best-first top-k expansion of the first

@@ -1,4 +1,4 @@
-// The target's forward over a token tree (issue 16, draft trees): every node's logits and taps
+// The target's forward over a token tree (draft trees): every node's logits and taps
 // equal those of a plain forward over its path alone, a tree batched with other sequences is
 // bit for bit the tree alone, KVCache::keep_rows leaves the cache a plain forward over the kept
 // path would have, and malformed trees are refused.

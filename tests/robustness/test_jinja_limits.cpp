@@ -1,4 +1,4 @@
-// Hostile chat templates and template values (issue 11, item 7): each stops with a
+// Hostile chat templates and template values: each stops with a
 // flashmap::Error whose message names the limit, and nothing crashes, hangs or allocates without
 // bound. The server renders templates a client sends (a request's chat_template) with values it
 // sends, so these run there too.
