@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "core/check.h"
+#include "models/noise_cache.h"
 
 extern "C" void dpotrf_(const char* uplo, const int* n, double* a, const int* lda, int* info);
 
@@ -68,6 +69,43 @@ FlashMapModel::FlashMapModel(const std::string& dir, const Qwen3Model& target, T
   }
   w_.final_adaln = lin("final_adaln.linear", 3 * D, c.cond_dim, true);
   w_.head = lin("head", TH, D, true);
+  const Weight& E = target_.embedding();
+  if (E.rows >= E.cols && double(E.rows) * double(E.cols) * double(E.cols) >= kBackgroundFactorWork)
+    start_noise_factor();
+}
+
+FlashMapModel::~FlashMapModel() {
+  // A process that ends before the factor is formed does not wait for it (within a chunk).
+  noise_cancel_.store(true);
+  if (noise_thread_.joinable()) noise_thread_.join();
+}
+
+void FlashMapModel::start_noise_factor() const {
+  if (noise_thread_.joinable() || !noise_factor_.empty() || noise_factor_failed_) return;
+  // It reads the embedding and calls BLAS/LAPACK only: never the thread pool, which runs one
+  // parallel loop at a time for the engine.
+  noise_thread_ = std::thread([this] {
+    try {
+      form_noise_factor();
+    } catch (...) {
+      noise_error_ = std::current_exception();
+    }
+    noise_done_.store(true, std::memory_order_release);
+  });
+}
+
+void FlashMapModel::wait_noise_factor() const {
+  if (!noise_thread_.joinable()) return;
+  noise_thread_.join();
+  if (noise_error_) noise_factor_failed_ = true;
+}
+
+bool FlashMapModel::noise_factor_ready() const {
+  if (noise_thread_.joinable()) {
+    if (!noise_done_.load(std::memory_order_acquire)) return false;
+    wait_noise_factor();
+  }
+  return has_noise_factor();
 }
 
 const std::vector<double>& FlashMapModel::grid(int steps) const {
@@ -193,6 +231,7 @@ const std::vector<float>& FlashMapModel::uniform_embeds() const {
 }
 
 bool FlashMapModel::has_noise_factor() const {
+  wait_noise_factor();
   if (!noise_factor_.empty()) return true;
   if (noise_factor_failed_) return false;
   try {
@@ -205,48 +244,66 @@ bool FlashMapModel::has_noise_factor() const {
 }
 
 const std::vector<float>& FlashMapModel::noise_factor() const {
-  if (noise_factor_.empty()) {
-    const Weight& E = target_.embedding();
-    const int H = int(E.cols);
-    // EᵀE has rank at most V, so it is singular with fewer tokens than dimensions; and the H² of
-    // Gram matrix and factor would be allocated from a config whose embedding file stays tiny
-    // (V = 1, H = 65536: 48 GB). Refused before allocating.
-    FLASHMAP_CHECK(E.rows >= E.cols,
-                   "{}: the target's vocabulary ({} tokens) is smaller than its hidden size {}, "
-                   "so EᵀE is singular and one-step noise cannot be drawn in embedding space",
-                   target_.dir(), E.rows, E.cols);
-    std::vector<double> gram(static_cast<size_t>(H) * static_cast<size_t>(H), 0.0);
-    const int64_t chunk = 16384;
-    std::vector<float> rows(static_cast<size_t>(std::min<int64_t>(chunk, E.rows) * H)),
-        part(static_cast<size_t>(H) * static_cast<size_t>(H));
-    for (int64_t r0 = 0; r0 < E.rows; r0 += chunk) {
-      const int n = int(std::min<int64_t>(chunk, E.rows - r0));
-      for (int i = 0; i < n; ++i) E.row_f32(r0 + i, rows.data() + int64_t(i) * H);
-      // part = rowsᵀ rows (upper triangle, column-major view of a row-major [n, H] matrix).
-      cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, H, n, 1.0f, rows.data(), H, 0.0f,
-                  part.data(), H);
-      for (int i = 0; i < H; ++i)
-        for (int j = i; j < H; ++j)
-          gram[static_cast<size_t>(i) * H + j] += part[static_cast<size_t>(i) * H + j];
-    }
-    // Row-major upper triangle == column-major lower triangle: dpotrf('L') factors it.
-    for (int i = 0; i < H; ++i)
-      for (int j = 0; j < i; ++j)
-        gram[static_cast<size_t>(i) * H + j] = gram[static_cast<size_t>(j) * H + i];
-    int info = 0;
-    dpotrf_("L", &H, gram.data(), &H, &info);
-    FLASHMAP_CHECK(info == 0,
-                   "{}: the target's embedding Gram matrix EᵀE is not positive definite "
-                   "(dpotrf info {}), so one-step noise cannot be drawn in embedding space",
-                   target_.dir(), info);
-    // Column-major lower factor -> row-major L [H, H].
-    noise_factor_.assign(static_cast<size_t>(H) * static_cast<size_t>(H), 0.0f);
-    for (int col = 0; col < H; ++col)
-      for (int row = col; row < H; ++row)
-        noise_factor_[static_cast<size_t>(row) * H + col] =
-            float(gram[static_cast<size_t>(col) * H + row]);
-  }
+  wait_noise_factor();
+  if (noise_error_) std::rethrow_exception(noise_error_);
+  if (noise_factor_.empty()) form_noise_factor();
   return noise_factor_;
+}
+
+void FlashMapModel::form_noise_factor() const {
+  const Weight& E = target_.embedding();
+  const int H = int(E.cols);
+  // EᵀE has rank at most V, so it is singular with fewer tokens than dimensions; and the H² of
+  // Gram matrix and factor would be allocated from a config whose embedding file stays tiny
+  // (V = 1, H = 65536: 48 GB). Refused before allocating.
+  FLASHMAP_CHECK(E.rows >= E.cols,
+                 "{}: the target's vocabulary ({} tokens) is smaller than its hidden size {}, "
+                 "so EᵀE is singular and one-step noise cannot be drawn in embedding space",
+                 target_.dir(), E.rows, E.cols);
+  const std::string cache = noise_cache::dir();
+  const uint64_t key = cache.empty() || !E.data ? 0 : noise_cache::key(E);
+  if (key != 0) {
+    if (auto cached = noise_cache::load(cache, key, H, E.rows)) {
+      noise_factor_ = std::move(*cached);
+      noise_factor_from_cache_ = true;
+      return;
+    }
+  }
+  std::vector<double> gram(static_cast<size_t>(H) * static_cast<size_t>(H), 0.0);
+  // Chunks of 2048 rows (~3·10¹⁰ multiply-adds at H = 4096): a cancelled background run stops
+  // within one.
+  const int64_t chunk = 2048;
+  std::vector<float> rows(static_cast<size_t>(std::min<int64_t>(chunk, E.rows) * H)),
+      part(static_cast<size_t>(H) * static_cast<size_t>(H));
+  for (int64_t r0 = 0; r0 < E.rows; r0 += chunk) {
+    if (noise_cancel_.load(std::memory_order_relaxed))
+      throw Error("the noise factor's background run was cancelled");
+    const int n = int(std::min<int64_t>(chunk, E.rows - r0));
+    for (int i = 0; i < n; ++i) E.row_f32(r0 + i, rows.data() + int64_t(i) * H);
+    // part = rowsᵀ rows (upper triangle, column-major view of a row-major [n, H] matrix).
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, H, n, 1.0f, rows.data(), H, 0.0f,
+                part.data(), H);
+    for (int i = 0; i < H; ++i)
+      for (int j = i; j < H; ++j)
+        gram[static_cast<size_t>(i) * H + j] += part[static_cast<size_t>(i) * H + j];
+  }
+  // Row-major upper triangle == column-major lower triangle: dpotrf('L') factors it.
+  for (int i = 0; i < H; ++i)
+    for (int j = 0; j < i; ++j)
+      gram[static_cast<size_t>(i) * H + j] = gram[static_cast<size_t>(j) * H + i];
+  int info = 0;
+  dpotrf_("L", &H, gram.data(), &H, &info);
+  FLASHMAP_CHECK(info == 0,
+                 "{}: the target's embedding Gram matrix EᵀE is not positive definite "
+                 "(dpotrf info {}), so one-step noise cannot be drawn in embedding space",
+                 target_.dir(), info);
+  // Column-major lower factor -> row-major L [H, H].
+  noise_factor_.assign(static_cast<size_t>(H) * static_cast<size_t>(H), 0.0f);
+  for (int col = 0; col < H; ++col)
+    for (int row = col; row < H; ++row)
+      noise_factor_[static_cast<size_t>(row) * H + col] =
+          float(gram[static_cast<size_t>(col) * H + row]);
+  if (key != 0) noise_cache::store(cache, key, H, E.rows, noise_factor_);
 }
 
 // mix_state: state_norm(posterior) + gate · noise_norm(state_embeds), gate = noise_gate·(t−s)
@@ -374,7 +431,7 @@ void FlashMapModel::draft(std::span<const Request> batch, int steps, float* logi
   // otherwise (vocabulary smaller than the hidden size) x0 is drawn over the vocabulary, which
   // gives x0·E the same distribution.
   bool draw_embed =
-      steps == 1 && !batch.empty() && batch[0].noise.kind == Noise::Draw && has_noise_factor();
+      steps == 1 && !batch.empty() && batch[0].noise.kind == Noise::Draw && noise_factor_ready();
   for (const auto& r : batch)
     FLASHMAP_CHECK((r.noise.kind == Noise::Embed) == embed_noise &&
                        (r.noise.kind == Noise::Draw) == (batch[0].noise.kind == Noise::Draw),

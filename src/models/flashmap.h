@@ -3,10 +3,13 @@
 // cross-attending to the target's hidden states. It borrows the target's embedding and lm_head.
 #pragma once
 
+#include <atomic>
+#include <exception>
 #include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/rng.h"
@@ -31,8 +34,13 @@ class FlashMapModel {
   // Loads a drafter folder for `target`; throws when it does not fit the target (vocabulary,
   // hidden size, target_layer_ids), naming the file and field.
   // Linear weights are packed as `weights` (ops/gemm.h).
+  // A target whose noise factor is costly (V·H² >= kBackgroundFactorWork) has it formed, or read
+  // from the disk cache, on a thread of its own from here on (start_noise_factor()).
   FlashMapModel(const std::string& dir, const Qwen3Model& target, ThreadPool* pool = nullptr,
                 ops::WeightFormat weights = ops::WeightFormat::Native);
+  ~FlashMapModel();
+  FlashMapModel(const FlashMapModel&) = delete;
+  FlashMapModel& operator=(const FlashMapModel&) = delete;
 
   const FlashMapConfig& config() const { return config_; }
   int block_size() const { return config_.block_size; }
@@ -63,11 +71,24 @@ class FlashMapModel {
   void draft(std::span<const Request> batch, int steps, float* logits) const;
 
   // target_constants: the embedded uniform posterior [target_hidden] and the lower Cholesky
-  // factor L [H, H] of EᵀE (computed once, lazily, in float64 with LAPACK).
+  // factor L [H, H] of EᵀE (computed once, lazily, in float64 with LAPACK, or read from the
+  // disk cache of an earlier load of the same embedding: models/noise_cache.h).
   const std::vector<float>& uniform_embeds() const;
   const std::vector<float>& noise_factor() const;
+  // Whether noise_factor() came from the disk cache.
+  bool noise_factor_from_cache() const { return noise_factor_from_cache_; }
   // Whether EᵀE is positive definite, so that noise_factor() exists.
   bool has_noise_factor() const;
+  // Multiply-adds (V·H²) from which the factor is formed in the background: ~0.1 s and more.
+  static constexpr double kBackgroundFactorWork = 1e10;
+  // Forms the factor (or reads it from the disk cache) on a thread of its own, once; a draft
+  // that finds it not ready yet draws vocabulary-sized noise, which has the same distribution
+  // through E (so only which drafts are proposed changes, never the output's law).
+  // noise_factor() and has_noise_factor() wait for it.
+  void start_noise_factor() const;
+  // Whether the factor exists now (never waits for the background thread; without one, forms
+  // it here, as noise_factor() does).
+  bool noise_factor_ready() const;
 
   // The weights as loaded, in the reference's module structure (bf16/f16/f32 matrices kept in
   // their file dtype). The CUDA backend uploads them from here.
@@ -124,6 +145,13 @@ class FlashMapModel {
   mutable std::vector<float> uniform_embeds_, noise_factor_;
   mutable Weight noise_factor_weight_;  // noise_factor_ packed for linear()
   mutable bool noise_factor_failed_ = false;
+  mutable bool noise_factor_from_cache_ = false;
+  void form_noise_factor() const;  // noise_factor()'s work; throws Error
+  void wait_noise_factor() const;
+  mutable std::thread noise_thread_;
+  mutable std::atomic<bool> noise_done_{false};  // the thread's work is over (either way)
+  mutable std::exception_ptr noise_error_;       // what it threw
+  std::atomic<bool> noise_cancel_{false};        // the model goes: stop forming it
 };
 
 }  // namespace flashmap
