@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../specdec/letters.h"
 #include "constrain/constrain.h"
 #include "constrain/token_constraint.h"
 #include "cuda/controls.h"
@@ -38,20 +39,8 @@ class CudaControls : public ::testing::Test {
   Context* ctx = nullptr;
 };
 
-// Token i spells i in base 4 over "abcd" (1 to 6 letters); the last id has no bytes (the stop
-// token).
 std::shared_ptr<const constrain::Vocabulary> letters(int64_t V) {
-  std::vector<std::string> t(static_cast<size_t>(V));
-  for (int64_t i = 0; i + 1 < V; ++i) {
-    int64_t x = i;
-    std::string s;
-    do {
-      s += char('a' + x % 4);
-      x /= 4;
-    } while (x > 0 && s.size() < 6);
-    t[size_t(i)] = s;
-  }
-  return constrain::Vocabulary::from_bytes(std::move(t));
+  return ::flashmap::test::letters(V, 6);  // 1 to 6 letters a token
 }
 
 // One sequence of a batch: its state, committed output and the block's drafts.

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../specdec/letters.h"
 #include "constrain/constrain.h"
 #include "constrain/token_constraint.h"
 #include "core/check.h"
@@ -628,20 +629,8 @@ namespace {
 
 // Logit controls, constraints and logprobs on the device (cuda/controls.h), through the engine.
 
-// Token i spells i in base 4 over "abcd" (1 to 5 letters); the last id has no bytes (the stop
-// token), as tests/specdec/test_controls.cpp's grammar tests have it.
 std::shared_ptr<const constrain::Vocabulary> letters(int64_t V) {
-  std::vector<std::string> t(static_cast<size_t>(V));
-  for (int64_t i = 0; i + 1 < V; ++i) {
-    int64_t x = i;
-    std::string s;
-    do {
-      s += char('a' + x % 4);
-      x /= 4;
-    } while (x > 0 && s.size() < 5);
-    t[size_t(i)] = s;
-  }
-  return constrain::Vocabulary::from_bytes(std::move(t));
+  return ::flashmap::test::letters(V, 5);  // 1 to 5 letters a token
 }
 
 const char* const kPattern = "(ab|c)+d[abc]{3,12}(dd|cb)";

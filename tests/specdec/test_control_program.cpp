@@ -17,26 +17,15 @@
 
 #include "constrain/constrain.h"
 #include "constrain/token_constraint.h"
+#include "letters.h"
 #include "specdec/controls.h"
 
 using namespace flashmap;
 
 namespace {
 
-// Token i spells i in base 4 over "abcd" (1 to 3 letters); the last id has no bytes (the stop
-// token, which the grammar never allows itself).
 std::shared_ptr<const constrain::Vocabulary> letters(int64_t V) {
-  std::vector<std::string> t(static_cast<size_t>(V));
-  for (int64_t i = 0; i + 1 < V; ++i) {
-    int64_t x = i;
-    std::string s;
-    do {
-      s += char('a' + x % 4);
-      x /= 4;
-    } while (x > 0 && s.size() < 3);
-    t[size_t(i)] = s;
-  }
-  return constrain::Vocabulary::from_bytes(std::move(t));
+  return ::flashmap::test::letters(V, 3);  // 1 to 3 letters a token
 }
 
 struct Case {

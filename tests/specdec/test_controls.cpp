@@ -20,6 +20,7 @@
 #include "cpu/proposers.h"
 #include "engine/generate.h"
 #include "joint.h"
+#include "letters.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "random_models.h"
@@ -313,20 +314,8 @@ TEST(Controls, OutOfRangeValuesNameTheField) {
 // ---- Structured output: a grammar's mask in the round loop ----
 
 namespace {
-// Token i of a vocabulary of V spells i in base 4 over "abcd" (1 to 5 letters); the last id has
-// no bytes (the stop token: a grammar never allows it, the loop does where it can end).
 std::shared_ptr<const constrain::Vocabulary> letters(int64_t V) {
-  std::vector<std::string> t(static_cast<size_t>(V));
-  for (int64_t i = 0; i + 1 < V; ++i) {
-    int64_t x = i;
-    std::string s;
-    do {
-      s += char('a' + x % 4);
-      x /= 4;
-    } while (x > 0 && s.size() < 5);
-    t[size_t(i)] = s;
-  }
-  return constrain::Vocabulary::from_bytes(std::move(t));
+  return ::flashmap::test::letters(V, 5);  // 1 to 5 letters a token
 }
 
 // The masked row a constrained target-alone decoder uses after `output`: a fresh Matcher
