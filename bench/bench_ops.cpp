@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "ops/gemm.h"
+#include "ops/gram.h"
 #include "ops/ops.h"
 
 namespace {
@@ -217,5 +218,85 @@ void AttentionShapes(benchmark::internal::Benchmark* b) {
 }  // namespace
 
 BENCHMARK(BM_Attention)->Apply(AttentionShapes)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The one-step noise factor (ops/gram.h) at Qwen3-8B's hidden size 4096: the Gram EᵀE of a
+// bf16 embedding of `rows` rows in the 2048-row chunks FlashMapModel uses (rows · H · (H + 1)
+// flops: the upper triangle), and the Cholesky factor of a 4096 × 4096 matrix (n³/3 flops), on
+// `threads` threads of their own. peak_share: against the fp32 FMA peak of that many of the
+// pool's threads (the Cholesky runs in float64, whose peak is half of it).
+//
+//   ./build/bench/bench_ops --benchmark_filter='Gram|Cholesky|FmaPeak'
+namespace {
+
+void BM_Gram(benchmark::State& state) {
+  const int64_t rows = state.range(0), H = 4096, chunk = 2048;
+  const int threads = int(state.range(1));
+  std::vector<uint16_t> e(size_t(rows * H));
+  Rng rng(3);
+  for (auto& x : e) x = f32_to_bf16(0.02f * float(rng.normal()));
+  const Weight E{DType::BF16, e.data(), rows, H};
+  std::vector<double> G(size_t(H * H), 0.0);
+  for (auto _ : state) {
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk)
+      ops::gram_accumulate(E, r0, std::min(chunk, rows - r0), G.data(), threads);
+    benchmark::DoNotOptimize(G.data());
+  }
+  const double flops = double(rows) * double(H) * double(H + 1) * double(state.iterations());
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["peak_share"] = benchmark::Counter(
+      flops / 1e9 / (peak() * threads / ThreadPool::global().size()), benchmark::Counter::kIsRate);
+  state.SetLabel(std::to_string(threads) + " threads " + ops::isa_name(ops::active_isa()));
+}
+
+void BM_Cholesky(benchmark::State& state) {
+  const int64_t n = 4096;
+  const int threads = int(state.range(0));
+  // Symmetric and diagonally dominant, so positive definite.
+  Rng rng(5);
+  std::vector<double> A(size_t(n * n)), L(A.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j <= i; ++j)
+      A[size_t(i * n + j)] = A[size_t(j * n + i)] = i == j ? double(n) : rng.uniform() - 0.5;
+  for (auto _ : state) {
+    state.PauseTiming();
+    L = A;
+    state.ResumeTiming();
+    if (ops::cholesky_lower(L.data(), n, threads) != -1) state.SkipWithError("not factored");
+    benchmark::DoNotOptimize(L.data());
+  }
+  const double flops = double(n) * double(n) * double(n) / 3.0 * double(state.iterations());
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["peak_share"] =
+      benchmark::Counter(flops / 1e9 / (peak() / 2 * threads / ThreadPool::global().size()),
+                         benchmark::Counter::kIsRate);
+  state.SetLabel(std::to_string(threads) + " threads " + ops::isa_name(ops::active_isa()));
+}
+
+}  // namespace
+
+BENCHMARK(BM_Gram)
+    ->ArgNames({"rows", "threads"})
+    ->Args({16384, 1})
+    ->Args({16384, 2})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+// The whole Qwen3-8B vocabulary (1.2 GB of bf16): only when asked for by name.
+BENCHMARK(BM_Gram)
+    ->Name("BM_GramFullVocab")
+    ->ArgNames({"rows", "threads"})
+    ->Args({151936, 2})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Cholesky)
+    ->ArgNames({"threads"})
+    ->Arg(1)
+    ->Arg(2)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 BENCHMARK_MAIN();

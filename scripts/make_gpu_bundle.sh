@@ -2,7 +2,7 @@
 # Builds here (a machine with the CUDA toolkit and the engine's build dependencies, no GPU needed)
 # what scripts/run_on_gpu.sh runs on an H200, and packs it as $B/gpu-bundle.tar.gz: the
 # flashmap binary, every tests/cuda test, and the shared libraries they need that a bare GPU
-# image lacks (fmt, PCRE2, utf8proc, OpenBLAS, cpp-httplib, ...; CUDA's own libraries are on the
+# image lacks (fmt, PCRE2, utf8proc, cpp-httplib, ...; CUDA's own libraries are on the
 # device). The GPU image has nvcc and CMake but not GoogleTest/fmt/nlohmann-json/..., so building
 # there is only the fallback; bringing this bundle also saves device minutes.
 #

@@ -1,15 +1,13 @@
 #include "models/flashmap.h"
 
-#include <cblas.h>
-
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <mutex>
 
 #include "core/check.h"
 #include "models/noise_cache.h"
-
-extern "C" void dpotrf_(const char* uplo, const int* n, double* a, const int* lda, int* info);
+#include "ops/gram.h"
 
 namespace flashmap {
 
@@ -18,20 +16,39 @@ FlashMapModel::FlashMapModel(const std::string& dir, const Qwen3Model& target, T
     : dir_(dir), target_(target), pool_(pool ? pool : &ThreadPool::global()) {
   const auto config_path = (std::filesystem::path(dir) / "config.json").string();
   config_ = FlashMapConfig::from_file(config_path);
+  check_target(config_path);  // before gigabytes of weights are opened
+  ckpt_ = std::make_unique<Checkpoint>(dir);
+  load_weights(weights);
+}
+
+FlashMapModel::FlashMapModel(const FlashMapConfig& config, std::unique_ptr<Checkpoint> weights,
+                             const Qwen3Model& target, ThreadPool* pool, ops::WeightFormat format)
+    : config_(config),
+      dir_(weights->dir()),
+      target_(target),
+      pool_(pool ? pool : &ThreadPool::global()),
+      ckpt_(std::move(weights)) {
+  check_target(dir_);
+  load_weights(format);
+}
+
+// check_target of the reference: the drafter must fit the target it borrows from.
+void FlashMapModel::check_target(const std::string& where) const {
   const auto& c = config_;
-  const auto& tc = target.config();
-  // check_target of the reference: the drafter must fit the target it borrows from.
+  const auto& tc = target_.config();
   FLASHMAP_CHECK(c.vocab_size == tc.vocab_size && c.target_hidden_size == tc.hidden_size,
                  "{}: this drafter needs a target with vocab_size {} and hidden_size {} ({}), but "
                  "{} has {} and {}",
-                 config_path, c.vocab_size, c.target_hidden_size, c.target_model, target.dir(),
+                 where, c.vocab_size, c.target_hidden_size, c.target_model, target_.dir(),
                  tc.vocab_size, tc.hidden_size);
   for (int id : c.target_layer_ids)
     FLASHMAP_CHECK(id < tc.num_hidden_layers - 1,
-                   "{}: target_layer_ids {} need more than the target's {} layers", config_path,
+                   "{}: target_layer_ids {} need more than the target's {} layers", where,
                    fmt::join(c.target_layer_ids, ", "), tc.num_hidden_layers);
+}
 
-  ckpt_ = std::make_unique<Checkpoint>(dir);
+void FlashMapModel::load_weights(ops::WeightFormat weights) {
+  const auto& c = config_;
   const int64_t D = c.hidden_size, TH = c.target_hidden_size, hd = c.head_dim();
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
     return load_linear(*ckpt_, name, rows, cols, weights, *pool_);
@@ -82,8 +99,8 @@ FlashMapModel::~FlashMapModel() {
 
 void FlashMapModel::start_noise_factor() const {
   if (noise_thread_.joinable() || !noise_factor_.empty() || noise_factor_failed_) return;
-  // It reads the embedding and calls BLAS/LAPACK only: never the thread pool, which runs one
-  // parallel loop at a time for the engine.
+  // It reads the embedding and runs ops/gram.h on threads of its own: never the thread pool,
+  // which runs one parallel loop at a time for the engine.
   noise_thread_ = std::thread([this] {
     try {
       form_noise_factor();
@@ -217,8 +234,8 @@ const FlashMapModel::Modulations& FlashMapModel::time_conditioning(double s, dou
 }
 
 // target_constants: uniform_embeds = (1/V)·1ᵀE, and L with L Lᵀ = EᵀE. The reference forms EᵀE
-// in fp32 and factors it in float64; we accumulate fp32 chunk products (ssyrk) in float64 and
-// factor with LAPACK dpotrf.
+// in fp32 and factors it in float64; we accumulate fp32 products in float64 and factor in
+// float64 (ops/gram.h).
 const std::vector<float>& FlashMapModel::uniform_embeds() const {
   if (uniform_embeds_.empty()) {
     const Weight& E = target_.embedding();
@@ -270,39 +287,32 @@ void FlashMapModel::form_noise_factor() const {
     }
   }
   std::vector<double> gram(static_cast<size_t>(H) * static_cast<size_t>(H), 0.0);
-  // Chunks of 2048 rows (~3·10¹⁰ multiply-adds at H = 4096): a cancelled background run stops
+  // Every core (ops/gram.cpp says why), on threads of its own: never the engine's pool.
+  const int threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  // Chunks of 2048 rows (~1.7·10¹⁰ multiply-adds at H = 4096): a cancelled background run stops
   // within one.
   const int64_t chunk = 2048;
-  std::vector<float> rows(static_cast<size_t>(std::min<int64_t>(chunk, E.rows) * H)),
-      part(static_cast<size_t>(H) * static_cast<size_t>(H));
   for (int64_t r0 = 0; r0 < E.rows; r0 += chunk) {
     if (noise_cancel_.load(std::memory_order_relaxed))
       throw Error("the noise factor's background run was cancelled");
-    const int n = int(std::min<int64_t>(chunk, E.rows - r0));
-    for (int i = 0; i < n; ++i) E.row_f32(r0 + i, rows.data() + int64_t(i) * H);
-    // part = rowsᵀ rows (upper triangle, column-major view of a row-major [n, H] matrix).
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, H, n, 1.0f, rows.data(), H, 0.0f,
-                part.data(), H);
-    for (int i = 0; i < H; ++i)
-      for (int j = i; j < H; ++j)
-        gram[static_cast<size_t>(i) * H + j] += part[static_cast<size_t>(i) * H + j];
+    ops::gram_accumulate(E, r0, std::min<int64_t>(chunk, E.rows - r0), gram.data(), threads);
   }
-  // Row-major upper triangle == column-major lower triangle: dpotrf('L') factors it.
+  // The upper triangle mirrored into the lower one, which the factorization reads.
   for (int i = 0; i < H; ++i)
     for (int j = 0; j < i; ++j)
       gram[static_cast<size_t>(i) * H + j] = gram[static_cast<size_t>(j) * H + i];
-  int info = 0;
-  dpotrf_("L", &H, gram.data(), &H, &info);
-  FLASHMAP_CHECK(info == 0,
+  const int64_t failed = ops::cholesky_lower(gram.data(), H, threads);
+  FLASHMAP_CHECK(failed < 0,
                  "{}: the target's embedding Gram matrix EᵀE is not positive definite "
-                 "(dpotrf info {}), so one-step noise cannot be drawn in embedding space",
-                 target_.dir(), info);
-  // Column-major lower factor -> row-major L [H, H].
+                 "(its Cholesky factorization fails at column {}), so one-step noise cannot be "
+                 "drawn in embedding space",
+                 target_.dir(), failed);
+  // Row-major lower factor, as fp32.
   noise_factor_.assign(static_cast<size_t>(H) * static_cast<size_t>(H), 0.0f);
-  for (int col = 0; col < H; ++col)
-    for (int row = col; row < H; ++row)
+  for (int row = 0; row < H; ++row)
+    for (int col = 0; col <= row; ++col)
       noise_factor_[static_cast<size_t>(row) * H + col] =
-          float(gram[static_cast<size_t>(col) * H + row]);
+          float(gram[static_cast<size_t>(row) * H + col]);
   if (key != 0) noise_cache::store(cache, key, H, E.rows, noise_factor_);
 }
 

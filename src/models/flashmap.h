@@ -38,6 +38,11 @@ class FlashMapModel {
   // from the disk cache, on a thread of its own from here on (start_noise_factor()).
   FlashMapModel(const std::string& dir, const Qwen3Model& target, ThreadPool* pool = nullptr,
                 ops::WeightFormat weights = ops::WeightFormat::Native);
+  // The same from a config and weights already at hand (benchmarks: random weights at a
+  // released shape, held in memory).
+  FlashMapModel(const FlashMapConfig& config, std::unique_ptr<Checkpoint> weights,
+                const Qwen3Model& target, ThreadPool* pool = nullptr,
+                ops::WeightFormat weights_format = ops::WeightFormat::Native);
   ~FlashMapModel();
   FlashMapModel(const FlashMapModel&) = delete;
   FlashMapModel& operator=(const FlashMapModel&) = delete;
@@ -71,7 +76,7 @@ class FlashMapModel {
   void draft(std::span<const Request> batch, int steps, float* logits) const;
 
   // target_constants: the embedded uniform posterior [target_hidden] and the lower Cholesky
-  // factor L [H, H] of EᵀE (computed once, lazily, in float64 with LAPACK, or read from the
+  // factor L [H, H] of EᵀE (computed once, lazily, in float64 (ops/gram.h), or read from the
   // disk cache of an earlier load of the same embedding: models/noise_cache.h).
   const std::vector<float>& uniform_embeds() const;
   const std::vector<float>& noise_factor() const;
@@ -124,6 +129,8 @@ class FlashMapModel {
     std::vector<std::vector<float>> mods;
   };
 
+  void check_target(const std::string& where) const;
+  void load_weights(ops::WeightFormat weights);
   void linear(const Linear& l, const float* x, int64_t rows, float* y) const;
   std::vector<float> time_embed(const TimeEmbed& te, double time) const;
   const Modulations& time_conditioning(double s, double t) const;

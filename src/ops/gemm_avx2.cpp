@@ -53,6 +53,9 @@ struct V {
 
 #define FLASHMAP_GEMM_ENTRY gemm_avx2
 #include "ops/gemm_kernel.inc"
+#define FLASHMAP_GRAM_ENTRY(f) f##_avx2
+#define FLASHMAP_GRAM_ISA 2
+#include "ops/gram_kernel.inc"
 
 }  // namespace flashmap::ops::kernel
 
@@ -61,5 +64,8 @@ namespace flashmap::ops::kernel {
 void gemm_avx2(const Args& a, int64_t p0, int64_t p1) {
   gemm_generic(a, p0, p1);
 }
+#define FLASHMAP_GRAM_ENTRY(f) f##_avx2
+#define FLASHMAP_GRAM_FORWARD
+#include "ops/gram_kernel.inc"
 }  // namespace flashmap::ops::kernel
 #endif

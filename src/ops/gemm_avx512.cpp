@@ -56,6 +56,9 @@ struct V {
 #define FLASHMAP_GEMM_VNNI 1
 #endif
 #include "ops/gemm_kernel.inc"
+#define FLASHMAP_GRAM_ENTRY(f) f##_avx512
+#define FLASHMAP_GRAM_ISA 5
+#include "ops/gram_kernel.inc"
 
 }  // namespace flashmap::ops::kernel
 
@@ -65,5 +68,8 @@ namespace flashmap::ops::kernel {
 void gemm_avx512(const Args& a, int64_t p0, int64_t p1) {
   gemm_generic(a, p0, p1);
 }
+#define FLASHMAP_GRAM_ENTRY(f) f##_avx512
+#define FLASHMAP_GRAM_FORWARD
+#include "ops/gram_kernel.inc"
 }  // namespace flashmap::ops::kernel
 #endif

@@ -55,5 +55,8 @@ struct V {
 
 #define FLASHMAP_GEMM_ENTRY gemm_generic
 #include "ops/gemm_kernel.inc"
+#define FLASHMAP_GRAM_ENTRY(f) f##_generic
+#define FLASHMAP_GRAM_ISA 0
+#include "ops/gram_kernel.inc"
 
 }  // namespace flashmap::ops::kernel

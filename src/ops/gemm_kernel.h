@@ -39,3 +39,5 @@ void gemm_avx512(const Args& a, int64_t p0, int64_t p1);
 constexpr int kPanelsPerUnit = 4;
 
 }  // namespace flashmap::ops::kernel
+
+#include "ops/gram_kernel.h"  // the Gram kernels, compiled into the same files
