@@ -20,36 +20,16 @@
 #include "ops/gemm.h"
 #include "ops/gram.h"
 #include "ops/ops.h"
+#include "ops/roofline.h"
 
 namespace {
 
 using namespace flashmap;
 
-// The fp32 FMA peak of the pool's threads: each runs 16 independent chains of multiply-adds on
-// the widest registers this build targets (latency × throughput of two FMA pipes is at most
-// 8–10 chains in flight; 16 leaves no pipe idle).
+// The fp32 FMA peak of the pool's threads (ops/roofline.h: independent chains of multiply-adds
+// on the active kernel's registers).
 double fma_peak_gflops() {
-  typedef float v16f __attribute__((vector_size(64)));
-  ThreadPool& pool = ThreadPool::global();
-  const int threads = pool.size();
-  const int64_t iters = 20'000'000;
-  std::vector<float> sink(size_t(threads) * 16);
-  const auto t0 = std::chrono::steady_clock::now();
-  pool.parallel_for(threads, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      v16f acc[16];
-      for (int j = 0; j < 16; ++j) acc[j] = v16f{} + float(j + t);
-      v16f m = v16f{} + 0.999999f, c = v16f{} + 1e-7f;
-      // Opaque to the optimizer, through memory: a 64-byte vector fits no register without AVX-512.
-      asm volatile("" : "+m"(m), "+m"(c));
-      for (int64_t i = 0; i < iters; ++i)
-        for (int j = 0; j < 16; ++j) acc[j] = acc[j] * m + c;  // contracted: -ffp-contract=fast
-      for (int j = 0; j < 16; ++j) sink[size_t(t * 16 + j)] = acc[j][0];
-    }
-  });
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  benchmark::DoNotOptimize(sink.data());
-  return double(threads) * double(iters) * 16 * 16 * 2 / s / 1e9;
+  return ops::fma_peak_gflops(ThreadPool::global());
 }
 
 double peak() {

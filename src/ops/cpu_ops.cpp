@@ -124,30 +124,79 @@ float dot(const float* a, const float* b, int64_t n) {
 
 namespace {
 
-// MB rows of y[:, h0:h0+16) = x · E[:, h0:h0+16), accumulated in registers over the vocabulary in
-// order (each output is the same sequential sum as a scalar loop over v would give).
-template <DType D, int MB>
-void matmul_rows_tile(const float* x, int64_t V, int64_t H, const void* E, float* y, int64_t h) {
-  v16f acc[MB] = {};
-  for (int64_t v = 0; v < V; ++v) {
-    const v16f e = load16<D>(E, v * H + h);
-    for (int i = 0; i < MB; ++i) acc[i] += x[i * V + v] * e;
+// 8-lane halves of the 16 columns a tile owns: GCC keeps 32-byte vectors in AVX2 registers,
+// where 64-byte ones go through the stack on every operation.
+typedef float m8f __attribute__((vector_size(32)));
+typedef uint16_t m8h __attribute__((vector_size(16)));
+typedef uint32_t m8u __attribute__((vector_size(32)));
+typedef _Float16 m8x __attribute__((vector_size(16)));
+
+template <DType D>
+inline m8f load8(const void* base, int64_t i) {
+  if constexpr (D == DType::F32) {
+    m8f v;
+    std::memcpy(&v, static_cast<const float*>(base) + i, sizeof(v));
+    return v;
+  } else if constexpr (D == DType::BF16) {
+    m8h h;
+    std::memcpy(&h, static_cast<const uint16_t*>(base) + i, sizeof(h));
+    return reinterpret_cast<m8f>(__builtin_convertvector(h, m8u) << 16);
+  } else {
+    m8x h;
+    std::memcpy(&h, static_cast<const uint16_t*>(base) + i, sizeof(h));
+    return __builtin_convertvector(h, m8f);
   }
-  for (int i = 0; i < MB; ++i) std::memcpy(y + i * H + h, &acc[i], sizeof(acc[i]));
 }
 
+// MB rows of y[:, h:h+16) += x[:, v0:v1) · E[v0:v1, h:h+16) (from zero when `first`), each
+// output accumulated in a register over v in order.
+template <DType D, int MB>
+void matmul_rows_tile(const float* x, int64_t V, int64_t v0, int64_t v1, int64_t H, const void* E,
+                      float* y, int64_t h, bool first) {
+  m8f acc[MB][2];
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < 2; ++j)
+      if (first)
+        acc[i][j] = m8f{};
+      else
+        std::memcpy(&acc[i][j], y + i * H + h + 8 * j, sizeof(m8f));
+  for (int64_t v = v0; v < v1; ++v) {
+    const m8f e0 = load8<D>(E, v * H + h), e1 = load8<D>(E, v * H + h + 8);
+    for (int i = 0; i < MB; ++i) {
+      const float xi = x[i * V + v];
+      acc[i][0] += xi * e0;
+      acc[i][1] += xi * e1;
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < 2; ++j) std::memcpy(y + i * H + h + 8 * j, &acc[i][j], sizeof(m8f));
+}
+
+// y[:, h0:h1) = x · E[:, h0:h1): each output is the sequential sum over the vocabulary in order
+// (acc += x[m, v] · E[v, h] from zero, as a scalar loop over v gives; a partial sum parked in y
+// between chunks is an exact fp32 value, so chunking changes no bit). The vocabulary is taken in
+// chunks of kChunk rows of E, and every 16-column tile of the range runs over a chunk before the
+// next: the chunk's rows (a page each at H = 4096) stay in L2 and in the TLB. One tile running
+// over the whole vocabulary touched a new page per row of E, which at V = 151936, H = 4096 cost
+// seconds per call.
 template <DType D>
 void matmul_rows_range(const float* x, int64_t M, const Weight& E, float* y, int64_t h0,
                        int64_t h1) {
   const int64_t V = E.rows, H = E.cols;
-  constexpr int MB = 8;
-  int64_t h = h0;
-  for (; h + kLanes <= h1; h += kLanes) {
-    int64_t m = 0;
-    for (; m + MB <= M; m += MB) matmul_rows_tile<D, MB>(x + m * V, V, H, E.data, y + m * H, h);
-    for (; m < M; ++m) matmul_rows_tile<D, 1>(x + m * V, V, H, E.data, y + m * H, h);
+  constexpr int MB = 4;  // 4 rows × 16 lanes: 8 AVX2 accumulators, 4 AVX-512 ones
+  constexpr int64_t kChunk = 64;
+  const int64_t hv = h0 + (h1 - h0) / kLanes * kLanes;  // whole 16-lane groups
+  for (int64_t v0 = 0; v0 < V; v0 += kChunk) {
+    const int64_t v1 = std::min(V, v0 + kChunk);
+    for (int64_t h = h0; h < hv; h += kLanes) {
+      int64_t m = 0;
+      for (; m + MB <= M; m += MB)
+        matmul_rows_tile<D, MB>(x + m * V, V, v0, v1, H, E.data, y + m * H, h, v0 == 0);
+      for (; m < M; ++m)
+        matmul_rows_tile<D, 1>(x + m * V, V, v0, v1, H, E.data, y + m * H, h, v0 == 0);
+    }
   }
-  for (; h < h1; ++h)  // columns past the last multiple of 16
+  for (int64_t h = hv; h < h1; ++h)  // columns past the last multiple of 16
     for (int64_t m = 0; m < M; ++m) {
       float acc = 0;
       for (int64_t v = 0; v < V; ++v) acc += x[m * V + v] * E.at(v, h);

@@ -12,8 +12,10 @@ namespace {
 struct V {
   using R = __m256;
   static constexpr int W = 8;
-  // 6 rows × 2 vectors = 12 accumulators, 2 weight vectors and a broadcast: 15 of 16 registers.
-  static constexpr int kRowsMax = 6, kNvMany = 2;
+  // 5 rows × 2 vectors = 10 accumulators, 2 weight vectors and a broadcast. Six rows (15 of 16
+  // registers) left GCC short of registers for the addresses and prefetch: a 17-row product ran
+  // at 57 GFLOP/s cache-hot against 104 with five (bench_ops BM_LinearRows, AMD Zen 3).
+  static constexpr int kRowsMax = 5, kNvMany = 2;
   // nv_for(a), a accumulators per vector column: one: 8 vectors (2 panels), 8 independent FMA
   // chains; two: 4 vectors (8 chains).
   static constexpr int kNv1 = 8, kNv2 = 4;

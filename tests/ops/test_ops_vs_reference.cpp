@@ -259,8 +259,9 @@ TEST(OpsVsReference, MatmulRows) {
   int64_t cases = 0;
   for (const DType d : {DType::F32, DType::BF16, DType::F16})
     for (const int64_t V : {1, 3, 17, 65, 127, 1031})
-      for (const int64_t H : {1, 15, 16, 17, 33, 65, 127, 129})
-        for (const int64_t M : {1, 3, 7, 8, 9, 17}) {
+      // H past one strip of 256 columns and M past one block of 16 rows, with tails of both.
+      for (const int64_t H : {1, 15, 16, 17, 33, 65, 127, 129, 300, 529})
+        for (const int64_t M : {1, 3, 7, 8, 9, 17, 33}) {
           const uint64_t seed = uint64_t(M * 100000 + H * 1000 + V);
           const TestWeight E = make_weight(V, H, d, seed);
           const auto x = normal(size_t(M * V), seed + 1);

@@ -1,0 +1,15 @@
+// This machine's limits, measured: what the CPU kernels' figures are shares of.
+#pragma once
+
+namespace flashmap {
+class ThreadPool;
+namespace ops {
+
+// Read bandwidth in GB/s with every thread of `pool` summing a 1 GiB buffer.
+double read_bandwidth_gbps(ThreadPool& pool);
+// The fp32 multiply-add peak in GFLOP/s on every thread of `pool`, on the widest vectors the
+// active kernel (ops::active_isa()) uses.
+double fma_peak_gflops(ThreadPool& pool);
+
+}  // namespace ops
+}  // namespace flashmap
