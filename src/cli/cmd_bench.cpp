@@ -26,6 +26,7 @@
 #include <optional>
 #include <thread>
 
+#include "cli/bench.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/check.h"
@@ -40,20 +41,9 @@
 #include "specdec/tree.h"
 
 namespace flashmap::cli {
-namespace {
 
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
-
-struct BenchArgs {
-  ModelOptions model;
-  std::string shape, json_out;
-  std::vector<std::string> vs_drafts;  // more drafters timed beside --draft in the same run
-  std::vector<std::string> trees;      // draft-tree shapes timed for each drafter row
-  float temperature = 0.0f;
-  bool no_sweep = false;
-  int reps = 3, max_new_tokens = 128, prompts = 4, context = 512, block = 16;
-};
 
 double ms_of(const std::function<void()>& f, int reps) {
   f();  // warm-up
@@ -67,108 +57,10 @@ double ms_of(const std::function<void()>& f, int reps) {
   return t[t.size() / 2];  // median
 }
 
-// Read bandwidth of this machine with all threads (the roofline a decode step is held to).
-double measure_read_gbps() {
-  const size_t n = size_t(1) << 28;  // 1 GiB of floats
-  std::vector<float> buf(n, 1.0f);
-  ThreadPool& pool = ThreadPool::global();
-  // One partial sum per 64 Ki-float chunk, written by the thread that read it (keeps the reads
-  // from being optimized away without sharing a cache line between threads).
-  std::vector<float> sums((n >> 16) + 1, 0.0f);
-  auto run = [&] {
-    pool.parallel_for(int64_t(n), 1 << 16, [&](int64_t b, int64_t e) {
-      typedef float v16 __attribute__((vector_size(64)));
-      v16 acc = {};
-      for (int64_t i = b; i + 16 <= e; i += 16) {
-        v16 x;
-        std::memcpy(&x, buf.data() + i, 64);
-        acc += x;
-      }
-      float s = 0;
-      for (int j = 0; j < 16; ++j) s += acc[j];
-      sums[size_t(b >> 16)] = s;
-    });
-  };
-  const double ms = ms_of(run, 3);
-  return double(n) * 4 / (ms * 1e-3) / 1e9;
-}
-
-// Random bf16 weights for a Qwen3 config, held in memory.
-std::unique_ptr<Qwen3Model> random_target(const Qwen3Config& c, ops::WeightFormat format) {
-  std::vector<TensorData> t;
-  Rng rng(1);
-  auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
-    TensorData d{name, DType::BF16, {rows, cols}, {}};
-    d.bytes.resize(size_t(rows * cols) * 2);
-    const float scale = 1.0f / std::sqrt(float(cols));
-    auto* p = reinterpret_cast<uint16_t*>(d.bytes.data());
-    for (int64_t i = 0; i < rows * cols; ++i) {
-      // Uniform in [-√3, √3)·scale (unit variance), cheap enough for a billion values.
-      const float u = float(int32_t(uint32_t(rng.next() >> 32))) * (1.7320508f / 2147483648.0f);
-      p[i] = f32_to_bf16(u * scale);
-    }
-    t.push_back(std::move(d));
-  };
-  auto vec = [&](const std::string& name, int64_t n) {
-    t.push_back(make_tensor(name, {n}, std::vector<float>(size_t(n), 1.0f), DType::BF16));
-  };
-  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
-  mat("model.embed_tokens.weight", c.vocab_size, H);
-  mat("lm_head.weight", c.vocab_size, H);
-  vec("model.norm.weight", H);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
-    vec(p + "input_layernorm.weight", H);
-    vec(p + "post_attention_layernorm.weight", H);
-    vec(p + "self_attn.q_norm.weight", hd);
-    vec(p + "self_attn.k_norm.weight", hd);
-    mat(p + "self_attn.q_proj.weight", c.num_attention_heads * hd, H);
-    mat(p + "self_attn.k_proj.weight", c.num_key_value_heads * hd, H);
-    mat(p + "self_attn.v_proj.weight", c.num_key_value_heads * hd, H);
-    mat(p + "self_attn.o_proj.weight", H, c.num_attention_heads * hd);
-    mat(p + "mlp.gate_proj.weight", I, H);
-    mat(p + "mlp.up_proj.weight", I, H);
-    mat(p + "mlp.down_proj.weight", H, I);
-  }
-  return std::make_unique<Qwen3Model>(
-      c, Checkpoint::from_tensors(std::move(t), "random " + std::to_string(H)), nullptr, format);
-}
-
-// The fields of a Qwen3 config that set the cost of a step; the ones of `got` that differ from
-// `want`, as "name got (want)" (empty when it has the shape).
-std::vector<std::string> shape_mismatches(const Qwen3Config& got, const Qwen3Config& want) {
-  std::vector<std::string> diff;
-  auto cmp = [&](const char* name, int64_t g, int64_t w) {
-    if (g != w) diff.push_back(fmt::format("{} {} (shape: {})", name, g, w));
-  };
-  cmp("vocab_size", got.vocab_size, want.vocab_size);
-  cmp("hidden_size", got.hidden_size, want.hidden_size);
-  cmp("intermediate_size", got.intermediate_size, want.intermediate_size);
-  cmp("num_hidden_layers", got.num_hidden_layers, want.num_hidden_layers);
-  cmp("num_attention_heads", got.num_attention_heads, want.num_attention_heads);
-  cmp("num_key_value_heads", got.num_key_value_heads, want.num_key_value_heads);
-  cmp("head_dim", got.head_dim, want.head_dim);
-  return diff;
-}
-
-// The config of --shape S --target DIR, once it is known to have shape S (checked before
-// gigabytes of weights are read).
-Qwen3Config folder_config(const std::string& dir, const std::string& shape) {
-  const std::filesystem::path cfg_path = std::filesystem::path(dir) / "config.json";
-  std::error_code ec;
-  FLASHMAP_CHECK(std::filesystem::is_directory(dir, ec), "--target {}: not a folder", dir);
-  FLASHMAP_CHECK(std::filesystem::exists(cfg_path, ec), "--target {}: no config.json", dir);
-  const auto got = Qwen3Config::from_file(cfg_path.string());
-  const auto diff = shape_mismatches(got, qwen3_shape(shape));
-  FLASHMAP_CHECK(diff.empty(), "--target {} is not of shape {}: {}", dir, shape,
-                 fmt::join(diff, ", "));
-  return got;
-}
-
 // Per-round phase times and tokens/s of one decoding configuration over the prompts, through
 // an engine (a batch of one per prompt).
 json run_decode(Engine& engine, const std::vector<std::vector<int32_t>>& prompts, int max_new,
-                int reps, float temperature = 0.0f) {
+                int reps, float temperature) {
   double tokens = 0, rounds = 0, total = 0, draft = 0, verify = 0, accept = 0, prefill = 0;
   std::vector<int> lengths;
   for (int r = 0; r < reps; ++r)
@@ -203,21 +95,14 @@ json run_decode(Engine& engine, const std::vector<std::vector<int32_t>>& prompts
           {"rounds", rounds}};
 }
 
-// The same on CPU models in memory (--shape: random weights, scripted proposers).
-json run_decode(const Qwen3Model& target, const BlockProposer* proposer,
-                const std::vector<std::vector<int32_t>>& prompts, int max_new, int reps) {
-  EngineOptions o;
-  o.spec_policy = SpecPolicyKind::Always;
-  Engine engine(std::make_unique<cpu::CpuBackend>(target, proposer), o);
-  return run_decode(engine, prompts, max_new, reps);
-}
-
 void write_json(const json& out, const std::string& path) {
   if (path.empty()) return;
   std::ofstream f(path);
   FLASHMAP_CHECK(f.good(), "--json: cannot write {}", path);
   f << out.dump(2) << "\n";
 }
+
+namespace {
 
 void run_bench(BenchArgs& a) {
   check_device(a.model.device);
@@ -226,6 +111,9 @@ void run_bench(BenchArgs& a) {
                    "--shape with --target runs on the CPU only (drop --device {} or --target)",
                    a.model.device);
     FLASHMAP_CHECK(!a.no_sweep, "--no-sweep is for the CPU --shape bench (drop --device {})",
+                   a.model.device);
+    FLASHMAP_CHECK((a.draft_shape.empty() && a.model.draft.empty()) || a.shape.empty(),
+                   "--shape with a drafter runs on the CPU only (drop --device {})",
                    a.model.device);
     if (!a.shape.empty())
       return bench_device_shape({.device = a.model.device,
@@ -241,117 +129,8 @@ void run_bench(BenchArgs& a) {
   if (a.model.threads > 0) ThreadPool::configure_global(a.model.threads);
   json out;
   out["threads"] = ThreadPool::global().size();
-  std::unique_ptr<Qwen3Model> target_ptr;
-  if (!a.shape.empty()) {
-    FLASHMAP_CHECK(a.model.steps == 0 && a.model.draft.empty(),
-                   "--shape times the target with its own scripted drafter: drop --draft and "
-                   "--steps");
-    // The folder's weights (of that shape) or random ones made in memory.
-    const bool from_folder = !a.model.target.empty();
-    const auto cfg = from_folder ? folder_config(a.model.target, a.shape) : qwen3_shape(a.shape);
-    // The timed steps run a.block + 1 tokens at position a.context, in a cache of context + 64.
-    FLASHMAP_CHECK(int64_t(a.context) + a.block + 64 <= cfg.max_position_embeddings,
-                   "--context {} (+ --block {} + 64 positions of room) exceeds the {} positions "
-                   "of shape {}",
-                   a.context, a.block, cfg.max_position_embeddings, a.shape);
-    FLASHMAP_CHECK(8 + int64_t(a.max_new_tokens) + a.block + 1 <= cfg.max_position_embeddings,
-                   "--max-new-tokens {} (after an 8-token prompt, + --block {} + 1) exceeds the {} "
-                   "positions of shape {}",
-                   a.max_new_tokens, a.block, cfg.max_position_embeddings, a.shape);
-    fmt::print("# flashmap bench --shape {}{} ({} threads)\n\n", a.shape,
-               from_folder ? " --target " + a.model.target : std::string(),
-               ThreadPool::global().size());
-    const double gbps = measure_read_gbps();
-    // Loaded as the engine's CPU backend loads a target: a model option that changes how targets
-    // load (e.g. their weight format) applies here too.
-    const auto format = ops::parse_weight_format(a.model.weights);
-    target_ptr = from_folder ? std::make_unique<Qwen3Model>(a.model.target, nullptr, format)
-                             : random_target(cfg, format);
-    const Qwen3Model& target = *target_ptr;
-    // Bytes a decode step reads: every weight but the embedding table (one row of it), unless
-    // the table is also the lm_head.
-    const bool tied = target.embedding().data == target.lm_head().data;
-    const double emb_bytes =
-        tied ? 0.0 : double(target.checkpoint().get("model.embed_tokens.weight").nbytes());
-    // Packed, the linear layers are what a step streams (lm_head included, tied or not).
-    const double bytes = target.packed_bytes() > 0 ? double(target.packed_bytes())
-                                                   : double(target.weight_bytes()) - emb_bytes;
-    // A synthetic context of a.context positions (its values do not change the cost).
-    KVCache base = target.new_cache();
-    const int64_t kv = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
-    for (auto* side : {&base.k, &base.v})
-      for (auto& layer : *side) layer.assign(size_t((a.context + 64) * kv), 0.01f);
-    base.length = a.context;
-    // One output reused across steps, as the engine's backend reuses it (a fresh 10 MB of logits
-    // per step would time the kernel's page clearing too).
-    Qwen3Model::Output step_out;
-    auto step = [&](int n) {
-      std::vector<int32_t> toks(size_t(n), 7);
-      return ms_of(
-          [&] {
-            base.truncate(a.context);
-            Qwen3Model::SeqInput s{&base, toks};
-            target.forward({&s, 1}, Qwen3Model::Logits::All, {}, step_out);
-          },
-          a.reps);
-    };
-    const double decode = step(1), verify = step(a.block + 1);
-    const double eff = bytes / (decode * 1e-3) / 1e9;
-    out["shape"] = a.shape;
-    out["target"] = from_folder ? json(a.model.target) : json(nullptr);
-    const bool q8 = target.weight_format() == ops::WeightFormat::Q8;
-    out["weights"] = ops::weight_format_name(target.weight_format());
-    out["lm_head_dtype"] =
-        q8 ? std::string("Q8_0") : std::string(dtype_name(target.lm_head().dtype));
-    out["tied_embeddings"] = tied;
-    out["context"] = a.context;
-    out["read_bandwidth_gbps"] = gbps;
-    out["weight_bytes_per_step"] = bytes;
-    out["decode_ms"] = decode;
-    out[fmt::format("verify{}_ms", a.block + 1)] = verify;
-    out["decode_effective_gbps"] = eff;
-    out["decode_fraction_of_bandwidth"] = eff / gbps;
-    out["verify_over_decode"] = verify / decode;
-    fmt::print("| measure | value |\n|---|---|\n");
-    fmt::print("| measured read bandwidth | {:.1f} GB/s |\n", gbps);
-    fmt::print(
-        "| decode, 1 token at context {} | {:.1f} ms ({:.1f} GB/s = {:.0f}% of bandwidth) |\n",
-        a.context, decode, eff, 100 * eff / gbps);
-    fmt::print("| verify, {} tokens | {:.1f} ms ({:.2f}x decode) |\n\n", a.block + 1, verify,
-               verify / decode);
-    if (a.no_sweep) return write_json(out, a.json_out);
-
-    // Tokens/s against acceptance length: the scripted drafter proposes the target's own greedy
-    // continuation, corrupted from slot j on, so each round commits j + 1 tokens.
-    const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
-    GenerateOptions o;
-    o.max_new_tokens = a.max_new_tokens;
-    const auto script = generate(target, nullptr, prompt, o).ids;
-    const json alone = run_decode(target, nullptr, {prompt}, a.max_new_tokens, 1);
-    out["target_alone"] = alone;
-    fmt::print(
-        "| drafter | tau | tokens/s | speedup | round ms | loop overhead "
-        "|\n|---|---|---|---|---|---|\n");
-    fmt::print("| none (target alone) | 1.00 | {:.2f} | 1.00x | {:.1f} | {:.2f}% |\n",
-               alone["tokens_per_s"].get<double>(), alone["round_ms"].get<double>(),
-               alone["loop_overhead_pct"].get<double>());
-    json sweep = json::array();
-    // 0, 1, 2, then every few slots, always ending on the full block.
-    std::vector<int> rights;
-    for (int j = 0; j < a.block; j += (j < 2 ? 1 : (a.block > 8 ? 3 : 2))) rights.push_back(j);
-    rights.push_back(a.block);
-    for (const int j : rights) {
-      ScriptedProposer d(a.block, cfg.vocab_size, script, j);
-      json r = run_decode(target, &d, {prompt}, a.max_new_tokens, 1);
-      r["corrupt_from"] = j;
-      fmt::print("| scripted, {} right | {:.2f} | {:.2f} | {:.2f}x | {:.1f} | {:.2f}% |\n", j,
-                 r["tau"].get<double>(), r["tokens_per_s"].get<double>(),
-                 r["tokens_per_s"].get<double>() / alone["tokens_per_s"].get<double>(),
-                 r["round_ms"].get<double>(), r["loop_overhead_pct"].get<double>());
-      sweep.push_back(r);
-    }
-    out["scripted"] = sweep;
-  } else {
+  if (!a.shape.empty()) return bench_cpu_shape(a);
+  {
     a.model.resolve();
     FLASHMAP_CHECK(!a.model.draft.empty(), "bench needs a drafter (--draft) or --shape");
     // Every configuration through its own engine on the device: the target alone, then the
@@ -464,6 +243,14 @@ void register_cmd(CLI::App& app) {
       ->needs(shape);
   sub->add_option("--block", args->block, "block size K for --shape (16)")
       ->check(CLI::Range(1, kMaxBlockSize))
+      ->needs(shape);
+  sub->add_option("--draft-shape", args->draft_shape,
+                  "--shape: a random FlashMap drafter of a released shape as well "
+                  "(flashmap-qwen3-8b), its draft, commit and round timed")
+      ->check(non_empty())
+      ->needs(shape);
+  sub->add_option("--prefill", args->prefill, "--shape: prompt length of the prefill timing (32)")
+      ->check(CLI::Range(1, 1 << 20))
       ->needs(shape);
   sub->add_flag("--no-sweep", args->no_sweep,
                 "--shape: time decode and verify only, without the tokens/s sweep over acceptance "

@@ -514,4 +514,21 @@ Qwen3Config qwen3_shape(const std::string& shape) {
   return c;
 }
 
+FlashMapConfig flashmap_shape(const std::string& shape) {
+  FlashMapConfig c;  // FlashMapConfig.__init__'s defaults are the Qwen3-8B drafter's
+  if (shape == "flashmap-tiny") {
+    // For --shape tiny (checks of the benchmark itself).
+    c.target_model = "tiny", c.target_hidden_size = 256, c.vocab_size = 4096;
+    c.target_layer_ids = {1, 2};
+    c.hidden_size = 128, c.num_hidden_layers = 2, c.num_attention_heads = 4;
+    c.intermediate_size = 256, c.cond_dim = 64, c.time_embed_dim = 64;
+  } else {
+    FLASHMAP_CHECK(shape == "flashmap-qwen3-8b",
+                   "--draft-shape: unknown shape '{}' (known: flashmap-qwen3-8b, flashmap-tiny)",
+                   shape);
+  }
+  c.jump_grids = FlashMapConfig::default_jump_grids();
+  return c;
+}
+
 }  // namespace flashmap

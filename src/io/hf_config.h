@@ -115,5 +115,9 @@ struct GenerationConfig {
 // A Qwen3 shape by name for benchmarks with random weights: "qwen3-8b" (Qwen/Qwen3-8B's
 // config.json), "qwen3-0.6b", "tiny"; flashmap::Error on any other.
 Qwen3Config qwen3_shape(const std::string& shape);
+// A FlashMap drafter's shape by name, for benchmarks with random weights:
+// "flashmap-qwen3-8b" (the released drafter for Qwen3-8B: the reference config's defaults),
+// "flashmap-tiny" (for the "tiny" target).
+FlashMapConfig flashmap_shape(const std::string& shape);
 
 }  // namespace flashmap

@@ -354,9 +354,15 @@ bool SafetensorsFile::drop_pages(const void* p, size_t n) const {
   return true;
 }
 
-void Checkpoint::drop_pages(const TensorView& t) const {
+void Checkpoint::drop_pages(const TensorView& t) {
   for (const auto& f : files_)
     if (f->drop_pages(t.data, t.nbytes())) return;
+  for (size_t i = 0; i < owned_views_.size(); ++i)
+    if (&owned_views_[i] == &t) {
+      std::vector<uint8_t>().swap(owned_[i].bytes);
+      owned_views_[i].data = nullptr;
+      return;
+    }
 }
 
 }  // namespace flashmap

@@ -90,8 +90,10 @@ class Checkpoint {
   // The tensor `name`, which must have `shape`; throws naming file, tensor and both shapes.
   const TensorView& get(const std::string& name, const std::vector<int64_t>& shape) const;
   std::vector<std::string> names() const;
-  // SafetensorsFile::drop_pages for a tensor of this checkpoint (nothing for one held in memory).
-  void drop_pages(const TensorView& t) const;
+  // Once a tensor's packed copy exists: SafetensorsFile::drop_pages for a mapped tensor (its
+  // pages are read again from the file if touched), and for one held in memory its bytes are
+  // freed and its view's data becomes null (a random Qwen3-8B would otherwise be held twice).
+  void drop_pages(const TensorView& t);
 
  private:
   std::string dir_;

@@ -73,7 +73,10 @@ Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int6
   Weight w = Weight::of(t);
   if (format == ops::WeightFormat::Unpacked) return w;
   w.packed = ops::pack(w, format, fmt::format("{}: {}", t.file, name), pool);
-  if (!keep) ckpt.drop_pages(t);
+  if (!keep) {
+    ckpt.drop_pages(t);
+    w.data = t.data;  // null for a tensor held in memory, whose bytes are gone
+  }
   return w;
 }
 

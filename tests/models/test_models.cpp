@@ -121,6 +121,48 @@ TEST(FlashMap, BatchedDraftEqualsSeparateDrafts) {
   }
 }
 
+// A checkpoint held in memory (the benchmarks' random weights at released shapes) loads into
+// the same models as the folder it was copied from, and frees each packed tensor's bytes (a
+// random Qwen3-8B would otherwise be held twice in memory).
+static std::unique_ptr<Checkpoint> copy_in_memory(const std::string& dir) {
+  Checkpoint folder(dir);
+  std::vector<TensorData> t;
+  for (const auto& name : folder.names()) {
+    const TensorView& v = folder.get(name);
+    const auto* b = static_cast<const uint8_t*>(v.data);
+    t.push_back({name, v.dtype, v.shape, std::vector<uint8_t>(b, b + v.nbytes())});
+  }
+  return Checkpoint::from_tensors(std::move(t), "in memory " + dir);
+}
+
+TEST(FlashMap, ModelsFromMemoryEqualModelsFromTheirFolder) {
+  Qwen3Model folder_target(kTarget);
+  Qwen3Model memory_target(folder_target.config(), copy_in_memory(kTarget));
+  // Packed linear weights are gone from memory; the embedding stays for row lookups.
+  EXPECT_EQ(memory_target.checkpoint().get("model.layers.0.mlp.up_proj.weight").data, nullptr);
+  EXPECT_NE(memory_target.checkpoint().get("model.embed_tokens.weight").data, nullptr);
+  FlashMapModel folder_draft(kA + "/draft", folder_target);
+  FlashMapModel memory_draft(folder_draft.config(), copy_in_memory(kA + "/draft"), memory_target);
+  std::vector<float> f1, f2;
+  KVCache c1 = folder_target.new_cache(), c2 = memory_target.new_cache();
+  const auto l1 = run(folder_target, c1, kPrompt, &f1, folder_draft.target_layer_ids());
+  const auto l2 = run(memory_target, c2, kPrompt, &f2, memory_draft.target_layer_ids());
+  ASSERT_EQ(l1.size(), l2.size());
+  EXPECT_EQ(0, std::memcmp(l1.data(), l2.data(), l1.size() * 4));
+  EXPECT_EQ(f1, f2);
+  const int64_t K = folder_draft.block_size(), V = folder_target.config().vocab_size;
+  DraftContext x1 = folder_draft.new_context(), x2 = memory_draft.new_context();
+  folder_draft.extend_context(x1, f1.data(), int64_t(kPrompt.size()));
+  memory_draft.extend_context(x2, f2.data(), int64_t(kPrompt.size()));
+  Rng r1(3), r2(3);
+  using N = FlashMapModel::Noise;
+  FlashMapModel::Request a{&x1, 7, {N::Draw, nullptr, &r1}}, b{&x2, 7, {N::Draw, nullptr, &r2}};
+  std::vector<float> d1(size_t(K * V)), d2(size_t(K * V));
+  folder_draft.draft({&a, 1}, 2, d1.data());
+  memory_draft.draft({&b, 1}, 2, d2.data());
+  EXPECT_EQ(0, std::memcmp(d1.data(), d2.data(), d1.size() * 4));
+}
+
 TEST(FlashMap, DrafterThatDoesNotFitTheTarget) {
   Qwen3Model other("tests/fixtures/tiny-c/target");
   try {
