@@ -96,14 +96,15 @@ std::vector<float> run(const Weight& W, const std::vector<float>& x, int64_t M, 
 // Every kernel variant (scalar, AVX2, AVX-512 where the CPU has them) at tile edges: rows 1–3
 // (the wide one-row tiles), 4–6/7, 12/13 (one tile / two row blocks), 17, 33 (blocks of unequal
 // size); columns inside one panel, across panels, and past the one-row tile's 4 panels; K across
-// the widened chunk (256).
+// the widened chunk (256), and K past one slice of 1024 (rows beyond one block run in k slices).
 TEST(Gemm, EveryInstructionSetGivesTheSameBits) {
   IsaGuard guard;
   ThreadPool pool(2);
   int64_t compared = 0;
   for (const Case& c : kCases)
-    for (const int64_t K : c.format == WeightFormat::Q8 ? std::vector<int64_t>{32, 96, 288, 544}
-                                                        : std::vector<int64_t>{1, 17, 31, 257, 300})
+    for (const int64_t K : c.format == WeightFormat::Q8
+                               ? std::vector<int64_t>{32, 96, 288, 544}
+                               : std::vector<int64_t>{1, 17, 31, 257, 300, 2100})
       for (const int64_t N : {1, 31, 33, 129, 300}) {
         const Mat m = make(N, K, c.dtype, uint64_t(N * 1000 + K));
         Weight W = m.view();
@@ -138,23 +139,25 @@ TEST(Gemm, RowsDoNotDependOnTheirBatch) {
     ops::set_isa(isa);
     for (const int threads : {1, 2}) {
       ThreadPool pool(threads);
-      for (const Case& c : kCases) {
-        const int64_t N = 301, K = 320;
-        const Mat m = make(N, K, c.dtype, 3);
-        Weight W = m.view();
-        W.packed = ops::pack(W, c.format, "test", pool);
-        for (const int64_t M : {5, 17, 64}) {
-          const auto x = normal(size_t(M * K), 11);
-          std::vector<float> all(static_cast<size_t>(M * N)), one(static_cast<size_t>(N));
-          ops::linear(x.data(), M, W, nullptr, all.data(), pool);
-          for (int64_t r = 0; r < M; ++r) {
-            ops::linear(x.data() + r * K, 1, W, nullptr, one.data(), pool);
-            ASSERT_EQ(std::memcmp(one.data(), all.data() + r * N, size_t(N) * 4), 0)
-                << c.name << " " << ops::isa_name(isa) << " threads " << threads << " M " << M
-                << " row " << r;
+      // K = 2112: several row blocks take it in k slices, one row in one pass.
+      for (const Case& c : kCases)
+        for (const int64_t K : {int64_t(320), int64_t(2112)}) {
+          const int64_t N = 301;
+          const Mat m = make(N, K, c.dtype, 3);
+          Weight W = m.view();
+          W.packed = ops::pack(W, c.format, "test", pool);
+          for (const int64_t M : {5, 17, 64}) {
+            const auto x = normal(size_t(M * K), 11);
+            std::vector<float> all(static_cast<size_t>(M * N)), one(static_cast<size_t>(N));
+            ops::linear(x.data(), M, W, nullptr, all.data(), pool);
+            for (int64_t r = 0; r < M; ++r) {
+              ops::linear(x.data() + r * K, 1, W, nullptr, one.data(), pool);
+              ASSERT_EQ(std::memcmp(one.data(), all.data() + r * N, size_t(N) * 4), 0)
+                  << c.name << " " << ops::isa_name(isa) << " threads " << threads << " M " << M
+                  << " K " << K << " row " << r;
+            }
           }
         }
-      }
     }
   }
 }
