@@ -149,10 +149,11 @@ inline m8f load8(const void* base, int64_t i) {
 }
 
 // MB rows of y[:, h:h+16) += x[:, v0:v1) · E[v0:v1, h:h+16) (from zero when `first`), each
-// output accumulated in a register over v in order.
-template <DType D, int MB>
-void matmul_rows_tile(const float* x, int64_t V, int64_t v0, int64_t v1, int64_t H, const void* E,
-                      float* y, int64_t h, bool first) {
+// output accumulated in a register over v in order. e: the 16 columns' values for v0 … v1 − 1,
+// 16 floats per v.
+template <int MB>
+void matmul_rows_tile(const float* x, int64_t V, int64_t v0, int64_t v1, const float* e, float* y,
+                      int64_t H, int64_t h, bool first) {
   m8f acc[MB][2];
   for (int i = 0; i < MB; ++i)
     for (int j = 0; j < 2; ++j)
@@ -161,11 +162,12 @@ void matmul_rows_tile(const float* x, int64_t V, int64_t v0, int64_t v1, int64_t
       else
         std::memcpy(&acc[i][j], y + i * H + h + 8 * j, sizeof(m8f));
   for (int64_t v = v0; v < v1; ++v) {
-    const m8f e0 = load8<D>(E, v * H + h), e1 = load8<D>(E, v * H + h + 8);
+    const int64_t at = (v - v0) * kLanes;
+    const m8f e0v = load8<DType::F32>(e, at), e1v = load8<DType::F32>(e, at + 8);
     for (int i = 0; i < MB; ++i) {
       const float xi = x[i * V + v];
-      acc[i][0] += xi * e0;
-      acc[i][1] += xi * e1;
+      acc[i][0] += xi * e0v;
+      acc[i][1] += xi * e1v;
     }
   }
   for (int i = 0; i < MB; ++i)
@@ -175,25 +177,31 @@ void matmul_rows_tile(const float* x, int64_t V, int64_t v0, int64_t v1, int64_t
 // y[:, h0:h1) = x · E[:, h0:h1): each output is the sequential sum over the vocabulary in order
 // (acc += x[m, v] · E[v, h] from zero, as a scalar loop over v gives; a partial sum parked in y
 // between chunks is an exact fp32 value, so chunking changes no bit). The vocabulary is taken in
-// chunks of kChunk rows of E, and every 16-column tile of the range runs over a chunk before the
-// next: the chunk's rows (a page each at H = 4096) stay in L2 and in the TLB. One tile running
-// over the whole vocabulary touched a new page per row of E, which at V = 151936, H = 4096 cost
-// seconds per call.
+// chunks of kChunk rows of E; each 16-column strip of a chunk is widened to fp32 once (exactly)
+// for all the row blocks of x, and runs before the next chunk, so the chunk's rows (a page each
+// at H = 4096) stay in cache and in the TLB. One tile running over the whole vocabulary touched
+// a new page per row of E, which at V = 151936, H = 4096 cost seconds per call.
 template <DType D>
 void matmul_rows_range(const float* x, int64_t M, const Weight& E, float* y, int64_t h0,
                        int64_t h1) {
   const int64_t V = E.rows, H = E.cols;
-  constexpr int MB = 4;  // 4 rows × 16 lanes: 8 AVX2 accumulators, 4 AVX-512 ones
-  constexpr int64_t kChunk = 64;
+  constexpr int MB = 4;  // 4 rows × 16 lanes: 8 AVX2 accumulators
+  constexpr int64_t kChunk = 256;
   const int64_t hv = h0 + (h1 - h0) / kLanes * kLanes;  // whole 16-lane groups
+  std::vector<float> strip(static_cast<size_t>(kChunk * kLanes));
   for (int64_t v0 = 0; v0 < V; v0 += kChunk) {
     const int64_t v1 = std::min(V, v0 + kChunk);
     for (int64_t h = h0; h < hv; h += kLanes) {
+      for (int64_t v = v0; v < v1; ++v) {
+        const m8f a = load8<D>(E.data, v * H + h), b = load8<D>(E.data, v * H + h + 8);
+        std::memcpy(strip.data() + (v - v0) * kLanes, &a, sizeof(a));
+        std::memcpy(strip.data() + (v - v0) * kLanes + 8, &b, sizeof(b));
+      }
       int64_t m = 0;
       for (; m + MB <= M; m += MB)
-        matmul_rows_tile<D, MB>(x + m * V, V, v0, v1, H, E.data, y + m * H, h, v0 == 0);
+        matmul_rows_tile<MB>(x + m * V, V, v0, v1, strip.data(), y + m * H, H, h, v0 == 0);
       for (; m < M; ++m)
-        matmul_rows_tile<D, 1>(x + m * V, V, v0, v1, H, E.data, y + m * H, h, v0 == 0);
+        matmul_rows_tile<1>(x + m * V, V, v0, v1, strip.data(), y + m * H, H, h, v0 == 0);
     }
   }
   for (int64_t h = hv; h < h1; ++h)  // columns past the last multiple of 16

@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "held_weight.h"
 #include "io/safetensors.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
@@ -34,16 +35,7 @@ std::vector<float> normal(size_t n, uint64_t seed, float sd = 1.0f) {
 }
 
 // A weight in one storage dtype, holding its bytes.
-struct Mat {
-  DType dtype;
-  int64_t rows, cols;
-  std::vector<float> f32;
-  std::vector<uint16_t> half;
-  Weight view() const {
-    return Weight{dtype, dtype == DType::F32 ? static_cast<const void*>(f32.data()) : half.data(),
-                  rows, cols};
-  }
-};
+using Mat = test::HeldWeight;
 
 Mat make(int64_t rows, int64_t cols, DType dtype, uint64_t seed) {
   Mat m{dtype, rows, cols, normal(size_t(rows * cols), seed, 0.5f), {}};

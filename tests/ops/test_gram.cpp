@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "held_weight.h"
 #include "ops/gemm.h"
 #include "ops/gram.h"
 #include "ops/ops.h"
@@ -32,16 +33,7 @@ struct IsaGuard {
 };
 
 // An embedding [V, H] in one storage dtype, holding its bytes.
-struct Emb {
-  DType dtype;
-  int64_t rows, cols;
-  std::vector<float> f32;
-  std::vector<uint16_t> half;
-  Weight view() const {
-    return Weight{dtype, dtype == DType::F32 ? static_cast<const void*>(f32.data()) : half.data(),
-                  rows, cols};
-  }
-};
+using Emb = test::HeldWeight;
 
 Emb make(int64_t rows, int64_t cols, DType dtype, uint64_t seed) {
   Rng rng(seed);
