@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""flashmap against llama.cpp on one random Qwen3-0.6B-shaped model, CPU, side by side.
+"""flashmap against llama.cpp on random Qwen3-shaped models, CPU, side by side.
 
     python3 bench/vs_llama_cpp.py                      # everything, cached in ~/.cache/flashmap-bench
     python3 bench/vs_llama_cpp.py --threads 2 --context 512 --reps 5 --json vs_llama.json
+    python3 bench/vs_llama_cpp.py --shape qwen3-8b --reps 2 --inner-reps 3   # and the rounds
 
 In one run (each step reused from the cache folder when it is already there):
   1. llama.cpp from the llama-cpp-python sdist on PyPI (vendor/llama.cpp), built CPU-only,
@@ -10,8 +11,10 @@ In one run (each step reused from the cache folder when it is already there):
      linked against libllama;
   2. a venv with the Python requirements of llama.cpp's convert_hf_to_gguf.py (torch from PyPI,
      gguf from the vendored gguf-py);
-  3. a Hugging Face folder with Qwen3-0.6B's config and random bf16 weights, plus the repo's
-     Qwen3 tokenizer files (tests/data/qwen3-tokenizer);
+  3. a Hugging Face folder with the config of Qwen3-0.6B (--shape qwen3-0.6b, the default) or
+     Qwen3-8B (--shape qwen3-8b) and random bf16 weights, plus the repo's Qwen3 tokenizer files
+     (tests/data/qwen3-tokenizer); at qwen3-8b also the Qwen3-0.6B folder, as the draft model
+     of llama.cpp's own speculative decoding;
   4. that folder converted by convert_hf_to_gguf.py to a bf16 GGUF, quantized to Q8_0 by
      llama-quantize;
   5. decode (1 token) and verify-17 (17 tokens, logits for all 17 rows) at --context, timed in
@@ -19,7 +22,11 @@ In one run (each step reused from the cache folder when it is already there):
      each process reports the median of --inner-reps calls after a warm-up, and the table
      shows the median over rounds. Each run waits for a quiet second and is repeated when
      other processes took more than --max-interference of the CPUs meanwhile; runs still
-     disturbed are kept out of the medians.
+     disturbed are kept out of the medians;
+  6. at qwen3-8b, a speculative round in each engine at the same τ: flashmap's (one FlashMap
+     draft of 16 + verify-17 + commit, from `--draft-shape flashmap-qwen3-8b`) against
+     llama.cpp's with a draft model (16 decode steps of the Qwen3-0.6B model + verify-17 of the
+     8B), and the tokens/s and speed-up over each engine's own decode that follow for τ = 1…10.
 flashmap runs `flashmap bench --shape qwen3-0.6b --target DIR --no-sweep` (q8: plus
 `--weights q8`, reported as not available while flashmap has no such option); llama.cpp runs
 through its C API (llama_api_timer.cpp), since llama-bench's pp asks for the last logit only.
@@ -44,9 +51,9 @@ LLAMA_CPP_PYTHON = "0.3.36"
 REPO = Path(__file__).resolve().parent.parent
 TIMER_SRC = REPO / "bench" / "llama_api_timer.cpp"
 TOKENIZER_DIR = REPO / "tests" / "data" / "qwen3-tokenizer"
-SHAPE = "qwen3-0.6b"
 VERIFY_ROWS = 17  # a block of 16 drafts plus the bonus token
 MODEL_SEED = 1
+DRAFTS = VERIFY_ROWS - 1  # the drafts of a round
 
 # Qwen/Qwen3-0.6B's config.json (the values that matter to a forward pass are all real).
 QWEN3_06B_CONFIG = {
@@ -77,6 +84,14 @@ QWEN3_06B_CONFIG = {
     "use_sliding_window": False,
     "vocab_size": 151936,
 }
+
+# Qwen/Qwen3-8B's config.json: the 0.6B one with its sizes (untied embeddings).
+QWEN3_8B_CONFIG = dict(QWEN3_06B_CONFIG, hidden_size=4096, intermediate_size=12288,
+                       max_window_layers=36, num_attention_heads=32, num_hidden_layers=36,
+                       tie_word_embeddings=False)
+SHAPES = {"qwen3-0.6b": QWEN3_06B_CONFIG, "qwen3-8b": QWEN3_8B_CONFIG}
+# The draft model llama.cpp's speculative decoding pairs with a target of each shape.
+DRAFT_MODEL = {"qwen3-8b": "qwen3-0.6b"}
 
 
 def log(msg):
@@ -219,17 +234,20 @@ def ensure_venv(cache, llama):
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. the random Qwen3-0.6B folder (runs in the venv: numpy)
+# 3. the random Qwen3 folders (runs in the venv: numpy)
 
 
-def make_model(out_dir, seed):
-    """Random bf16 weights of Qwen3-0.6B's shape: normal, std 1/sqrt(fan_in); norms 1."""
+def make_model(out_dir, seed, shape):
+    """Random bf16 weights of a Qwen3 shape: normal, std 1/sqrt(fan_in); norms 1. Written one
+    block of rows at a time, so that 16 GB of Qwen3-8B weights need little memory."""
     import numpy as np
 
-    c = QWEN3_06B_CONFIG
+    c = SHAPES[shape]
     H, I, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
     hd, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
     tensors = [("model.embed_tokens.weight", (V, H)), ("model.norm.weight", (H,))]
+    if not c["tie_word_embeddings"]:
+        tensors.append(("lm_head.weight", (V, H)))
     for i in range(L):
         p = f"model.layers.{i}."
         tensors += [(p + "input_layernorm.weight", (H,)),
@@ -268,22 +286,23 @@ def make_model(out_dir, seed):
                 continue
             rows, cols = shape
             scale = np.float32(1.0 / np.sqrt(cols))
-            for r0 in range(0, rows, 16384):  # bounded memory for the embedding
-                r1 = min(rows, r0 + 16384)
+            step = max(1, (1 << 24) // cols)  # 64 MB of fp32 at a time
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
                 x = rng.standard_normal((r1 - r0, cols), dtype=np.float32) * scale
                 f.write(bf16(x).tobytes())
     tmp.rename(out_dir / "model.safetensors")
-    (out_dir / "config.json").write_text(json.dumps(QWEN3_06B_CONFIG, indent=2) + "\n")
+    (out_dir / "config.json").write_text(json.dumps(c, indent=2) + "\n")
     (out_dir / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": False}) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(TOKENIZER_DIR / name, out_dir / name)
 
 
-def ensure_model(cache, py):
-    d = cache / f"{SHAPE}-random"
+def ensure_model(cache, py, shape):
+    d = cache / f"{shape}-random"
     stamp = d / ".flashmap-bench-ok"
-    want = json.dumps({"seed": MODEL_SEED, "config": QWEN3_06B_CONFIG,
+    want = json.dumps({"seed": MODEL_SEED, "config": SHAPES[shape],
                        "tokenizer": sha256_of(TOKENIZER_DIR / "tokenizer.json",
                                               TOKENIZER_DIR / "tokenizer_config.json")})
     if stamp.exists() and stamp.read_text() == want:
@@ -294,8 +313,8 @@ def ensure_model(cache, py):
                              f"{TOKENIZER_DIR / name}")
     if d.exists():
         shutil.rmtree(d)
-    log(f"writing random {SHAPE} weights to {d}")
-    run([py, __file__, "--_make-model", d, "--_seed", str(MODEL_SEED)])
+    log(f"writing random {shape} weights to {d}")
+    run([py, __file__, "--_make-model", d, "--_seed", str(MODEL_SEED), "--shape", shape])
     stamp.write_text(want)
     return d
 
@@ -304,11 +323,11 @@ def ensure_model(cache, py):
 # 4. GGUF: converted by llama.cpp's converter, quantized by llama-quantize
 
 
-def ensure_gguf(cache, py, llama, tools, model_dir):
+def ensure_gguf(cache, py, llama, tools, model_dir, shape):
     stamp_text = (model_dir / ".flashmap-bench-ok").read_text()
     key = sha256_of(stamp_text.encode(), LLAMA_CPP_PYTHON.encode())
-    bf16 = cache / f"{SHAPE}-random-bf16-{key}.gguf"
-    q8 = cache / f"{SHAPE}-random-q8_0-{key}.gguf"
+    bf16 = cache / f"{shape}-random-bf16-{key}.gguf"
+    q8 = cache / f"{shape}-random-q8_0-{key}.gguf"
     if not bf16.exists():
         tmp = bf16.with_suffix(".partial")
         # NO_LOCAL_GGUF unset: the converter puts the vendored gguf-py first on its path.
@@ -331,11 +350,15 @@ class Unavailable(Exception):
 
 
 def flashmap_once(args, model_dir, weights):
+    """flashmap's decode and verify on the folder; at a shape with a released FlashMap drafter
+    (qwen3-8b) also its round, with a random drafter of that shape made in memory."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        cmd = [args.flashmap, "bench", "--shape", SHAPE, "--target", model_dir,
+        cmd = [args.flashmap, "bench", "--shape", args.shape, "--target", model_dir,
                "--context", args.context, "--block", VERIFY_ROWS - 1, "--threads", args.threads,
                "--reps", args.inner_reps, "--no-sweep", "--json", out]
+        if args.shape in DRAFT_MODEL:
+            cmd += ["--draft-shape", f"flashmap-{args.shape}", "--prefill", 1]
         if weights == "q8":
             cmd += ["--weights", "q8"]
         rc, so, se = capture(cmd)
@@ -347,20 +370,26 @@ def flashmap_once(args, model_dir, weights):
             raise SystemExit(f"vs_llama_cpp: flashmap failed (exit {rc}): "
                              + " ".join(map(str, cmd)) + "\n" + msg)
         j = json.loads(out.read_text())
-    return {"decode_ms": j["decode_ms"], "verify_ms": j[f"verify{VERIFY_ROWS}_ms"],
-            "lm_head_dtype": j.get("lm_head_dtype"),
-            "weight_bytes_per_step": j.get("weight_bytes_per_step")}
+    r = {"decode_ms": j["decode_ms"], "verify_ms": j[f"verify{VERIFY_ROWS}_ms"],
+         "lm_head_dtype": j.get("lm_head_dtype"),
+         "weight_bytes_per_step": j.get("weight_bytes_per_step")}
+    if "round_ms" in j:
+        d = j["drafter"]
+        r.update(round_ms=j["round_ms"], draft_ms=d["draft"]["1"]["ms"],
+                 commit_ms=d["commit_ms"] - d["fork_copy_ms"])
+    return r
 
 
-def llama_once(args, tools, gguf):
+def llama_once(args, tools, gguf, verify=True):
+    rows = f"1,{VERIFY_ROWS}" if verify else "1"
     cmd = [tools["timer"], "--model", gguf, "--threads", args.threads, "--context", args.context,
-           "--reps", args.inner_reps, "--rows", f"1,{VERIFY_ROWS}"]
+           "--reps", args.inner_reps, "--rows", rows]
     rc, so, se = capture(cmd)
     if rc != 0:
         raise SystemExit(f"vs_llama_cpp: llama-api-timer failed (exit {rc}): "
                          + " ".join(map(str, cmd)) + "\n" + (se or so).strip())
     j = json.loads(so.strip().splitlines()[-1])
-    return {"decode_ms": j["rows1_ms"], "verify_ms": j[f"rows{VERIFY_ROWS}_ms"],
+    return {"decode_ms": j["rows1_ms"], "verify_ms": j.get(f"rows{VERIFY_ROWS}_ms"),
             "llama_version": j.get("llama_version")}
 
 
@@ -441,9 +470,67 @@ def fmt_ms(x):
     return "n/a" if x is None else f"{x:.2f}"
 
 
+TAUS = (1, 2, 3, 4, 5, 6, 6.5, 7, 8, 9, 10)
+
+
+def round_tables(args, runs, values, draft_shape):
+    """Prints a speculative round in each engine, phase by phase, and the tokens/s it gives at
+    each τ (tokens a round commits; the same τ for both, since it is the drafter's and the
+    text's, not the engine's) against each engine's own target-alone decode; returns them."""
+    out = {}
+    for w, wl in (("bf16", "bf16"), ("q8", "q8 (Q8_0)")):
+        def medians(engine, keys):
+            got = {}
+            for k in keys:
+                xs = [v for v in values(engine, w, lambda x, k=k: x.get(k)) if v is not None]
+                if xs:
+                    got[k] = med(xs)
+            return got
+
+        fm = medians("flashmap", ("round_ms", "draft_ms", "verify_ms", "commit_ms", "decode_ms"))
+        ll = medians("llama.cpp round",
+                     ("round_ms", "drafts_ms", "draft_decode_ms", "verify_ms", "decode_ms"))
+        if "round_ms" not in ll:
+            continue
+        print(f"\n## A speculative round of {DRAFTS} drafts, {wl}\n")
+        print(f"| phase | flashmap (FlashMap drafter) ms | llama.cpp ({draft_shape} draft "
+              "model) ms |")
+        print("|---|---|---|")
+        print(f"| draft {DRAFTS} tokens | {fmt_ms(fm.get('draft_ms'))} (one block pass) | "
+              f"{fmt_ms(ll['drafts_ms'])} ({DRAFTS} x {fmt_ms(ll['draft_decode_ms'])} decode "
+              "steps) |")
+        print(f"| verify-{VERIFY_ROWS} | {fmt_ms(fm.get('verify_ms'))} | "
+              f"{fmt_ms(ll['verify_ms'])} |")
+        print(f"| drafter commit | {fmt_ms(fm.get('commit_ms'))} | (in the draft steps) |")
+        print(f"| round | {fmt_ms(fm.get('round_ms'))} | {fmt_ms(ll['round_ms'])} |")
+        print(f"| target alone, 1 token | {fmt_ms(fm.get('decode_ms'))} | "
+              f"{fmt_ms(ll['decode_ms'])} |")
+        table = []
+        if "round_ms" in fm:
+            print("\n| τ | flashmap tokens/s (speed-up) | llama.cpp tokens/s (speed-up) | "
+                  "flashmap / llama.cpp |")
+            print("|---|---|---|---|")
+            for tau in TAUS:
+                a, b = 1000 * tau / fm["round_ms"], 1000 * tau / ll["round_ms"]
+                sa, sb = a * fm["decode_ms"] / 1000, b * ll["decode_ms"] / 1000
+                table.append({"tau": tau, "flashmap_tokens_per_s": a, "flashmap_speedup": sa,
+                              "llama_cpp_tokens_per_s": b, "llama_cpp_speedup": sb})
+                print(f"| {tau:g} | {a:.2f} ({sa:.2f}x) | {b:.2f} ({sb:.2f}x) | {a / b:.2f} |")
+        out[w] = {"flashmap": fm, "llama_cpp": ll, "by_tau": table}
+    print("\nmedians over the rounds left alone; llama.cpp's round is its draft model's "
+          f"{DRAFTS} decode steps plus the target's verify-{VERIFY_ROWS} (sampling and "
+          "bookkeeping not counted)")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b",
+                    help="the target's shape (qwen3-0.6b); qwen3-8b adds the speculative rounds")
+    ap.add_argument("--setup-only", action="store_true",
+                    help="build, convert and cache everything, then stop (time later, on a "
+                         "quiet machine)")
     ap.add_argument("--threads", type=int, default=2, help="threads for both engines (2)")
     ap.add_argument("--context", type=int, default=512,
                     help="filled context before the timed steps (512)")
@@ -475,15 +562,15 @@ def main():
     args = ap.parse_args()
 
     if args._make_model:
-        make_model(args._make_model, args._seed)
+        make_model(args._make_model, args._seed, args.shape)
         return
     for name in ("threads", "context", "reps", "inner_reps", "jobs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.retries < 0 or args.quiet_wait < 0 or not 0 <= args.max_interference <= 1:
         ap.error("--retries and --quiet-wait must be >= 0, --max-interference in [0, 1]")
-    if args.context + VERIFY_ROWS + 64 > QWEN3_06B_CONFIG["max_position_embeddings"]:
-        ap.error(f"--context {args.context} exceeds what {SHAPE} holds")
+    if args.context + VERIFY_ROWS + 64 > SHAPES[args.shape]["max_position_embeddings"]:
+        ap.error(f"--context {args.context} exceeds what {args.shape} holds")
     args.flashmap = args.flashmap.resolve()
     if not (args.flashmap.is_file() and os.access(args.flashmap, os.X_OK)):
         ap.error(f"--flashmap {args.flashmap}: no such executable (build it: cmake --build build "
@@ -498,20 +585,29 @@ def main():
     llama = ensure_sources(cache)
     tools = ensure_build(cache, llama, args.jobs)
     py = ensure_venv(cache, llama)
-    model_dir = ensure_model(cache, py)
-    gguf = ensure_gguf(cache, py, llama, tools, model_dir)
-    log(f"setup done in {time.time() - t_setup:.0f} s; timing {args.reps} interleaved rounds")
+    model_dir = ensure_model(cache, py, args.shape)
+    gguf = ensure_gguf(cache, py, llama, tools, model_dir, args.shape)
+    draft_shape = DRAFT_MODEL.get(args.shape)
+    draft_gguf = None
+    if draft_shape:
+        draft_dir = ensure_model(cache, py, draft_shape)
+        draft_gguf = ensure_gguf(cache, py, llama, tools, draft_dir, draft_shape)
+    log(f"setup done in {time.time() - t_setup:.0f} s")
+    if args.setup_only:
+        return
+    log(f"timing {args.reps} interleaved rounds")
 
     commit = capture(["git", "-C", REPO, "rev-parse", "HEAD"])[1].strip()
     load_before = os.getloadavg()
     # runs[engine][weights][round]: {"decode_ms", "verify_ms", "interference"}, or None (not run)
-    runs = {e: {w: [] for w in ("bf16", "q8")} for e in ("flashmap", "llama.cpp")}
+    engines = ("flashmap", "llama.cpp") + (("llama.cpp round",) if draft_shape else ())
+    runs = {e: {w: [] for w in ("bf16", "q8")} for e in engines}
     fm_dtype = {}
     llama_version = None
     q8_note = None
     # Whether flashmap takes --weights q8, from a command that fails at once either way: on the
     # unknown option, or (the option known) on the missing folder, before any weights load.
-    rc, so, se = capture([args.flashmap, "bench", "--shape", SHAPE, "--no-sweep", "--weights",
+    rc, so, se = capture([args.flashmap, "bench", "--shape", args.shape, "--no-sweep", "--weights",
                           "q8", "--target", cache / "no-such-folder"])
     if rc != 0 and "--weights" in so + se:
         q8_note = f"flashmap has no --weights q8 yet ({(se or so).strip().splitlines()[-1]})"
@@ -530,6 +626,16 @@ def main():
             l = timed(args, f"llama.cpp {w}", lambda: llama_once(args, tools, gguf[w]))
             llama_version = l["llama_version"]
             runs["llama.cpp"][w].append(l)
+            if draft_shape:
+                # llama.cpp's speculative round with a draft model: the draft model decodes
+                # its 16 drafts one by one, then the target verifies them (and the bonus row).
+                d = timed(args, f"llama.cpp {draft_shape} draft {w}",
+                          lambda: llama_once(args, tools, draft_gguf[w], verify=False))
+                runs["llama.cpp round"][w].append({
+                    "draft_decode_ms": d["decode_ms"], "drafts_ms": DRAFTS * d["decode_ms"],
+                    "verify_ms": l["verify_ms"], "decode_ms": l["decode_ms"],
+                    "round_ms": DRAFTS * d["decode_ms"] + l["verify_ms"],
+                    "interference": max(d["interference"], l["interference"])})
             log(f"round {r + 1}/{args.reps} {w}: flashmap "
                 f"{fmt_ms(f and f['decode_ms'])} / {fmt_ms(f and f['verify_ms'])} ms, llama.cpp "
                 f"{l['decode_ms']:.2f} / {l['verify_ms']:.2f} ms (decode / verify-{VERIFY_ROWS})"
@@ -589,7 +695,7 @@ def main():
     def used(e, w):
         return f"{sum(clean(x) for x in runs[e][w])}/{sum(x is not None for x in runs[e][w])}"
 
-    print(f"# flashmap vs llama.cpp, {SHAPE} shape, random weights\n")
+    print(f"# flashmap vs llama.cpp, {args.shape} shape, random weights\n")
     print(f"CPU: {cpu}; threads: {args.threads}; context: {args.context}; "
           f"{args.reps} interleaved rounds x {args.inner_reps} calls")
     print(f"llama.cpp: llama-cpp-python {LLAMA_CPP_PYTHON} sdist (llama_version "
@@ -611,6 +717,7 @@ def main():
               "from disturbed runs and compare nothing (run again on a quieter machine)")
     if q8_note:
         print(f"flashmap q8: not available ({q8_note})")
+    rounds = round_tables(args, runs, values, draft_shape) if draft_shape else None
     if tg:
         print("llama-bench cross-check (one run after the rounds), tg16 at depth {}: {}".format(
             args.context, ", ".join(f"{w} {fmt_ms(v)} ms/token" for w, v in tg.items())))
@@ -627,6 +734,8 @@ def main():
             "table": rows, "runs": runs,
             "flashmap_q8": "not available: " + q8_note if q8_note else "ok",
             "flashmap_lm_head_dtype": fm_dtype, "llama_bench_tg_ms": tg,
+            "shape": args.shape, "draft_model_shape": draft_shape, "rounds": rounds,
+            "draft_gguf": {k: str(v) for k, v in draft_gguf.items()} if draft_gguf else None,
         }, indent=2) + "\n")
 
 

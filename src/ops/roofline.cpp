@@ -102,7 +102,7 @@ double fma_loop_scalar(int64_t iters, float* sink) {
 double read_bandwidth_gbps(ThreadPool& pool) {
   const size_t n = size_t(1) << 28;  // 1 GiB of floats
   std::vector<float> buf(n, 1.0f);
-  const bool avx2 = ops::active_isa() != ops::Isa::Generic;
+  [[maybe_unused]] const bool avx2 = ops::active_isa() != ops::Isa::Generic;
   // One partial sum per 64 Ki-float chunk, written by the thread that read it (keeps the reads
   // from being optimized away without sharing a cache line between threads).
   std::vector<float> sums((n >> 16) + 1, 0.0f);
@@ -118,7 +118,6 @@ double read_bandwidth_gbps(ThreadPool& pool) {
     });
   };
   const double ms = median_ms(run);
-  (void)avx2;
   return double(n) * 4 / (ms * 1e-3) / 1e9;
 }
 
