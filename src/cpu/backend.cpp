@@ -47,12 +47,19 @@ void CpuBackend::describe() {
 
 std::unique_ptr<CpuBackend> CpuBackend::load(const std::string& target_dir,
                                              const std::string& draft_dir, int steps,
-                                             int64_t sampled_vocab, ops::WeightFormat weights) {
-  const DrafterKind kind = drafter_kind(draft_dir, steps);
+                                             int64_t sampled_vocab, ops::WeightFormat weights,
+                                             const NgramOptions& ngram) {
+  const bool ngram_drafter = draft_dir == kNgramDrafter;
+  FLASHMAP_CHECK(!ngram_drafter || steps == 0,
+                 "--steps applies to FlashMap drafters, not to --draft ngram; drop --steps");
+  const DrafterKind kind = ngram_drafter ? DrafterKind::None : drafter_kind(draft_dir, steps);
+  if (ngram_drafter) ngram.validate();  // before the target loads
   auto o = std::make_unique<Owned>();
   o->target = std::make_unique<Qwen3Model>(target_dir, nullptr, weights);
   if (sampled_vocab > 0) o->target->set_sampled_vocab(sampled_vocab);
-  if (kind == DrafterKind::DFlash) {
+  if (ngram_drafter) {
+    o->proposer = std::make_unique<NgramProposer>(ngram);
+  } else if (kind == DrafterKind::DFlash) {
     o->dflash = std::make_unique<DFlashModel>(draft_dir, *o->target, nullptr, weights);
     o->proposer = std::make_unique<DFlashProposer>(*o->dflash, *o->target);
   } else if (kind == DrafterKind::FlashMap) {
@@ -184,7 +191,9 @@ void CpuBackend::forward(std::span<const SeqStep> steps) {
       s.fed_parents.push_back(-1);
       for (int32_t p : s.proposal.parents) s.fed_parents.push_back(p + 1);
     } else {
-      s.fed.insert(s.fed.end(), s.proposal.tokens.begin(), s.proposal.tokens.begin() + st.room);
+      // A proposer may draft fewer than the room (the n-gram drafter where nothing matches).
+      const size_t n = std::min(size_t(st.room), s.proposal.tokens.size());
+      s.fed.insert(s.fed.end(), s.proposal.tokens.begin(), s.proposal.tokens.begin() + n);
     }
     s.logits_row = s.feature_row = rows;
     rows += int64_t(s.fed.size());
@@ -264,14 +273,26 @@ void CpuBackend::accept(std::span<const SeqStep> steps, std::span<Accepted> out)
       accept_tree(st, out[i]);
       continue;
     }
-    const auto raw = control(st, s, st.room + 1);
     const auto draft = std::span<const int32_t>(s.fed).subspan(1);
+    const auto raw = control(st, s, int(draft.size()) + 1);
+    const float* rows = out_.logits.data() + s.logits_row * V;
     int32_t bonus = 0;
-    const int accepted = verify_block(*st.sampler, draft, out_.logits.data() + s.logits_row * V,
-                                      s.proposal.probs.empty() ? nullptr : s.proposal.probs.data(),
-                                      V, st.position + 1, bonus);
+    int accepted;
+    if (s.proposal.one_hot && !st.sampler->params.greedy() && !st.sampler->keyed()) {
+      // Rejection sampling with a one-hot q is sample-and-match along the block: the target
+      // draws its token at each slot and keeps the draft when they agree (verify_tree on a
+      // chain), with no [K, V] q to build. Greedy and keyed verification never read q.
+      std::vector<int32_t> chain(draft.size());
+      for (size_t k = 0; k < chain.size(); ++k) chain[k] = int32_t(k) - 1;
+      std::vector<int> path;
+      accepted = verify_tree(*st.sampler, draft, chain, rows, V, st.position + 1, path, bonus);
+    } else {
+      accepted = verify_block(*st.sampler, draft, rows,
+                              s.proposal.probs.empty() ? nullptr : s.proposal.probs.data(), V,
+                              st.position + 1, bonus);
+    }
     out[i].accepted = accepted;
-    out[i].drafted = st.room;
+    out[i].drafted = int64_t(draft.size());
     out[i].tokens.assign(draft.begin(), draft.begin() + accepted);
     out[i].tokens.push_back(bonus);
     s.anchor = bonus;

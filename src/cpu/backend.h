@@ -15,17 +15,22 @@
 
 namespace flashmap::cpu {
 
+// The drafter name (EngineOptions::draft) that selects the n-gram drafter instead of a folder.
+inline constexpr const char* kNgramDrafter = "ngram";
+
 class CpuBackend : public engine::Backend {
  public:
   // Borrows the models (they must outlive the backend); proposer may be null (target alone).
   CpuBackend(const Qwen3Model& target, const BlockProposer* proposer);
   // Loads a target folder and, when draft_dir is not empty, its drafter (FlashMap with `steps`
-  // jumps, 0: its num_steps; or DFlash); ids at and past sampled_vocab (> 0) are never sampled;
-  // both models' linear weights held as `weights`.
+  // jumps, 0: its num_steps; or DFlash; or, for draft_dir "ngram", the n-gram drafter with
+  // `ngram`'s options); ids at and past sampled_vocab (> 0) are never sampled; both models'
+  // linear weights held as `weights`.
   static std::unique_ptr<CpuBackend> load(const std::string& target_dir,
                                           const std::string& draft_dir, int steps,
                                           int64_t sampled_vocab,
-                                          ops::WeightFormat weights = ops::WeightFormat::Native);
+                                          ops::WeightFormat weights = ops::WeightFormat::Native,
+                                          const NgramOptions& ngram = {});
   ~CpuBackend() override;
 
   engine::Slot open(const engine::Open& o) override;

@@ -16,6 +16,7 @@ namespace {
 void pick_block(const BlockProposer::Seq& s, float* lg, int64_t K, int64_t V) {
   Proposal& out = *s.out;
   out.tokens.resize(size_t(K));
+  out.one_hot = false;
   const SeqSampler& sp = *s.sampler;
   std::vector<float> q;
   std::function<int32_t(int, const float*)> pick;
@@ -183,6 +184,58 @@ size_t DFlashProposer::bytes(const DraftState& state) const {
   return model_.context_bytes(std::get<DFlashContext>(state));
 }
 
+NgramProposer::NgramProposer(NgramOptions options) : options_(options) {
+  options_.validate();
+}
+
+DraftState NgramProposer::begin() const {
+  return NgramContext{NgramIndex(options_.min_n, options_.max_n)};
+}
+
+void NgramProposer::commit(DraftState& state, const float*, int64_t n,
+                           std::span<const int32_t> tokens) const {
+  std::get<NgramContext>(state).index.append(tokens.first(size_t(n)));
+}
+
+std::optional<DraftState> NgramProposer::fork(const DraftState& from, int64_t length) const {
+  return NgramContext{std::get<NgramContext>(from).index.prefix(length)};
+}
+
+int64_t NgramProposer::context_length(const DraftState& state) const {
+  return std::get<NgramContext>(state).index.size();
+}
+
+size_t NgramProposer::bytes(const DraftState& state) const {
+  return std::get<NgramContext>(state).index.bytes();
+}
+
+void NgramProposer::propose(std::span<const Seq> batch) const {
+  const int K = options_.block;
+  for (const Seq& s : batch) {
+    const NgramIndex& index = std::get<NgramContext>(*s.state).index;
+    const int depth = s.room > 0 && s.room < K ? s.room : K;
+    Proposal& out = *s.out;
+    out.probs.clear();
+    out.parents.clear();
+    out.one_hot = true;
+    // paths:N takes N continuations; topk:B as many as B nodes hold (there is no distribution
+    // to expand, so the budget bounds the matches instead).
+    const int paths = !s.tree.active() ? 1 : s.tree.paths > 0 ? s.tree.paths : kMaxTreePaths;
+    const int max_nodes =
+        s.tree.budget > 0 ? s.tree.budget : std::min(kMaxTreeNodes, paths * depth);
+    auto found = index.continuations(s.anchor, depth, paths);
+    if (found.size() <= 1) {
+      out.tokens = found.empty() ? std::vector<int32_t>{} : std::move(found[0]);
+      continue;
+    }
+    DraftTrie trie;
+    for (const auto& c : found)
+      if (!trie.insert_path(c, depth, max_nodes)) break;
+    out.tokens = std::move(trie.tokens);
+    out.parents = std::move(trie.parents);
+  }
+}
+
 ScriptedProposer::ScriptedProposer(int block_size, int64_t vocab, std::vector<int32_t> script,
                                    int corrupt_from)
     : block_size_(block_size),
@@ -217,6 +270,7 @@ void ScriptedProposer::propose(std::span<const Seq> batch) const {
     }
     out.probs.clear();
     out.parents.clear();
+    out.one_hot = false;  // its q is the dense one-hot rows below
     if (s.tree.active()) {
       // A tree for tests: decoy branches around the scripted block, inserted first so that the
       // walk must pick the right child: path 0 leaves the script at once, path j >= 2 at slot

@@ -1,7 +1,8 @@
 // The CPU backend's block proposers (what its engine::Proposer runs): a block of K proposed
 // tokens after the anchor, with the per-slot distributions q they were drawn from (for rejection
 // sampling), from the target's features of every committed token. The FlashMap and DFlash
-// drafters, and a scripted one that tests and benchmarks use to choose the acceptance path.
+// drafters, the n-gram (prompt-lookup) drafter that reads the committed tokens alone, and a
+// scripted one that tests and benchmarks use to choose the acceptance path.
 // Their per-sequence contexts are one closed set of types (DraftState), held by the backend.
 #pragma once
 
@@ -15,6 +16,7 @@
 #include "models/dflash.h"
 #include "models/flashmap.h"
 #include "specdec/controls.h"
+#include "specdec/ngram.h"
 #include "specdec/sampling.h"
 #include "specdec/tree.h"
 
@@ -25,12 +27,21 @@ struct ScriptContext {
   int64_t committed = -1;  // the prompt's commit comes first
 };
 
+// The n-gram drafter's context: the committed tokens, indexed.
+struct NgramContext {
+  NgramIndex index;
+};
+
 // One sequence's drafting context, of the proposer's kind.
-using DraftState = std::variant<DraftContext, DFlashContext, ScriptContext>;
+using DraftState = std::variant<DraftContext, DFlashContext, ScriptContext, NgramContext>;
 
 struct Proposal {
-  std::vector<int32_t> tokens;  // [K], or a draft tree's nodes
+  std::vector<int32_t> tokens;  // [K] (or fewer: the rest of the room is not drafted), or a tree
   std::vector<float> probs;     // [K, V] filtered q for rejection sampling; empty otherwise
+  // The drafts are a function of the context (no draw): q is one-hot on each token, so that
+  // rejection sampling is sample-and-match (accept with p(x), else a draw from p without x) and
+  // needs no probs.
+  bool one_hot = false;
   // A draft tree (specdec/tree.h): node i follows node parents[i] (−1: the anchor); empty for a
   // block. Verified by sample-and-match, so no q.
   std::vector<int32_t> parents;
@@ -114,6 +125,29 @@ class DFlashProposer : public BlockProposer {
  private:
   const DFlashModel& model_;
   const Qwen3Model& target_;
+};
+
+// The n-gram drafter (specdec/ngram.h): the continuation of the longest match of the last n
+// tokens (prompt and generated) as a block of at most `block` tokens, none where nothing
+// matches; with a tree shape, the distinct continuations of the matches as a trie (paths:N: at
+// most N of them; topk:B: at most B nodes).
+class NgramProposer : public BlockProposer {
+ public:
+  explicit NgramProposer(NgramOptions options);
+  int block_size() const override { return options_.block; }
+  std::span<const int> target_layer_ids() const override { return {}; }
+  DraftState begin() const override;
+  void commit(DraftState& state, const float* features, int64_t n,
+              std::span<const int32_t> tokens) const override;
+  void propose(std::span<const Seq> batch) const override;
+  bool has_noise() const override { return false; }
+  std::optional<DraftState> fork(const DraftState& from, int64_t length) const override;
+  int64_t context_length(const DraftState& state) const override;
+  size_t bytes(const DraftState& state) const override;
+  const NgramOptions& options() const { return options_; }
+
+ private:
+  NgramOptions options_;
 };
 
 // Proposes scripted tokens: script[i] for the i-th generated position (the target's own greedy
