@@ -36,8 +36,10 @@ class Backend;  // src/engine/backend.h
 using Clock = std::chrono::steady_clock;
 
 struct EngineOptions {
-  std::string target = {};     // Hugging Face folder of a Qwen3 target
-  std::string draft = {};      // drafter folder (FlashMap or DFlash); empty: the target alone
+  std::string target = {};  // Hugging Face folder of a Qwen3 target
+  // Drafter folder (FlashMap or DFlash), or "ngram": the n-gram (prompt-lookup) drafter, which
+  // needs no model; empty: the target alone.
+  std::string draft = {};
   std::string device = "cpu";  // cpu, cuda or cuda:N
   int steps = 0;               // drafter jumps (a key of its jump_grids; 0: its num_steps)
   // Draft trees: "off", "paths:N" (N noise draws), "topk:B" (best-first top-k expansion to B
@@ -45,6 +47,10 @@ struct EngineOptions {
   // speculative round's tree (or none) chosen by measured tokens/s (src/engine/tree_policy.h).
   // CPU backend; sequences with logit controls or logprobs draft single blocks.
   std::string draft_tree = "off";
+  // draft = "ngram": the last n tokens, n from ngram_max down to ngram_min (1 <= min <= max <=
+  // 32), are looked up in the prompt and the generated text, and what followed the longest match
+  // is a block of up to ngram_block (1..64) drafts. CPU backend.
+  int ngram_min = 1, ngram_max = 4, ngram_block = 8;
   // How the CPU backend holds linear weights: "native" (their file dtype, packed for the GEMM
   // kernel) or "q8" (int8 with Q8_0's per-32 fp16 scales, quantized at load). CUDA: native only.
   std::string weights = "native";
@@ -81,6 +87,9 @@ struct ModelInfo {
 // Checks a device string ("cpu", "cuda", "cuda:N") and that this build and machine can run it;
 // throws flashmap::Error saying why not. Called before any model loads.
 void check_device(const std::string& device);
+// The same for the engine `options` would make, with what the drafter asks of the device and
+// its options (--draft ngram: the CPU backend; the ngram_* ranges).
+void check_device(const EngineOptions& options);
 
 // The CPU backend computes on one process-wide thread pool, made on first use with
 // EngineOptions::threads, FLASHMAP_THREADS or one thread per core, and never resized. Makes the

@@ -43,7 +43,7 @@ class FlashMapGenerateOutput:
 def _draft_num_steps(engine):
     if engine.steps is not None:
         return engine.steps
-    if engine.draft_dir is None:
+    if engine.draft_dir is None or engine.draft_dir == "ngram":  # no jumps to count
         return None
     with open(os.path.join(engine.draft_dir, "config.json")) as f:
         return json.load(f).get("num_steps")

@@ -321,7 +321,9 @@ class TokenStream {
 class PyEngine {
  public:
   PyEngine(const std::string& target, std::optional<std::string> draft, const std::string& device,
-           std::optional<int> threads, std::optional<int> steps, const std::string& draft_tree) {
+           std::optional<int> threads, std::optional<int> steps, const std::string& draft_tree,
+           std::optional<int> ngram_min, std::optional<int> ngram_max,
+           std::optional<int> ngram_block) {
     std::error_code ec;
     if (std::filesystem::exists(std::filesystem::path(target) / "tokenizer.json", ec))
       tokenizer_ = std::make_shared<PyTokenizer>(target);
@@ -331,6 +333,10 @@ class PyEngine {
     o.device = device;
     o.steps = steps.value_or(0);
     o.draft_tree = draft_tree;  // checked by the engine (one-line errors)
+    // draft_dir "ngram": the n-gram drafter; None: its defaults (ranges checked by the engine).
+    o.ngram_min = ngram_min.value_or(o.ngram_min);
+    o.ngram_max = ngram_max.value_or(o.ngram_max);
+    o.ngram_block = ngram_block.value_or(o.ngram_block);
     if (steps && *steps < 1)
       throw flashmap::Error(fmt::format("steps must be >= 1, got {}", *steps));
     if (steps && o.draft.empty()) throw flashmap::Error("steps needs a drafter (draft_dir)");
@@ -342,7 +348,7 @@ class PyEngine {
     o.threads = threads.value_or(0);
     nb::gil_scoped_release unlocked;
     std::lock_guard compute(compute_mutex());
-    flashmap::check_device(device);
+    flashmap::check_device(o);
     engine_ = std::make_shared<flashmap::Engine>(std::move(o));
     eos_ = engine_->eos_token_ids();
   }
@@ -478,12 +484,15 @@ NB_MODULE(_core, m) {
       });
 
   nb::class_<PyEngine>(m, "Engine",
-                       "A Qwen3 target folder, an optional FlashMap or DFlash drafter folder and "
+                       "A Qwen3 target folder, an optional FlashMap or DFlash drafter folder (or "
+                       "\"ngram\": prompt lookup, with ngram_min, ngram_max, ngram_block) and "
                        "a device (cpu, cuda, cuda:N).")
       .def(nb::init<const std::string&, std::optional<std::string>, const std::string&,
-                    std::optional<int>, std::optional<int>, const std::string&>(),
+                    std::optional<int>, std::optional<int>, const std::string&, std::optional<int>,
+                    std::optional<int>, std::optional<int>>(),
            "target_dir"_a, "draft_dir"_a = nb::none(), "device"_a = "cpu", "threads"_a = nb::none(),
-           "steps"_a = nb::none(), "draft_tree"_a = "off")
+           "steps"_a = nb::none(), "draft_tree"_a = "off", "ngram_min"_a = nb::none(),
+           "ngram_max"_a = nb::none(), "ngram_block"_a = nb::none())
       .def(
           "generate",
           [](PyEngine& e, nb::handle input_ids, int max_new_tokens, double temperature, int top_k,

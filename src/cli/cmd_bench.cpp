@@ -148,7 +148,9 @@ void run_bench(BenchArgs& a) {
     drafts.insert(drafts.end(), a.vs_drafts.begin(), a.vs_drafts.end());
     std::vector<std::optional<FlashMapConfig>> flashmap_configs;
     for (const auto& d : drafts) {
-      if (DFlashConfig::is_dflash(d)) {
+      if (d == "ngram") {  // no folder: the n-gram drafter's row is like DFlash's, one per tree
+        flashmap_configs.emplace_back();
+      } else if (DFlashConfig::is_dflash(d)) {
         (void)DFlashConfig::from_file(d + "/config.json");
         flashmap_configs.emplace_back();
       } else {
@@ -160,7 +162,14 @@ void run_bench(BenchArgs& a) {
         a.model.steps == 0 || std::any_of(flashmap_configs.begin(), flashmap_configs.end(),
                                           [](const auto& c) { return c.has_value(); }),
         "--steps: a DFlash drafter drafts in one pass (no steps); drop --steps");
-    EngineOptions alone_opt = eo;
+    // The --ngram-* options reach the n-gram drafter's engine only (the others refuse them).
+    const auto other_than_ngram = [](EngineOptions o) {
+      o.ngram_min = EngineOptions{}.ngram_min;
+      o.ngram_max = EngineOptions{}.ngram_max;
+      o.ngram_block = EngineOptions{}.ngram_block;
+      return o;
+    };
+    EngineOptions alone_opt = other_than_ngram(eo);
     alone_opt.draft.clear();
     alone_opt.steps = 0;
     alone_opt.draft_tree = "off";
@@ -202,15 +211,16 @@ void run_bench(BenchArgs& a) {
           tag += ", tree " + tree;
           key += "tree_" + tree + "_";
         }
-        EngineOptions so = eo;
+        const bool ngram = drafts[d] == "ngram";
+        EngineOptions so = ngram ? eo : other_than_ngram(eo);
         so.draft = drafts[d];
         so.draft_tree = tree;
         if (!flashmap_configs[d]) {
           so.steps = 0;
           Engine engine(so);
           const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
-          out[key + "dflash"] = r;
-          row("DFlash" + tag, r);
+          out[key + (ngram ? "ngram" : "dflash")] = r;
+          row((ngram ? "n-gram" : "DFlash") + tag, r);
           continue;
         }
         for (const auto& [steps, grid] : flashmap_configs[d]->jump_grids) {
@@ -257,8 +267,8 @@ void register_cmd(CLI::App& app) {
                 "lengths")
       ->needs(shape);
   sub->add_option("--vs-draft", args->vs_drafts,
-                  "another drafter (FlashMap or DFlash) to time beside --draft on the same target "
-                  "and prompts, in the same run; repeatable")
+                  "another drafter (FlashMap, DFlash or ngram) to time beside --draft on the same "
+                  "target and prompts, in the same run; repeatable")
       ->check(non_empty())
       ->excludes(shape);
   sub->add_option("--draft-trees", args->trees,

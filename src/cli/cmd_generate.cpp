@@ -37,7 +37,7 @@ void run_generate(GenerateArgs& a) {
   p.sampling.validate();
   FLASHMAP_CHECK(a.max_new_tokens > 0, "--max-new-tokens must be > 0, got {}", a.max_new_tokens);
   // A machine without the device (or a binary without its backend) fails here, before loading.
-  check_device(a.model.device);
+  check_device(a.model.engine_options(0));
 
   auto text = open_text(a.model.tokenizer);
   EngineOptions eo = a.model.engine_options(text ? text->vocab_size() : 0);

@@ -43,7 +43,7 @@ void run_serve(ServeArgs& a) {
   signal(SIGPIPE, SIG_IGN);
 
   a.model.resolve();
-  check_device(a.model.device);  // before anything loads
+  check_device(a.model.engine_options(0));  // before anything loads
   // Checked against the target's config before its weights load.
   {
     const auto tc = Qwen3Config::from_file(a.model.target + "/config.json");

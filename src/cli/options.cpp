@@ -43,7 +43,7 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
       ->check(non_empty());
   auto* draft = app.add_option("--draft", m.draft,
                                "drafter folder: FlashMap (model_type flashmap) or DFlash (z-lab or "
-                               "speculators format)")
+                               "speculators format); or ngram: prompt lookup, no drafter model")
                     ->check(non_empty());
   app.add_flag("--no-draft", m.no_draft, "decode with the target alone")->excludes(draft);
   app.add_option("--tokenizer", m.tokenizer, "folder with tokenizer.json (default: the target's)")
@@ -69,6 +69,14 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
                  "topk:B (top-k expansion to B nodes), paths:N+topk:B, or auto (each round's "
                  "tree or none by measured tokens/s)")
       ->check(non_empty());
+  // Ranges and --ngram-min <= --ngram-max are checked by the engine (one message for the CLI and
+  // Python alike).
+  app.add_option("--ngram-min", m.ngram_min,
+                 "--draft ngram: the shortest n-gram to match (default 1)");
+  app.add_option("--ngram-max", m.ngram_max,
+                 "--draft ngram: the longest n-gram to match, tried first (default 4)");
+  app.add_option("--ngram-block", m.ngram_block,
+                 "--draft ngram: drafts per round, at most (default 8)");
 }
 
 EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
@@ -80,6 +88,9 @@ EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
   o.steps = steps;
   o.weights = weights;
   o.draft_tree = draft_tree;
+  o.ngram_min = ngram_min;
+  o.ngram_max = ngram_max;
+  o.ngram_block = ngram_block;
   o.sampled_vocab = sampled_vocab;
   o.threads = threads;
   return o;

@@ -36,11 +36,25 @@ bool is_cuda(const std::string& device) {
   return device == "cuda" || device.starts_with("cuda:");
 }
 
+NgramOptions ngram_options(const EngineOptions& o) {
+  const NgramOptions n{o.ngram_min, o.ngram_max, o.ngram_block};
+  const NgramOptions d;
+  if (o.draft != cpu::kNgramDrafter) {
+    // Options of a drafter that is not asked for would be ignored without a word.
+    FLASHMAP_CHECK(n.min_n == d.min_n, "--ngram-min needs --draft ngram");
+    FLASHMAP_CHECK(n.max_n == d.max_n, "--ngram-max needs --draft ngram");
+    FLASHMAP_CHECK(n.block == d.block, "--ngram-block needs --draft ngram");
+  }
+  n.validate();
+  return n;
+}
+
 std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
-  check_device(o.device);
+  check_device(o);
+  const NgramOptions ngram = ngram_options(o);
   const ops::WeightFormat weights = ops::parse_weight_format(o.weights);
   if (o.device == "cpu")
-    return cpu::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab, weights);
+    return cpu::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab, weights, ngram);
   FLASHMAP_CHECK(weights == ops::WeightFormat::Native,
                  "--weights {}: the CUDA backend runs bf16 weights only (q8 is a CPU format)",
                  o.weights);
@@ -73,6 +87,15 @@ void check_device(const std::string& device) {
                   "with -DFLASHMAP_CUDA=ON on a machine with the CUDA toolkit)",
                   device));
 #endif
+}
+
+void check_device(const EngineOptions& o) {
+  (void)ngram_options(o);
+  // Before the device itself, so that the answer is the same whether or not a GPU is there.
+  FLASHMAP_CHECK(o.draft != cpu::kNgramDrafter || !is_cuda(o.device),
+                 "--draft ngram runs on the CPU backend only, not on {} (use --device cpu)",
+                 o.device);
+  check_device(o.device);
 }
 
 void bench_device_shape(const DeviceShapeBench& spec) {
