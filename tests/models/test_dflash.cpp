@@ -13,9 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "error_of.h"
 #include "io/safetensors.h"
 #include "models/dflash.h"
 #include "models/qwen3.h"
+
+using flashmap::testing::error_of;
 
 using namespace flashmap;
 using ::testing::HasSubstr;
@@ -59,14 +62,6 @@ Round draft_round(const DFlashModel& d, const std::vector<float>& features, int6
   return r;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 }  // namespace
 
 TEST(DFlash, TargetFeaturesMatchReference) {

@@ -111,4 +111,52 @@ inline std::vector<double> exact_three(
   return exact;
 }
 
+// exact_three for the target's filtered sampling after `prompt`, without a stop id (the third
+// dimension keeps its V + 1 cells, the last never reached).
+inline std::vector<double> exact_three_tokens(const Qwen3Model& target,
+                                              const std::vector<int32_t>& prompt,
+                                              const SamplingParams& sp) {
+  const int64_t V = target.config().vocab_size;
+  return exact_three(V, -1, [&](const std::vector<int32_t>& out) {
+    auto prefix = prompt;
+    prefix.insert(prefix.end(), out.begin(), out.end());
+    const auto logits = next_logits(target, prefix);
+    std::vector<float> p(static_cast<size_t>(V));
+    filtered_probs(logits.data(), V, sp, p.data());
+    return std::vector<double>(p.begin(), p.end());
+  });
+}
+
+// n runs of four tokens with the draft tree `shape`: the first round after the prefill verifies
+// a tree at most 2 deep (no draft is verified that could not be emitted), so tokens 2 and 3 both
+// come from its walk. In rejection and keyed mode, the chi-square test of (t1, t2, t3) against
+// `exact` (exact_three_tokens), and the walk must descend (first-level acceptance) in more than
+// `min_descend` of the runs.
+inline void expect_tree_joint_three(const Qwen3Model& target, const BlockProposer& d,
+                                    const std::vector<int32_t>& prompt, const SamplingParams& sp,
+                                    const std::vector<double>& exact, const std::string& shape,
+                                    double min_descend, int n = 30000) {
+  const int64_t V = target.config().vocab_size;
+  for (bool seeded : {false, true}) {
+    std::vector<double> counts(exact.size(), 0.0);
+    GenerateOptions o;
+    o.max_new_tokens = 4;
+    o.draft_tree = shape;
+    o.sampling = sp;
+    o.seeded = seeded;
+    double descended = 0;
+    for (int i = 0; i < n; ++i) {
+      o.seed = uint64_t(i) * 7919 + 1;
+      const auto r = generate(target, &d, prompt, o);
+      ASSERT_EQ(r.ids.size(), 4u);
+      counts[size_t((r.ids[0] * V + r.ids[1]) * (V + 1) + r.ids[2])] += 1;
+      descended += r.accepted_at[0] > 0;
+    }
+    const auto chi = chi_square(counts, exact);
+    EXPECT_TRUE(chi.pass()) << shape << " seeded=" << seeded << " chi2 " << chi.statistic << " > "
+                            << chi.critical << " " << chi.impossible;
+    EXPECT_GT(descended, n * min_descend) << shape << " seeded=" << seeded;
+  }
+}
+
 }  // namespace flashmap::testing

@@ -111,53 +111,23 @@ TEST(TreeSpec, SeededSamplingEqualsTargetAloneSeeded) {
     }
 }
 
-// 8-token target, random FlashMap and DFlash drafters: n runs of four tokens at T = 1; the first
-// round after the prefill verifies a tree at most 2 deep (no draft is verified that could not be
-// emitted), so tokens 2 and 3 both come from the tree walk. Against the exact law of (t1, t2, t3)
-// (exact_three, joint.h); and the walk must descend often enough (first-level acceptance > 20% of
-// the runs).
+// 8-token target, random FlashMap and DFlash drafters: the joint law of three tokens decoded
+// with trees at T = 1 (expect_tree_joint_three, joint.h); the walk must descend in more than 20%
+// of the runs.
 TEST(TreeSpec, JointLawOfThreeTokensAtT1) {
   const auto pair = flashmap::testing::write_random_pair("tiny-v8-tree", 8, 8, 2, 4, 77);
   Qwen3Model target(pair.target);
   FlashMapModel model(pair.draft, target);
   FlashMapProposer d(model, 1);
-  const int64_t V = 8;
   const std::vector<int32_t> prompt = {1, 5, 2};
   const SamplingParams sp{1.0f, 0, 1.0f, 0.0f};
-  // Without a stop id (−1): the exact law's third dimension keeps exact_three's V + 1 cells, the
-  // last never reached.
-  const auto exact = flashmap::testing::exact_three(V, -1, [&](const std::vector<int32_t>& out) {
-    auto prefix = prompt;
-    prefix.insert(prefix.end(), out.begin(), out.end());
-    const auto logits = flashmap::testing::next_logits(target, prefix);
-    std::vector<float> p(static_cast<size_t>(V));
-    filtered_probs(logits.data(), V, sp, p.data());
-    return std::vector<double>(p.begin(), p.end());
-  });
+  const auto exact = flashmap::testing::exact_three_tokens(target, prompt, sp);
   // And a DFlash drafter (no noise: its trees are top-k expansions of one pass).
   DFlashModel dmodel(flashmap::testing::write_random_dflash(pair, 5).string(), target);
   DFlashProposer dd(dmodel, target);
-  const int n = 30000;
   for (const auto& [shape, drafter] : std::vector<std::pair<std::string, const BlockProposer*>>{
            {"paths:3+topk:6", &d}, {"topk:4", &d}, {"topk:5", &dd}})
-    for (bool seeded : {false, true}) {
-      std::vector<double> counts(exact.size(), 0.0);
-      GenerateOptions o = options(4, shape);
-      o.sampling = sp;
-      o.seeded = seeded;
-      double descended = 0;
-      for (int i = 0; i < n; ++i) {
-        o.seed = uint64_t(i) * 7919 + 1;
-        const auto r = generate(target, drafter, prompt, o);
-        ASSERT_EQ(r.ids.size(), 4u);
-        counts[size_t((r.ids[0] * V + r.ids[1]) * (V + 1) + r.ids[2])] += 1;
-        descended += r.accepted_at[0] > 0;
-      }
-      const auto chi = flashmap::testing::chi_square(counts, exact);
-      EXPECT_TRUE(chi.pass()) << shape << " seeded=" << seeded << " chi2 " << chi.statistic << " > "
-                              << chi.critical << " " << chi.impossible;
-      EXPECT_GT(descended, n * 0.2) << shape << " seeded=" << seeded;
-    }
+    flashmap::testing::expect_tree_joint_three(target, *drafter, prompt, sp, exact, shape, 0.2);
 }
 
 TEST(TreeSpec, EngineRefusesTreesWithoutADrafter) {

@@ -11,9 +11,12 @@
 #include <thread>
 
 #include "core/check.h"
+#include "error_of.h"
 #include "flashmap/tokenizer.h"
 #include "text/unicode.h"
 #include "text/utf8.h"
+
+using flashmap::testing::error_of;
 
 namespace {
 
@@ -84,15 +87,6 @@ std::string write_temp(const std::string& name, const std::string& content) {
   const std::string path = temp_path(name);
   std::ofstream(path, std::ios::binary) << content;
   return path;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const flashmap::Error& e) {
-    return e.what();
-  }
-  return "(no flashmap::Error thrown)";
 }
 
 bool valid_utf8(std::string_view s) {
