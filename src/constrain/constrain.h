@@ -81,14 +81,19 @@ class Grammar {
 };
 
 struct JsonOptions {
-  // Whitespace allowed at each structural position of JSON (after '{' '[' ',' ':' and before
-  // ':' ',' '}' ']'): a run of at most this many of ' ' '\n' '\t' '\r'; 0 = compact form.
-  // None before or after the top-level value. Capped so that a model cannot loop forever.
+  // Default: compact separators (llguidance's default, XGrammar's any_whitespace=False) — no
+  // whitespace anywhere but at most one space after ',' and ':' (so both `{"a":1,"b":2}` and
+  // `{"a": 1, "b": 2}` are accepted). Free whitespace is what a sampled model spends its
+  // max_tokens on (each position allowing it is another chance for a run of "\n\t\r").
+  // flexible_whitespace: at each structural position (after '{' '[' ',' ':' and before ':' ','
+  // '}' ']') a run of at most max_whitespace of ' ' '\n' '\t' '\r' (0: no whitespace at all).
+  // None before or after the top-level value either way.
+  bool flexible_whitespace = false;
   int max_whitespace = 16;
 };
 
 // Any JSON object (json_object mode: the top level must be an object, as OpenAI and vLLM do).
-// Numbers have at most 16 integer digits, 16 fraction digits and 3 exponent digits.
+// Numbers have at most 16 integer digits, 20 fraction digits and 2 exponent digits.
 std::shared_ptr<const Grammar> compile_json_object(const JsonOptions& options = {});
 // The documents a JSON schema accepts (the subset of docs/STRUCTURED_OUTPUT.md). Throws
 // flashmap::Error("... unsupported JSON-schema construct '<keyword>' at <json pointer>").

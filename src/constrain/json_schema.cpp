@@ -60,12 +60,17 @@ class JsonCompiler {
 
   Builder b;
 
+  // Whitespace at a structural position other than after a separator.
   int ws() {
-    if (opt_.max_whitespace == 0) return b.empty();
+    if (!opt_.flexible_whitespace || opt_.max_whitespace == 0) return b.empty();
     return b.repeat(b.alt({b.lit(" "), b.lit("\n"), b.lit("\t"), b.lit("\r")}), 0,
                     opt_.max_whitespace);
   }
-  int sep(char c) { return b.seq({ws(), b.bytes(c, c), ws()}); }
+  // ',' or ':' with the whitespace around it; compact: one optional space after it only.
+  int sep(char c) {
+    if (!opt_.flexible_whitespace) return b.seq({b.bytes(c, c), b.opt(b.lit(" "))});
+    return b.seq({ws(), b.bytes(c, c), ws()});
+  }
 
   int string_char() {
     auto hex = [&] { return b.alt({b.bytes('0', '9'), b.bytes('a', 'f'), b.bytes('A', 'F')}); };
@@ -94,12 +99,17 @@ class JsonCompiler {
         {b.opt(b.lit("-")),
          b.alt({b.lit("0"), b.seq({b.bytes('1', '9'), b.repeat(b.bytes('0', '9'), 0, 15)})})});
   }
-  int number() {
-    const int frac = b.seq({b.lit("."), b.repeat(b.bytes('0', '9'), 1, 16)});
-    const int exp = b.seq({b.alt({b.lit("e"), b.lit("E")}), b.opt(b.alt({b.lit("+"), b.lit("-")})),
-                           b.repeat(b.bytes('0', '9'), 1, 3)});
-    return b.seq({integer(), b.opt(frac), b.opt(exp)});
+  // At most two exponent digits: with 16 integer digits the value stays a finite double
+  // (1e999 overflows: nlohmann::json refuses it, JavaScript and Python read Infinity).
+  // Fractions take up to 20 digits: the shortest round-trip form nlohmann::json and Python
+  // write has up to 17 significant digits after up to 3 zeros (0.000123... before they switch
+  // to an exponent).
+  int fraction() { return b.seq({b.lit("."), b.repeat(b.bytes('0', '9'), 1, 20)}); }
+  int exponent() {
+    return b.seq({b.alt({b.lit("e"), b.lit("E")}), b.opt(b.alt({b.lit("+"), b.lit("-")})),
+                  b.repeat(b.bytes('0', '9'), 1, 2)});
   }
+  int number() { return b.seq({integer(), b.opt(fraction()), b.opt(exponent())}); }
 
   int any_object_rule() {
     if (any_object_ < 0) {
@@ -134,6 +144,26 @@ class JsonCompiler {
         b.repeat(b.seq({sep(','), item}), min > 0 ? min - 1 : 0, max < 0 ? -1 : max - 1);
     const int items = b.seq({item, rest, ws(), b.lit("]")});
     return b.seq({b.lit("["), ws(), min > 0 ? items : b.alt({b.lit("]"), items})});
+  }
+
+  // One value (const / enum), with the whitespace the options allow between its tokens.
+  int literal(const json& v) {
+    if (!v.is_object() && !v.is_array()) return b.lit(v.dump());
+    const bool obj = v.is_object();
+    std::vector<int> parts = {b.lit(obj ? "{" : "["), ws()};
+    bool first = true;
+    for (const auto& [k, x] : v.items()) {
+      if (!first) parts.push_back(sep(','));
+      first = false;
+      if (obj) {
+        parts.push_back(b.lit(json(k).dump()));
+        parts.push_back(sep(':'));
+      }
+      parts.push_back(literal(x));
+    }
+    if (!first) parts.push_back(ws());
+    parts.push_back(b.lit(obj ? "}" : "]"));
+    return b.seq(std::move(parts));
   }
 
   [[noreturn]] void unsupported(const std::string& key, const std::string& ptr,
@@ -268,7 +298,7 @@ class JsonCompiler {
       for (const json& v : values) {
         bool ok = types.empty();
         for (const auto& t : types) ok = ok || type_matches(v, t);
-        if (ok) alts.push_back(b.lit(v.dump()));
+        if (ok) alts.push_back(literal(v));
       }
       return b.alt(std::move(alts));
     }
@@ -368,13 +398,9 @@ class JsonCompiler {
       if (s.contains(k)) unsupported(k, ptr + "/" + k, "for numbers that are not integers");
     if (auto v = bound(s, "minimum", ptr)) {
       if (*v != 0) unsupported("minimum", ptr + "/minimum", "for numbers, only 0");
-      const int frac = b.seq({b.lit("."), b.repeat(b.bytes('0', '9'), 1, 16)});
-      const int exp =
-          b.seq({b.alt({b.lit("e"), b.lit("E")}), b.opt(b.alt({b.lit("+"), b.lit("-")})),
-                 b.repeat(b.bytes('0', '9'), 1, 3)});
       return b.seq(
           {b.alt({b.lit("0"), b.seq({b.bytes('1', '9'), b.repeat(b.bytes('0', '9'), 0, 15)})}),
-           b.opt(frac), b.opt(exp)});
+           b.opt(fraction()), b.opt(exponent())});
     }
     return number();
   }
@@ -504,7 +530,8 @@ std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::ordered_json&
   static std::mutex mu;
   static std::list<std::pair<std::string, std::shared_ptr<const Grammar>>> cache;  // MRU first
   constexpr size_t kCacheEntries = 32;
-  const std::string key = fmt::format("{}|{}", options.max_whitespace, schema.dump());
+  const std::string key =
+      fmt::format("{}|{}|{}", options.flexible_whitespace, options.max_whitespace, schema.dump());
   {
     std::lock_guard lock(mu);
     for (auto it = cache.begin(); it != cache.end(); ++it)
