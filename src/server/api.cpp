@@ -62,24 +62,9 @@ std::string printable(std::string_view s, size_t limit) {
 }
 
 bool json_nests_deeper_than(std::string_view text, int limit) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
+  JsonDepth d;
+  for (char c : text)
+    if (d.feed(c) > 0 && d.depth > limit) return true;
   return false;
 }
 

@@ -37,6 +37,27 @@ std::string error_type_for(int status);
 // bytes, control bytes escaped.
 std::string printable(std::string_view s, size_t limit = 200);
 
+// The bracket depth of JSON text read byte by byte (brackets inside strings do not count):
+// feed() returns +1 on an opening bracket, -1 on a closing one, 0 otherwise.
+struct JsonDepth {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  int feed(char c) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+      return 0;
+    }
+    if (c == '"') in_string = true;
+    if (c == '{' || c == '[') return ++depth, 1;
+    if (c == '}' || c == ']') return --depth, -1;
+    return 0;
+  }
+};
 // Whether JSON text nests arrays and objects deeper than `limit` (brackets inside strings do not
 // count). Checked before parsing a request: nlohmann's values copy and destroy recursively, so a
 // 100,000-deep body would overflow the stack of whichever handler touched it.
@@ -95,6 +116,10 @@ struct GenerationRequest {
   std::string structure_param;
   std::vector<std::string> schema_path;
   std::string regex;
+  // JSON output (schemas, json_object, forced tool calls): the extension field
+  // flexible_whitespace lets whitespace in at every structural position, up to a cap (the
+  // grammar's default is compact separators: constrain.h's JsonOptions).
+  bool flexible_whitespace = false;
   enum class ToolChoice { Auto, None, Required, Named } tool_choice = ToolChoice::Auto;
   std::string tool_name;            // Named: the function
   bool parallel_tool_calls = true;  // false: at most one call

@@ -111,6 +111,7 @@ const std::vector<std::string_view>& known_fields(Endpoint e) {
                                                        "guided_regex",
                                                        "guided_choice",
                                                        "structured_outputs",
+                                                       "flexible_whitespace",
                                                        "prompt_logprobs"};
   static const std::vector<std::string_view> completions = [] {
     auto v = common;

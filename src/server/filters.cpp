@@ -171,21 +171,30 @@ json forced_tool_calls(const std::string& text, const std::string& name) {
                      {"function", {{"name", name}, {"arguments", text}}}});
     return calls;
   }
-  const auto parsed = nlohmann::ordered_json::parse(text, nullptr, false);
-  if (parsed.is_discarded() || !parsed.is_array()) return calls;
-  for (const auto& item : parsed)
-    calls.push_back(
-        {{"id", tool_call_id()},
-         {"type", "function"},
-         {"function", {{"name", item.at("name")}, {"arguments", item.at("parameters").dump()}}}});
+  // The streamer's deltas merged: each call's arguments are the model's own text, as the
+  // streamed pieces add up to.
+  RequiredCallStreamer streamer;
+  json deltas = streamer.feed(text);
+  for (auto& d : streamer.finish()) deltas.push_back(std::move(d));
+  if (!streamer.error().empty()) return calls;
+  for (const auto& d : deltas) {
+    const size_t k = d["index"].get<size_t>();
+    if (k == calls.size())
+      calls.push_back({{"id", d["id"]},
+                       {"type", "function"},
+                       {"function", {{"name", d["function"]["name"]}, {"arguments", ""}}}});
+    std::string& args = calls[k]["function"]["arguments"].get_ref<std::string&>();
+    args += d["function"]["arguments"].get<std::string>();
+  }
   return calls;
 }
 
 namespace {
-// The head of a Qwen3 call block, `{"name": "<name>", "arguments": `, at the start of `s`
-// (whitespace allowed between tokens). Need: `s` may still become one; None: it cannot.
+// The head of a call, `{"name": "<name>", "<args_key>": ` followed by '{', at the start of `s`
+// (whitespace allowed between tokens): a Qwen3 block's (args_key "arguments") or an item of a
+// tool_choice "required" output ("parameters"). Need: `s` may still become one; None: it cannot.
 enum class Head { Need, Match, None };
-Head match_head(std::string_view s, size_t& length, std::string& name) {
+Head match_head(std::string_view s, size_t& length, std::string& name, std::string_view args_key) {
   size_t i = 0;
   auto ws = [&] {
     while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r')) ++i;
@@ -216,7 +225,9 @@ Head match_head(std::string_view s, size_t& length, std::string& name) {
       break;
     }
   }
-  for (std::string_view l : {",", "\"arguments\"", ":"}) {
+  const std::string quoted_key = fmt::format("\"{}\"", args_key);
+  for (std::string_view l :
+       {std::string_view(","), std::string_view(quoted_key), std::string_view(":")}) {
     const Head h = lit(l);
     if (h != Head::Match) return h;
   }
@@ -230,6 +241,15 @@ Head match_head(std::string_view s, size_t& length, std::string& name) {
   }
   length = i;
   return Head::Match;
+}
+
+// How much of `s` a JSON value that began before it (its brackets so far in `d`) takes, up to
+// and including its closing bracket; `closed` when it got there.
+size_t scan_value(std::string_view s, JsonDepth& d, bool& closed) {
+  size_t i = 0;
+  closed = false;
+  while (i < s.size() && !closed) closed = d.feed(s[i++]) < 0 && d.depth == 0;
+  return i;
 }
 
 // How much of the end of `s` could be the start of `tag` (held back until decided).
@@ -268,7 +288,7 @@ bool ToolCallStreamer::step_text(Out& out) {
 bool ToolCallStreamer::step_head(Out& out) {
   size_t length = 0;
   std::string name;
-  const Head h = match_head(pending_, length, name);
+  const Head h = match_head(pending_, length, name, "arguments");
   if (h == Head::Need) return false;
   if (h == Head::None) {
     state_ = State::Held;  // another shape: parse_tool_calls decides at the end
@@ -281,31 +301,13 @@ bool ToolCallStreamer::step_head(Out& out) {
                        {"function", {{"name", name}, {"arguments", ""}}}});
   pending_.erase(0, length);
   state_ = State::Args;
-  depth_ = 0;
-  in_string_ = escaped_ = false;
+  args_ = {};
   return true;
 }
 
 bool ToolCallStreamer::step_args(Out& out) {
-  size_t i = 0;
   bool closed = false;
-  for (; i < pending_.size() && !closed; ++i) {
-    const char c = pending_[i];
-    if (in_string_) {
-      if (escaped_)
-        escaped_ = false;
-      else if (c == '\\')
-        escaped_ = true;
-      else if (c == '"')
-        in_string_ = false;
-    } else if (c == '"') {
-      in_string_ = true;
-    } else if (c == '{' || c == '[') {
-      ++depth_;
-    } else if (c == '}' || c == ']') {
-      closed = --depth_ == 0;
-    }
-  }
+  const size_t i = scan_value(pending_, args_, closed);
   if (i > 0)
     out.calls.push_back({{"index", index_}, {"function", {{"arguments", pending_.substr(0, i)}}}});
   pending_.erase(0, i);
@@ -376,6 +378,113 @@ ToolCallStreamer::Out ToolCallStreamer::finish() {
   if (state_ == State::Text && !blank(between_ + pending_)) out.content = between_ + pending_;
   if (!started_) out.content = pending_;
   return out;
+}
+
+json RequiredCallStreamer::feed(std::string_view text) {
+  json out = json::array();
+  all_.append(text);
+  pending_.append(text);
+  auto skip_ws = [&] {
+    const size_t n = pending_.find_first_not_of(" \t\r\n");
+    pending_.erase(0, n == std::string::npos ? pending_.size() : n);
+    return !pending_.empty();
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    switch (state_) {
+      case State::Open:
+        if (!skip_ws()) break;
+        if (pending_[0] != '[') {
+          state_ = State::Held;
+          break;
+        }
+        pending_.erase(0, 1);
+        state_ = State::Item;
+        progress = true;
+        break;
+      case State::Item: {
+        size_t length = 0;
+        std::string name;
+        const Head h = match_head(pending_, length, name, "parameters");
+        if (h == Head::Need) break;
+        if (h == Head::None) {
+          state_ = State::Held;  // parameters that are not an object: sent whole at the end
+          break;
+        }
+        ++index_;
+        out.push_back({{"index", index_},
+                       {"id", tool_call_id()},
+                       {"type", "function"},
+                       {"function", {{"name", name}, {"arguments", ""}}}});
+        pending_.erase(0, length);
+        args_ = {};
+        state_ = State::Args;
+        progress = true;
+        break;
+      }
+      case State::Args: {
+        bool closed = false;
+        const size_t i = scan_value(pending_, args_, closed);
+        if (i > 0)
+          out.push_back({{"index", index_}, {"function", {{"arguments", pending_.substr(0, i)}}}});
+        pending_.erase(0, i);
+        if (closed) {
+          state_ = State::Tail;
+          progress = true;
+        }
+        break;
+      }
+      case State::Tail:
+        // The item's '}', then ',' (another item) or ']' (the end).
+        if (!skip_ws()) break;
+        if (pending_[0] == '}' && !item_closed_) {
+          item_closed_ = true;
+        } else if (pending_[0] == ',' && item_closed_) {
+          state_ = State::Item;
+          item_closed_ = false;
+        } else if (pending_[0] == ']' && item_closed_) {
+          state_ = State::End;
+        } else {
+          state_ = State::Held;
+          break;
+        }
+        pending_.erase(0, 1);
+        progress = true;
+        break;
+      case State::End:
+      case State::Held:
+        break;
+    }
+  }
+  return out;
+}
+
+json RequiredCallStreamer::finish() {
+  json out = json::array();
+  const auto parsed = nlohmann::ordered_json::parse(all_, nullptr, false);
+  bool ok = !parsed.is_discarded() && parsed.is_array() && !parsed.empty();
+  for (size_t k = 0; ok && k < parsed.size(); ++k) {
+    const auto& item = parsed[k];
+    ok = item.is_object() && item.contains("name") && item["name"].is_string() &&
+         item.contains("parameters");
+  }
+  if (!ok) {
+    error_ = "the output is not a complete JSON array of {\"name\", \"parameters\"} calls";
+    return out;
+  }
+  // What was held (an item of another shape) and the items after it, whole.
+  for (size_t k = calls(); k < parsed.size(); ++k)
+    out.push_back({{"index", k},
+                   {"id", tool_call_id()},
+                   {"type", "function"},
+                   {"function",
+                    {{"name", parsed[k]["name"]}, {"arguments", parsed[k]["parameters"].dump()}}}});
+  index_ = int(parsed.size()) - 1;
+  return out;
+}
+
+std::string RequiredCallStreamer::unsent() const {
+  return calls() == 0 ? all_ : pending_;
 }
 
 }  // namespace flashmap::server

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "server/api.h"
+
 namespace flashmap::server {
 
 // Matches stop strings on text streamed in pieces: text that could still become a stop string
@@ -109,8 +111,33 @@ class ToolCallStreamer {
   std::string all_;      // everything fed
   std::string between_;  // text after a block, shown unless blank
   int index_ = -1;
-  int depth_ = 0;
-  bool in_string_ = false, escaped_ = false, started_ = false;
+  JsonDepth args_;  // the arguments object's brackets
+  bool started_ = false;
+  std::string error_;
+};
+
+// Streaming of a tool_choice "required" output (a JSON array of {"name": ..., "parameters":
+// {...}}: params.h's required_tools_schema, which puts the name first) with the same deltas
+// ToolCallStreamer sends for a block: index, id, type and name once the name is complete, then
+// the parameters object's text as `function.arguments` pieces as it arrives (vLLM streams
+// required calls this way too). An item whose parameters are not an object is held, and it and
+// the items after it come whole from finish(). finish() parses the whole text: when it is not a
+// complete array of calls (cut by max_tokens), `error` is set and unsent() is the text not yet
+// sent as calls (all of it when no call was sent).
+class RequiredCallStreamer {
+ public:
+  nlohmann::json feed(std::string_view text);  // tool_calls deltas (an array)
+  nlohmann::json finish();
+  size_t calls() const { return size_t(index_ + 1); }
+  const std::string& error() const { return error_; }
+  std::string unsent() const;
+
+ private:
+  enum class State { Open, Item, Args, Tail, End, Held } state_ = State::Open;
+  std::string pending_, all_;
+  int index_ = -1;
+  JsonDepth args_;  // the parameters object's brackets
+  bool item_closed_ = false;
   std::string error_;
 };
 

@@ -99,22 +99,25 @@ std::function<std::unique_ptr<TokenConstraint>()> ParamsBuilder::constraint(
     throw ApiError(400, "structured output needs a tokenizer: start the server with --tokenizer",
                    g.structure_param, "tokenizer_required");
   std::shared_ptr<const constrain::Grammar> grammar;
+  constrain::JsonOptions json_options;
+  json_options.flexible_whitespace = g.flexible_whitespace;
   try {
     using S = GenerationRequest::Structure;
     if (g.structure == S::JsonObject) {
-      grammar = constrain::compile_json_object();
+      grammar = constrain::compile_json_object(json_options);
     } else if (g.structure == S::Tools) {
       const auto ordered = nlohmann::ordered_json::parse(body);
       const auto& tools = ordered.at("tools");
       grammar =
           constrain::compile_json_schema(g.tool_choice == GenerationRequest::ToolChoice::Required
                                              ? required_tools_schema(tools, g.parallel_tool_calls)
-                                             : named_tool_schema(tools, g.tool_name));
+                                             : named_tool_schema(tools, g.tool_name),
+                                         json_options);
     } else if (g.structure == S::JsonSchema) {
       const auto ordered = nlohmann::ordered_json::parse(body);
       const nlohmann::ordered_json* node = &ordered;
       for (const auto& k : g.schema_path) node = &node->at(k);
-      grammar = constrain::compile_json_schema(*node);
+      grammar = constrain::compile_json_schema(*node, json_options);
     } else {
       grammar = constrain::compile_regex(g.regex);
     }

@@ -378,6 +378,7 @@ void parse_structure(const json& body, GenerationRequest& r) {
     if (before == 0 && r.structure == S::None)
       bad("structured_outputs", "'structured_outputs' needs one of json, regex or choice");
   }
+  r.flexible_whitespace = get_bool(body, "flexible_whitespace").value_or(false);
 }
 
 // Completions' prompt: text, or token ids; a batch of one is one prompt.

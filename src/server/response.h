@@ -39,9 +39,10 @@ struct Output {
 struct Choice {
   std::shared_ptr<Request> req;
   Output out;
-  std::unique_ptr<ReasoningSplitter> think;  // chat: <think> text to reasoning_content
-  std::unique_ptr<ToolCallStreamer> tools;   // chat with tools: <tool_call> blocks parsed
-  std::vector<TokenLogprob> logprobs;        // of out.ids, when the request asked for them
+  std::unique_ptr<ReasoningSplitter> think;        // chat: <think> text to reasoning_content
+  std::unique_ptr<ToolCallStreamer> tools;         // chat with tools: <tool_call> blocks parsed
+  std::unique_ptr<RequiredCallStreamer> required;  // tool_choice "required", streaming
+  std::vector<TokenLogprob> logprobs;              // of out.ids, when the request asked for them
   size_t seen = 0;
   std::string reason;   // set when it ended: "stop", "length", "tool_calls", "error"
   std::string tool_id;  // a forced (named) tool call's id, once streamed

@@ -125,18 +125,22 @@ json EventStream::forced_deltas(Choice& c, std::string& content, bool ending) co
     content.clear();
     return calls;
   }
-  // "required" (a JSON array of calls) is parsed at the end.
-  if (ending) {
-    calls = gen_->forced_calls(c.out.text);
-    for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
-    if (calls.empty()) {
-      content = c.out.text;  // did not parse: returned as content
-      return nullptr;
-    }
-    if (c.reason == "stop") c.reason = "tool_calls";
-  }
+  // "required" (a JSON array of calls): each call's name, then its arguments as they come.
+  if (!c.required) c.required = std::make_unique<RequiredCallStreamer>();
+  calls = c.required->feed(content);
   content.clear();
-  return calls;
+  if (ending) {
+    for (auto& d : c.required->finish()) calls.push_back(std::move(d));
+    if (!c.required->error().empty()) {
+      // Cut short (max_tokens): what was not sent as a call comes as content.
+      gen_->log(
+          fmt::format("warning: required tool calls returned as content: {}", c.required->error()));
+      content = c.required->unsent();
+    } else if (c.reason == "stop") {
+      c.reason = "tool_calls";
+    }
+  }
+  return calls.empty() ? json() : calls;
 }
 
 json EventStream::auto_deltas(Choice& c, std::string& content, bool ending) const {

@@ -44,7 +44,8 @@ class EventStream {
   bool advance(size_t index, int wait_ms, std::string& buf);
   void chat_events(size_t index, Choice& c, const std::string& piece,
                    const std::vector<int32_t>& ids, nlohmann::json lp, std::string& buf);
-  // tool_choice required / named: the deltas of the constrained output (content cleared).
+  // tool_choice required / named: the deltas of the constrained output (content cleared, or
+  // the unsent text of calls that did not parse).
   nlohmann::json forced_deltas(Choice& c, std::string& content, bool ending) const;
   // tool_choice auto: <tool_call> blocks in the content as deltas, as they come.
   nlohmann::json auto_deltas(Choice& c, std::string& content, bool ending) const;

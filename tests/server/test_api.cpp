@@ -352,6 +352,19 @@ TEST(ParseRequest, ToolChoice) {
   EXPECT_FALSE(required_tools_schema(ordered, true).contains("maxItems"));
 }
 
+// flexible_whitespace (an extension): off unless the request sets it, a boolean, a known field.
+TEST(ParseRequest, FlexibleWhitespace) {
+  using E = std::pair<int, std::string>;
+  auto body = json::parse(R"({"prompt":"x","response_format":{"type":"json_object"}})");
+  EXPECT_FALSE(parse_generation_request(body, false, "m").flexible_whitespace);
+  body["flexible_whitespace"] = true;
+  EXPECT_TRUE(parse_generation_request(body, false, "m").flexible_whitespace);
+  EXPECT_TRUE(unknown_fields(body, Endpoint::Completions).empty());
+  EXPECT_TRUE(unknown_fields(body, Endpoint::Chat).size() == 1);  // "prompt" only
+  body["flexible_whitespace"] = "yes";
+  EXPECT_EQ(error_of(body, false), E(400, "flexible_whitespace"));
+}
+
 TEST(UnknownFields, ReportedPerEndpoint) {
   using V = std::vector<std::string>;
   auto b = json::parse(R"({"prompt":"x","max_tokens":3,"frobnicate":1,"messages":[],"user":"u"})");
@@ -586,6 +599,27 @@ TEST(ToolCalls, TextThatIsNotACallStaysContent) {
   }
 }
 
+namespace {
+// What tool_calls deltas add up to, per call index, with the order OpenAI's clients rely on
+// checked as they come: one id per call, and its name before any of its arguments.
+struct StreamedCalls {
+  std::map<int, std::string> names, args, ids;
+  void take(const json& deltas) {
+    for (const auto& d : deltas) {
+      const int k = d["index"];
+      if (d.contains("id")) {
+        EXPECT_FALSE(ids.count(k)) << "a second id for call " << k;
+        EXPECT_TRUE(args[k].empty()) << "arguments before the name of call " << k;
+        ids[k] = d["id"];
+        names[k] = d["function"]["name"];
+      }
+      EXPECT_TRUE(ids.count(k)) << "arguments before the name of call " << k;
+      args[k] += d["function"]["arguments"].get<std::string>();
+    }
+  }
+};
+}  // namespace
+
 // The streamer, fed the text cut at every point (two or three pieces): the content, the names and
 // the arguments (joined per call) are what parse_tool_calls finds in the whole text.
 TEST(ToolCalls, StreamerSendsArgumentsAsTheyComeAndAgreesWithTheParse) {
@@ -604,18 +638,11 @@ TEST(ToolCalls, StreamerSendsArgumentsAsTheyComeAndAgreesWithTheParse) {
       for (size_t j = i; j <= text.size(); j += (text.size() > 60 ? 7 : 1)) {
         ToolCallStreamer s;
         std::string content;
-        std::map<int, std::string> names, args, ids;
+        StreamedCalls got;
+        auto& [names, args, ids] = got;
         auto take = [&](const ToolCallStreamer::Out& o) {
           content += o.content;
-          for (const auto& d : o.calls) {
-            const int k = d["index"];
-            if (d.contains("id")) {
-              EXPECT_FALSE(ids.count(k)) << "a second id for call " << k;
-              ids[k] = d["id"];
-              names[k] = d["function"]["name"];
-            }
-            args[k] += d["function"]["arguments"].get<std::string>();
-          }
+          got.take(o.calls);
         };
         take(s.feed(text.substr(0, i)));
         take(s.feed(text.substr(i, j - i)));
@@ -650,6 +677,76 @@ TEST(ToolCalls, StreamerSendsArgumentsAsTheyComeAndAgreesWithTheParse) {
     auto f = b.finish();
     EXPECT_NE(b.error(), "") << bad;
     EXPECT_FALSE((o.content + f.content).empty()) << bad;
+  }
+}
+
+// tool_choice "required": the array of {"name", "parameters"} the grammar writes, fed in pieces
+// cut anywhere, streams each call's name first and then its arguments; the pieces add up to
+// what nlohmann finds in the whole text, and to the non-streamed calls, character for character.
+TEST(ToolCalls, RequiredStreamerSendsNameThenArgumentsAndAgreesWithTheParse) {
+  const std::vector<std::string> valid = {
+      R"([{"name": "get_weather", "parameters": {"city": "Pa]r}is\"", "days": [1, {"a": 2}]}}])",
+      R"([{"name":"f","parameters":{}},{"name":"g","parameters":{"x":"\\"}}])",
+      "[\n  {\n    \"name\" : \"f\" ,\n    \"parameters\" : { \"z\" : null }\n  } ,\n"
+      "  {\"name\": \"h\", \"parameters\": {\"q\": [ ]}}\n]",
+      R"([{"name": "s", "parameters": "not an object"}, {"name": "t", "parameters": {"k": 1}}])",
+  };
+  for (const auto& text : valid) {
+    const auto want = nlohmann::ordered_json::parse(text);  // the reference
+    const json whole = forced_tool_calls(text, "");
+    ASSERT_EQ(whole.size(), want.size()) << text;
+    for (size_t i = 0; i <= text.size(); ++i)
+      for (size_t j = i; j <= text.size(); j += 5) {
+        RequiredCallStreamer s;
+        StreamedCalls got;
+        auto& [names, args, ids] = got;
+        auto take = [&](const json& deltas) { got.take(deltas); };
+        take(s.feed(text.substr(0, i)));
+        take(s.feed(text.substr(i, j - i)));
+        take(s.feed(text.substr(j)));
+        take(s.finish());
+        SCOPED_TRACE(text + " @ " + std::to_string(i) + "," + std::to_string(j));
+        EXPECT_EQ(s.error(), "");
+        ASSERT_EQ(names.size(), want.size());
+        for (size_t k = 0; k < want.size(); ++k) {
+          EXPECT_EQ(names[int(k)], want[k]["name"]);
+          EXPECT_TRUE(ids[int(k)].starts_with("call_"));
+          EXPECT_EQ(nlohmann::ordered_json::parse(args[int(k)]), want[k]["parameters"]);
+          EXPECT_EQ(args[int(k)], whole[k]["function"]["arguments"]);
+          EXPECT_EQ(whole[k]["function"]["name"], want[k]["name"]);
+        }
+      }
+  }
+  // The model's own argument text (not re-serialised), and the name before the arguments end:
+  // fed a character at a time, the header comes while the parameters are still being written.
+  EXPECT_EQ(forced_tool_calls(valid[0], "")[0]["function"]["arguments"],
+            R"({"city": "Pa]r}is\"", "days": [1, {"a": 2}]})");
+  RequiredCallStreamer s;
+  int arg_deltas = 0;
+  size_t header_at = 0;
+  for (size_t i = 0; i < valid[0].size(); ++i)
+    for (const auto& d : s.feed(valid[0].substr(i, 1))) {
+      if (d.contains("id")) header_at = i;
+      arg_deltas += !d["function"]["arguments"].get<std::string>().empty();
+    }
+  EXPECT_EQ(header_at, valid[0].find('{', 1) + std::string(R"({"name": "get_weather",)").size() +
+                           std::string(R"( "parameters": )").size());
+  EXPECT_GT(arg_deltas, 20);
+  // Cut short (max_tokens) or not calls: an error, the unsent text, and no non-streamed calls.
+  for (const std::string bad : {std::string(R"([{"name": "f", "parameters": {"x": 1)"),
+                                std::string(R"([{"name": "f", "parameters": {"x": 1}}, {"na)"),
+                                std::string(R"({"name": "f"})"), std::string("[]")}) {
+    SCOPED_TRACE(bad);
+    RequiredCallStreamer b;
+    const json sent = b.feed(bad);
+    EXPECT_TRUE(b.finish().empty());
+    EXPECT_NE(b.error(), "");
+    EXPECT_TRUE(forced_tool_calls(bad, "").empty());
+    // Nothing sent: all of it; else what follows the last piece sent.
+    if (sent.empty())
+      EXPECT_EQ(b.unsent(), bad);
+    else
+      EXPECT_TRUE(bad.ends_with(b.unsent()) && b.unsent().size() < bad.size());
   }
 }
 

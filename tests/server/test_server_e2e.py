@@ -542,6 +542,31 @@ class ServerTest(unittest.TestCase):
         self.assertIn(m['flashmap_spec_policy_speculating{batch="1"}'], (0, 1))
 
 
+def free_whitespace(text):
+    """The whitespace runs of JSON text outside its strings that compact separators do not allow
+    (anything but one space after ',' or ':')."""
+    runs, i, in_string = [], 0, False
+    while i < len(text):
+        c = text[i]
+        if in_string:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in " \n\t\r":
+            j = i
+            while j < len(text) and text[j] in " \n\t\r":
+                j += 1
+            if not (text[i:j] == " " and i > 0 and text[i - 1] in ",:"):
+                runs.append(text[i:j])
+            i = j
+            continue
+        i += 1
+    return runs
+
+
 def openai_module():
     """The official client: scripts/setup installs it, so its absence is a failure, not a skip."""
     try:
@@ -1249,6 +1274,180 @@ class TextTest(unittest.TestCase):
                                            tool_choice="none", max_tokens=8, temperature=0,
                                            extra_body=extra)
         self.assertFalse(r.choices[0].message.tool_calls)
+
+
+    def test_openai_schema_output_is_complete_at_t1(self):
+        # Compact separators by default: nothing to spend max_tokens on between the values, so at
+        # temperature 1 every seed ends with complete JSON that the schema accepts.
+        import jsonschema
+        openai = openai_module()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
+                               max_retries=0)
+        schema = {"type": "object",
+                  "properties": {"city": {"type": "string", "maxLength": 10},
+                                 "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                                 "tags": {"type": "array", "items": {"type": "boolean"},
+                                          "maxItems": 3},
+                                 "meta": {"type": "object", "properties": {
+                                     "ok": {"type": "boolean"}}, "required": ["ok"]}},
+                  "required": ["city", "days", "tags", "meta"]}
+        extra = {"chat_template_kwargs": {"enable_thinking": False}}
+        for seed in range(5):
+            with self.subTest(seed=seed):
+                r = client.chat.completions.create(
+                    model="text", messages=[{"role": "user", "content": "Plan a trip."}],
+                    max_tokens=120, temperature=1.0, seed=seed, extra_body=extra,
+                    response_format={"type": "json_schema",
+                                     "json_schema": {"name": "trip", "schema": schema}})
+                text = r.choices[0].message.content
+                self.assertEqual(r.choices[0].finish_reason, "stop", text)
+                jsonschema.validate(json.loads(text), schema)
+                self.assertEqual(free_whitespace(text), [], text)
+        r = client.chat.completions.create(
+            model="text", messages=[{"role": "user", "content": "JSON please."}], max_tokens=400,
+            temperature=1.0, seed=3, extra_body=extra, response_format={"type": "json_object"})
+        if r.choices[0].finish_reason == "stop":
+            self.assertIsInstance(json.loads(r.choices[0].message.content), dict)
+            self.assertEqual(free_whitespace(r.choices[0].message.content), [])
+        # The opt-in is a boolean, and it is accepted with every JSON form.
+        with self.assertRaises(openai.BadRequestError) as e:
+            client.chat.completions.create(
+                model="text", messages=[{"role": "user", "content": "x"}], max_tokens=4,
+                extra_body={"flexible_whitespace": "yes"}, response_format={"type": "json_object"})
+        self.assertEqual(e.exception.body["param"], "flexible_whitespace")
+        r = client.chat.completions.create(
+            model="text", messages=[{"role": "user", "content": "x"}], max_tokens=200,
+            temperature=1.0, seed=1, extra_body=dict(extra, flexible_whitespace=True),
+            response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
+        if r.choices[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+    def test_openai_required_tool_calls_stream_as_deltas(self):
+        # tool_choice "required" streams like a named choice: per call a delta with its id and
+        # name, then its arguments in pieces; they add up to the non-streamed calls of the seed.
+        import jsonschema
+        openai = openai_module()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
+                               max_retries=0)
+        weather = {"type": "object",
+                   "properties": {"city": {"type": "string", "maxLength": 12},
+                                  "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "days"]}
+        zone = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                "required": ["zone"]}
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": weather}},
+                 {"type": "function", "function": {"name": "get_time", "parameters": zone}}]
+        schemas = {"get_weather": weather, "get_time": zone}
+        extra = {"chat_template_kwargs": {"enable_thinking": False}}
+        # A random model may write parallel calls until max_tokens: those seeds are skipped.
+        ended = 0
+        for seed, parallel in ((2, False), (3, False), (4, True), (5, True), (6, True), (7, True)):
+            with self.subTest(seed=seed, parallel=parallel):
+                args = dict(model="text", tools=tools, tool_choice="required",
+                            messages=[{"role": "user", "content": "Weather in Paris?"}],
+                            parallel_tool_calls=parallel, max_tokens=200, temperature=1.0,
+                            seed=seed, extra_body=extra)
+                whole = client.chat.completions.create(**args)
+                if parallel and whole.choices[0].finish_reason == "length":
+                    continue
+                ended += 1
+                self.assertEqual(whole.choices[0].finish_reason, "tool_calls", whole)
+                calls = whole.choices[0].message.tool_calls
+                self.assertIsNone(whole.choices[0].message.content)
+                chunks = list(client.chat.completions.create(**args, stream=True))
+                choices = [ch.choices[0] for ch in chunks if ch.choices]
+                self.assertEqual("".join(c.delta.content or "" for c in choices), "")
+                self.assertEqual([c.finish_reason for c in choices if c.finish_reason],
+                                 ["tool_calls"])
+                deltas = [tc for c in choices for tc in (c.delta.tool_calls or [])]
+                names, ids, pieces = {}, {}, {}
+                for d in deltas:
+                    if d.id is not None:
+                        self.assertNotIn(d.index, ids)
+                        ids[d.index], names[d.index] = d.id, d.function.name
+                        pieces[d.index] = []
+                    else:
+                        self.assertIn(d.index, ids)  # the name comes first
+                        self.assertIsNone(d.function.name)
+                    pieces[d.index].append(d.function.arguments or "")
+                self.assertEqual(sorted(ids), list(range(len(calls))))
+                for k, call in enumerate(calls):
+                    self.assertTrue(ids[k].startswith("call_"))
+                    self.assertEqual(names[k], call.function.name)
+                    streamed = "".join(pieces[k])
+                    self.assertEqual(streamed, call.function.arguments)
+                    self.assertEqual(json.loads(streamed), json.loads(call.function.arguments))
+                    jsonschema.validate(json.loads(streamed), schemas[call.function.name])
+                    # In pieces, not one chunk at the end.
+                    self.assertGreater(len([p for p in pieces[k] if p]), 1)
+        self.assertGreaterEqual(ended, 3)
+
+
+class DefaultPairTest(unittest.TestCase):
+    """Structured output on the built-in pair: a small trained model with a real 2048-token
+    vocabulary, where whitespace tokens are likely at temperature 1."""
+
+    @classmethod
+    def setUpClass(cls):
+        pair = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models",
+                            "default")
+        if not os.path.exists(os.path.join(pair, "target", "tokenizer.json")):
+            raise unittest.SkipTest("models/default is missing")
+        cls.proc = subprocess.Popen(
+            [FLASHMAP, "serve", "--target", os.path.join(pair, "target"), "--draft",
+             os.path.join(pair, "draft"), "--port", "0", "--served-model-name", "default"],
+            stderr=subprocess.PIPE, text=True)
+        line = ""
+        for line in cls.proc.stderr:
+            m = re.search(r"listening on http://[\d.]+:(\d+)", line)
+            if m:
+                cls.port = int(m.group(1))
+                threading.Thread(target=lambda: cls.proc.stderr.read(), daemon=True).start()
+                return
+        cls.proc.kill()
+        raise RuntimeError("default-pair server did not start: " + line)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.proc.poll() is None:
+            cls.proc.kill()
+            cls.proc.wait()
+
+    SCHEMA = {"type": "object",
+              "properties": {"name": {"type": "string", "maxLength": 8},
+                             "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                             "tags": {"type": "array", "items": {"enum": ["red", "blue"]},
+                                      "maxItems": 3},
+                             "ok": {"type": "boolean"}},
+              "required": ["name", "age", "tags"]}
+
+    def schema_output(self, client, seed, **extra):
+        r = client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "Describe a person as JSON."}],
+            max_tokens=160, temperature=1.0, seed=seed, extra_body=extra or None,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "p", "schema": self.SCHEMA}})
+        return r.choices[0].finish_reason, r.choices[0].message.content
+
+    def test_schema_output_ends_and_flexible_whitespace_is_opt_in(self):
+        import jsonschema
+        openai = openai_module()
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
+                               max_retries=0)
+        for seed in range(6):
+            with self.subTest(seed=seed):
+                finish, text = self.schema_output(client, seed)
+                self.assertEqual(finish, "stop", text)
+                jsonschema.validate(json.loads(text), self.SCHEMA)
+                self.assertEqual(free_whitespace(text), [], text)
+        # The opt-in gives the model the free whitespace back (this model takes it), and what
+        # ends is still valid.
+        flexible = [self.schema_output(client, seed, flexible_whitespace=True)
+                    for seed in range(3)]
+        self.assertTrue(any(free_whitespace(text) for _, text in flexible), flexible)
+        for finish, text in flexible:
+            if finish == "stop":
+                jsonschema.validate(json.loads(text), self.SCHEMA)
 
 
 class ReasoningTest(unittest.TestCase):
