@@ -1,21 +1,63 @@
 #include "cli/options.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
 #include "core/check.h"
 
-#ifndef FLASHMAP_SOURCE_DIR
-#define FLASHMAP_SOURCE_DIR "."
-#endif
-
 namespace flashmap::cli {
 
+namespace {
+
+// The folder holding the default pair's target/ and draft/, first found of: $FLASHMAP_HOME/
+// models/default; <exe dir>/../share/flashmap/models/default (where `cmake --install` puts it);
+// the source tree's models/default, but only for the binary in the build tree that was compiled
+// with it (FLASHMAP_BUILD_DIR), so that an installed or copied binary never reads the source tree.
+std::filesystem::path default_pair_dir() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto has_pair = [&](const fs::path& dir) {
+    return fs::is_regular_file(dir / "target" / "config.json", ec);
+  };
+  if (const char* home = std::getenv("FLASHMAP_HOME"); home != nullptr && *home != '\0') {
+    const fs::path dir = fs::path(home) / "models" / "default";
+    FLASHMAP_CHECK(has_pair(dir),
+                   "FLASHMAP_HOME={}: no default pair there ({} has no target/config.json); "
+                   "point it at a folder with models/default, or pass --target",
+                   home, dir.string());
+    return dir;
+  }
+  std::string looked;  // the folders tried, for the message
+  const fs::path exe = fs::canonical("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path installed =
+        exe.parent_path().parent_path() / "share" / "flashmap" / "models" / "default";
+    if (has_pair(installed)) return installed;
+    looked = installed.string();
+#if defined(FLASHMAP_BUILD_DIR) && defined(FLASHMAP_SOURCE_DIR)
+    if (fs::equivalent(exe.parent_path(), FLASHMAP_BUILD_DIR, ec)) {
+      const fs::path source = fs::path(FLASHMAP_SOURCE_DIR) / "models" / "default";
+      if (has_pair(source)) return source;
+      looked += ", " + source.string();
+    }
+#endif
+  } else {
+    looked = "nowhere: /proc/self/exe is unreadable";
+  }
+  throw Error(fmt::format(
+      "no default model pair (looked in {}); pass --target (and --draft), or set FLASHMAP_HOME "
+      "to a folder with models/default/target and models/default/draft",
+      looked));
+}
+
+}  // namespace
+
 std::string default_target_dir() {
-  return std::string(FLASHMAP_SOURCE_DIR) + "/models/default/target";
+  return (default_pair_dir() / "target").string();
 }
 std::string default_draft_dir() {
-  return std::string(FLASHMAP_SOURCE_DIR) + "/models/default/draft";
+  return (default_pair_dir() / "draft").string();
 }
 
 void ModelOptions::resolve() {
@@ -39,7 +81,9 @@ CLI::Validator non_empty(const std::string& message) {
 void add_model_options(CLI::App& app, ModelOptions& m) {
   app.add_option("--target", m.target,
                  "target model folder (Hugging Face, model_type qwen3); "
-                 "default: the built-in pair in models/default")
+                 "default: the built-in pair ($FLASHMAP_HOME/models/default, else "
+                 "<exe dir>/../share/flashmap/models/default, else the source tree's for a "
+                 "build-tree binary)")
       ->check(non_empty());
   auto* draft = app.add_option("--draft", m.draft,
                                "drafter folder: FlashMap (model_type flashmap) or DFlash (z-lab or "
