@@ -17,6 +17,7 @@ namespace flashmap::cli {
 struct BenchArgs {
   ModelOptions model;
   std::string shape, draft_shape, json_out;
+  std::string prompt_file;  // JSON Lines of text, chat or id prompts instead of random ones
   std::vector<std::string> vs_drafts;  // more drafters timed beside --draft in the same run
   std::vector<std::string> trees;      // draft-tree shapes timed for each drafter row
   float temperature = 0.0f;

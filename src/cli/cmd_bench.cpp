@@ -29,6 +29,7 @@
 #include "cli/bench.h"
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/text_io.h"
 #include "core/check.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
@@ -104,6 +105,61 @@ void write_json(const json& out, const std::string& path) {
 
 namespace {
 
+// --prompt-file: JSON Lines, one prompt per line, each an object with one of "prompt" (text,
+// encoded as is), "chat" (one user message through the chat template, thinking off) or
+// "prompt_ids" (ids); blank lines are skipped. The bounds keep a wrong file (a model's
+// safetensors, say) from being read into memory whole or decoded for hours.
+std::vector<std::vector<int32_t>> read_prompt_file(const std::string& path, const TextCodec* text,
+                                                   int64_t vocab, int64_t max_positions,
+                                                   int max_new) {
+  constexpr std::uintmax_t kMaxBytes = 64u << 20;
+  constexpr size_t kMaxPrompts = 10000;
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(path, ec);
+  FLASHMAP_CHECK(!ec, "--prompt-file {}: cannot read it ({})", path, ec.message());
+  FLASHMAP_CHECK(bytes <= kMaxBytes, "--prompt-file {}: {} bytes, more than the {} MiB allowed",
+                 path, bytes, kMaxBytes >> 20);
+  std::ifstream f(path, std::ios::binary);
+  FLASHMAP_CHECK(f.good(), "--prompt-file {}: cannot open it", path);
+  std::vector<std::vector<int32_t>> prompts;
+  std::string line;
+  for (size_t n = 1; std::getline(f, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string at = fmt::format("--prompt-file {} line {}", path, n);
+    FLASHMAP_CHECK(prompts.size() < kMaxPrompts, "{}: more than {} prompts", at, kMaxPrompts);
+    const json j = json::parse(line, nullptr, false);
+    FLASHMAP_CHECK(j.is_object(), "{}: not a JSON object", at);
+    const int kinds =
+        int(j.contains("prompt")) + int(j.contains("chat")) + int(j.contains("prompt_ids"));
+    FLASHMAP_CHECK(kinds == 1, "{}: give exactly one of \"prompt\", \"chat\", \"prompt_ids\"", at);
+    std::vector<int32_t> ids;
+    if (j.contains("prompt_ids")) {
+      FLASHMAP_CHECK(j["prompt_ids"].is_array(), "{}: \"prompt_ids\" must be an array", at);
+      for (const auto& v : j["prompt_ids"]) {
+        FLASHMAP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < vocab,
+                       "{}: \"prompt_ids\" holds {}, not an id in [0, {})", at, v.dump(), vocab);
+        ids.push_back(v.get<int32_t>());
+      }
+    } else {
+      const char* key = j.contains("chat") ? "chat" : "prompt";
+      FLASHMAP_CHECK(j[key].is_string(), "{}: \"{}\" must be a string", at, key);
+      FLASHMAP_CHECK(text != nullptr,
+                     "{}: text prompts need tokenizer files (the target has no tokenizer.json: "
+                     "give --tokenizer DIR, or \"prompt_ids\")",
+                     at);
+      const std::string& s = j[key].get_ref<const std::string&>();
+      ids = text->encode(j.contains("chat") ? chat_prompt(*text, s, "", false) : s);
+    }
+    FLASHMAP_CHECK(!ids.empty(), "{}: an empty prompt", at);
+    FLASHMAP_CHECK(int64_t(ids.size()) + max_new <= max_positions,
+                   "{}: {} prompt tokens + --max-new-tokens {} exceed the target's {} positions",
+                   at, ids.size(), max_new, max_positions);
+    prompts.push_back(std::move(ids));
+  }
+  FLASHMAP_CHECK(!prompts.empty(), "--prompt-file {}: no prompts in it", path);
+  return prompts;
+}
+
 void run_bench(BenchArgs& a) {
   check_device(a.model.device);
   if (a.model.device != "cpu") {
@@ -162,29 +218,47 @@ void run_bench(BenchArgs& a) {
         a.model.steps == 0 || std::any_of(flashmap_configs.begin(), flashmap_configs.end(),
                                           [](const auto& c) { return c.has_value(); }),
         "--steps: a DFlash drafter drafts in one pass (no steps); drop --steps");
-    // The --ngram-* options reach the n-gram drafter's engine only (the others refuse them).
+    // The --ngram-* options reach the n-gram drafter's engine, --hybrid-ngram (with
+    // --ngram-max) the hybrid rows' only: the other engines refuse them.
     const auto other_than_ngram = [](EngineOptions o) {
       o.ngram_min = EngineOptions{}.ngram_min;
       o.ngram_max = EngineOptions{}.ngram_max;
       o.ngram_block = EngineOptions{}.ngram_block;
+      o.hybrid_ngram = 0;
       return o;
     };
+    // A prompt file is read against the target's config before any weights load.
+    std::vector<std::vector<int32_t>> prompts;
+    if (!a.prompt_file.empty()) {
+      const auto tc = Qwen3Config::from_file(a.model.target + "/config.json");
+      // The target's own tokenizer where it has one (a file of ids needs none), else --tokenizer.
+      std::error_code ec;
+      const bool own = std::filesystem::exists(a.model.target + "/tokenizer.json", ec);
+      const auto text = !a.model.tokenizer.empty() ? open_text(a.model.tokenizer)
+                        : own                      ? open_text(a.model.target)
+                                                   : nullptr;
+      prompts = read_prompt_file(a.prompt_file, text.get(), tc.vocab_size,
+                                 tc.max_position_embeddings, a.max_new_tokens);
+    }
     EngineOptions alone_opt = other_than_ngram(eo);
     alone_opt.draft.clear();
     alone_opt.steps = 0;
     alone_opt.draft_tree = "off";
     Engine alone_engine(alone_opt);
     const int V = int(alone_engine.target_info().vocab_size);
-    std::vector<std::vector<int32_t>> prompts;
-    Rng rng(7);
-    for (int i = 0; i < a.prompts; ++i) {
-      std::vector<int32_t> p;
-      for (int j = 0; j < 16; ++j) p.push_back(int32_t(rng.next() % uint64_t(V)));
-      prompts.push_back(p);
+    if (!prompts.empty()) {
+      out["prompt_file"] = a.prompt_file;
+    } else {
+      Rng rng(7);
+      for (int i = 0; i < a.prompts; ++i) {
+        std::vector<int32_t> p;
+        for (int j = 0; j < 16; ++j) p.push_back(int32_t(rng.next() % uint64_t(V)));
+        prompts.push_back(p);
+      }
     }
-    fmt::print("# flashmap bench: {} + {} on {} ({} prompts x {} tokens, {}, {} threads)\n\n",
-               a.model.target, fmt::join(drafts, " | "), alone_engine.device(), a.prompts,
-               a.max_new_tokens,
+    fmt::print("# flashmap bench: {} + {} on {} ({} prompts{} x {} tokens, {}, {} threads)\n\n",
+               a.model.target, fmt::join(drafts, " | "), alone_engine.device(), prompts.size(),
+               a.prompt_file.empty() ? "" : " of " + a.prompt_file, a.max_new_tokens,
                a.temperature > 0 ? fmt::format("temperature {}", a.temperature) : "greedy",
                ThreadPool::global().size());
     out["device"] = alone_engine.device();
@@ -212,24 +286,38 @@ void run_bench(BenchArgs& a) {
           key += "tree_" + tree + "_";
         }
         const bool ngram = drafts[d] == "ngram";
-        EngineOptions so = ngram ? eo : other_than_ngram(eo);
-        so.draft = drafts[d];
-        so.draft_tree = tree;
-        if (!flashmap_configs[d]) {
-          so.steps = 0;
-          Engine engine(so);
-          const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
-          out[key + (ngram ? "ngram" : "dflash")] = r;
-          row((ngram ? "n-gram" : "DFlash") + tag, r);
-          continue;
-        }
-        for (const auto& [steps, grid] : flashmap_configs[d]->jump_grids) {
-          if (a.model.steps > 0 && steps != a.model.steps) continue;
-          so.steps = steps;
-          Engine engine(so);
-          const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
-          out[fmt::format("{}flashmap_steps{}", key, steps)] = r;
-          row(fmt::format("FlashMap, {} step{}{}", steps, steps > 1 ? "s" : "", tag), r);
+        // --hybrid-ngram N: each trained drafter's rows, then the same with hybrid rounds.
+        std::vector<int> hybrids{0};
+        if (!ngram && a.model.hybrid_ngram > 0) hybrids.push_back(a.model.hybrid_ngram);
+        for (const int h : hybrids) {
+          EngineOptions so = other_than_ngram(eo);
+          if (ngram) {
+            so = eo;
+            so.hybrid_ngram = 0;
+          } else if (h > 0) {
+            so.hybrid_ngram = h;
+            so.ngram_max = eo.ngram_max;
+          }
+          so.draft = drafts[d];
+          so.draft_tree = tree;
+          const std::string htag = h > 0 ? fmt::format(", hybrid {}", h) : "";
+          const std::string hkey = h > 0 ? fmt::format("hybrid{}_", h) : "";
+          if (!flashmap_configs[d]) {
+            so.steps = 0;
+            Engine engine(so);
+            const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
+            out[key + hkey + (ngram ? "ngram" : "dflash")] = r;
+            row((ngram ? "n-gram" : "DFlash") + tag + htag, r);
+            continue;
+          }
+          for (const auto& [steps, grid] : flashmap_configs[d]->jump_grids) {
+            if (a.model.steps > 0 && steps != a.model.steps) continue;
+            so.steps = steps;
+            Engine engine(so);
+            const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
+            out[fmt::format("{}{}flashmap_steps{}", key, hkey, steps)] = r;
+            row(fmt::format("FlashMap, {} step{}{}{}", steps, steps > 1 ? "s" : "", tag, htag), r);
+          }
         }
       }
   }
@@ -282,9 +370,15 @@ void register_cmd(CLI::App& app) {
       ->excludes(shape);
   sub->add_option("--reps", args->reps, "repetitions (median or sum; 3)")
       ->check(CLI::Range(1, 100000));
-  sub->add_option("--prompts", args->prompts, "number of random prompts (4)")
-      ->check(CLI::Range(1, 100000))
-      ->excludes(shape);
+  auto* prompts_opt = sub->add_option("--prompts", args->prompts, "number of random prompts (4)")
+                          ->check(CLI::Range(1, 100000))
+                          ->excludes(shape);
+  sub->add_option("--prompt-file", args->prompt_file,
+                  "JSON Lines of prompts instead of random ones: {\"prompt\": TEXT}, {\"chat\": "
+                  "TEXT} (chat template, thinking off) or {\"prompt_ids\": [...]} per line")
+      ->check(non_empty())
+      ->excludes(shape)
+      ->excludes(prompts_opt);
   sub->add_option("--max-new-tokens", args->max_new_tokens, "tokens per prompt (128)")
       ->check(CLI::Range(1, INT32_MAX));
   sub->add_option("--json", args->json_out, "also write the figures as JSON to this file")
