@@ -51,6 +51,11 @@ struct EngineOptions {
   // 32), are looked up in the prompt and the generated text, and what followed the longest match
   // is a block of up to ngram_block (1..64) drafts. CPU backend.
   int ngram_min = 1, ngram_max = 4, ngram_block = 8;
+  // Hybrid rounds, with a FlashMap or DFlash drafter: a sequence whose last N tokens or more
+  // (N = hybrid_ngram, 1..32; matches up to max(N, ngram_max) tokens) occurred earlier in its
+  // prompt or output drafts their continuation by prompt lookup that round instead of running
+  // the drafter. 0: off. CPU backend.
+  int hybrid_ngram = 0;
   // How the CPU backend holds linear weights: "native" (their file dtype, packed for the GEMM
   // kernel) or "q8" (int8 with Q8_0's per-32 fp16 scales, quantized at load). CUDA: native only.
   std::string weights = "native";

@@ -323,7 +323,7 @@ class PyEngine {
   PyEngine(const std::string& target, std::optional<std::string> draft, const std::string& device,
            std::optional<int> threads, std::optional<int> steps, const std::string& draft_tree,
            std::optional<int> ngram_min, std::optional<int> ngram_max,
-           std::optional<int> ngram_block) {
+           std::optional<int> ngram_block, int hybrid_ngram) {
     std::error_code ec;
     if (std::filesystem::exists(std::filesystem::path(target) / "tokenizer.json", ec))
       tokenizer_ = std::make_shared<PyTokenizer>(target);
@@ -337,6 +337,7 @@ class PyEngine {
     o.ngram_min = ngram_min.value_or(o.ngram_min);
     o.ngram_max = ngram_max.value_or(o.ngram_max);
     o.ngram_block = ngram_block.value_or(o.ngram_block);
+    o.hybrid_ngram = hybrid_ngram;  // 0: off
     if (steps && *steps < 1)
       throw flashmap::Error(fmt::format("steps must be >= 1, got {}", *steps));
     if (steps && o.draft.empty()) throw flashmap::Error("steps needs a drafter (draft_dir)");
@@ -485,14 +486,15 @@ NB_MODULE(_core, m) {
 
   nb::class_<PyEngine>(m, "Engine",
                        "A Qwen3 target folder, an optional FlashMap or DFlash drafter folder (or "
-                       "\"ngram\": prompt lookup, with ngram_min, ngram_max, ngram_block) and "
+                       "\"ngram\": prompt lookup, with ngram_min, ngram_max, ngram_block; "
+                       "hybrid_ngram=N: prompt lookup beside the drafter where N tokens match) and "
                        "a device (cpu, cuda, cuda:N).")
       .def(nb::init<const std::string&, std::optional<std::string>, const std::string&,
                     std::optional<int>, std::optional<int>, const std::string&, std::optional<int>,
-                    std::optional<int>, std::optional<int>>(),
+                    std::optional<int>, std::optional<int>, int>(),
            "target_dir"_a, "draft_dir"_a = nb::none(), "device"_a = "cpu", "threads"_a = nb::none(),
            "steps"_a = nb::none(), "draft_tree"_a = "off", "ngram_min"_a = nb::none(),
-           "ngram_max"_a = nb::none(), "ngram_block"_a = nb::none())
+           "ngram_max"_a = nb::none(), "ngram_block"_a = nb::none(), "hybrid_ngram"_a = 0)
       .def(
           "generate",
           [](PyEngine& e, nb::handle input_ids, int max_new_tokens, double temperature, int top_k,

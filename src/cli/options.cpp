@@ -118,9 +118,13 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
   app.add_option("--ngram-min", m.ngram_min,
                  "--draft ngram: the shortest n-gram to match (default 1)");
   app.add_option("--ngram-max", m.ngram_max,
-                 "--draft ngram: the longest n-gram to match, tried first (default 4)");
+                 "--draft ngram or --hybrid-ngram: the longest n-gram to match, tried first "
+                 "(default 4)");
   app.add_option("--ngram-block", m.ngram_block,
                  "--draft ngram: drafts per round, at most (default 8)");
+  app.add_option("--hybrid-ngram", m.hybrid_ngram,
+                 "with a FlashMap or DFlash drafter: a round whose last N tokens or more occurred "
+                 "earlier drafts their continuation by prompt lookup instead (0: off)");
 }
 
 EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
@@ -135,6 +139,7 @@ EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
   o.ngram_min = ngram_min;
   o.ngram_max = ngram_max;
   o.ngram_block = ngram_block;
+  o.hybrid_ngram = hybrid_ngram;
   o.sampled_vocab = sampled_vocab;
   o.threads = threads;
   return o;

@@ -16,6 +16,7 @@ struct CpuBackend::Owned {
   std::unique_ptr<FlashMapModel> draft;
   std::unique_ptr<DFlashModel> dflash;
   std::unique_ptr<BlockProposer> proposer;
+  std::unique_ptr<BlockProposer> drafter;  // hybrid rounds: the drafter the proposer wraps
 };
 
 CpuBackend::CpuBackend(const Qwen3Model& target, const BlockProposer* proposer)
@@ -48,7 +49,7 @@ void CpuBackend::describe() {
 std::unique_ptr<CpuBackend> CpuBackend::load(const std::string& target_dir,
                                              const std::string& draft_dir, int steps,
                                              int64_t sampled_vocab, ops::WeightFormat weights,
-                                             const NgramOptions& ngram) {
+                                             const NgramOptions& ngram, int hybrid_ngram) {
   const bool ngram_drafter = draft_dir == kNgramDrafter;
   FLASHMAP_CHECK(!ngram_drafter || steps == 0,
                  "--steps applies to FlashMap drafters, not to --draft ngram; drop --steps");
@@ -66,6 +67,12 @@ std::unique_ptr<CpuBackend> CpuBackend::load(const std::string& target_dir,
     o->draft = std::make_unique<FlashMapModel>(draft_dir, *o->target, nullptr, weights);
     o->proposer = std::make_unique<FlashMapProposer>(
         *o->draft, steps > 0 ? steps : o->draft->config().num_steps);
+  }
+  if (hybrid_ngram > 0) {
+    FLASHMAP_CHECK(o->draft || o->dflash,
+                   "--hybrid-ngram needs a FlashMap or DFlash drafter (--draft DIR)");
+    o->drafter = std::move(o->proposer);
+    o->proposer = std::make_unique<HybridProposer>(*o->drafter, hybrid_ngram, ngram.max_n);
   }
   return std::unique_ptr<CpuBackend>(new CpuBackend(std::move(o)));
 }

@@ -24,13 +24,14 @@ class CpuBackend : public engine::Backend {
   CpuBackend(const Qwen3Model& target, const BlockProposer* proposer);
   // Loads a target folder and, when draft_dir is not empty, its drafter (FlashMap with `steps`
   // jumps, 0: its num_steps; or DFlash; or, for draft_dir "ngram", the n-gram drafter with
-  // `ngram`'s options); ids at and past sampled_vocab (> 0) are never sampled; both models'
-  // linear weights held as `weights`.
+  // `ngram`'s options); with hybrid_ngram > 0 the drafter beside prompt lookup (HybridProposer:
+  // matches of hybrid_ngram..ngram.max_n tokens); ids at and past sampled_vocab (> 0) are never
+  // sampled; both models' linear weights held as `weights`.
   static std::unique_ptr<CpuBackend> load(const std::string& target_dir,
                                           const std::string& draft_dir, int steps,
                                           int64_t sampled_vocab,
                                           ops::WeightFormat weights = ops::WeightFormat::Native,
-                                          const NgramOptions& ngram = {});
+                                          const NgramOptions& ngram = {}, int hybrid_ngram = 0);
   ~CpuBackend() override;
 
   engine::Slot open(const engine::Open& o) override;

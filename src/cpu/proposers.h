@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <variant>
@@ -32,8 +33,16 @@ struct NgramContext {
   NgramIndex index;
 };
 
+struct HybridContext;
+
 // One sequence's drafting context, of the proposer's kind.
-using DraftState = std::variant<DraftContext, DFlashContext, ScriptContext, NgramContext>;
+using DraftState =
+    std::variant<DraftContext, DFlashContext, ScriptContext, NgramContext, HybridContext>;
+
+// The hybrid proposer's context: its drafter's and its lookup index's, each a DraftState.
+struct HybridContext {
+  std::unique_ptr<DraftState> drafter, lookup;
+};
 
 struct Proposal {
   std::vector<int32_t> tokens;  // [K] (or fewer: the rest of the room is not drafted), or a tree
@@ -42,6 +51,8 @@ struct Proposal {
   // rejection sampling is sample-and-match (accept with p(x), else a draw from p without x) and
   // needs no probs.
   bool one_hot = false;
+  // Which proposer made it: the sequence's drafter, or (hybrid rounds) the prompt lookup.
+  enum class Source : uint8_t { Drafter, Lookup } source = Source::Drafter;
   // A draft tree (specdec/tree.h): node i follows node parents[i] (−1: the anchor); empty for a
   // block. Verified by sample-and-match, so no q.
   std::vector<int32_t> parents;
@@ -148,6 +159,33 @@ class NgramProposer : public BlockProposer {
 
  private:
   NgramOptions options_;
+};
+
+// A trained drafter with prompt lookup beside it (hybrid rounds): a sequence whose last
+// `min_match` tokens or more (its anchor included) occurred earlier in its prompt or output drafts
+// the lookup's continuation (NgramProposer: a one-hot block, or a trie, costing no forward)
+// instead of the drafter's block; the others run the drafter, as one batch. Both see every
+// commit. Lossless as each of them is: the verification of a one-hot proposal and of a drafted
+// one are each exact, whichever a round picks. Each Proposal says which made it.
+class HybridProposer : public BlockProposer {
+ public:
+  // Borrows `drafter` (it must outlive this). Matches of min_match..max_match tokens (1 <=
+  // min_match <= max_match <= 32); the lookup's block is the drafter's.
+  HybridProposer(const BlockProposer& drafter, int min_match, int max_match);
+  int block_size() const override { return drafter_.block_size(); }
+  std::span<const int> target_layer_ids() const override { return drafter_.target_layer_ids(); }
+  DraftState begin() const override;
+  void commit(DraftState& state, const float* features, int64_t n,
+              std::span<const int32_t> tokens) const override;
+  void propose(std::span<const Seq> batch) const override;
+  bool has_noise() const override { return drafter_.has_noise(); }
+  std::optional<DraftState> fork(const DraftState& from, int64_t length) const override;
+  int64_t context_length(const DraftState& state) const override;
+  size_t bytes(const DraftState& state) const override;
+
+ private:
+  const BlockProposer& drafter_;
+  NgramProposer lookup_;
 };
 
 // Proposes scripted tokens: script[i] for the i-th generated position (the target's own greedy

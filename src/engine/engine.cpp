@@ -39,10 +39,27 @@ bool is_cuda(const std::string& device) {
 NgramOptions ngram_options(const EngineOptions& o) {
   const NgramOptions n{o.ngram_min, o.ngram_max, o.ngram_block};
   const NgramOptions d;
+  if (o.hybrid_ngram != 0) {
+    FLASHMAP_CHECK(o.hybrid_ngram >= 1 && o.hybrid_ngram <= NgramOptions::kMaxN,
+                   "--hybrid-ngram {}: must be in [1, {}] (0: off)", o.hybrid_ngram,
+                   NgramOptions::kMaxN);
+    FLASHMAP_CHECK(!o.draft.empty() && o.draft != cpu::kNgramDrafter,
+                   "--hybrid-ngram needs a FlashMap or DFlash drafter (--draft DIR)");
+    // The shortest match is --hybrid-ngram and the block is the drafter's.
+    FLASHMAP_CHECK(n.min_n == d.min_n,
+                   "--ngram-min does not apply to --hybrid-ngram (it is the "
+                   "shortest match)");
+    FLASHMAP_CHECK(n.block == d.block,
+                   "--ngram-block does not apply to --hybrid-ngram (the "
+                   "block is the drafter's)");
+    FLASHMAP_CHECK(n.max_n >= 1 && n.max_n <= NgramOptions::kMaxN,
+                   "--ngram-max {}: must be in [1, {}]", n.max_n, NgramOptions::kMaxN);
+    return n;
+  }
   if (o.draft != cpu::kNgramDrafter) {
     // Options of a drafter that is not asked for would be ignored without a word.
     FLASHMAP_CHECK(n.min_n == d.min_n, "--ngram-min needs --draft ngram");
-    FLASHMAP_CHECK(n.max_n == d.max_n, "--ngram-max needs --draft ngram");
+    FLASHMAP_CHECK(n.max_n == d.max_n, "--ngram-max needs --draft ngram or --hybrid-ngram");
     FLASHMAP_CHECK(n.block == d.block, "--ngram-block needs --draft ngram");
   }
   n.validate();
@@ -54,7 +71,8 @@ std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
   const NgramOptions ngram = ngram_options(o);
   const ops::WeightFormat weights = ops::parse_weight_format(o.weights);
   if (o.device == "cpu")
-    return cpu::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab, weights, ngram);
+    return cpu::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab, weights, ngram,
+                                 o.hybrid_ngram);
   FLASHMAP_CHECK(weights == ops::WeightFormat::Native,
                  "--weights {}: the CUDA backend runs bf16 weights only (q8 is a CPU format)",
                  o.weights);
@@ -94,6 +112,9 @@ void check_device(const EngineOptions& o) {
   // Before the device itself, so that the answer is the same whether or not a GPU is there.
   FLASHMAP_CHECK(o.draft != cpu::kNgramDrafter || !is_cuda(o.device),
                  "--draft ngram runs on the CPU backend only, not on {} (use --device cpu)",
+                 o.device);
+  FLASHMAP_CHECK(o.hybrid_ngram == 0 || !is_cuda(o.device),
+                 "--hybrid-ngram runs on the CPU backend only, not on {} (use --device cpu)",
                  o.device);
   check_device(o.device);
 }
