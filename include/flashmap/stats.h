@@ -60,6 +60,15 @@ struct EngineStats {
     uint64_t rounds = 0, sequence_rounds = 0, committed = 0, nodes = 0;
   };
   std::map<std::string, TreeCounts> trees;
+  // Drafting sequences' rounds and the tokens they committed, by what drafted: [0] the drafter
+  // model, [1] prompt lookup (--draft ngram, and hybrid rounds whose last tokens matched).
+  struct ProposerCounts {
+    uint64_t sequence_rounds = 0, committed = 0;
+  };
+  ProposerCounts proposers[2];
+  // Positions the running sequences hold in their KV caches, and what the slots may hold
+  // (max_running x the context limit): their ratio is the KV-cache utilisation routers read.
+  int64_t kv_tokens = 0, kv_capacity_tokens = 0;
   // False after a device fault (flashmap::DeviceFault): every request held then failed and no
   // more are taken; `fault` says what happened. The process must restart to serve again.
   bool healthy = true;

@@ -300,6 +300,7 @@ void CpuBackend::accept(std::span<const SeqStep> steps, std::span<Accepted> out)
     }
     out[i].accepted = accepted;
     out[i].drafted = int64_t(draft.size());
+    out[i].lookup = s.proposal.source == Proposal::Source::Lookup;
     out[i].tokens.assign(draft.begin(), draft.begin() + accepted);
     out[i].tokens.push_back(bonus);
     s.anchor = bonus;
@@ -319,6 +320,7 @@ void CpuBackend::accept_tree(const SeqStep& st, Accepted& out) {
               st.position + 1, path, bonus);
   out.accepted = int(path.size());
   out.drafted = int64_t(nodes.size());
+  out.lookup = s.proposal.source == Proposal::Source::Lookup;
   out.tokens.clear();
   for (int n : path) out.tokens.push_back(nodes[size_t(n)]);
   out.tokens.push_back(bonus);

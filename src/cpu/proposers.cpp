@@ -218,6 +218,7 @@ void NgramProposer::propose(std::span<const Seq> batch) const {
     out.probs.clear();
     out.parents.clear();
     out.one_hot = true;
+    out.source = Proposal::Source::Lookup;
     // paths:N takes N continuations; topk:B as many as B nodes hold (there is no distribution
     // to expand, so the budget bounds the matches instead).
     const int paths = !s.tree.active() ? 1 : s.tree.paths > 0 ? s.tree.paths : kMaxTreePaths;

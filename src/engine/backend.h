@@ -126,6 +126,7 @@ struct Accepted {
   std::vector<int32_t> tokens;         // accepted + 1 tokens (pick: the one first token)
   std::vector<TokenLogprob> logprobs;  // one per token when SeqStep::logprobs >= 0
   int64_t drafted = 0;                 // draft tokens (block slots or tree nodes) verified
+  bool lookup = false;  // drafted by prompt lookup (--draft ngram, a hybrid round's lookup)
 };
 
 // After accept: a sequence keeps the first `length` positions of its KV cache (the rejected

@@ -221,6 +221,8 @@ struct Engine::Impl {
   uint64_t rounds = 0, spec_rounds = 0;
   uint64_t policy_rounds[2][2] = {{0, 0}, {0, 0}};
   std::map<std::string, EngineStats::TreeCounts> trees;
+  EngineStats::ProposerCounts proposers[2];
+  int64_t kv_tokens = 0;
   std::vector<engine::SpecPolicy::Bucket> buckets;
   std::vector<uint64_t> acceptance_hist;
   engine::PrefixCacheStats prefix_cache;
@@ -410,6 +412,9 @@ EngineStats Engine::stats() const {
   s.prefix_cache = m.prefix_cache;
   s.draft_tree = options_.draft_tree;
   s.trees = m.trees;
+  for (int p = 0; p < 2; ++p) s.proposers[p] = m.proposers[p];
+  s.kv_tokens = m.kv_tokens;
+  s.kv_capacity_tokens = int64_t(m.max_running) * m.loop->max_context();
   s.healthy = m.healthy;
   s.fault = m.fault;
   s.max_running = m.max_running;
@@ -512,6 +517,7 @@ void Engine::loop() {
       running.clear();
       std::lock_guard lk(m.mutex);
       m.running = 0;
+      m.kv_tokens = 0;
       return;
     }
     // Cancelled requests leave before the round so that they cost no compute.
@@ -546,6 +552,7 @@ void Engine::loop() {
       for (auto& s : queued) retire(*s, false, "error", e.what());
       std::lock_guard lk(m.mutex);
       m.running = 0;
+      m.kv_tokens = 0;
       return;
     } catch (const std::exception& e) {
       // An engine failure fails the sequences of this round, not the server.
@@ -571,14 +578,22 @@ void Engine::loop() {
         for (int c : report.committed_counts) t.committed += uint64_t(c);
         t.nodes += uint64_t(report.drafts_verified);
       }
+      for (size_t i = 0; i < report.committed_counts.size(); ++i) {
+        auto& p = m.proposers[report.lookup[i] ? 1 : 0];
+        ++p.sequence_rounds;
+        p.committed += uint64_t(report.committed_counts[i]);
+      }
       for (int c : report.committed_counts)
         if (size_t(c) < m.acceptance_hist.size()) ++m.acceptance_hist[size_t(c)];
     }
     for (auto& s : running)
       if (s->seq.done) retire(*s, true, s->seq.finish_reason, s->seq.error);
     std::erase_if(running, [](const std::unique_ptr<Impl::Served>& s) { return s->seq.done; });
+    int64_t kv = 0;
+    for (const auto& s : running) kv += s->seq.length;
     std::lock_guard lk(m.mutex);
     m.running = int(running.size());
+    m.kv_tokens = kv;
     m.prefix_cache = m.loop->prefix_cache_stats();
   }
 }

@@ -264,6 +264,7 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
     if (s.room > 0) {
       ++report.speculating;
       report.committed_counts.push_back(committed);
+      report.lookup.push_back(r.lookup);
     }
     // Keep the anchor and the accepted drafts; the target's token is the next anchor.
     s.length += r.accepted + 1;

@@ -69,6 +69,7 @@ struct RoundReport {
   SpecPolicy::Decision decision;
   int speculating = 0;                // sequences that drafted
   std::vector<int> committed_counts;  // per drafting sequence
+  std::vector<bool> lookup;           // per drafting sequence: drafted by prompt lookup
   TreeShape tree;                     // the round's draft tree (off: single blocks)
   int64_t drafts_verified = 0;        // draft tokens (block slots or tree nodes) verified
 };

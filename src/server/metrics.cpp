@@ -206,6 +206,59 @@ void render_prefix_cache(std::string& out, const EngineStats& s) {
   }
 }
 
+// Who drafted each drafting sequence's round: the drafter model or prompt lookup.
+void render_proposers(std::string& out, const EngineStats& s) {
+  const char* names[2] = {"drafter", "lookup"};
+  out +=
+      "# HELP flashmap_proposer_sequence_rounds_total Drafting sequences' rounds by what drafted "
+      "(drafter: the drafter model; lookup: prompt lookup, --draft ngram or a hybrid round).\n"
+      "# TYPE flashmap_proposer_sequence_rounds_total counter\n";
+  for (int p = 0; p < 2; ++p)
+    out += fmt::format("flashmap_proposer_sequence_rounds_total{{proposer=\"{}\"}} {}\n", names[p],
+                       s.proposers[p].sequence_rounds);
+  out +=
+      "# HELP flashmap_proposer_committed_tokens_total Tokens those rounds committed, by what "
+      "drafted.\n# TYPE flashmap_proposer_committed_tokens_total counter\n";
+  for (int p = 0; p < 2; ++p)
+    out += fmt::format("flashmap_proposer_committed_tokens_total{{proposer=\"{}\"}} {}\n", names[p],
+                       s.proposers[p].committed);
+}
+
+// The KV cache's fill, and the series the Kubernetes Gateway API Inference Extension's endpoint
+// picker scrapes from a model server (its model-server protocol: queued and running requests,
+// KV-cache utilisation), under the vLLM names that its defaults read, with the prefix cache's
+// token counters under vLLM's names too.
+void render_router(std::string& out, const EngineStats& s) {
+  const double usage =
+      s.kv_capacity_tokens > 0 ? double(s.kv_tokens) / double(s.kv_capacity_tokens) : 0.0;
+  const auto& pc = s.prefix_cache;
+  const double hit_rate = pc.query_tokens > 0 ? double(pc.hit_tokens) / double(pc.query_tokens) : 0;
+  out += fmt::format(
+      "# HELP flashmap_kv_cache_tokens Positions the running sequences hold in their KV caches.\n"
+      "# TYPE flashmap_kv_cache_tokens gauge\nflashmap_kv_cache_tokens {}\n"
+      "# HELP flashmap_kv_cache_capacity_tokens Positions the sequence slots may hold "
+      "(max_running x the context limit).\n"
+      "# TYPE flashmap_kv_cache_capacity_tokens gauge\nflashmap_kv_cache_capacity_tokens {}\n"
+      "# HELP flashmap_prefix_cache_hit_rate Prompt tokens served from the prefix cache over "
+      "prompt tokens looked up, since start.\n"
+      "# TYPE flashmap_prefix_cache_hit_rate gauge\nflashmap_prefix_cache_hit_rate {}\n"
+      "# HELP vllm:num_requests_waiting Requests waiting for a slot (TotalQueuedRequests).\n"
+      "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting {}\n"
+      "# HELP vllm:num_requests_running Requests being decoded (TotalRunningRequests).\n"
+      "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {}\n"
+      "# HELP vllm:kv_cache_usage_perc KV-cache utilisation from 0 to 1 "
+      "(KVCacheUtilization).\n"
+      "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc {}\n"
+      "# HELP vllm:gpu_cache_usage_perc The same utilisation under its earlier name.\n"
+      "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc {}\n"
+      "# HELP vllm:prefix_cache_queries_total Prompt tokens looked up in the prefix cache.\n"
+      "# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total {}\n"
+      "# HELP vllm:prefix_cache_hits_total Prompt tokens served from the prefix cache.\n"
+      "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total {}\n",
+      s.kv_tokens, s.kv_capacity_tokens, hit_rate, s.queued, s.running, usage, usage,
+      pc.query_tokens, pc.hit_tokens);
+}
+
 }  // namespace
 
 std::string Metrics::render(const EngineStats& s) const {
@@ -233,6 +286,8 @@ std::string Metrics::render(const EngineStats& s) const {
   render_estimates(out, s);
   render_acceptance(out, s);
   render_prefix_cache(out, s);
+  render_proposers(out, s);
+  render_router(out, s);
   return out;
 }
 

@@ -491,7 +491,17 @@ class ServerTest(unittest.TestCase):
         got = b""
         while got.count(b"data: ") < 3:
             got += s.recv(4096)
-        self.assertEqual(metrics(self.port)["flashmap_running_sequences"], 1)
+        m = metrics(self.port)
+        self.assertEqual(m["flashmap_running_sequences"], 1)
+        # The endpoint picker's series (Gateway API Inference Extension, vLLM's names).
+        self.assertEqual(m["vllm:num_requests_running"], 1)
+        self.assertEqual(m["vllm:num_requests_waiting"], m["flashmap_queue_depth"])
+        # The one sequence holds its prompt and its tokens so far, of 8 slots x the context.
+        self.assertGreaterEqual(m["flashmap_kv_cache_tokens"], len(PROMPTS[0]) + 2)
+        self.assertEqual(m["flashmap_kv_cache_capacity_tokens"], 8 * 4096)
+        self.assertAlmostEqual(m["vllm:kv_cache_usage_perc"],
+                               m["flashmap_kv_cache_tokens"] / (8 * 4096), places=9)
+        self.assertEqual(m["vllm:gpu_cache_usage_perc"], m["vllm:kv_cache_usage_perc"])
         s.close()
         # ~4000 speculative tokens take far longer than this deadline on the fixture.
         deadline = time.time() + 5
@@ -529,6 +539,14 @@ class ServerTest(unittest.TestCase):
             post(self.port, {"prompt": PROMPTS[2], "max_tokens": 20})
         m = metrics(self.port)
         self.assertEqual(m['flashmap_spec_policy{policy="adaptive"}'], 1)
+        # Every drafting sequence's round is the drafter model's here (no prompt lookup), and
+        # the acceptance histogram counts the same rounds and tokens.
+        drafter = m['flashmap_proposer_sequence_rounds_total{proposer="drafter"}']
+        self.assertGreater(drafter, 0)
+        self.assertEqual(m['flashmap_proposer_sequence_rounds_total{proposer="lookup"}'], 0)
+        self.assertEqual(drafter, m["flashmap_acceptance_length_count"])
+        self.assertEqual(m['flashmap_proposer_committed_tokens_total{proposer="drafter"}'],
+                         m["flashmap_acceptance_length_sum"])
         rounds = {k: v for k, v in m.items() if k.startswith("flashmap_spec_policy_rounds_total")}
         self.assertEqual(len(rounds), 4)
         # Every round with a drafting-capable sequence is counted under one mode.

@@ -258,3 +258,44 @@ TEST(Hybrid, EngineLoadsItWithEitherDrafter) {
     EXPECT_EQ(e.generate(p).ids, generate(target, nullptr, kPrompts[2], options(40)).ids) << draft;
   }
 }
+
+// A serving engine counts each drafting sequence's round under what drafted it (the /metrics
+// proposer series): a round is the lookup's exactly when its context's last N tokens repeat,
+// replayed by brute force from the committed tokens and the acceptance lengths.
+TEST(Hybrid, EngineCountsRoundsByProposer) {
+  EngineOptions o;
+  o.target = kA + "/target";
+  o.draft = kA + "/draft";
+  o.hybrid_ngram = 2;
+  o.spec_policy = SpecPolicyKind::Always;
+  Engine e(o);
+  uint64_t want_rounds[2] = {0, 0}, want_committed[2] = {0, 0};
+  for (const auto& prompt : kPrompts) {
+    RequestParams p;
+    p.prompt = prompt;
+    p.max_tokens = 64;
+    auto req = e.submit(p);
+    while (!req->wait(0, std::chrono::milliseconds(100)).finished) {
+    }
+    const auto ids = req->tokens();
+    std::vector<int32_t> context = prompt;
+    context.push_back(ids[0]);  // the prefill's token, the first round's anchor
+    size_t emitted = 1;
+    for (int a : req->acceptance_lengths()) {
+      // With one token left a round has no room to draft: the target's token alone.
+      if (p.max_tokens - int64_t(emitted) > 1) {
+        const int who = repeats(context, 2) ? 1 : 0;
+        ++want_rounds[who];
+        want_committed[who] += uint64_t(a);
+      }
+      for (int k = 0; k < a && emitted < ids.size(); ++k) context.push_back(ids[emitted++]);
+    }
+  }
+  const EngineStats s = e.stats();
+  EXPECT_GT(want_rounds[0], 0u);
+  EXPECT_GT(want_rounds[1], 0u);
+  for (int who = 0; who < 2; ++who) {
+    EXPECT_EQ(s.proposers[who].sequence_rounds, want_rounds[who]) << who;
+    EXPECT_EQ(s.proposers[who].committed, want_committed[who]) << who;
+  }
+}
