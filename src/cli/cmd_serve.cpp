@@ -69,6 +69,8 @@ void run_serve(ServeArgs& a) {
         std::filesystem::path(a.model.target).lexically_normal().parent_path().filename();
   std::optional<TextCodec> text;
   if (!a.model.tokenizer.empty()) text = TextCodec::from_dir(a.model.tokenizer);
+  a.server.model_path = a.model.target;
+  a.server.tokenizer_path = a.model.tokenizer;
   const auto gen = GenerationConfig::from_dir(a.model.target);
   a.server.eos_ids.assign(gen.eos_token_ids.begin(), gen.eos_token_ids.end());
   a.server.default_sampling = default_sampling(gen);

@@ -162,6 +162,12 @@ const std::vector<Unsupported>& unsupported_fields() {
       {"functions", nullptr, false, true, false},
       {"function_call", nullptr, false, true, false},
       {"return_token_strs", false, false, false, true},
+      // SGLang's own fields, which sglang-router adds to every request it forwards with these
+      // (their defaults) values.
+      {"return_hidden_states", false, true, true, false},
+      {"no_stop_trim", false, true, true, false},
+      {"separate_reasoning", true, false, true, false},
+      {"stream_reasoning", true, false, true, false},
   };
   return v;
 }

@@ -372,7 +372,9 @@ void Server::Impl::guard_routes() {
       return;
     const bool known = req.path == "/health" || req.path == "/metrics" ||
                        req.path == "/v1/models" || req.path == "/tokenize" ||
-                       req.path == "/detokenize";
+                       req.path == "/detokenize" || req.path == "/server_info" ||
+                       req.path == "/get_server_info" || req.path == "/model_info" ||
+                       req.path == "/get_model_info";
     const bool model = req.path.rfind("/v1/models/", 0) == 0;
     metrics.request_done(known ? req.path : model ? "/v1/models/{id}" : "other", res.status);
     if (req.path != "/metrics" && req.path != "/health")
@@ -415,6 +417,21 @@ void Server::Impl::routes() {
                                  "model", "model_not_found");
              res.set_content(dump_json(model_card()), "application/json");
            });
+  // What the SGLang Model Gateway (sglang-router) asks a worker it registers, under SGLang's
+  // paths and field names: the model's name (its /v1/models id and routing key) and where the
+  // tokenizer is. Newer routers ask /server_info, older ones /get_server_info; /model_info
+  // and /get_model_info answer the same for the model-side fields.
+  auto server_info = [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump_json(json{{"served_model_name", opt.model_name},
+                                   {"model_path", opt.model_path},
+                                   {"tokenizer_path", opt.tokenizer_path},
+                                   {"is_generation", true},
+                                   {"context_length", sched.max_context()},
+                                   {"max_running_requests", sched.max_running()}}),
+                    "application/json");
+  };
+  for (const char* path : {"/server_info", "/get_server_info", "/model_info", "/get_model_info"})
+    http.Get(path, server_info);
   http.Post("/tokenize",
             [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
   http.Post("/detokenize",

@@ -17,6 +17,10 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port (printed when listening)
   std::string model_name = "flashmap";
+  // The target's and the tokenizer's folders, as /server_info reports them (SGLang's field
+  // names): a router reads the model's name there and loads the tokenizer from the folder when
+  // it can see it.
+  std::string model_path, tokenizer_path;
   std::string api_key;  // non-empty: /v1/* needs "Authorization: Bearer <key>"
   size_t max_body_bytes = 4u << 20;
   int default_max_tokens = 16;   // /v1/completions without max_tokens (OpenAI's default)
