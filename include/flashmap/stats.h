@@ -66,6 +66,10 @@ struct EngineStats {
     uint64_t sequence_rounds = 0, committed = 0;
   };
   ProposerCounts proposers[2];
+  // Hybrid rounds under the adaptive policy: speculative rounds that let prompt lookup draft
+  // where it matched ([0]) and that ran the drafter alone ([1]), as measured tokens/s chose them;
+  // empty without that choice.
+  std::vector<uint64_t> lookup_policy_rounds;
   // Positions the running sequences hold in their KV caches, and what the slots may hold
   // (max_running x the context limit): their ratio is the KV-cache utilisation routers read.
   int64_t kv_tokens = 0, kv_capacity_tokens = 0;

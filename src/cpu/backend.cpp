@@ -43,6 +43,7 @@ void CpuBackend::describe() {
     const auto taps = proposer_->target_layer_ids();
     info_.taps.assign(taps.begin(), taps.end());
     info_.drafter_noise = proposer_->has_noise();
+    info_.caps.lookup_choice = dynamic_cast<const HybridProposer*>(proposer_) != nullptr;
   }
 }
 
@@ -227,7 +228,7 @@ void CpuBackend::propose(std::span<const SeqStep> steps) {
     // Controls and logprobs read a sequence's rows as anchor + drafts 0..k−1: a chain.
     const bool chain = (st.controls && st.controls->active()) || st.logprobs >= 0;
     batch.push_back({&*s.draft, s.anchor, st.position + 1, st.sampler, &s.proposal, st.controls,
-                     st.room, chain ? TreeShape{} : st.tree});
+                     st.room, chain ? TreeShape{} : st.tree, st.lookup});
   }
   proposer_->propose(batch);
 }

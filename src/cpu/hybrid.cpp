@@ -43,12 +43,11 @@ void HybridProposer::commit(DraftState& state, const float* features, int64_t n,
 void HybridProposer::propose(std::span<const Seq> batch) const {
   std::vector<Seq> drafted;
   for (const Seq& s : batch) {
-    Seq lookup = s;
-    lookup.state = hybrid(*s.state).lookup.get();
-    lookup_.propose({&lookup, 1});
-    if (!s.out->tokens.empty()) {
-      s.out->source = Proposal::Source::Lookup;
-      continue;
+    if (s.lookup) {
+      Seq lookup = s;
+      lookup.state = hybrid(*s.state).lookup.get();
+      lookup_.propose({&lookup, 1});
+      if (!s.out->tokens.empty()) continue;
     }
     // The lookup marked the (empty) proposal one-hot; the drafter's carries its q.
     s.out->one_hot = false;

@@ -78,6 +78,7 @@ class BlockProposer {
     ControlState* controls = nullptr;  // a constraint masks the drafter's rows too
     int room = 0;         // drafts the round verifies (0: the whole block); DFlash drafts that many
     TreeShape tree = {};  // active: a draft tree of this shape, at most `room` deep
+    bool lookup = true;   // HybridProposer: prompt lookup may draft where it matches
   };
   virtual void propose(std::span<const Seq> batch) const = 0;
   // Whether proposals depend on noise (several draws give several candidate blocks).

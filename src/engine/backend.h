@@ -63,6 +63,9 @@ struct Capabilities {
   bool fork = false;             // open() from another sequence's prefix (prefix cache, n > 1)
   bool prompt_logprobs = false;  // prefill scoring each prompt token (Prefill::score)
   bool trees = false;            // draft trees (SeqStep::tree) drafted, verified and accepted
+  // Hybrid rounds: the proposer drafts by prompt lookup where a sequence's last tokens repeat,
+  // unless the round's SeqStep::lookup says the drafter alone.
+  bool lookup_choice = false;
 };
 
 // What the loop reads of a backend; fixed when the backend is made.
@@ -116,6 +119,8 @@ struct SeqStep {
   // logprobs, whose rows are read as a chain); it is verified in the same forward and accepted
   // by sample-and-match.
   TreeShape tree = {};
+  // Capabilities::lookup_choice: false: the drafter drafts even where prompt lookup matches.
+  bool lookup = true;
 };
 
 // pick()'s or accept()'s outcome for one sequence, on the host: `accepted` drafts then the

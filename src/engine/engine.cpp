@@ -236,6 +236,7 @@ namespace {
 
 // EngineOptions::threads sizes the CPU pool before anything computes on it (loading the models
 // packs their weights on it).
+  std::vector<uint64_t> lookup_policy_rounds;
 const EngineOptions& with_threads(const EngineOptions& o) {
   if (o.threads != 0) ThreadPool::configure_global(o.threads);
   return o;
@@ -427,6 +428,7 @@ int Engine::max_running() const {
 
 bool Engine::healthy() const {
   std::lock_guard lk(impl_->mutex);
+  s.lookup_policy_rounds = m.lookup_policy_rounds;
   return impl_->healthy;
 }
 
@@ -592,6 +594,7 @@ void Engine::loop() {
     int64_t kv = 0;
     for (const auto& s : running) kv += s->seq.length;
     std::lock_guard lk(m.mutex);
+      if (report.lookup_choice >= 0) m.lookup_policy_rounds = m.loop->lookup_policy()->rounds();
     m.running = int(running.size());
     m.kv_tokens = kv;
     m.prefix_cache = m.loop->prefix_cache_stats();

@@ -53,6 +53,8 @@ RoundLoop::RoundLoop(Backend& backend, SpecPolicyOptions policy, int64_t max_con
   max_context_ = max_context > 0 ? std::min(max_context, cap) : cap;
   if (!clock_)
     clock_ = [] { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); };
+  if (backend_.info().caps.lookup_choice && policy.kind == SpecPolicyKind::Adaptive)
+    lookup_policy_.emplace(2, policy.explore_min, policy.explore_max, policy.alpha);
 }
 
 void RoundLoop::validate(const SequenceParams& p) const {
@@ -221,6 +223,8 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
     tree_choice = tree_policy_->decide(batch);
     report.tree = tree_policy_->candidates()[size_t(tree_choice)];
   }
+  if (lookup_policy_ && report.any_draft && report.decision.speculate)
+    report.lookup_choice = lookup_policy_->decide(batch);
 
   // Draft: near the end of the context or of max_tokens the block shrinks (to nothing: a
   // plain step), so that no verified position runs past the cache and no draft is verified that
@@ -233,9 +237,11 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
                                int64_t(s->params.max_tokens) - int64_t(s->generated))
                   : 0;
     steps.push_back(step(*s, s->length, s->room, s->room > 0 ? report.tree : TreeShape{}));
+    steps.back().lookup = report.lookup_choice != 1;
     if (s->room > 0) drafts.push_back(steps.back());
   }
   if (!drafts.empty()) backend_.propose(drafts);
+  if (drafts.empty()) report.lookup_choice = -1;  // nothing drafted: no measure of the choice
   const double draft_ms = ms_since(t0);
 
   // Verify: anchor + block of every sequence in one forward.
@@ -281,6 +287,8 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
   const double seconds = clock_() - t_round;
   if (report.any_draft) policy_.observe(batch, report.decision, seconds, round_tokens);
   if (tree_choice >= 0) tree_policy_->observe(batch, tree_choice, seconds, round_tokens);
+  if (report.lookup_choice >= 0)
+    lookup_policy_->observe(batch, report.lookup_choice, seconds, round_tokens);
   return report;
 }
 

@@ -71,6 +71,7 @@ struct RoundReport {
   std::vector<int> committed_counts;  // per drafting sequence
   std::vector<bool> lookup;           // per drafting sequence: drafted by prompt lookup
   TreeShape tree;                     // the round's draft tree (off: single blocks)
+  int lookup_choice = -1;             // lookup_policy()'s choice (-1: none made)
   int64_t drafts_verified = 0;        // draft tokens (block slots or tree nodes) verified
 };
 
@@ -94,6 +95,13 @@ class RoundLoop {
                          policy_.options().explore_max, policy_.options().alpha);
   }
   const TreePolicy* tree_policy() const { return tree_policy_ ? &*tree_policy_ : nullptr; }
+  // Hybrid rounds under the adaptive policy: whether a speculative round lets prompt lookup
+  // replace the drafter where it matches (choice 0) or runs the drafter alone (1), by measured
+  // tokens/s. Null where the backend has no such choice or the policy is not adaptive (then
+  // lookup always takes its matches).
+  const MeasuredChoice* lookup_policy() const {
+    return lookup_policy_ ? &*lookup_policy_ : nullptr;
+  }
 
   // The one place a request is checked: empty prompt, ids outside the vocabulary, max_tokens,
   // stop ids, sampling parameters, context. Throws flashmap::Error naming the parameter.
@@ -124,6 +132,7 @@ class RoundLoop {
   SpecPolicy policy_;
   TreeShape tree_;
   std::optional<TreePolicy> tree_policy_;
+  std::optional<MeasuredChoice> lookup_policy_;
   int64_t max_context_;
   std::function<double()> clock_;
   PrefixCache cache_;

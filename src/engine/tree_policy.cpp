@@ -7,16 +7,20 @@
 
 namespace flashmap::engine {
 
-TreePolicy::TreePolicy(std::vector<TreeShape> candidates, int explore_min, int explore_max,
-                       double alpha)
-    : candidates_(std::move(candidates)),
+MeasuredChoice::MeasuredChoice(int choices, int explore_min, int explore_max, double alpha)
+    : choices_(choices),
       explore_min_(explore_min),
       explore_max_(std::max(explore_min, explore_max)),
       alpha_(alpha),
-      rounds_(candidates_.size(), 0) {
-  FLASHMAP_CHECK(!candidates_.empty(), "tree policy: no candidates");
-  FLASHMAP_CHECK(explore_min >= 1, "tree policy: explore_min must be >= 1");
+      rounds_(size_t(std::max(choices, 0)), 0) {
+  FLASHMAP_CHECK(choices >= 1, "measured choice: no candidates");
+  FLASHMAP_CHECK(explore_min >= 1, "measured choice: explore_min must be >= 1");
 }
+
+TreePolicy::TreePolicy(std::vector<TreeShape> candidates, int explore_min, int explore_max,
+                       double alpha)
+    : MeasuredChoice(int(candidates.size()), explore_min, explore_max, alpha),
+      candidates_(std::move(candidates)) {}
 
 std::vector<TreeShape> TreePolicy::auto_candidates(int K, bool noise) {
   // Top-k trees only: in the offline measurement (bench/TREES.md) N noise draws of a one-step map
@@ -29,18 +33,18 @@ std::vector<TreeShape> TreePolicy::auto_candidates(int K, bool noise) {
   return c;
 }
 
-TreePolicy::Bucket& TreePolicy::bucket(int batch) {
+MeasuredChoice::Bucket& MeasuredChoice::bucket(int batch) {
   const size_t b = size_t(SpecPolicy::bucket_of(std::max(batch, 1)));
   while (buckets_.size() <= b) {
     Bucket nb;
-    nb.est.resize(candidates_.size());
+    nb.est.resize(size_t(choices_));
     nb.interval = explore_min_;
     buckets_.push_back(nb);
   }
   return buckets_[b];
 }
 
-int TreePolicy::decide(int batch) {
+int MeasuredChoice::decide(int batch) {
   Bucket& b = bucket(batch);
   // A round's committed tokens vary from 1 to K + 1, so one round says little: every candidate
   // gets kMinSamples rounds before it may be chosen, taken every other round while the fallback
@@ -59,7 +63,7 @@ int TreePolicy::decide(int batch) {
   return b.best;
 }
 
-void TreePolicy::observe(int batch, int choice, double seconds, int tokens) {
+void MeasuredChoice::observe(int batch, int choice, double seconds, int tokens) {
   Bucket& b = bucket(batch);
   FLASHMAP_ASSERT(choice >= 0 && size_t(choice) < b.est.size());
   ++rounds_[size_t(choice)];

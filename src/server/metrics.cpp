@@ -222,6 +222,15 @@ void render_proposers(std::string& out, const EngineStats& s) {
   for (int p = 0; p < 2; ++p)
     out += fmt::format("flashmap_proposer_committed_tokens_total{{proposer=\"{}\"}} {}\n", names[p],
                        s.proposers[p].committed);
+  if (s.lookup_policy_rounds.size() == 2) {
+    out +=
+        "# HELP flashmap_hybrid_policy_rounds_total Hybrid speculative rounds by the adaptive "
+        "policy's choice: lookup drafts where it matches, or the drafter alone.\n"
+        "# TYPE flashmap_hybrid_policy_rounds_total counter\n";
+    for (int c = 0; c < 2; ++c)
+      out += fmt::format("flashmap_hybrid_policy_rounds_total{{choice=\"{}\"}} {}\n",
+                         c == 0 ? "lookup" : "drafter", s.lookup_policy_rounds[size_t(c)]);
+  }
 }
 
 // The KV cache's fill, and the series the Kubernetes Gateway API Inference Extension's endpoint

@@ -14,6 +14,7 @@
 #include "cpu/backend.h"
 #include "cpu/proposers.h"
 #include "engine/generate.h"
+#include "engine/tree_policy.h"
 #include "error_of.h"
 #include "joint.h"
 #include "models/dflash.h"
@@ -297,5 +298,59 @@ TEST(Hybrid, EngineCountsRoundsByProposer) {
   for (int who = 0; who < 2; ++who) {
     EXPECT_EQ(s.proposers[who].sequence_rounds, want_rounds[who]) << who;
     EXPECT_EQ(s.proposers[who].committed, want_committed[who]) << who;
+  }
+}
+
+namespace {
+// A hybrid proposer whose rounds cost what the test says on a fake clock: `lookup_cost` seconds
+// where the round lets prompt lookup draft, `drafter_cost` where it runs the drafter alone.
+struct TimedHybrid : HybridProposer {
+  TimedHybrid(const BlockProposer& d, double* now, double lookup_cost, double drafter_cost)
+      : HybridProposer(d, 2, 4), now(now), lookup_cost(lookup_cost), drafter_cost(drafter_cost) {}
+  void propose(std::span<const Seq> batch) const override {
+    for (const Seq& s : batch) {
+      *now += s.lookup ? lookup_cost : drafter_cost;
+      ++(s.lookup ? lookup_rounds : drafter_rounds);
+    }
+    HybridProposer::propose(batch);
+  }
+  double* now;
+  double lookup_cost, drafter_cost;
+  mutable int lookup_rounds = 0, drafter_rounds = 0;
+};
+}  // namespace
+
+// Under the adaptive policy the round loop lets lookup draft or not by measured tokens/s: where
+// lookup rounds cost far more (on the fake clock) it settles on the drafter alone, where the
+// drafter's do it settles on lookup; either way the output is the target's own.
+TEST(Hybrid, AdaptivePolicyChoosesLookupByMeasuredTokensPerSecond) {
+  Qwen3Model target(kA + "/target");
+  FlashMapModel model(kA + "/draft", target);
+  FlashMapProposer drafter(model, 1);
+  for (const bool lookup_slow : {true, false}) {
+    double now = 0;
+    TimedHybrid d(drafter, &now, lookup_slow ? 50.0 : 1.0, lookup_slow ? 1.0 : 50.0);
+    Engine e(std::make_unique<cpu::CpuBackend>(target, &d),
+             {.spec_policy = SpecPolicyKind::Adaptive, .clock = [&] { return now; }});
+    for (const auto& prompt : kPrompts) {
+      RequestParams p;
+      p.prompt = prompt;
+      p.max_tokens = 160;
+      EXPECT_EQ(e.generate(p).ids, generate(target, nullptr, prompt, options(160)).ids);
+    }
+    // Served requests report the policy's rounds (/metrics).
+    RequestParams p;
+    p.prompt = kPrompts[1];
+    p.max_tokens = 40;
+    auto req = e.submit(p);
+    while (!req->wait(0, std::chrono::milliseconds(100)).finished) {
+    }
+    const auto rounds = e.stats().lookup_policy_rounds;
+    ASSERT_EQ(rounds.size(), 2u);
+    EXPECT_EQ(int(rounds[0] + rounds[1]), d.lookup_rounds + d.drafter_rounds);
+    const int fast = lookup_slow ? d.drafter_rounds : d.lookup_rounds;
+    const int slow = lookup_slow ? d.lookup_rounds : d.drafter_rounds;
+    EXPECT_GE(slow, int(engine::MeasuredChoice::kMinSamples)) << lookup_slow;  // it was measured
+    EXPECT_GT(fast, 3 * slow) << lookup_slow;
   }
 }
