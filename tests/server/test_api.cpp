@@ -277,6 +277,11 @@ TEST(UnsupportedFields, RefusedUnlessTheNoOpDefault) {
       {"skip_special_tokens", "true", "false"},
       {"include_stop_str_in_output", "false", "true"},
       {"continue_final_message", "false", "true"},
+      // What sglang-router adds to each request it forwards.
+      {"no_stop_trim", "false", "true"},
+      {"return_hidden_states", "false", "true"},
+      {"separate_reasoning", "true", "false"},
+      {"stream_reasoning", "true", "false"},
   };
   for (auto& f : fields) {
     SCOPED_TRACE(f[0]);

@@ -730,6 +730,14 @@ class StrictTest(unittest.TestCase):
             self.assertEqual(body["error"]["param"], "frobnicate")
             status, body = post(port, {"prompt": [1, 2], "max_tokens": 2, "user": "u"})
             self.assertEqual(status, 200, body)
+            # A router's registration: the model's name and folders under SGLang's names.
+            for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+                status, payload = request(port, "GET", path)
+                self.assertEqual(status, 200, path)
+                info = json.loads(payload)
+                self.assertEqual(info["served_model_name"], "tiny")
+                self.assertEqual(info["model_path"], FIXTURE + "/target")
+                self.assertEqual(info["context_length"], 4096)
         finally:
             proc.kill()
             proc.wait()
