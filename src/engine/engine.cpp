@@ -222,6 +222,7 @@ struct Engine::Impl {
   uint64_t policy_rounds[2][2] = {{0, 0}, {0, 0}};
   std::map<std::string, EngineStats::TreeCounts> trees;
   EngineStats::ProposerCounts proposers[2];
+  std::vector<uint64_t> lookup_policy_rounds;
   int64_t kv_tokens = 0;
   std::vector<engine::SpecPolicy::Bucket> buckets;
   std::vector<uint64_t> acceptance_hist;
@@ -236,7 +237,6 @@ namespace {
 
 // EngineOptions::threads sizes the CPU pool before anything computes on it (loading the models
 // packs their weights on it).
-  std::vector<uint64_t> lookup_policy_rounds;
 const EngineOptions& with_threads(const EngineOptions& o) {
   if (o.threads != 0) ThreadPool::configure_global(o.threads);
   return o;
@@ -414,6 +414,7 @@ EngineStats Engine::stats() const {
   s.draft_tree = options_.draft_tree;
   s.trees = m.trees;
   for (int p = 0; p < 2; ++p) s.proposers[p] = m.proposers[p];
+  s.lookup_policy_rounds = m.lookup_policy_rounds;
   s.kv_tokens = m.kv_tokens;
   s.kv_capacity_tokens = int64_t(m.max_running) * m.loop->max_context();
   s.healthy = m.healthy;
@@ -428,7 +429,6 @@ int Engine::max_running() const {
 
 bool Engine::healthy() const {
   std::lock_guard lk(impl_->mutex);
-  s.lookup_policy_rounds = m.lookup_policy_rounds;
   return impl_->healthy;
 }
 
@@ -580,6 +580,7 @@ void Engine::loop() {
         for (int c : report.committed_counts) t.committed += uint64_t(c);
         t.nodes += uint64_t(report.drafts_verified);
       }
+      if (report.lookup_choice >= 0) m.lookup_policy_rounds = m.loop->lookup_policy()->rounds();
       for (size_t i = 0; i < report.committed_counts.size(); ++i) {
         auto& p = m.proposers[report.lookup[i] ? 1 : 0];
         ++p.sequence_rounds;
@@ -594,7 +595,6 @@ void Engine::loop() {
     int64_t kv = 0;
     for (const auto& s : running) kv += s->seq.length;
     std::lock_guard lk(m.mutex);
-      if (report.lookup_choice >= 0) m.lookup_policy_rounds = m.loop->lookup_policy()->rounds();
     m.running = int(running.size());
     m.kv_tokens = kv;
     m.prefix_cache = m.loop->prefix_cache_stats();
