@@ -69,11 +69,18 @@ def get(port, path, timeout=10):
 
 
 def post(port, body, timeout=120):
+    """(status, body); a body cut short (a stream whose worker died) is returned as far as it
+    came: the caller tells a cut stream from a complete one by its [DONE]."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     conn.request("POST", "/v1/completions", body=json.dumps(body).encode(),
                  headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
-    payload = resp.read()
+    try:
+        payload = resp.read()
+    except http.client.IncompleteRead as e:
+        payload = e.partial
+    except ConnectionResetError:
+        payload = b""
     conn.close()
     return resp.status, payload
 
@@ -97,7 +104,11 @@ def stream_ids(payload):
         if data == "[DONE]":
             done = True
             continue
-        for c in json.loads(data).get("choices", []):
+        try:
+            chunk = json.loads(data)
+        except ValueError:  # the stream was cut inside this event
+            break
+        for c in chunk.get("choices", []):
             ids.extend(c.get("token_ids") or [])
     return ids, done
 
