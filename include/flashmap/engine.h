@@ -56,6 +56,13 @@ struct EngineOptions {
   // prompt or output drafts their continuation by prompt lookup that round instead of running
   // the drafter. 0: off. CPU backend.
   int hybrid_ngram = 0;
+  // Drafter context window, with a FlashMap or DFlash drafter: the drafter attends only to the
+  // target features of the last draft_window verified positions (1..2^24), as SGLang's
+  // --speculative-dflash-draft-window-size; the block's own slots (and FlashMap's anchor) attend
+  // as without it, and positions keep their absolute values. Verification is unchanged, so the
+  // output's law is too; only how many drafts are accepted can change. 0: off (the whole
+  // context). CPU backend.
+  int draft_window = 0;
   // How the CPU backend holds linear weights: "native" (their file dtype, packed for the GEMM
   // kernel) or "q8" (int8 with Q8_0's per-32 fp16 scales, quantized at load). CUDA: native only.
   std::string weights = "native";

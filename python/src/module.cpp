@@ -323,7 +323,7 @@ class PyEngine {
   PyEngine(const std::string& target, std::optional<std::string> draft, const std::string& device,
            std::optional<int> threads, std::optional<int> steps, const std::string& draft_tree,
            std::optional<int> ngram_min, std::optional<int> ngram_max,
-           std::optional<int> ngram_block, int hybrid_ngram) {
+           std::optional<int> ngram_block, int hybrid_ngram, int draft_window) {
     std::error_code ec;
     if (std::filesystem::exists(std::filesystem::path(target) / "tokenizer.json", ec))
       tokenizer_ = std::make_shared<PyTokenizer>(target);
@@ -338,6 +338,7 @@ class PyEngine {
     o.ngram_max = ngram_max.value_or(o.ngram_max);
     o.ngram_block = ngram_block.value_or(o.ngram_block);
     o.hybrid_ngram = hybrid_ngram;  // 0: off
+    o.draft_window = draft_window;  // 0: off; range and drafter checked by the engine
     if (steps && *steps < 1)
       throw flashmap::Error(fmt::format("steps must be >= 1, got {}", *steps));
     if (steps && o.draft.empty()) throw flashmap::Error("steps needs a drafter (draft_dir)");
@@ -487,14 +488,16 @@ NB_MODULE(_core, m) {
   nb::class_<PyEngine>(m, "Engine",
                        "A Qwen3 target folder, an optional FlashMap or DFlash drafter folder (or "
                        "\"ngram\": prompt lookup, with ngram_min, ngram_max, ngram_block; "
-                       "hybrid_ngram=N: prompt lookup beside the drafter where N tokens match) and "
+                       "hybrid_ngram=N: prompt lookup beside the drafter where N tokens match; "
+                       "draft_window=N: the drafter attends to the last N context positions) and "
                        "a device (cpu, cuda, cuda:N).")
       .def(nb::init<const std::string&, std::optional<std::string>, const std::string&,
                     std::optional<int>, std::optional<int>, const std::string&, std::optional<int>,
-                    std::optional<int>, std::optional<int>, int>(),
+                    std::optional<int>, std::optional<int>, int, int>(),
            "target_dir"_a, "draft_dir"_a = nb::none(), "device"_a = "cpu", "threads"_a = nb::none(),
            "steps"_a = nb::none(), "draft_tree"_a = "off", "ngram_min"_a = nb::none(),
-           "ngram_max"_a = nb::none(), "ngram_block"_a = nb::none(), "hybrid_ngram"_a = 0)
+           "ngram_max"_a = nb::none(), "ngram_block"_a = nb::none(), "hybrid_ngram"_a = 0,
+           "draft_window"_a = 0)
       .def(
           "generate",
           [](PyEngine& e, nb::handle input_ids, int max_new_tokens, double temperature, int top_k,

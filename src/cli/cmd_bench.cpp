@@ -244,6 +244,7 @@ void run_bench(BenchArgs& a) {
     alone_opt.draft.clear();
     alone_opt.steps = 0;
     alone_opt.draft_tree = "off";
+    alone_opt.draft_window = 0;  // --draft-window is the trained drafters' rows'
     Engine alone_engine(alone_opt);
     const int V = int(alone_engine.target_info().vocab_size);
     if (!prompts.empty()) {
@@ -294,6 +295,7 @@ void run_bench(BenchArgs& a) {
           if (ngram) {
             so = eo;
             so.hybrid_ngram = 0;
+            so.draft_window = 0;
           } else if (h > 0) {
             so.hybrid_ngram = h;
             so.ngram_max = eo.ngram_max;

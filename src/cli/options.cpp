@@ -125,6 +125,9 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
   app.add_option("--hybrid-ngram", m.hybrid_ngram,
                  "with a FlashMap or DFlash drafter: a round whose last N tokens or more occurred "
                  "earlier drafts their continuation by prompt lookup instead (0: off)");
+  app.add_option("--draft-window", m.draft_window,
+                 "with a FlashMap or DFlash drafter: it attends to the target features of the "
+                 "last N context positions only (0: off, the whole context; CPU)");
 }
 
 EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
@@ -140,6 +143,7 @@ EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
   o.ngram_max = ngram_max;
   o.ngram_block = ngram_block;
   o.hybrid_ngram = hybrid_ngram;
+  o.draft_window = draft_window;
   o.sampled_vocab = sampled_vocab;
   o.threads = threads;
   return o;

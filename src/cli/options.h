@@ -27,6 +27,7 @@ struct ModelOptions {
   std::string draft_tree = "off";
   int ngram_min = 1, ngram_max = 4, ngram_block = 8;  // --draft ngram (EngineOptions::ngram_*)
   int hybrid_ngram = 0;                               // EngineOptions::hybrid_ngram
+  int draft_window = 0;                               // EngineOptions::draft_window
   // Applies the built-in default when --target is absent.
   void resolve();
   // The engine these options open; ids at and past sampled_vocab (> 0: the tokenizer's size)

@@ -50,7 +50,8 @@ void CpuBackend::describe() {
 std::unique_ptr<CpuBackend> CpuBackend::load(const std::string& target_dir,
                                              const std::string& draft_dir, int steps,
                                              int64_t sampled_vocab, ops::WeightFormat weights,
-                                             const NgramOptions& ngram, int hybrid_ngram) {
+                                             const NgramOptions& ngram, int hybrid_ngram,
+                                             int draft_window) {
   const bool ngram_drafter = draft_dir == kNgramDrafter;
   FLASHMAP_CHECK(!ngram_drafter || steps == 0,
                  "--steps applies to FlashMap drafters, not to --draft ngram; drop --steps");
@@ -68,6 +69,12 @@ std::unique_ptr<CpuBackend> CpuBackend::load(const std::string& target_dir,
     o->draft = std::make_unique<FlashMapModel>(draft_dir, *o->target, nullptr, weights);
     o->proposer = std::make_unique<FlashMapProposer>(
         *o->draft, steps > 0 ? steps : o->draft->config().num_steps);
+  }
+  if (draft_window > 0) {
+    FLASHMAP_CHECK(o->draft || o->dflash,
+                   "--draft-window needs a FlashMap or DFlash drafter (--draft DIR)");
+    if (o->draft) o->draft->set_draft_window(draft_window);
+    if (o->dflash) o->dflash->set_draft_window(draft_window);
   }
   if (hybrid_ngram > 0) {
     FLASHMAP_CHECK(o->draft || o->dflash,

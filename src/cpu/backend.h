@@ -17,6 +17,9 @@ namespace flashmap::cpu {
 
 // The drafter name (EngineOptions::draft) that selects the n-gram drafter instead of a folder.
 inline constexpr const char* kNgramDrafter = "ngram";
+// The largest drafter context window (EngineOptions::draft_window): past any target's context
+// (Qwen3's are 32K..128K positions), so a larger one is a typo rather than "the whole context".
+inline constexpr int kMaxDraftWindow = 1 << 24;
 
 class CpuBackend : public engine::Backend {
  public:
@@ -25,13 +28,15 @@ class CpuBackend : public engine::Backend {
   // Loads a target folder and, when draft_dir is not empty, its drafter (FlashMap with `steps`
   // jumps, 0: its num_steps; or DFlash; or, for draft_dir "ngram", the n-gram drafter with
   // `ngram`'s options); with hybrid_ngram > 0 the drafter beside prompt lookup (HybridProposer:
-  // matches of hybrid_ngram..ngram.max_n tokens); ids at and past sampled_vocab (> 0) are never
-  // sampled; both models' linear weights held as `weights`.
+  // matches of hybrid_ngram..ngram.max_n tokens); with draft_window > 0 the FlashMap or DFlash
+  // drafter attends to the last draft_window context positions only; ids at and past
+  // sampled_vocab (> 0) are never sampled; both models' linear weights held as `weights`.
   static std::unique_ptr<CpuBackend> load(const std::string& target_dir,
                                           const std::string& draft_dir, int steps,
                                           int64_t sampled_vocab,
                                           ops::WeightFormat weights = ops::WeightFormat::Native,
-                                          const NgramOptions& ngram = {}, int hybrid_ngram = 0);
+                                          const NgramOptions& ngram = {}, int hybrid_ngram = 0,
+                                          int draft_window = 0);
   ~CpuBackend() override;
 
   engine::Slot open(const engine::Open& o) override;

@@ -66,13 +66,26 @@ NgramOptions ngram_options(const EngineOptions& o) {
   return n;
 }
 
+// Before any model loads: the window needs a trained drafter, whose cross-attention it narrows.
+void check_draft_window(const EngineOptions& o) {
+  if (o.draft_window == 0) return;
+  FLASHMAP_CHECK(o.draft_window >= 1 && o.draft_window <= cpu::kMaxDraftWindow,
+                 "--draft-window {}: must be in [1, {}] (0: off)", o.draft_window,
+                 cpu::kMaxDraftWindow);
+  FLASHMAP_CHECK(!o.draft.empty() && o.draft != cpu::kNgramDrafter,
+                 "--draft-window needs a FlashMap or DFlash drafter (--draft DIR)");
+  FLASHMAP_CHECK(!is_cuda(o.device),
+                 "--draft-window runs on the CPU backend only, not on {} (use --device cpu)",
+                 o.device);
+}
+
 std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
   check_device(o);
   const NgramOptions ngram = ngram_options(o);
   const ops::WeightFormat weights = ops::parse_weight_format(o.weights);
   if (o.device == "cpu")
     return cpu::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab, weights, ngram,
-                                 o.hybrid_ngram);
+                                 o.hybrid_ngram, o.draft_window);
   FLASHMAP_CHECK(weights == ops::WeightFormat::Native,
                  "--weights {}: the CUDA backend runs bf16 weights only (q8 is a CPU format)",
                  o.weights);
@@ -116,6 +129,7 @@ void check_device(const EngineOptions& o) {
   FLASHMAP_CHECK(o.hybrid_ngram == 0 || !is_cuda(o.device),
                  "--hybrid-ngram runs on the CPU backend only, not on {} (use --device cpu)",
                  o.device);
+  check_draft_window(o);
   check_device(o.device);
 }
 

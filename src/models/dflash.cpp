@@ -43,6 +43,11 @@ DFlashModel::DFlashModel(const std::string& dir, const Qwen3Model& target, Threa
   w_.d2t_ids = draft_to_target_ids(ckpt_->get("d2t"), ckpt_->get("t2d"), DV, V);
 }
 
+void DFlashModel::set_draft_window(int64_t window) {
+  FLASHMAP_CHECK(window >= 0, "--draft-window {}: must be at least 1 (0: off)", window);
+  draft_window_ = window;
+}
+
 DFlashContext DFlashModel::new_context() const {
   DFlashContext ctx;
   ctx.k.resize(w_.layers.size());
@@ -188,10 +193,12 @@ void DFlashModel::draft(std::span<const Request> batch, int block, float* logits
       // crops them, :243-250).
       std::copy_n(k.data() + r0 * kv_dim, B * kv_dim, ctx.k[l].data() + C * kv_dim);
       std::copy_n(v.data() + r0 * kv_dim, B * kv_dim, ctx.v[l].data() + C * kv_dim);
-      std::fill(key_count.begin(), key_count.end(), C + B);
-      ops::attention(q.data() + r0 * q_dim, B, nh, nkv, int(hd), ctx.k[l].data(), ctx.v[l].data(),
-                     key_count.data(), 1.0f / std::sqrt(float(hd)), attn.data() + r0 * q_dim,
-                     *pool_);
+      // Keys [first, C + B): a window keeps the suffix of the context rows and the whole block.
+      const int64_t first = draft_window_ > 0 ? std::max<int64_t>(0, C - draft_window_) : 0;
+      std::fill(key_count.begin(), key_count.end(), C + B - first);
+      ops::attention(q.data() + r0 * q_dim, B, nh, nkv, int(hd), ctx.k[l].data() + first * kv_dim,
+                     ctx.v[l].data() + first * kv_dim, key_count.data(),
+                     1.0f / std::sqrt(float(hd)), attn.data() + r0 * q_dim, *pool_);
     }
     ops::linear(attn.data(), T, L.o, nullptr, tmp.data(), *pool_);
     for (int64_t i = 0; i < T * H; ++i) x[size_t(i)] += tmp[size_t(i)];

@@ -61,6 +61,14 @@ class DFlashModel {
   void draft(std::span<const Request> batch, int block, float* logits,
              float* hidden = nullptr) const;
 
+  // The context window (EngineOptions::draft_window, SGLang's
+  // --speculative-dflash-draft-window-size): every layer's block rows attend to the keys of the
+  // last `window` context positions and to the block's own; the keys keep their absolute
+  // positions' RoPE, so this equals attention with the older positions masked out. 0: the whole
+  // context. The context itself is kept whole (forks and the prefix cache read it).
+  void set_draft_window(int64_t window);
+  int64_t draft_window() const { return draft_window_; }
+
   using Layer = Qwen3Layer;
   struct Weights {
     Weight fc;
@@ -80,6 +88,7 @@ class DFlashModel {
   ThreadPool* pool_;
   std::unique_ptr<Checkpoint> ckpt_;
   Weights w_;
+  int64_t draft_window_ = 0;
 };
 
 }  // namespace flashmap

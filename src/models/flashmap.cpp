@@ -133,6 +133,11 @@ void FlashMapModel::linear(const Linear& l, const float* x, int64_t rows, float*
   ops::linear(x, rows, l.w, l.b.empty() ? nullptr : l.b.data(), y, *pool_);
 }
 
+void FlashMapModel::set_draft_window(int64_t window) {
+  FLASHMAP_CHECK(window >= 0, "--draft-window {}: must be at least 1 (0: off)", window);
+  draft_window_ = window;
+}
+
 DraftContext FlashMapModel::new_context() const {
   DraftContext ctx;
   ctx.k.resize(static_cast<size_t>(config_.num_hidden_layers));
@@ -381,14 +386,19 @@ void FlashMapModel::forward(const float* inputs, int64_t B, double s, double t,
                      v.data() + b * K * D, counts.data(), scale, a.data() + b * K * D, *pool_);
     linear(L.self_attn.o, a.data(), N, o.data());
     gated_add(gate, o.data());
-    // Cross-attention to the context: positions [0, anchor] of each sequence.
+    // Cross-attention to the context: positions [first, anchor] of each sequence, first = 0
+    // without a window. The keys are rows of the cache in position order, so the window is a
+    // suffix of them.
     gate = adaln(mods[3 * l + 1]);
     queries(L.cross_attn);
     for (int64_t b = 0; b < B; ++b) {
       const auto& ctx = *batch[static_cast<size_t>(b)].ctx;
-      std::vector<int64_t> n_keys(static_cast<size_t>(K), ctx.length + 1);
-      ops::attention(q.data() + b * K * D, K, nh, nh, hd, ctx.k[l].data(), ctx.v[l].data(),
-                     n_keys.data(), scale, a.data() + b * K * D, *pool_);
+      const int64_t first =
+          draft_window_ > 0 ? std::max<int64_t>(0, ctx.length - draft_window_) : 0;
+      std::vector<int64_t> n_keys(static_cast<size_t>(K), ctx.length + 1 - first);
+      ops::attention(q.data() + b * K * D, K, nh, nh, hd, ctx.k[l].data() + first * D,
+                     ctx.v[l].data() + first * D, n_keys.data(), scale, a.data() + b * K * D,
+                     *pool_);
     }
     linear(L.cross_attn.o, a.data(), N, o.data());
     gated_add(gate, o.data());

@@ -75,6 +75,14 @@ class FlashMapModel {
   // draft: logits [B, K, V] for the blocks after each request's anchor, all in one batch.
   void draft(std::span<const Request> batch, int steps, float* logits) const;
 
+  // The context window (EngineOptions::draft_window): each block's cross-attention reads the
+  // target features of the last `window` verified positions of its context only, besides the
+  // anchor's slot; the keys keep their absolute positions' RoPE, so this equals attention with
+  // the older positions masked out. 0: the whole context. The context itself is kept whole
+  // (forks and the prefix cache read it).
+  void set_draft_window(int64_t window);
+  int64_t draft_window() const { return draft_window_; }
+
   // target_constants: the embedded uniform posterior [target_hidden] and the lower Cholesky
   // factor L [H, H] of EᵀE (computed once, lazily, in float64 (ops/gram.h), or read from the
   // disk cache of an earlier load of the same embedding: models/noise_cache.h).
@@ -148,6 +156,7 @@ class FlashMapModel {
   ThreadPool* pool_;
   std::unique_ptr<Checkpoint> ckpt_;
   Weights w_;
+  int64_t draft_window_ = 0;
   mutable std::map<std::pair<double, double>, Modulations> time_cache_;
   mutable std::vector<float> uniform_embeds_, noise_factor_;
   mutable Weight noise_factor_weight_;  // noise_factor_ packed for linear()
