@@ -13,29 +13,18 @@
 #include "models/dflash.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
+#include "spec_inputs.h"
 
 using flashmap::testing::error_of;
 using namespace flashmap;
+using flashmap::testing::greedy;
+using flashmap::testing::kRepeatingPrompts;
+using flashmap::testing::kTinyA;
 using ::testing::HasSubstr;
 
-namespace {
-const std::string kA = "tests/fixtures/tiny-a";
-const std::vector<std::vector<int32_t>> kPrompts = {
-    {3, 141, 59, 265, 358, 979},
-    {700, 12, 12, 90, 4, 4, 4, 4, 31, 8, 640, 12, 90, 4, 4, 31},
-    {5, 17, 300, 2, 999, 41, 7, 5, 17, 300, 2, 999, 41, 7, 5, 17}};
-
-GenerateOptions options(int n, const std::string& tree = "off") {
-  GenerateOptions o;
-  o.max_new_tokens = n;
-  o.draft_tree = tree;
-  return o;
-}
-}  // namespace
-
 TEST(DraftWindow, GreedyAndSeededEqualTargetAloneForBlocksAndTrees) {
-  Qwen3Model target(kA + "/target");
-  FlashMapModel model(kA + "/draft", target);
+  Qwen3Model target(kTinyA + "/target");
+  FlashMapModel model(kTinyA + "/draft", target);
   FlashMapProposer flashmap(model, 1);
   DFlashModel dmodel("tests/fixtures/dflash/zlab", target);
   DFlashProposer dflash(dmodel, target);
@@ -44,12 +33,12 @@ TEST(DraftWindow, GreedyAndSeededEqualTargetAloneForBlocksAndTrees) {
     dmodel.set_draft_window(w);
     for (const BlockProposer* d :
          {static_cast<const BlockProposer*>(&flashmap), static_cast<const BlockProposer*>(&dflash)})
-      for (const auto& prompt : kPrompts)
+      for (const auto& prompt : kRepeatingPrompts)
         for (const std::string tree : {"off", "paths:3"}) {
-          const auto alone = generate(target, nullptr, prompt, options(60)).ids;
-          const auto r = generate(target, d, prompt, options(60, tree));
+          const auto alone = generate(target, nullptr, prompt, greedy(60)).ids;
+          const auto r = generate(target, d, prompt, greedy(60, tree));
           EXPECT_EQ(r.ids, alone) << "window " << w << " " << tree;
-          GenerateOptions o = options(40);
+          GenerateOptions o = greedy(40);
           o.sampling = {0.8f, 0, 0.95f, 0.0f};
           o.seeded = true;
           o.seed = 5;
@@ -62,25 +51,26 @@ TEST(DraftWindow, GreedyAndSeededEqualTargetAloneForBlocksAndTrees) {
 }
 
 TEST(DraftWindow, EngineLoadsItWithEitherDrafter) {
-  for (const std::string& draft : {kA + "/draft", std::string("tests/fixtures/dflash/zlab")}) {
+  for (const std::string& draft : {kTinyA + "/draft", std::string("tests/fixtures/dflash/zlab")}) {
     EngineOptions o;
-    o.target = kA + "/target";
+    o.target = kTinyA + "/target";
     o.draft = draft;
     o.draft_window = 4;
     o.spec_policy = SpecPolicyKind::Always;
     Engine e(o);
     RequestParams p;
-    p.prompt = kPrompts[2];
+    p.prompt = kRepeatingPrompts[2];
     p.max_tokens = 40;
-    Qwen3Model target(kA + "/target");
-    EXPECT_EQ(e.generate(p).ids, generate(target, nullptr, kPrompts[2], options(40)).ids) << draft;
+    Qwen3Model target(kTinyA + "/target");
+    EXPECT_EQ(e.generate(p).ids, generate(target, nullptr, kRepeatingPrompts[2], greedy(40)).ids)
+        << draft;
   }
 }
 
 TEST(DraftWindow, BadOptionsGiveOneLineNamingTheOption) {
   EngineOptions o;
   o.target = "no-such-dir";  // never read: every check comes before the target loads
-  o.draft = kA + "/draft";
+  o.draft = kTinyA + "/draft";
   auto err = [&] { return error_of([&] { Engine e(o); }); };
   std::vector<std::string> errors;
   o.draft_window = -1;
@@ -96,7 +86,7 @@ TEST(DraftWindow, BadOptionsGiveOneLineNamingTheOption) {
   o.draft.clear();
   errors.push_back(err());
   EXPECT_THAT(errors.back(), HasSubstr("--draft-window needs a FlashMap or DFlash drafter"));
-  o.draft = kA + "/draft";
+  o.draft = kTinyA + "/draft";
   o.device = "cuda";
   errors.push_back(err());
   EXPECT_THAT(errors.back(), HasSubstr("--draft-window runs on the CPU backend only"));

@@ -21,26 +21,17 @@
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "random_models.h"
+#include "spec_inputs.h"
 #include "specdec/ngram.h"
 
 using flashmap::testing::error_of;
 using namespace flashmap;
+using flashmap::testing::greedy;
+using flashmap::testing::kRepeatingPrompts;
+using flashmap::testing::kTinyA;
 using ::testing::HasSubstr;
 
 namespace {
-const std::string kA = "tests/fixtures/tiny-a";
-// Repeats inside the prompts, so that some rounds look up and others draft.
-const std::vector<std::vector<int32_t>> kPrompts = {
-    {3, 141, 59, 265, 358, 979},
-    {700, 12, 12, 90, 4, 4, 4, 4, 31, 8, 640, 12, 90, 4, 4, 31},
-    {5, 17, 300, 2, 999, 41, 7, 5, 17, 300, 2, 999, 41, 7, 5, 17}};
-
-GenerateOptions options(int n, const std::string& tree = "off") {
-  GenerateOptions o;
-  o.max_new_tokens = n;
-  o.draft_tree = tree;
-  return o;
-}
 
 // Whether the last n tokens of `s` occurred earlier in it (the lookup's rule, by brute force).
 bool repeats(const std::vector<int32_t>& s, int n) {
@@ -58,15 +49,15 @@ bool repeats(const std::vector<int32_t>& s, int n) {
 // Proposal by proposal: where the last N tokens (anchor included) repeat, the lookup's block;
 // elsewhere the drafter's, drawn from the same noise as the drafter alone draws it.
 TEST(Hybrid, EachProposalIsTheLookupsOrTheDraftersOwn) {
-  Qwen3Model target(kA + "/target");
-  FlashMapModel model(kA + "/draft", target);
+  Qwen3Model target(kTinyA + "/target");
+  FlashMapModel model(kTinyA + "/draft", target);
   FlashMapProposer drafter(model, 1);
   const int N = 2;
   HybridProposer hybrid(drafter, N, 4);
   NgramProposer lookup(NgramOptions{N, 4, drafter.block_size()});
   EXPECT_EQ(hybrid.block_size(), drafter.block_size());
   int looked_up = 0, drafted = 0;
-  for (const auto& prompt : kPrompts) {
+  for (const auto& prompt : kRepeatingPrompts) {
     // The committed text grows by the prompt's own tokens, one at a time, so that both rules
     // come up; the features are the target's.
     KVCache cache = target.new_cache();
@@ -108,8 +99,8 @@ TEST(Hybrid, EachProposalIsTheLookupsOrTheDraftersOwn) {
 }
 
 TEST(Hybrid, GreedyAndSeededEqualTargetAloneForBlocksAndTrees) {
-  Qwen3Model target(kA + "/target");
-  FlashMapModel model(kA + "/draft", target);
+  Qwen3Model target(kTinyA + "/target");
+  FlashMapModel model(kTinyA + "/draft", target);
   FlashMapProposer flashmap(model, 1);
   DFlashModel dmodel("tests/fixtures/dflash/zlab", target);
   DFlashProposer dflash(dmodel, target);
@@ -118,13 +109,13 @@ TEST(Hybrid, GreedyAndSeededEqualTargetAloneForBlocksAndTrees) {
        {static_cast<const BlockProposer*>(&flashmap), static_cast<const BlockProposer*>(&dflash)})
     for (int n : {1, 2, 3}) {
       HybridProposer d(*drafter, n, 4);
-      for (const auto& prompt : kPrompts)
+      for (const auto& prompt : kRepeatingPrompts)
         for (const std::string tree : {"off", "paths:3", "topk:12"}) {
-          const auto alone = generate(target, nullptr, prompt, options(80)).ids;
-          const auto r = generate(target, &d, prompt, options(80, tree));
+          const auto alone = generate(target, nullptr, prompt, greedy(80)).ids;
+          const auto r = generate(target, &d, prompt, greedy(80, tree));
           EXPECT_EQ(r.ids, alone) << "n " << n << " " << tree;
           best_tau = std::max(best_tau, r.acceptance_length());
-          GenerateOptions o = options(60);
+          GenerateOptions o = greedy(60);
           o.sampling = {0.8f, 0, 0.95f, 0.0f};
           o.seeded = true;
           o.seed = 5;
@@ -181,8 +172,8 @@ TEST(Hybrid, TreeJointLawOfThreeTokensAtT1) {
 // The prefix cache forks both contexts: a second turn decodes with the acceptance path of a
 // fresh sequence.
 TEST(Hybrid, PrefixCacheForksBothContexts) {
-  Qwen3Model target(kA + "/target");
-  FlashMapModel model(kA + "/draft", target);
+  Qwen3Model target(kTinyA + "/target");
+  FlashMapModel model(kTinyA + "/draft", target);
   FlashMapProposer drafter(model, 1);
   HybridProposer d(drafter, 2, 4);
   Engine sched(std::make_unique<cpu::CpuBackend>(target, &d),
@@ -194,19 +185,19 @@ TEST(Hybrid, PrefixCacheForksBothContexts) {
     return std::make_tuple(r->tokens(), r->acceptance_lengths(), r->cached_tokens());
   };
   RequestParams turn1;
-  turn1.prompt = kPrompts[2];
+  turn1.prompt = kRepeatingPrompts[2];
   turn1.max_tokens = 30;
   const auto [out1, acc1, cached1] = served(turn1);
   EXPECT_EQ(cached1, 0);
-  const auto want1 = generate(target, &d, turn1.prompt, options(30));
+  const auto want1 = generate(target, &d, turn1.prompt, greedy(30));
   EXPECT_EQ(out1, want1.ids);
   EXPECT_EQ(acc1, want1.acceptance_lengths);
   RequestParams turn2 = turn1;
   turn2.prompt.insert(turn2.prompt.end(), out1.begin(), out1.end());
-  turn2.prompt.insert(turn2.prompt.end(), kPrompts[1].begin(), kPrompts[1].end());
+  turn2.prompt.insert(turn2.prompt.end(), kRepeatingPrompts[1].begin(), kRepeatingPrompts[1].end());
   const auto [out2, acc2, cached2] = served(turn2);
-  EXPECT_GE(cached2, int64_t(kPrompts[2].size()));
-  const auto want2 = generate(target, &d, turn2.prompt, options(30));
+  EXPECT_GE(cached2, int64_t(kRepeatingPrompts[2].size()));
+  const auto want2 = generate(target, &d, turn2.prompt, greedy(30));
   EXPECT_EQ(out2, want2.ids);
   EXPECT_EQ(acc2, want2.acceptance_lengths);
 }
@@ -214,7 +205,7 @@ TEST(Hybrid, PrefixCacheForksBothContexts) {
 TEST(Hybrid, BadOptionsGiveOneLineNamingTheOption) {
   EngineOptions o;
   o.target = "no-such-dir";  // never read: every check comes before the target loads
-  o.draft = kA + "/draft";
+  o.draft = kTinyA + "/draft";
   auto err = [&] { return error_of([&] { Engine e(o); }); };
   o.hybrid_ngram = 33;
   EXPECT_THAT(err(), HasSubstr("--hybrid-ngram 33: must be in [1, 32]"));
@@ -234,7 +225,7 @@ TEST(Hybrid, BadOptionsGiveOneLineNamingTheOption) {
   EXPECT_THAT(err(), HasSubstr("--hybrid-ngram needs a FlashMap or DFlash drafter"));
   o.draft.clear();
   EXPECT_THAT(err(), HasSubstr("--hybrid-ngram needs a FlashMap or DFlash drafter"));
-  o.draft = kA + "/draft";
+  o.draft = kTinyA + "/draft";
   o.device = "cuda";
   EXPECT_THAT(err(), HasSubstr("--hybrid-ngram runs on the CPU backend only"));
   o.device = "cpu";
@@ -245,18 +236,19 @@ TEST(Hybrid, BadOptionsGiveOneLineNamingTheOption) {
 }
 
 TEST(Hybrid, EngineLoadsItWithEitherDrafter) {
-  for (const std::string draft : {kA + "/draft", std::string("tests/fixtures/dflash/zlab")}) {
+  for (const std::string draft : {kTinyA + "/draft", std::string("tests/fixtures/dflash/zlab")}) {
     EngineOptions o;
-    o.target = kA + "/target";
+    o.target = kTinyA + "/target";
     o.draft = draft;
     o.hybrid_ngram = 2;
     o.spec_policy = SpecPolicyKind::Always;
     Engine e(o);
     RequestParams p;
-    p.prompt = kPrompts[2];
+    p.prompt = kRepeatingPrompts[2];
     p.max_tokens = 40;
-    Qwen3Model target(kA + "/target");
-    EXPECT_EQ(e.generate(p).ids, generate(target, nullptr, kPrompts[2], options(40)).ids) << draft;
+    Qwen3Model target(kTinyA + "/target");
+    EXPECT_EQ(e.generate(p).ids, generate(target, nullptr, kRepeatingPrompts[2], greedy(40)).ids)
+        << draft;
   }
 }
 
@@ -265,13 +257,13 @@ TEST(Hybrid, EngineLoadsItWithEitherDrafter) {
 // replayed by brute force from the committed tokens and the acceptance lengths.
 TEST(Hybrid, EngineCountsRoundsByProposer) {
   EngineOptions o;
-  o.target = kA + "/target";
-  o.draft = kA + "/draft";
+  o.target = kTinyA + "/target";
+  o.draft = kTinyA + "/draft";
   o.hybrid_ngram = 2;
   o.spec_policy = SpecPolicyKind::Always;
   Engine e(o);
   uint64_t want_rounds[2] = {0, 0}, want_committed[2] = {0, 0};
-  for (const auto& prompt : kPrompts) {
+  for (const auto& prompt : kRepeatingPrompts) {
     RequestParams p;
     p.prompt = prompt;
     p.max_tokens = 64;
@@ -324,23 +316,23 @@ struct TimedHybrid : HybridProposer {
 // lookup rounds cost far more (on the fake clock) it settles on the drafter alone, where the
 // drafter's do it settles on lookup; either way the output is the target's own.
 TEST(Hybrid, AdaptivePolicyChoosesLookupByMeasuredTokensPerSecond) {
-  Qwen3Model target(kA + "/target");
-  FlashMapModel model(kA + "/draft", target);
+  Qwen3Model target(kTinyA + "/target");
+  FlashMapModel model(kTinyA + "/draft", target);
   FlashMapProposer drafter(model, 1);
   for (const bool lookup_slow : {true, false}) {
     double now = 0;
     TimedHybrid d(drafter, &now, lookup_slow ? 50.0 : 1.0, lookup_slow ? 1.0 : 50.0);
     Engine e(std::make_unique<cpu::CpuBackend>(target, &d),
              {.spec_policy = SpecPolicyKind::Adaptive, .clock = [&] { return now; }});
-    for (const auto& prompt : kPrompts) {
+    for (const auto& prompt : kRepeatingPrompts) {
       RequestParams p;
       p.prompt = prompt;
       p.max_tokens = 160;
-      EXPECT_EQ(e.generate(p).ids, generate(target, nullptr, prompt, options(160)).ids);
+      EXPECT_EQ(e.generate(p).ids, generate(target, nullptr, prompt, greedy(160)).ids);
     }
     // Served requests report the policy's rounds (/metrics).
     RequestParams p;
-    p.prompt = kPrompts[1];
+    p.prompt = kRepeatingPrompts[1];
     p.max_tokens = 40;
     auto req = e.submit(p);
     while (!req->wait(0, std::chrono::milliseconds(100)).finished) {

@@ -19,21 +19,19 @@
 #include "joint.h"
 #include "models/qwen3.h"
 #include "random_models.h"
+#include "spec_inputs.h"
 #include "specdec/ngram.h"
 #include "stats.h"
 
 using flashmap::testing::error_of;
 
 using namespace flashmap;
+using flashmap::testing::greedy;
+using flashmap::testing::kRepeatingPrompts;
+using flashmap::testing::kTinyA;
 using ::testing::HasSubstr;
 
 namespace {
-const std::string kA = "tests/fixtures/tiny-a";
-// Repeats inside the prompt, so that drafts come from the prompt as well as from the output.
-const std::vector<std::vector<int32_t>> kPrompts = {
-    {3, 141, 59, 265, 358, 979},
-    {700, 12, 12, 90, 4, 4, 4, 4, 31, 8, 640, 12, 90, 4, 4, 31},
-    {5, 17, 300, 2, 999, 41, 7, 5, 17, 300, 2, 999, 41, 7, 5, 17}};
 
 // The reference search: every earlier occurrence of the last n tokens of history + [anchor]
 // for n = max_n .. min_n, latest first, at most kMaxChain per n (the index walks that many),
@@ -59,13 +57,6 @@ std::vector<std::vector<int32_t>> brute_force(const std::vector<int32_t>& histor
     }
   }
   return out;
-}
-
-GenerateOptions options(int n, const std::string& tree = "off") {
-  GenerateOptions o;
-  o.max_new_tokens = n;
-  o.draft_tree = tree;
-  return o;
 }
 
 }  // namespace
@@ -154,10 +145,10 @@ TEST(Ngram, BadOptionsGiveOneLineNamingTheOption) {
               HasSubstr("--draft ngram runs on the CPU backend only"));
   o.device = "cpu";
   o.steps = 2;
-  o.target = kA + "/target";
+  o.target = kTinyA + "/target";
   EXPECT_THAT(error_of([&] { Engine e(o); }), HasSubstr("--steps applies to FlashMap drafters"));
   o.steps = 0;
-  o.draft = kA + "/draft";
+  o.draft = kTinyA + "/draft";
   o.ngram_max = 6;
   EXPECT_THAT(error_of([&] { Engine e(o); }), HasSubstr("--ngram-max needs --draft ngram"));
   // The defaults of the public options are the drafter's.
@@ -170,30 +161,30 @@ TEST(Ngram, BadOptionsGiveOneLineNamingTheOption) {
 
 TEST(Ngram, EngineLoadsItByName) {
   EngineOptions o;
-  o.target = kA + "/target";
+  o.target = kTinyA + "/target";
   o.draft = "ngram";
   o.ngram_block = 5;
   o.spec_policy = SpecPolicyKind::Always;
   Engine e(o);
   EXPECT_EQ(e.block_size(), 5);
   RequestParams p;
-  p.prompt = kPrompts[1];
+  p.prompt = kRepeatingPrompts[1];
   p.max_tokens = 40;
-  Qwen3Model target(kA + "/target");
-  const auto alone = generate(target, nullptr, kPrompts[1], options(40)).ids;
+  Qwen3Model target(kTinyA + "/target");
+  const auto alone = generate(target, nullptr, kRepeatingPrompts[1], greedy(40)).ids;
   EXPECT_EQ(e.generate(p).ids, alone);
 }
 
 TEST(Ngram, GreedyEqualsTargetAloneForBlocksAndTrees) {
-  Qwen3Model target(kA + "/target");
+  Qwen3Model target(kTinyA + "/target");
   double best_tau = 0;
-  for (const auto& prompt : kPrompts) {
-    const auto alone = generate(target, nullptr, prompt, options(120)).ids;
+  for (const auto& prompt : kRepeatingPrompts) {
+    const auto alone = generate(target, nullptr, prompt, greedy(120)).ids;
     for (const NgramOptions no : {NgramOptions{}, NgramOptions{1, 1, 3}, NgramOptions{2, 6, 16},
                                   NgramOptions{3, 3, 1}, NgramOptions{1, 32, 64}}) {
       NgramProposer d(no);
       for (const std::string tree : {"off", "paths:4", "topk:24", "paths:2+topk:40"}) {
-        const auto r = generate(target, &d, prompt, options(120, tree));
+        const auto r = generate(target, &d, prompt, greedy(120, tree));
         EXPECT_EQ(r.ids, alone) << no.min_n << ".." << no.max_n << " block " << no.block << " "
                                 << tree;
         best_tau = std::max(best_tau, r.acceptance_length());
@@ -206,17 +197,17 @@ TEST(Ngram, GreedyEqualsTargetAloneForBlocksAndTrees) {
 
 // Seeded sampling is a function of (prompt, parameters, seed): with the n-gram drafter too.
 TEST(Ngram, SeededSamplingEqualsTargetAloneSeeded) {
-  Qwen3Model target(kA + "/target");
+  Qwen3Model target(kTinyA + "/target");
   NgramProposer d(NgramOptions{});
   for (const SamplingParams sp :
        {SamplingParams{1.0f, 0, 1.0f, 0.0f}, SamplingParams{0.7f, 20, 0.9f, 0.0f},
         SamplingParams{0.3f, 0, 1.0f, 0.05f}})
     for (uint64_t seed : {1u, 2u, 77u}) {
-      GenerateOptions o = options(80);
+      GenerateOptions o = greedy(80);
       o.sampling = sp;
       o.seeded = true;
       o.seed = seed;
-      for (const auto& prompt : kPrompts) {
+      for (const auto& prompt : kRepeatingPrompts) {
         const auto alone = generate(target, nullptr, prompt, o).ids;
         for (const std::string tree : {"off", "paths:3", "topk:16"}) {
           o.draft_tree = tree;
@@ -262,12 +253,12 @@ TEST(Ngram, TreeJointLawOfThreeTokensAtT1) {
 // The prefix cache forks a drafting sequence's index at the cached length: a second turn decodes
 // with the acceptance path of a fresh one.
 TEST(Ngram, PrefixCacheForksTheIndex) {
-  Qwen3Model target(kA + "/target");
+  Qwen3Model target(kTinyA + "/target");
   NgramProposer d(NgramOptions{});
   Engine sched(std::make_unique<cpu::CpuBackend>(target, &d),
                {.spec_policy = SpecPolicyKind::Always, .prefix_cache_mb = 64});
   auto fresh = [&](const RequestParams& p) {
-    return generate(target, &d, p.prompt, options(p.max_tokens));
+    return generate(target, &d, p.prompt, greedy(p.max_tokens));
   };
   auto served = [&](const RequestParams& p) {
     auto r = sched.submit(p);
@@ -277,7 +268,7 @@ TEST(Ngram, PrefixCacheForksTheIndex) {
     return std::make_tuple(r->tokens(), r->acceptance_lengths(), r->cached_tokens());
   };
   RequestParams turn1;
-  turn1.prompt = kPrompts[1];
+  turn1.prompt = kRepeatingPrompts[1];
   turn1.max_tokens = 30;
   const auto [out1, acc1, cached1] = served(turn1);
   EXPECT_EQ(cached1, 0);
@@ -286,9 +277,9 @@ TEST(Ngram, PrefixCacheForksTheIndex) {
   EXPECT_EQ(acc1, want1.acceptance_lengths);
   RequestParams turn2 = turn1;
   turn2.prompt.insert(turn2.prompt.end(), out1.begin(), out1.end());
-  turn2.prompt.insert(turn2.prompt.end(), kPrompts[0].begin(), kPrompts[0].end());
+  turn2.prompt.insert(turn2.prompt.end(), kRepeatingPrompts[0].begin(), kRepeatingPrompts[0].end());
   const auto [out2, acc2, cached2] = served(turn2);
-  EXPECT_GE(cached2, int64_t(kPrompts[1].size()));
+  EXPECT_GE(cached2, int64_t(kRepeatingPrompts[1].size()));
   const auto want2 = fresh(turn2);
   EXPECT_EQ(out2, want2.ids);
   EXPECT_EQ(acc2, want2.acceptance_lengths);
@@ -333,9 +324,9 @@ TEST(Ngram, MegabytesOfRepeatedTokensStayBounded) {
     EXPECT_LT(quarter[0] + quarter[1] + quarter[2] + quarter[3], 20.0);
   }
   // And end to end: a prompt of 3000 copies of one token decodes as the target alone does.
-  Qwen3Model target(kA + "/target");
+  Qwen3Model target(kTinyA + "/target");
   NgramProposer d(NgramOptions{});
   const std::vector<int32_t> prompt(3000, 103);
-  EXPECT_EQ(generate(target, &d, prompt, options(40)).ids,
-            generate(target, nullptr, prompt, options(40)).ids);
+  EXPECT_EQ(generate(target, &d, prompt, greedy(40)).ids,
+            generate(target, nullptr, prompt, greedy(40)).ids);
 }

@@ -20,24 +20,20 @@
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "random_models.h"
+#include "spec_inputs.h"
 #include "specdec/tree.h"
 #include "stats.h"
 
 using namespace flashmap;
+using flashmap::testing::greedy;
+using flashmap::testing::kTinyA;
 using ::testing::HasSubstr;
 
 namespace {
-const std::string kA = "tests/fixtures/tiny-a";
 const std::vector<std::vector<int32_t>> kPrompts = {
     {5, 17, 300, 2, 999, 41, 7}, {1, 2, 3}, {700, 12, 12, 90, 4, 4, 4, 4, 31, 8, 640}};
 const std::vector<std::string> kShapes = {"paths:4", "topk:16", "paths:3+topk:24", "topk:1"};
 
-GenerateOptions options(int n, const std::string& tree = "off") {
-  GenerateOptions o;
-  o.max_new_tokens = n;
-  o.draft_tree = tree;
-  return o;
-}
 }  // namespace
 
 TEST(TreeShape, ParsesAndRefusesWithOneLine) {
@@ -56,18 +52,18 @@ TEST(TreeShape, ParsesAndRefusesWithOneLine) {
 }
 
 TEST(TreeSpec, GreedyEqualsTargetAloneForEveryShapeAndDrafter) {
-  Qwen3Model target(kA + "/target");
-  FlashMapModel fm(kA + "/draft", target);
+  Qwen3Model target(kTinyA + "/target");
+  FlashMapModel fm(kTinyA + "/draft", target);
   DFlashModel df("tests/fixtures/dflash/zlab", target);
   FlashMapProposer one(fm, 1), two(fm, 2);
   DFlashProposer dflash(df, target);
   const std::vector<std::pair<std::string, const BlockProposer*>> drafters = {
       {"flashmap-1", &one}, {"flashmap-2", &two}, {"dflash", &dflash}};
   for (const auto& prompt : kPrompts) {
-    const auto alone = generate(target, nullptr, prompt, options(40)).ids;
+    const auto alone = generate(target, nullptr, prompt, greedy(40)).ids;
     for (const auto& [name, d] : drafters)
       for (const auto& shape : kShapes) {
-        const auto r = generate(target, d, prompt, options(40, shape));
+        const auto r = generate(target, d, prompt, greedy(40, shape));
         EXPECT_EQ(r.ids, alone) << name << " " << shape;
         EXPECT_EQ(r.finish_reason, "length");
       }
@@ -78,13 +74,13 @@ TEST(TreeSpec, ScriptedBranchIsFoundBehindDecoys) {
   // The scripted drafter's tree puts decoys first: path 0 wrong from its first token, paths >= 2
   // leaving the script at slots 0, 1, ...; the script's own block (wrong from corrupt_from on)
   // is path 1. Every round but the last commits exactly corrupt_from drafts + the target's token.
-  Qwen3Model target(kA + "/target");
+  Qwen3Model target(kTinyA + "/target");
   const int n = 60, K = 8;
-  const auto alone = generate(target, nullptr, kPrompts[0], options(n)).ids;
+  const auto alone = generate(target, nullptr, kPrompts[0], greedy(n)).ids;
   for (int j : {0, 1, 3, K})
     for (const std::string shape : {"paths:2", "paths:6"}) {
       ScriptedProposer d(K, target.config().vocab_size, alone, j);
-      const auto r = generate(target, &d, kPrompts[0], options(n, shape));
+      const auto r = generate(target, &d, kPrompts[0], greedy(n, shape));
       EXPECT_EQ(r.ids, alone) << "corrupt_from " << j << " " << shape;
       for (size_t i = 0; i + 1 < r.acceptance_lengths.size(); ++i)
         EXPECT_EQ(r.acceptance_lengths[i], j + 1) << "round " << i << ", corrupt_from " << j;
@@ -92,13 +88,13 @@ TEST(TreeSpec, ScriptedBranchIsFoundBehindDecoys) {
 }
 
 TEST(TreeSpec, SeededSamplingEqualsTargetAloneSeeded) {
-  Qwen3Model target(kA + "/target");
-  FlashMapModel fm(kA + "/draft", target);
+  Qwen3Model target(kTinyA + "/target");
+  FlashMapModel fm(kTinyA + "/draft", target);
   FlashMapProposer d(fm, 1);
   for (const SamplingParams sp :
        {SamplingParams{1.0f, 0, 1.0f, 0.0f}, SamplingParams{0.7f, 20, 0.9f, 0.0f}})
     for (uint64_t seed : {1u, 2u, 3u}) {
-      GenerateOptions o = options(48);
+      GenerateOptions o = greedy(48);
       o.sampling = sp;
       o.seeded = true;
       o.seed = seed;
@@ -131,10 +127,10 @@ TEST(TreeSpec, JointLawOfThreeTokensAtT1) {
 }
 
 TEST(TreeSpec, EngineRefusesTreesWithoutADrafter) {
-  Qwen3Model target(kA + "/target");
-  EXPECT_THAT([&] { generate(target, nullptr, kPrompts[0], options(4, "paths:2")); },
+  Qwen3Model target(kTinyA + "/target");
+  EXPECT_THAT([&] { generate(target, nullptr, kPrompts[0], greedy(4, "paths:2")); },
               ::testing::ThrowsMessage<Error>(HasSubstr("needs a drafter")));
-  EXPECT_THAT([&] { generate(target, nullptr, kPrompts[0], options(4, "paths:0")); },
+  EXPECT_THAT([&] { generate(target, nullptr, kPrompts[0], greedy(4, "paths:0")); },
               ::testing::ThrowsMessage<Error>(HasSubstr("[1, 64]")));
 }
 
@@ -167,14 +163,14 @@ class Recording : public BlockProposer {
 // backend moved their rows first): the committed tokens are the prompt and the output, and each
 // position's features equal a plain forward's over that sequence.
 TEST(TreeSpec, DrafterContextGetsTheAcceptedPathsFeatures) {
-  Qwen3Model target(kA + "/target");
+  Qwen3Model target(kTinyA + "/target");
   DFlashModel df("tests/fixtures/dflash/zlab", target);
   DFlashProposer inner(df, target);
   const auto& taps = df.target_layer_ids();
   const int64_t F = int64_t(taps.size()) * target.config().hidden_size;
   for (const std::string shape : {"topk:24", "paths:1+topk:12"}) {
     Recording d(inner, F);
-    const auto r = generate(target, &d, kPrompts[2], options(40, shape));
+    const auto r = generate(target, &d, kPrompts[2], greedy(40, shape));
     std::vector<int32_t> seq = kPrompts[2];
     seq.insert(seq.end(), r.ids.begin(), r.ids.end());
     ASSERT_LE(d.tokens_.size(), seq.size());
@@ -201,8 +197,8 @@ TEST(TreeSpec, TreesRunToTheEndOfTheContext) {
   FlashMapModel model(pair.draft, target);
   FlashMapProposer d(model, 1);
   const std::vector<int32_t> prompt = {1, 5, 2};
-  const auto alone = generate(target, nullptr, prompt, options(21)).ids;
+  const auto alone = generate(target, nullptr, prompt, greedy(21)).ids;
   ASSERT_EQ(alone.size(), 21u);
   for (const std::string shape : {"topk:32", "paths:8+topk:40"})
-    EXPECT_EQ(generate(target, &d, prompt, options(21, shape)).ids, alone) << shape;
+    EXPECT_EQ(generate(target, &d, prompt, greedy(21, shape)).ids, alone) << shape;
 }
