@@ -14,7 +14,6 @@ none may hang or vanish. Exits 77 (skipped) where sglang_router is not installed
 import http.client
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -23,6 +22,8 @@ import threading
 import time
 import unittest
 from concurrent.futures import ThreadPoolExecutor
+
+import serve_process
 
 FLASHMAP = None
 PAIR = None
@@ -39,24 +40,9 @@ def free_port():
 
 
 def start_worker():
-    proc = subprocess.Popen(
+    return serve_process.start(
         [FLASHMAP, "serve", "--target", PAIR + "/target", "--draft", PAIR + "/draft",
-         "--port", "0", "--threads", "1", "--strict", "--served-model-name", "flashmap-default"],
-        stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    lines = []
-    while time.time() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"listening on http://[\d.]+:(\d+)", line)
-        if m:
-            log = []
-            threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
-            return proc, int(m.group(1)), log
-    proc.kill()
-    raise RuntimeError("worker did not start:\n" + "".join(lines))
+         "--port", "0", "--threads", "1", "--strict", "--served-model-name", "flashmap-default"])
 
 
 def get(port, path, timeout=10):

@@ -21,31 +21,17 @@ import threading
 import time
 import unittest
 
+import serve_process
+
 FLASHMAP = None
 FIXTURE = None
 KEY = "sk-test-key"
 
 
 def start_server(*extra):
-    proc = subprocess.Popen(
+    return serve_process.start(
         [FLASHMAP, "serve", "--target", FIXTURE + "/target", "--draft", FIXTURE + "/draft",
-         "--port", "0", "--served-model-name", "tiny", *extra],
-        stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    lines = []
-    while time.time() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"listening on http://[\d.]+:(\d+)", line)
-        if m:
-            log = []
-            # Keep draining stderr so that the server never blocks on a full pipe.
-            threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
-            return proc, int(m.group(1)), log
-    proc.kill()
-    raise RuntimeError("server did not start:\n" + "".join(lines))
+         "--port", "0", "--served-model-name", "tiny", *extra])
 
 
 def reference(prompt, max_tokens):
