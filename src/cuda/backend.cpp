@@ -10,13 +10,17 @@
 #include "cuda/dflash_cuda.h"
 #include "cuda/flashmap_cuda.h"
 #include "cuda/kernels.h"
+#include "cuda/paged_attention.h"
 #include "cuda/proposers.h"
 #include "cuda/qwen3_cuda.h"
+#include "cuda/round_kernels.h"
 #include "cuda/sampling.h"
 #include "models/dflash.h"
 #include "models/drafter.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
+#include "paged/block_pool.h"
+#include "paged/step_plan.h"
 
 namespace flashmap::cuda {
 namespace {
@@ -24,23 +28,21 @@ namespace {
 using engine::Accepted;
 using engine::SeqStep;
 
-// Prompt tokens per prefill forward.
+// Prompt tokens per prefill forward: a forward's activations grow with its rows (~80 floats per
+// hidden unit and token at Qwen3-8B), so a long prompt in one piece would need gigabytes at once.
 constexpr size_t kPrefillChunk = 512;
+// Positions per KV block: small enough that a sequence wastes little of its last block, large
+// enough that the block tables stay short (2,560 entries at 40,960 positions).
+constexpr int32_t kBlockTokens = 16;
 
-// A lane's round buffer: [accepted, token, anchor, drafts K]. The forward reads anchor + drafts
-// from kAnchor; acceptance writes a RoundResult at kAccepted.
-constexpr int kAccepted = 0, kToken = 1, kAnchor = 2, kDrafts = 3;
-
-// One sequence's device resources and state, a row of the backend's table. The buffers are made
-// once per lane and kept by the sequences that take it in turn, so that the graphs captured for
-// them (the forward keyed by the KV cache, the draft by the proposer's lane, anchor and logits
-// buffers) stay valid.
+// One sequence's device state, a row of the backend's table (Slot::index()). Its round buffer is
+// row `index` of the backend's rounds_ array; its keys and values are blocks of the shared pool
+// (BlockPool sequence `kv`). The buffers are made once per lane and kept by the sequences that
+// take it in turn, so that the drafts captured for its proposer lane stay valid.
 struct Lane {
-  std::unique_ptr<KVCache> kv;
+  int index = -1;
   int draft = -1;                       // the proposer's lane (-1: no proposer)
-  DeviceBuffer<int32_t> round;          // [accepted, token, anchor, drafts K]
-  DeviceBuffer<float> logits;           // [K + 1, V] the last forward's rows (controls: in place)
-  DeviceBuffer<float> features;         // [K + 1, F] the last forward's taps
+  DeviceBuffer<float> first;            // [V] the prefill's last row, for pick()
   DeviceBuffer<float> draft_logits, q;  // [K, V]: the proposer's logits; filtered q
   DeviceBuffer<uint64_t> rng;           // {seed, counter} of unseeded sampling
   // The sequence that holds it.
@@ -49,6 +51,9 @@ struct Lane {
   bool rng_started = false;
   uint64_t drafts = 0;    // drafts made (the noise counter)
   int64_t committed = 0;  // positions its drafter lane holds
+  int kv = -1;            // its paged::BlockPool sequence
+  int64_t length = 0;     // positions in its KV cache
+  int64_t step_row = -1;  // its anchor's row in the last step's outputs
 };
 
 bool controlled(const SeqStep& st) {
@@ -65,9 +70,9 @@ class CudaBackend : public engine::Backend {
         ctx_(target.context()),
         V_(target.config().vocab_size),
         K_(proposer ? proposer->block_size() : 0),
+        stride_(int64_t(K_) + kRoundDrafts),
         sampler_(ctx_, V_, K_ + 1),
         p_(size_t(K_ + 1) * size_t(V_)),
-        raw_(size_t(K_ + 1) * size_t(V_)),
         controls_(ctx_),
         logprobs_(ctx_, V_, K_ + 1) {
     const Qwen3Config& tc = target_.config();
@@ -91,10 +96,7 @@ class CudaBackend : public engine::Backend {
     info_.device = ctx_.name();
     info_.caps = {.fork = false, .prompt_logprobs = false, .trees = false};
     info_.block_size = K_;
-    // The forward's activations up front, so that a round never regrows them (regrowing drops
-    // the captured graphs), and a prefill chunk's.
-    target_.reserve(std::max<int64_t>(K_ + 1, kPrefillChunk), K_ + 1);
-    count_lanes(max_lanes);
+    size_memory(max_lanes);
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(ctx_.stream());
@@ -105,16 +107,29 @@ class CudaBackend : public engine::Backend {
   engine::Slot open(const engine::Open& o) override {
     if (o.from) return {};  // no fork: the sequence prefills its whole prompt
     ctx_.make_current();
+    const int64_t most = o.max_positions > 0 ? std::min(o.max_positions, capacity_) : capacity_;
+    const int kv = pool_->open(most);
+    FLASHMAP_CHECK(kv >= 0,
+                   "out of KV memory on {}: a sequence of up to {} positions needs {} blocks, {} "
+                   "are free and {} of them promised to running sequences",
+                   info_.device, most, pool_->blocks_for(most), pool_->free_blocks(),
+                   pool_->reserved_blocks());
     int i;
-    if (!free_.empty()) {
-      i = free_.back();
-      Lane& l = lanes_[size_t(i)];
-      l.kv->truncate(0);
-      if (l.draft >= 0) proposer_->reset(l.draft);
-      free_.pop_back();
-    } else {
-      lanes_.push_back(new_lane());  // throws before the table holds it: no half-built lane
-      i = int(lanes_.size()) - 1;
+    try {
+      if (!free_.empty()) {
+        i = free_.back();
+        Lane& l = lanes_[size_t(i)];
+        if (l.draft >= 0) proposer_->reset(l.draft);
+        free_.pop_back();
+      } else {
+        FLASHMAP_CHECK(int(lanes_.size()) < info_.max_sequences,
+                       "all {} sequence lanes of {} are taken", info_.max_sequences, info_.device);
+        lanes_.push_back(new_lane(int(lanes_.size())));  // throws before the table holds it
+        i = int(lanes_.size()) - 1;
+      }
+    } catch (...) {
+      pool_->close(kv);
+      throw;
     }
     Lane& l = lanes_[size_t(i)];
     l.open = true;
@@ -122,51 +137,139 @@ class CudaBackend : public engine::Backend {
     l.rng_started = false;
     l.drafts = 0;
     l.committed = 0;
+    l.kv = kv;
+    l.length = 0;
+    l.step_row = -1;
     return engine::Slot(this, i);
+  }
+
+  size_t admissible(std::span<const int64_t> positions) const override {
+    int64_t blocks = int64_t(pool_->free_blocks()) - pool_->reserved_blocks();
+    int64_t lanes = int64_t(info_.max_sequences) - open_lanes();
+    size_t n = 0;
+    for (int64_t p : positions) {
+      const int64_t need = pool_->blocks_for(std::min(p, capacity_));
+      if (need > blocks || lanes <= 0) break;
+      blocks -= need;
+      --lanes;
+      ++n;
+    }
+    return n;
   }
 
   void prefill(std::span<const engine::Prefill> seqs) override {
     ctx_.make_current();
+    const int32_t one = 1;
+    copies_.clear();
     for (const engine::Prefill& p : seqs) {
       FLASHMAP_CHECK(p.score < 0, "prompt logprobs are not supported on {}", info_.device);
       FLASHMAP_ASSERT(!p.tokens.empty());
       Lane& l = lane(p.seq);
-      // In chunks of kPrefillChunk tokens: the activations of a forward grow with its rows
-      // (~80 floats per hidden unit and token at Qwen3-8B), so a long prompt in one piece would
-      // need gigabytes at once; chunked, they stay bounded whatever the prompt.
+      for (int32_t t : p.tokens)
+        FLASHMAP_CHECK(t >= 0 && t < V_, "token id {} is outside the vocabulary [0, {})", t, V_);
       for (size_t at = 0; at < p.tokens.size(); at += kPrefillChunk) {
         const auto chunk = p.tokens.subspan(at, std::min(kPrefillChunk, p.tokens.size() - at));
+        const int n = int(chunk.size());
         const bool last = at + chunk.size() == p.tokens.size();
-        const auto out = target_.forward_host(
-            *l.kv, chunk, last ? Qwen3Model::Logits::Last : Qwen3Model::Logits::None, taps(l),
-            false);
-        if (last) keep_logits(l, out.logits, 1);
-        // The chunk's features go to the drafter now: the next forward reuses the target's
-        // feature buffer.
+        grow(l, n);
+        FLASHMAP_ASSERT(copies_.empty());  // no forks: a fresh sequence's blocks are its own
+        const paged::StepSeq ss{pool_->table(l.kv), l.length, n, {}};
+        const paged::StepPlan plan = paged::plan_step({&ss, 1}, n, kBlockTokens, {&one, 1});
+        const std::vector<int32_t> image = plan.image();
+        // Pageable sources: each copy returns once staged, so the vectors may go right after.
+        check(cudaMemcpyAsync(target_.step_image(int64_t(image.size())), image.data(),
+                              image.size() * 4, cudaMemcpyHostToDevice, ctx_.stream()),
+              "cudaMemcpyAsync H2D (prefill step)");
+        check(cudaMemcpyAsync(target_.step_ids(n), chunk.data(), size_t(n) * 4,
+                              cudaMemcpyHostToDevice, ctx_.stream()),
+              "cudaMemcpyAsync H2D (prompt ids)");
+        const auto out = target_.forward_step(
+            *kv_, 1, n, last ? Qwen3Model::Logits::Last : Qwen3Model::Logits::None, taps(l), false,
+            n - 1);
+        l.length += n;
+        if (last) {
+          check(cudaMemcpyAsync(l.first.data(), out.logits, size_t(V_) * 4,
+                                cudaMemcpyDeviceToDevice, ctx_.stream()),
+                "cudaMemcpyAsync D2D (first row)");
+          mask(l.first.data(), 1);
+        }
+        // The chunk's features go to the drafter now: the next forward reuses the buffer.
         if (l.drafting) {
-          proposer_->commit(l.draft, out.features, int64_t(chunk.size()));
-          l.committed += int64_t(chunk.size());
+          proposer_->commit(l.draft, out.features, n);
+          l.committed += n;
         }
       }
     }
   }
 
+  // Every sequence's anchor and drafts in one forward: R rows per sequence (the most any of
+  // them verifies), padding rows and sequences up to the graph bucket.
   void forward(std::span<const SeqStep> steps) override {
     ctx_.make_current();
+    if (steps.empty()) return;
+    int R = 1;
+    bool drafting = false;
+    for (const SeqStep& st : steps) {
+      const Lane& l = lane(st.seq);
+      FLASHMAP_ASSERT(st.room >= 0 && st.room <= K_ && (st.room == 0 || l.drafting));
+      R = std::max(R, st.room + 1);
+      drafting = drafting || l.drafting;
+    }
+    copies_.clear();
+    std::vector<paged::StepSeq> seqs;
+    seqs.reserve(steps.size());
     for (const SeqStep& st : steps) {
       Lane& l = lane(st.seq);
-      FLASHMAP_ASSERT(st.room >= 0 && st.room <= K_ && (st.room == 0 || l.drafting));
-      const int64_t n = st.room + 1;
-      // A block cut near the end runs eagerly: graphs are kept for the full block and the single
-      // token, the sizes of every other round.
-      const bool graph = graphs_ && (st.room == K_ || st.room == 0);
-      const auto out = target_.forward(*l.kv, l.round.data() + kAnchor, n, Qwen3Model::Logits::All,
-                                       taps(l), graph);
-      keep_logits(l, out.logits, n);
-      if (l.drafting)
-        check(cudaMemcpyAsync(l.features.data(), out.features, size_t(n * F_) * sizeof(float),
-                              cudaMemcpyDeviceToDevice, ctx_.stream()),
-              "cudaMemcpyAsync D2D (taps)");
+      grow(l, st.room + 1);
+    }
+    for (const SeqStep& st : steps) {
+      const Lane& l = lane(st.seq);
+      seqs.push_back({pool_->table(l.kv), l.length, st.room + 1, {}});
+    }
+    const paged::StepPlan plan = paged::plan_step(seqs, R, kBlockTokens, buckets_);
+    const std::vector<int32_t> image = plan.image();
+    // One pinned staging area per round: the image, the lanes of the batch, the block copies.
+    const size_t lanes_at = image.size(), copies_at = lanes_at + size_t(plan.bucket);
+    int32_t* host = stage(copies_at + 3 * copies_.size(), size_t(plan.bucket) + 3 * copies_.size());
+    std::copy(image.begin(), image.end(), host);
+    for (int b = 0; b < plan.bucket; ++b)
+      host[lanes_at + size_t(b)] = b < int(steps.size()) ? lane(steps[size_t(b)].seq).index : 0;
+    for (size_t c = 0; c < copies_.size(); ++c) {
+      host[copies_at + 3 * c] = copies_[c].src;
+      host[copies_at + 3 * c + 1] = copies_[c].dst;
+      host[copies_at + 3 * c + 2] = copies_[c].tokens;
+    }
+    const cudaStream_t s = ctx_.stream();
+    check(cudaMemcpyAsync(target_.step_image(int64_t(image.size())), host, image.size() * 4,
+                          cudaMemcpyHostToDevice, s),
+          "cudaMemcpyAsync H2D (step)");
+    check(
+        cudaMemcpyAsync(d_stage_.data(), host + lanes_at,
+                        (copies_at - lanes_at + 3 * copies_.size()) * 4, cudaMemcpyHostToDevice, s),
+        "cudaMemcpyAsync H2D (lanes, copies)");
+    if (!copies_.empty())
+      target_.copy_blocks(*kv_, d_stage_.data() + plan.bucket, int(copies_.size()));
+    const int64_t M = int64_t(plan.bucket) * R;
+    const StepView view = step_view(target_.step_image(0), plan.bucket, R, kBlockTokens);
+    gather_step_ids(rounds_.data(), stride_, d_stage_.data(), view, target_.step_ids(M), s);
+    check(cudaGetLastError(), "gather_step_ids");
+    // A block cut near the end runs eagerly: graphs are kept for the full block and the single
+    // token, the rows of every other round.
+    const bool graph = graphs_ && (R == K_ + 1 || R == 1);
+    const auto out = target_.forward_step(
+        *kv_, plan.bucket, R, Qwen3Model::Logits::All,
+        drafting ? std::span<const int>(info_.taps) : std::span<const int>{}, graph);
+    // The rows stay the model's until its next forward; the round masks them, and controls edit
+    // them, in place rather than copying [bucket · R, V] floats.
+    step_logits_ = const_cast<float*>(out.logits);
+    mask(step_logits_, M);
+    step_features_ = out.features;
+    step_R_ = R;
+    step_bucket_ = plan.bucket;
+    for (size_t b = 0; b < steps.size(); ++b) {
+      Lane& l = lane(steps[b].seq);
+      l.step_row = int64_t(b) * R;
+      l.length += steps[b].room + 1;
     }
   }
 
@@ -174,10 +277,12 @@ class CudaBackend : public engine::Backend {
     ctx_.make_current();
     for (const engine::Commit& c : seqs) {
       Lane& l = lane(c.seq);
-      l.kv->truncate(c.length);
+      FLASHMAP_ASSERT(c.length <= l.length);
+      pool_->truncate(l.kv, c.length);
+      l.length = c.length;
       if (l.drafting && c.drafted > 0) {
-        FLASHMAP_ASSERT(c.drafted <= K_ + 1);
-        proposer_->commit(l.draft, l.features.data(), c.drafted);
+        FLASHMAP_ASSERT(c.drafted <= K_ + 1 && step_features_ && l.step_row >= 0);
+        proposer_->commit(l.draft, step_features_ + l.step_row * F_, c.drafted);
         l.committed += c.drafted;
       }
     }
@@ -185,7 +290,8 @@ class CudaBackend : public engine::Backend {
 
   engine::Held held(int seq) const override {
     const Lane& l = lanes_.at(size_t(seq));
-    engine::Held h{l.kv->length(), lane_bytes_};
+    const size_t kv_bytes = size_t(pool_->table(l.kv).size()) * size_t(block_bytes_);
+    engine::Held h{l.length, lane_bytes_ + kv_bytes};
     if (l.drafting) h.positions = std::min(h.positions, l.committed);
     return h;
   }
@@ -197,10 +303,10 @@ class CudaBackend : public engine::Backend {
       Lane& l = lane(step.seq);
       FLASHMAP_ASSERT(l.drafting);
       SeqSampler& sm = *step.sampler;
-      proposer_->draft(l.draft, l.round.data() + kAnchor, sm.seed, ++l.drafts,
+      proposer_->draft(l.draft, round(l) + kRoundAnchor, sm.seed, ++l.drafts,
                        l.draft_logits.data());
       mask(l.draft_logits.data(), K_);
-      int32_t* drafts = l.round.data() + kDrafts;
+      int32_t* drafts = round(l) + kRoundDrafts;
       if (sm.params.greedy()) {
         argmax_rows(l.draft_logits.data(), K_, V_, drafts, st);
         check(cudaGetLastError(), "argmax_rows (draft)");
@@ -221,25 +327,26 @@ class CudaBackend : public engine::Backend {
     ctx_.make_current();
     prepare(steps.size());
     stage_controls(steps, false);
+    reserve_raw(steps, K_ + 1);
     for (size_t i = 0; i < steps.size(); ++i) {
       const SeqStep& st = steps[i];
       Lane& l = lane(st.seq);
       SeqSampler& sm = *st.sampler;
-      const float* raw = control(i, st, l, 1);
-      int32_t* anchor = l.round.data() + kAnchor;
+      const float* raw = control(i, st, l, l.first.data(), 1);
+      int32_t* anchor = round(l) + kRoundAnchor;
       if (sm.keyed() || sm.params.greedy()) {
-        sampler_.pick_keyed(l.logits.data(), sm.params, sm.seed, st.position + 1, anchor);
+        sampler_.pick_keyed(l.first.data(), sm.params, sm.seed, st.position + 1, anchor);
       } else {
         bind(l, sm);
-        sampler_.pick(l.logits.data(), sm.params, anchor);
+        sampler_.pick(l.first.data(), sm.params, anchor);
         sampler_.bind(nullptr);
       }
-      to_host(anchor, 1, i);
       if (st.logprobs >= 0) logprobs_.enqueue(i, raw, 1, nullptr, nullptr, anchor, st.logprobs);
     }
+    download_rounds();
     ctx_.sync();
     for (size_t i = 0; i < steps.size(); ++i) {
-      const int32_t t = host_.data()[i * row_];
+      const int32_t t = host_rounds_.data()[lane(steps[i].seq).index * stride_ + kRoundAnchor];
       FLASHMAP_CHECK(t >= 0 && t < V_, "device pick returned token {}", t);
       out[i].accepted = 0;
       out[i].drafted = 0;
@@ -249,23 +356,52 @@ class CudaBackend : public engine::Backend {
     }
   }
 
+  // Controls first (they change the rows in place), then the greedy sequences' acceptance in
+  // one launch and each sampling sequence's on its own, then every next anchor in one launch and
+  // every result in one copy.
   void accept(std::span<const SeqStep> steps, std::span<Accepted> out) override {
     ctx_.make_current();
     prepare(steps.size());
     stage_controls(steps, true);
+    reserve_raw(steps, K_ + 1);
     const cudaStream_t st = ctx_.stream();
+    std::vector<const float*> raw(steps.size());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      Lane& l = lane(steps[i].seq);
+      raw[i] = control(i, steps[i], l, rows_of(l), steps[i].room + 1);
+    }
+    // Staging: [greedy items (lane, first row, room) × n][lanes of the batch].
+    std::vector<int32_t> items, lanes;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const Lane& l = lane(steps[i].seq);
+      lanes.push_back(l.index);
+      if (steps[i].sampler->params.greedy()) {
+        items.push_back(l.index);
+        items.push_back(int32_t(l.step_row));
+        items.push_back(steps[i].room);
+      }
+    }
+    int32_t* host = stage_accept(items.size() + lanes.size());
+    std::copy(items.begin(), items.end(), host);
+    std::copy(lanes.begin(), lanes.end(), host + items.size());
+    check(cudaMemcpyAsync(d_accept_.data(), host, (items.size() + lanes.size()) * 4,
+                          cudaMemcpyHostToDevice, st),
+          "cudaMemcpyAsync H2D (acceptance)");
+    if (!items.empty()) {
+      argmax_rows(step_logits_, int64_t(step_bucket_) * step_R_, V_, argmax_.data(), st);
+      accept_greedy(argmax_.data(), d_accept_.data(), int(items.size() / 3), rounds_.data(),
+                    stride_, st);
+      check(cudaGetLastError(), "accept_greedy");
+    }
     for (size_t i = 0; i < steps.size(); ++i) {
       const SeqStep& step = steps[i];
       Lane& l = lane(step.seq);
       SeqSampler& sm = *step.sampler;
       const int room = step.room;
-      const float* raw = control(i, step, l, room + 1);
-      const int32_t* drafts = l.round.data() + kDrafts;
-      auto* result = reinterpret_cast<RoundResult*>(l.round.data() + kAccepted);
-      if (sm.params.greedy()) {
-        sampler_.verify_greedy(l.logits.data(), drafts, room, result);
-      } else {
-        sampler_.filtered_probs(l.logits.data(), room + 1, sm.params, p_.data());
+      const int32_t* drafts = round(l) + kRoundDrafts;
+      auto* result = reinterpret_cast<RoundResult*>(round(l) + kRoundAccepted);
+      if (!sm.params.greedy()) {
+        sampler_.filtered_probs(rows_of(l), room + 1, sm.params, p_.data());
         if (sm.keyed()) {
           sampler_.verify_keyed(p_.data(), drafts, room, sm.seed, step.position + 1, result);
         } else {
@@ -274,26 +410,25 @@ class CudaBackend : public engine::Backend {
           sampler_.bind(nullptr);
         }
       }
-      to_host(l.round.data(), size_t(room) + kDrafts, i);
       // Token r of the emitted ones is draft r before the accepted count, then the target's.
       if (step.logprobs >= 0)
-        logprobs_.enqueue(i, raw, room + 1, l.round.data() + kAccepted, drafts,
-                          l.round.data() + kToken, step.logprobs);
-      // The target's token is the next round's anchor, read there by the draft and the forward.
-      check(cudaMemcpyAsync(l.round.data() + kAnchor, l.round.data() + kToken, sizeof(int32_t),
-                            cudaMemcpyDeviceToDevice, st),
-            "cudaMemcpyAsync D2D (next anchor)");
+        logprobs_.enqueue(i, raw[i], room + 1, round(l) + kRoundAccepted, drafts,
+                          round(l) + kRoundToken, step.logprobs);
     }
+    next_anchors(d_accept_.data() + items.size(), int(lanes.size()), rounds_.data(), stride_, st);
+    check(cudaGetLastError(), "next_anchors");
+    download_rounds();
     ctx_.sync();
     for (size_t i = 0; i < steps.size(); ++i) {
-      const int32_t* h = host_.data() + i * row_;
-      const int accepted = h[kAccepted];
-      FLASHMAP_CHECK(accepted >= 0 && accepted <= steps[i].room && h[kToken] >= 0 && h[kToken] < V_,
-                     "device acceptance returned {} drafts and token {}", accepted, h[kToken]);
+      const int32_t* h = host_rounds_.data() + lane(steps[i].seq).index * stride_;
+      const int accepted = h[kRoundAccepted];
+      FLASHMAP_CHECK(
+          accepted >= 0 && accepted <= steps[i].room && h[kRoundToken] >= 0 && h[kRoundToken] < V_,
+          "device acceptance returned {} drafts and token {}", accepted, h[kRoundToken]);
       out[i].accepted = accepted;
       out[i].drafted = steps[i].room;
-      out[i].tokens.assign(h + kDrafts, h + kDrafts + accepted);
-      out[i].tokens.push_back(h[kToken]);
+      out[i].tokens.assign(h + kRoundDrafts, h + kRoundDrafts + accepted);
+      out[i].tokens.push_back(h[kRoundToken]);
       out[i].logprobs.clear();
       if (steps[i].logprobs >= 0)
         out[i].logprobs = logprobs_.results(i, accepted + 1, steps[i].logprobs);
@@ -303,6 +438,8 @@ class CudaBackend : public engine::Backend {
  protected:
   void close(int seq) override {
     Lane& l = lanes_.at(size_t(seq));
+    if (l.kv >= 0) pool_->close(l.kv);
+    l.kv = -1;
     l.open = false;
     l.drafting = false;
     free_.push_back(seq);
@@ -313,18 +450,34 @@ class CudaBackend : public engine::Backend {
     FLASHMAP_ASSERT(seq >= 0 && size_t(seq) < lanes_.size() && lanes_[size_t(seq)].open);
     return lanes_[size_t(seq)];
   }
+  const Lane& lane(int seq) const {
+    FLASHMAP_ASSERT(seq >= 0 && size_t(seq) < lanes_.size() && lanes_[size_t(seq)].open);
+    return lanes_[size_t(seq)];
+  }
+  int64_t open_lanes() const { return int64_t(lanes_.size()) - int64_t(free_.size()); }
+  int32_t* round(const Lane& l) { return rounds_.data() + int64_t(l.index) * stride_; }
+  // The sequence's rows of the last step's logits (anchor first).
+  float* rows_of(const Lane& l) {
+    FLASHMAP_ASSERT(step_logits_ && l.step_row >= 0);
+    return step_logits_ + l.step_row * V_;
+  }
   std::span<const int> taps(const Lane& l) const {
     return l.drafting ? std::span<const int>(info_.taps) : std::span<const int>{};
   }
+  // Room in its KV blocks for n more positions; the pool's copies (a shared block about to be
+  // written; none without forks) run before the next write.
+  void grow(Lane& l, int64_t n) {
+    std::vector<paged::BlockCopy> copies;
+    pool_->grow(l.kv, l.length + n, copies);
+    copies_.insert(copies_.end(), copies.begin(), copies.end());
+  }
 
-  // One sequence's buffers, all or none (a failed allocation throws and frees what it made; the
-  // proposer's lane comes last, so that it is added only when the rest exists).
-  Lane new_lane() {
+  // One sequence's buffers, all or none (the proposer's lane comes last, so that it is added
+  // only when the rest exists).
+  Lane new_lane(int index) {
     Lane l;
-    l.kv = target_.new_cache(capacity_);
-    l.round = DeviceBuffer<int32_t>(size_t(K_) + kDrafts);
-    l.logits = DeviceBuffer<float>(size_t(K_ + 1) * size_t(V_));
-    l.features = DeviceBuffer<float>(size_t(K_ + 1) * size_t(std::max<int64_t>(F_, 1)));
+    l.index = index;
+    l.first = DeviceBuffer<float>(size_t(V_));
     if (K_ > 0) {
       l.draft_logits = DeviceBuffer<float>(size_t(K_) * size_t(V_));
       l.q = DeviceBuffer<float>(size_t(K_) * size_t(V_));
@@ -334,19 +487,101 @@ class CudaBackend : public engine::Backend {
     return l;
   }
 
-  // How many sequences fit: the first lane is made now (free in the table) and what it took of
-  // the free device memory sets the count, less a reserve for what grows later (activations of
-  // longer forwards, graphs, cuBLASLt's scratch). At most max_lanes (0: no cap of the caller's).
-  void count_lanes(int max_lanes) {
+  // The device's memory: the first lane is made now and what it took sets the cost of a
+  // sequence's own buffers (its drafter context included); the step buffers are sized for a full
+  // batch of them; the KV pool takes the rest, less a reserve for what grows later (cuBLASLt's
+  // plans, graphs). Sequences: as many lanes as a share of the memory holds, at most max_lanes
+  // (0: no cap of the caller's), each admitted while the pool can promise it its positions.
+  void size_memory(int max_lanes) {
+    const Qwen3Config& tc = target_.config();
     const size_t before = ctx_.free_bytes();
-    lanes_.push_back(new_lane());
+    lanes_.push_back(new_lane(0));
     free_.push_back(0);
     const size_t after = ctx_.free_bytes();
     lane_bytes_ = before > after ? before - after : 1;
-    const size_t reserve = std::max<size_t>(size_t(1) << 30, after / 20);
-    const size_t more = after > reserve ? (after - reserve) / lane_bytes_ : 0;
-    info_.max_sequences =
-        int(std::min<size_t>(more + 1, size_t(max_lanes > 0 ? max_lanes : 1 << 20)));
+    block_bytes_ = target_.paged_block_bytes(kBlockTokens);
+    // A full step of one lane: logits, features, activations and attention partials of K + 1 rows.
+    const int64_t R = K_ + 1, H = tc.hidden_size, I = tc.intermediate_size;
+    const int64_t step_per_lane =
+        R * (V_ + F_ + 8 * H + 3 * I) * 4 +
+        paged_attention_partial_floats(1, int(R), tc.num_attention_heads, tc.num_key_value_heads,
+                                       tc.head_dim) *
+            4;
+    // Half of the memory for lanes and their step buffers, the other half (at least) for keys and
+    // values: a lane is only worth its cost while there are blocks for its positions.
+    const size_t per = size_t(lane_bytes_) + size_t(step_per_lane);
+    const int64_t fit = std::max<int64_t>(1, int64_t(after / 2 / per));
+    const int cap = max_lanes > 0 ? max_lanes : 256;
+    info_.max_sequences = int(std::min<int64_t>(fit, cap));
+    const int n = info_.max_sequences;
+    rounds_ = DeviceBuffer<int32_t>(size_t(n) * size_t(stride_));
+    check(cudaMemsetAsync(rounds_.data(), 0, rounds_.size() * 4, ctx_.stream()),
+          "cudaMemsetAsync (rounds)");
+    host_rounds_ = HostBuffer<int32_t>(rounds_.size());
+    argmax_ = DeviceBuffer<int32_t>(size_t(n) * size_t(R));
+    buckets_ = paged::default_buckets(n);
+    const int64_t max_table = (capacity_ + kBlockTokens - 1) / kBlockTokens;
+    paged::StepPlan widest;
+    widest.bucket = n;
+    widest.R = int(std::max<int64_t>(R, int64_t(kPrefillChunk)));
+    widest.mask_words = (widest.R + 31) / 32;
+    widest.table_stride = int32_t(max_table);
+    const int64_t image_ints = widest.offsets().total;
+    const int64_t rows = std::max<int64_t>(int64_t(n) * R, int64_t(kPrefillChunk));
+    const int taps = int(info_.taps.size());
+    target_.reserve_step(rows, image_ints, int64_t(n) * R, taps, n, int(R));
+    // The prefill's chunk of one sequence needs partials of its own shape.
+    target_.reserve_step(rows, image_ints, int64_t(n) * R, taps, 1, int(kPrefillChunk));
+    d_stage_ = DeviceBuffer<int32_t>(size_t(n) + 3 * size_t(n) + 16);
+    d_accept_ = DeviceBuffer<int32_t>(size_t(4 * n) + 16);
+    ctx_.sync();
+    // The lanes still to be made come out of what is left; a reserve for what grows later.
+    const size_t left = ctx_.free_bytes();
+    const size_t lanes_later = size_t(n - 1) * size_t(lane_bytes_);
+    const size_t reserve = std::max<size_t>(size_t(1) << 30, left / 20);
+    const int64_t usable = int64_t(left) - int64_t(lanes_later) - int64_t(std::min(reserve, left));
+    const int64_t blocks = usable / block_bytes_;
+    const int64_t one = (capacity_ + kBlockTokens - 1) / kBlockTokens;
+    FLASHMAP_CHECK(blocks >= std::min<int64_t>(one, 64),
+                   "{}: {:.2f} GiB left for the KV cache after the weights and {} sequence lanes "
+                   "({:.2f} GiB each): too little (pass a smaller --max-context or --max-running)",
+                   info_.device, double(std::max<int64_t>(usable, 0)) / double(1 << 30), n,
+                   double(lane_bytes_) / double(1 << 30));
+    const int64_t most = std::numeric_limits<int32_t>::max() / kBlockTokens;
+    kv_ = target_.new_paged(int32_t(std::min(blocks, most)), kBlockTokens);
+    pool_ = std::make_unique<paged::BlockPool>(kv_->blocks(), kBlockTokens);
+  }
+
+  // Pinned staging for a round's uploads (the previous round's copies finished at its
+  // synchronization).
+  // host_ints on the host (the image, then what goes to d_stage_), device_ints on the device.
+  int32_t* stage(size_t host_ints, size_t device_ints) {
+    if (host_ints > stage_.size()) {
+      ctx_.sync();
+      stage_ = HostBuffer<int32_t>(std::max(host_ints, 2 * stage_.size()));
+    }
+    if (device_ints > d_stage_.size()) {
+      ctx_.sync();
+      d_stage_ = DeviceBuffer<int32_t>(std::max(device_ints, 2 * d_stage_.size()));
+    }
+    return stage_.data();
+  }
+  int32_t* stage_accept(size_t ints) {
+    if (ints > accept_stage_.size()) {
+      ctx_.sync();
+      accept_stage_ = HostBuffer<int32_t>(std::max<size_t>(ints, 64));
+    }
+    if (ints > d_accept_.size()) {
+      ctx_.sync();
+      d_accept_ = DeviceBuffer<int32_t>(std::max(ints, 2 * d_accept_.size()));
+    }
+    return accept_stage_.data();
+  }
+  void download_rounds() {
+    const size_t n = size_t(lanes_.size()) * size_t(stride_);
+    check(cudaMemcpyAsync(host_rounds_.data(), rounds_.data(), n * 4, cudaMemcpyDeviceToHost,
+                          ctx_.stream()),
+          "cudaMemcpyAsync D2H (rounds)");
   }
 
   // The sequence's own generator {seed, counter}, started at its first use.
@@ -366,28 +601,15 @@ class CudaBackend : public engine::Backend {
       check(cudaGetLastError(), "fill_columns (padding ids)");
     }
   }
-  void keep_logits(Lane& l, const float* logits, int64_t rows) {
-    check(cudaMemcpyAsync(l.logits.data(), logits, size_t(rows * V_) * sizeof(float),
-                          cudaMemcpyDeviceToDevice, ctx_.stream()),
-          "cudaMemcpyAsync D2D (logits)");
-    mask(l.logits.data(), rows);
-  }
 
-  // Pinned room for a batch of `seqs` sequences' results.
+  // Room for a batch of `seqs` sequences' logprobs and constrained drafts.
   void prepare(size_t seqs) {
-    row_ = size_t(K_) + kDrafts;
     if (seqs > host_seqs_) {
-      ctx_.sync();  // nothing may still be copied into the old buffers
-      host_ = HostBuffer<int32_t>(seqs * row_);
+      ctx_.sync();  // nothing may still be copied into the old buffer
       drafts_ = HostBuffer<int32_t>(seqs * size_t(std::max(K_, 1)));
       host_seqs_ = seqs;
     }
     logprobs_.reserve(seqs);
-  }
-  void to_host(const int32_t* src, size_t n, size_t i) {
-    check(cudaMemcpyAsync(host_.data() + i * row_, src, n * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                          ctx_.stream()),
-          "cudaMemcpyAsync D2H (round)");
   }
 
   // The batch's control programs (pick: row 0 alone; accept: anchor + room drafts), uploaded in
@@ -402,7 +624,7 @@ class CudaBackend : public engine::Backend {
       const SeqStep& st = steps[i];
       if (!block || !controlled(st) || !st.controls->constrained() || st.room == 0) continue;
       check(
-          cudaMemcpyAsync(drafts_.data() + i * K, lane(st.seq).round.data() + kDrafts,
+          cudaMemcpyAsync(drafts_.data() + i * K, round(lane(st.seq)) + kRoundDrafts,
                           size_t(st.room) * sizeof(int32_t), cudaMemcpyDeviceToHost, ctx_.stream()),
           "cudaMemcpyAsync D2H (drafts of a constrained sequence)");
       fetched = true;
@@ -421,19 +643,31 @@ class CudaBackend : public engine::Backend {
     }
     if (any) controls_.upload();
   }
-  // Sequence i's rows with its controls applied on the device (rows = anchor + drafts); returns
-  // the raw rows its logprobs read: a copy taken before the controls when it has both.
-  const float* control(size_t i, const SeqStep& st, Lane& l, int rows) {
-    if (programs_[i] < 0) return l.logits.data();
-    const float* raw = l.logits.data();
-    if (st.logprobs >= 0) {
-      // raw_ is shared: the previous sequence's logprobs read it earlier in stream order.
-      check(cudaMemcpyAsync(raw_.data(), l.logits.data(), size_t(rows) * size_t(V_) * sizeof(float),
-                            cudaMemcpyDeviceToDevice, ctx_.stream()),
-            "cudaMemcpyAsync D2D (raw rows)");
-      raw = raw_.data();
+  // Room for the raw rows of every controlled sequence that wants logprobs (their controls
+  // change the rows in place before the logprobs read them).
+  void reserve_raw(std::span<const SeqStep> steps, int rows) {
+    size_t n = 0;
+    for (const SeqStep& st : steps) n += controlled(st) && st.logprobs >= 0;
+    const size_t floats = n * size_t(rows) * size_t(V_);
+    if (floats > raw_.size()) {
+      ctx_.sync();
+      raw_ = DeviceBuffer<float>(floats);
     }
-    controls_.apply(programs_[i], l.logits.data(), l.round.data() + kDrafts);
+    raw_used_ = 0;
+  }
+  // Sequence i's rows (logits, anchor first) with its controls applied on the device; returns
+  // the raw rows its logprobs read: a copy taken before the controls when it has both.
+  const float* control(size_t i, const SeqStep& st, Lane& l, float* logits, int rows) {
+    if (programs_[i] < 0) return logits;
+    const float* raw = logits;
+    if (st.logprobs >= 0) {
+      float* copy = raw_.data() + size_t(raw_used_++) * size_t(K_ + 1) * size_t(V_);
+      check(cudaMemcpyAsync(copy, logits, size_t(rows) * size_t(V_) * 4, cudaMemcpyDeviceToDevice,
+                            ctx_.stream()),
+            "cudaMemcpyAsync D2D (raw rows)");
+      raw = copy;
+    }
+    controls_.apply(programs_[i], logits, round(l) + kRoundDrafts);
     return raw;
   }
 
@@ -443,24 +677,39 @@ class CudaBackend : public engine::Backend {
   Context& ctx_;
   int64_t V_;
   int K_;
+  int64_t stride_;  // ints per round row
   int64_t F_ = 0;
   int64_t capacity_ = 0;
   Sampler sampler_;
   DeviceBuffer<float> p_;    // [K + 1, V] filtered target rows
-  DeviceBuffer<float> raw_;  // [K + 1, V] a controlled sequence's raw rows, for its logprobs
+  DeviceBuffer<float> raw_;  // [n, K + 1, V] controlled sequences' raw rows, for their logprobs
+  int raw_used_ = 0;
   DeviceControls controls_;
   DeviceLogprobs logprobs_;
   std::vector<int> programs_;  // the batch's program per sequence (-1: no controls)
   std::vector<Lane> lanes_;    // by Slot::index()
   std::vector<int> free_;      // lanes no sequence holds
   size_t lane_bytes_ = 0;
-  HostBuffer<int32_t> host_;    // [sequences, K + 3] round results
+  int64_t block_bytes_ = 0;
+  std::unique_ptr<PagedKV> kv_;
+  std::unique_ptr<paged::BlockPool> pool_;
+  std::vector<int32_t> buckets_;
+  std::vector<paged::BlockCopy> copies_;
+  DeviceBuffer<int32_t> rounds_;     // [lanes, K + 3] round rows
+  HostBuffer<int32_t> host_rounds_;  // their copy on the host
+  DeviceBuffer<int32_t> argmax_;     // [bucket · R] of a greedy acceptance
+  HostBuffer<int32_t> stage_, accept_stage_;
+  DeviceBuffer<int32_t> d_stage_, d_accept_;
   HostBuffer<int32_t> drafts_;  // [sequences, K] constrained sequences' drafts
-  size_t host_seqs_ = 0, row_ = 0;
+  size_t host_seqs_ = 0;
+  // The last step's outputs (valid until the next forward).
+  float* step_logits_ = nullptr;
+  const float* step_features_ = nullptr;
+  int step_R_ = 0, step_bucket_ = 0;
 };
 
 // The models a factory-made backend owns. A base class before CudaBackend, so that they are
-// made before it and destroyed after it (its lanes' KV caches and drafter contexts need them).
+// made before it and destroyed after it (its lanes' drafter contexts and KV pool need them).
 struct OwnedModels {
   struct Models {
     std::unique_ptr<Context> ctx;

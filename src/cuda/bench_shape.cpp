@@ -15,6 +15,8 @@
 #include "cuda/flashmap_cuda.h"
 #include "cuda/qwen3_cuda.h"
 #include "io/hf_config.h"
+#include "paged/block_pool.h"
+#include "paged/step_plan.h"
 
 namespace flashmap::cuda {
 namespace {
@@ -148,7 +150,69 @@ void run_shape_bench(const ShapeBench& a) {
   fmt::print("| verify, {} tokens (CUDA graph) | {:.2f} ms ({:.2f}x decode) |\n", K + 1, verify,
              verify / decode);
   fmt::print("| verify, without graph | {:.2f} ms |\n\n", verify_eager);
-  write_json(out, a.json_out);  // the target's figures stand even if the drafter part fails
+  write_json(out, a.json_out);  // the target's figures stand even if the later parts fail
+
+  // The batched step (what `serve --device cuda` runs each round): B sequences at context
+  // a.context each in a paged KV cache, one forward for all of them, decode (1 row each) and
+  // verify (K + 1 rows each) through CUDA graphs. The keys' values do not change the cost, so
+  // the sequences' first a.context positions are held without being computed.
+  {
+    const std::vector<int> batches = {1, 8, 32, 64};
+    const int max_b = batches.back();
+    const int32_t bt = 16;
+    const int64_t per = int64_t(a.context) + K + 1;
+    const int32_t blocks = int32_t(max_b * ((per + bt - 1) / bt) + 8);
+    auto kv = dev->new_paged(blocks, bt);
+    paged::BlockPool pool(blocks, bt);
+    std::vector<int> seqs;
+    std::vector<paged::BlockCopy> copies;
+    for (int i = 0; i < max_b; ++i) {
+      seqs.push_back(pool.open(per));
+      pool.grow(seqs.back(), a.context, copies);
+    }
+    const auto buckets = paged::default_buckets(max_b);
+    json table = json::array();
+    fmt::print(
+        "| batch | decode step ms | tokens/s | verify-{} step ms | verify / decode | bytes read "
+        "per decode step | share of bandwidth |\n|---|---|---|---|---|---|---|\n",
+        K + 1);
+    for (const int B : batches) {
+      double ms[2] = {0, 0};
+      for (const int R : {1, K + 1}) {
+        std::vector<paged::StepSeq> ss;
+        for (int i = 0; i < B; ++i) pool.grow(seqs[size_t(i)], a.context + R, copies);
+        for (int i = 0; i < B; ++i) ss.push_back({pool.table(seqs[size_t(i)]), a.context, R, {}});
+        const auto plan = paged::plan_step(ss, R, bt, buckets);
+        const auto image = plan.image();
+        const std::vector<int32_t> ids(size_t(plan.bucket) * size_t(R), 7);
+        check(cudaMemcpyAsync(dev->step_image(int64_t(image.size())), image.data(),
+                              image.size() * 4, cudaMemcpyHostToDevice, s),
+              "cudaMemcpyAsync H2D (step)");
+        check(cudaMemcpyAsync(dev->step_ids(int64_t(ids.size())), ids.data(), ids.size() * 4,
+                              cudaMemcpyHostToDevice, s),
+              "cudaMemcpyAsync H2D (ids)");
+        ms[R == 1 ? 0 : 1] = median_ms(
+            [&] { dev->forward_step(*kv, plan.bucket, R, Qwen3Model::Logits::All, {}, true); });
+        for (int i = 0; i < B; ++i) pool.truncate(seqs[size_t(i)], a.context);
+      }
+      // A decode step reads the weights once and every sequence's keys and values once.
+      const double kv_bytes = double(B) * double(a.context + 1) * double(dev->paged_block_bytes(1));
+      const double read = bytes + kv_bytes;
+      const double share = read / (ms[0] * 1e-3) / 1e9 / gbps;
+      table.push_back({{"batch", B},
+                       {"decode_step_ms", ms[0]},
+                       {"decode_tokens_per_s", 1000.0 * B / ms[0]},
+                       {fmt::format("verify{}_step_ms", K + 1), ms[1]},
+                       {"verify_over_decode", ms[1] / ms[0]},
+                       {"decode_bytes", read},
+                       {"decode_fraction_of_bandwidth", share}});
+      fmt::print("| {} | {:.2f} | {:.0f} | {:.2f} | {:.2f}x | {:.2f} GB | {:.0f}% |\n", B, ms[0],
+                 1000.0 * B / ms[0], ms[1], ms[1] / ms[0], read / 1e9, 100 * share);
+    }
+    fmt::print("\n");
+    out["batched"] = table;
+    write_json(out, a.json_out);
+  }
 
   // The FlashMap drafter at its default (Qwen3-8B) shape with random weights on the same GPU,
   // conditioned on the target's features of the context: draft ms per step count, and a round

@@ -59,16 +59,46 @@ std::unique_ptr<Plan> make_plan(Context& ctx, const LtShape& s) {
   int found = 0;
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  // A split-K algorithm sums partial products in an order that depends on the grid, and so on n.
+  const uint32_t no_split = CUBLASLT_REDUCTION_SCHEME_NONE;
+  if (st == CUBLAS_STATUS_SUCCESS && s.invariant)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                              &no_split, sizeof(no_split));
+  // The invariant algorithm is chosen once per weight shape, at n = kInvariantN.
+  cublasLtMatrixLayout_t b_pick = p->b, c_pick = p->c, b_tmp = nullptr, c_tmp = nullptr;
+  if (st == CUBLAS_STATUS_SUCCESS && s.invariant && s.n != kInvariantN) {
+    check(cublasLtMatrixLayoutCreate(&b_tmp, CUDA_R_16BF, uint64_t(s.k), uint64_t(kInvariantN),
+                                     s.ldb),
+          "layout B (invariant pick)");
+    check(cublasLtMatrixLayoutCreate(&c_tmp, lt_type(s.c_type), uint64_t(s.m),
+                                     uint64_t(kInvariantN), s.ldc),
+          "layout C (invariant pick)");
+    b_pick = b_tmp;
+    c_pick = c_tmp;
+  }
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), p->op, p->a, p->b, p->c, p->c, pref, 1, &heur,
-                                        &found);
+    st = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), p->op, p->a, b_pick, c_pick, c_pick, pref, 1,
+                                        &heur, &found);
+  if (b_tmp) cublasLtMatrixLayoutDestroy(b_tmp);
+  if (c_tmp) cublasLtMatrixLayoutDestroy(c_tmp);
   cublasLtMatmulPreferenceDestroy(pref);
   check(st, "AlgoGetHeuristic");
   FLASHMAP_CHECK(found > 0,
                  "cuBLASLt: no algorithm for the bf16 GEMM m={} n={} k={} (lda {}, ldb {}, ldc {}, "
-                 "transposed A {}, bias {})",
-                 s.m, s.n, s.k, s.lda, s.ldb, s.ldc, s.trans_a, s.bias);
+                 "transposed A {}, bias {}, invariant {})",
+                 s.m, s.n, s.k, s.lda, s.ldb, s.ldc, s.trans_a, s.bias, s.invariant);
   p->algo = heur.algo;
+  if (s.invariant && s.n != kInvariantN) {
+    // The algorithm must run at this n too, unchanged; a silent fallback would lose the
+    // invariance, so a refusal is an error naming the shape.
+    cublasLtMatmulHeuristicResult_t checked{};
+    const cublasStatus_t ok =
+        cublasLtMatmulAlgoCheck(ctx.lt(), p->op, p->a, p->b, p->c, p->c, &p->algo, &checked);
+    FLASHMAP_CHECK(ok == CUBLAS_STATUS_SUCCESS && checked.workspaceSize <= ws,
+                   "cuBLASLt: the row-invariant algorithm chosen at n={} does not run at n={} "
+                   "(m={} k={}): {}",
+                   kInvariantN, s.n, s.m, s.k, int(ok));
+  }
   return p;
 }
 
@@ -98,7 +128,8 @@ void lt_matmul(Context& ctx, const LtShape& shape, const uint16_t* A, const uint
 }
 
 void linear(Context& ctx, const void* x, Elem x_type, int64_t M, int64_t K, const uint16_t* W,
-            int64_t N, const float* bias, void* y, Elem y_type, int64_t ldx, int64_t ldy) {
+            int64_t N, const float* bias, void* y, Elem y_type, int64_t ldx, int64_t ldy,
+            bool invariant) {
   if (ldx < 0) ldx = K;
   if (ldy < 0) ldy = N;
   if (M <= 0 || N <= 0) return;
@@ -129,7 +160,8 @@ void linear(Context& ctx, const void* x, Elem x_type, int64_t M, int64_t K, cons
              .ldb = ldx,
              .ldc = ldy,
              .c_type = y_type,
-             .bias = bias != nullptr},
+             .bias = bias != nullptr,
+             .invariant = invariant},
             W, static_cast<const uint16_t*>(xb), y, bias);
 }
 

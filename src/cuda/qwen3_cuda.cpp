@@ -10,9 +10,11 @@
 #include "core/splitmix.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
+#include "cuda/paged_attention.h"
 #include "cuda/qwen3_kernels.h"
 #include "cuda/weights.h"
 #include "models/qwen3.h"
+#include "paged/step_plan.h"
 
 namespace flashmap::cuda {
 namespace {
@@ -213,6 +215,7 @@ Qwen3Model::~Qwen3Model() {
   cudaStreamSynchronize(ctx_.stream());
   own_.reset();
   graphs_.clear();
+  step_graphs_.clear();
   for (void* p : owned_) cudaFree(p);
 }
 
@@ -224,6 +227,7 @@ int64_t Qwen3Model::embedding_bytes() const {
 
 void Qwen3Model::drop_graphs() {
   graphs_.clear();
+  step_graphs_.clear();
 }
 
 void Qwen3Model::reserve(int64_t rows, int64_t logit_rows) {
@@ -448,6 +452,205 @@ Qwen3Model::Output Qwen3Model::forward_host(KVCache& cache, std::span<const int3
                         ctx_.stream()),
         "cudaMemcpyAsync H2D (token ids)");
   return forward(cache, ids_.data(), n, logits, taps, graph);
+}
+
+// --- the batched step over a paged KV cache ---------------------------------------------------
+
+int64_t Qwen3Model::paged_block_bytes(int32_t block_tokens) const {
+  const auto& c = config_;
+  return int64_t(2) * c.num_hidden_layers * block_tokens * c.num_key_value_heads * c.head_dim * 2;
+}
+
+std::unique_ptr<PagedKV> Qwen3Model::new_paged(int32_t blocks, int32_t block_tokens) {
+  const auto& c = config_;
+  FLASHMAP_CHECK(blocks >= 1 && block_tokens >= 1,
+                 "Qwen3Model::new_paged: {} blocks of {} positions", blocks, block_tokens);
+  FLASHMAP_CHECK(c.head_dim % 8 == 0,
+                 "the batched device step needs head_dim a multiple of 8 (16-byte rows), got {}",
+                 c.head_dim);
+  std::unique_ptr<PagedKV> kv(new PagedKV());
+  kv->owner_ = this;
+  kv->blocks_ = blocks;
+  kv->block_tokens_ = block_tokens;
+  kv->layers_ = c.num_hidden_layers;
+  kv->row_elems_ = int64_t(c.num_key_value_heads) * c.head_dim;
+  kv->stride_ = int64_t(blocks) * block_tokens * kv->row_elems_;
+  const size_t elems = size_t(2 * kv->layers_) * size_t(kv->stride_);
+  try {
+    kv->pool_ = DeviceBuffer<uint16_t>(elems);
+  } catch (const Error& e) {
+    cudaGetLastError();
+    throw Error(fmt::format(
+        "Qwen3Model: cannot allocate a KV pool of {} blocks × {} positions "
+        "({:.2f} GiB) on {}: {}",
+        blocks, block_tokens, double(elems) * 2 / double(1 << 30), ctx_.name(), e.what()));
+  }
+  // Positions no sequence wrote are never read; zeros make a stray read harmless.
+  check(cudaMemsetAsync(kv->pool_.data(), 0, elems * 2, ctx_.stream()), "cudaMemsetAsync (pool)");
+  ctx_.sync();
+  return kv;
+}
+
+PagedKV::~PagedKV() {
+  if (owner_) owner_->forget(this);
+}
+
+void Qwen3Model::forget(const PagedKV* kv) {
+  cudaStreamSynchronize(ctx_.stream());
+  step_graphs_.erase_if([kv](const StepKey& k) { return k.kv == kv; });
+}
+
+void Qwen3Model::grow_step(int64_t ids, int64_t image_ints, int64_t qb_elems,
+                           int64_t partial_floats) {
+  const bool more_ids = ids > int64_t(step_ids_.size()),
+             more_image = image_ints > int64_t(step_image_.size()),
+             more_qb = qb_elems > int64_t(qb_.size()),
+             more_partial = partial_floats > int64_t(step_partial_.size());
+  if (!more_ids && !more_image && !more_qb && !more_partial) return;
+  ctx_.sync();  // queued steps (and captured graphs) may still use the old buffers
+  // The new buffers first (a failed allocation leaves the old ones and their graphs); the others
+  // keep their contents (an image uploaded before the ids grow stays).
+  auto bigger = [](int64_t want, size_t have) {
+    return size_t(std::max<int64_t>(want, int64_t(have) * 2));
+  };
+  DeviceBuffer<int32_t> i, im;
+  DeviceBuffer<uint16_t> q;
+  DeviceBuffer<float> p;
+  if (more_ids) {
+    i = DeviceBuffer<int32_t>(bigger(ids, step_ids_.size()));
+    check(cudaMemsetAsync(i.data(), 0, i.size() * 4, ctx_.stream()), "cudaMemsetAsync (ids)");
+  }
+  if (more_image) im = DeviceBuffer<int32_t>(bigger(image_ints, step_image_.size()));
+  if (more_qb) q = DeviceBuffer<uint16_t>(bigger(qb_elems, qb_.size()));
+  if (more_partial) p = DeviceBuffer<float>(bigger(partial_floats, step_partial_.size()));
+  ctx_.sync();
+  step_graphs_.clear();
+  if (more_ids) step_ids_ = std::move(i);
+  if (more_image) step_image_ = std::move(im);
+  if (more_qb) qb_ = std::move(q);
+  if (more_partial) step_partial_ = std::move(p);
+}
+
+int32_t* Qwen3Model::step_ids(int64_t rows) {
+  grow_step(rows, 0, 0, 0);
+  return step_ids_.data();
+}
+
+int32_t* Qwen3Model::step_image(int64_t ints) {
+  grow_step(0, ints, 0, 0);
+  return step_image_.data();
+}
+
+void Qwen3Model::reserve_step(int64_t rows, int64_t image_ints, int64_t logit_rows, int taps,
+                              int max_bucket, int max_R) {
+  const auto& c = config_;
+  grow(rows, logit_rows, rows * taps * c.hidden_size);
+  grow_step(rows, image_ints, rows * c.num_attention_heads * c.head_dim,
+            paged_attention_partial_floats(max_bucket, max_R, c.num_attention_heads,
+                                           c.num_key_value_heads, c.head_dim));
+}
+
+void Qwen3Model::copy_blocks(PagedKV& kv, const int32_t* d_copies, int n) {
+  copy_kv_blocks(kv.pools(), kv.pool_count(), kv.pool_stride(), kv.row_elems(), kv.block_tokens(),
+                 d_copies, n, ctx_.stream());
+  check(cudaGetLastError(), "copy_kv_blocks");
+}
+
+// run_layers for a batched step: the same kernels and order, with the keys and values written to
+// the pool at each row's slot, paged attention, and every product row-invariant.
+void Qwen3Model::run_step(const StepKey& key, PagedKV& kv, int64_t last_row) {
+  const auto& c = config_;
+  const int64_t M = int64_t(key.bucket) * key.R;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t q_dim = int64_t(nh) * hd, kv_dim = int64_t(nkv) * hd, qkv_dim = q_dim + 2 * kv_dim;
+  const int64_t F = int64_t(key.taps.size()) * H;
+  const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(hd));
+  const cudaStream_t s = ctx_.stream();
+  const StepView view = step_view(step_image_.data(), key.bucket, key.R, kv.block_tokens());
+  auto copy_taps = [&](int layer) {
+    for (size_t t = 0; t < key.taps.size(); ++t)
+      if (key.taps[t] == layer)
+        check(
+            cudaMemcpy2DAsync(features_.data() + int64_t(t) * H, size_t(F) * 4, x_.data(),
+                              size_t(H) * 4, size_t(H) * 4, size_t(M), cudaMemcpyDeviceToDevice, s),
+            "cudaMemcpy2DAsync (hidden-state taps)");
+  };
+  cuda::embedding(embed_, Elem::BF16, H, step_ids_.data(), M, x_.data(), s);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const Layer& L = layers_[size_t(l)];
+    add_rms_norm_bf16(x_.data(), l == 0 ? nullptr : delta_.data(), L.input_norm, eps, M, H,
+                      hb_.data(), s);
+    if (l > 0) copy_taps(l - 1);
+    linear(ctx_, hb_.data(), Elem::BF16, M, H, L.qkv, qkv_dim, nullptr, qkv_.data(), Elem::F32, -1,
+           -1, true);
+    qk_norm_rope_paged(qkv_.data(), M, qkv_dim, nh, nkv, hd, L.q_norm, L.k_norm, eps, view,
+                       c.rope_theta, qb_.data(), kv.k(l), kv.v(l), s);
+    paged_attention(qb_.data(), view, nh, nkv, hd, kv.k(l), kv.v(l), scale, step_partial_.data(),
+                    attn_.data(), s);
+    linear(ctx_, attn_.data(), Elem::BF16, M, q_dim, L.o, H, nullptr, delta_.data(), Elem::F32, -1,
+           -1, true);
+    add_rms_norm_bf16(x_.data(), delta_.data(), L.post_norm, eps, M, H, hb_.data(), s);
+    linear(ctx_, hb_.data(), Elem::BF16, M, H, L.gate_up, 2 * I, nullptr, gu_.data(), Elem::F32, -1,
+           -1, true);
+    swiglu_bf16(gu_.data(), M, I, act_.data(), s);
+    linear(ctx_, act_.data(), Elem::BF16, M, I, L.down, H, nullptr, delta_.data(), Elem::F32, -1,
+           -1, true);
+    check(cudaGetLastError(), "Qwen3Model step kernels");
+  }
+  add_rms_norm_bf16(x_.data(), delta_.data(), final_norm_, eps, M, H, hb_.data(), s);
+  copy_taps(c.num_hidden_layers - 1);
+  if (key.logits == Logits::All) {
+    linear(ctx_, hb_.data(), Elem::BF16, M, H, lm_head_, V, nullptr, logits_.data(), Elem::F32, -1,
+           -1, true);
+  } else if (key.logits == Logits::Last) {
+    check(cudaMemcpyAsync(last_.data(), hb_.data() + last_row * H, size_t(H) * 2,
+                          cudaMemcpyDeviceToDevice, s),
+          "cudaMemcpyAsync (last row)");
+    linear(ctx_, last_.data(), Elem::BF16, 1, H, lm_head_, V, nullptr, logits_.data(), Elem::F32);
+  }
+  check(cudaGetLastError(), "Qwen3Model step final kernels");
+}
+
+Qwen3Model::Output Qwen3Model::forward_step(PagedKV& kv, int bucket, int R, Logits logits,
+                                            std::span<const int> taps, bool graph,
+                                            int64_t last_row) {
+  const auto& c = config_;
+  FLASHMAP_CHECK(kv.owner_ == this, "Qwen3Model::forward_step: a KV pool of another model");
+  FLASHMAP_CHECK(bucket >= 1 && R >= 1, "Qwen3Model::forward_step: {} sequences of {} rows", bucket,
+                 R);
+  const int64_t M = int64_t(bucket) * R;
+  FLASHMAP_CHECK(logits != Logits::Last || (last_row >= 0 && last_row < M && !graph),
+                 "Qwen3Model::forward_step: Last logits name an eager step's row");
+  for (int layer : taps)
+    FLASHMAP_CHECK(layer >= 0 && layer < c.num_hidden_layers,
+                   "hidden-state tap {} is not a layer of this {}-layer target", layer,
+                   c.num_hidden_layers);
+  const int64_t logit_rows = logits == Logits::All ? M : (logits == Logits::Last ? 1 : 0);
+  grow(M, logit_rows, M * int64_t(taps.size()) * c.hidden_size);
+  grow_step(M, 0, M * c.num_attention_heads * c.head_dim,
+            paged_attention_partial_floats(bucket, R, c.num_attention_heads, c.num_key_value_heads,
+                                           c.head_dim));
+  const StepKey key{bucket, R, logits, std::vector<int>(taps.begin(), taps.end()), &kv};
+  const cudaStream_t s = ctx_.stream();
+  if (!graph) {
+    run_step(key, kv, last_row);
+  } else if (step_graphs_.replay(key, s, "cudaGraphLaunch (step)")) {
+    ++graph_launches_;
+  } else {
+    // As forward(): an eager run first (kernels loaded, cuBLASLt's plans made), then the capture.
+    run_step(key, kv, last_row);
+    ctx_.sync();
+    step_graphs_.add(
+        key, s, [&] { run_step(key, kv, last_row); }, "(step)");
+    ++graphs_captured_;
+  }
+  Output out;
+  out.n = M;
+  out.logits_rows = logit_rows;
+  out.logits = logit_rows ? logits_.data() : nullptr;
+  out.features = taps.empty() ? nullptr : features_.data();
+  return out;
 }
 
 // --- bandwidth probe -----------------------------------------------------------------------------

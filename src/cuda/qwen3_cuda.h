@@ -49,6 +49,37 @@ class KVCache {
   int64_t length_ = 0, capacity_ = 0;
 };
 
+// The KV cache of many sequences for the batched step (Qwen3Model::forward_step): per layer a K
+// and a V pool of blocks × block_tokens positions ([slots, kv_dim] bf16), all in one allocation.
+// Which positions of which sequence each block holds is the host's paged::BlockPool (a slot is
+// block · block_tokens + row); memory goes to sequences by need, in blocks. Made by
+// Qwen3Model::new_paged, which it must not outlive; graphs of forward_step are keyed by it.
+class PagedKV {
+ public:
+  ~PagedKV();
+  PagedKV(const PagedKV&) = delete;
+  PagedKV& operator=(const PagedKV&) = delete;
+  int32_t blocks() const { return blocks_; }
+  int32_t block_tokens() const { return block_tokens_; }
+  uint16_t* k(int layer) const { return pool_.data() + int64_t(2 * layer) * stride_; }
+  uint16_t* v(int layer) const { return pool_.data() + int64_t(2 * layer + 1) * stride_; }
+  // copy_kv_blocks' view: 2 · layers pools, pool_stride() elements apart, rows of row_elems().
+  uint16_t* pools() const { return pool_.data(); }
+  int pool_count() const { return 2 * layers_; }
+  int64_t pool_stride() const { return stride_; }
+  int64_t row_elems() const { return row_elems_; }
+  int64_t bytes() const { return int64_t(pool_.size()) * 2; }
+
+ private:
+  friend class Qwen3Model;
+  PagedKV() = default;
+  Qwen3Model* owner_ = nullptr;
+  DeviceBuffer<uint16_t> pool_;
+  int32_t blocks_ = 0, block_tokens_ = 0;
+  int layers_ = 0;
+  int64_t stride_ = 0, row_elems_ = 0;
+};
+
 class Qwen3Model {
  public:
   // Uploads every weight of `model` once: matrices as bf16 (f32 and f16 rounded to nearest-even
@@ -133,6 +164,35 @@ class Qwen3Model {
   static constexpr int kStepSplits = 16;
   static int64_t step_rows(int64_t n) { return n <= kStepRows ? kStepRows : n; }
 
+  // --- the batched step over a paged KV cache ----------------------------------------------------
+  // Device bytes of one block of `block_tokens` positions (K and V of every layer).
+  int64_t paged_block_bytes(int32_t block_tokens) const;
+  // A pool of `blocks` blocks; throws when device memory runs out.
+  std::unique_ptr<PagedKV> new_paged(int32_t blocks, int32_t block_tokens);
+  // Buffers the caller fills before forward_step: the token ids [bucket · R] and the
+  // paged::StepPlan image. Sized by reserve_step (and grown by these calls when asked for more,
+  // which drops the step graphs).
+  int32_t* step_ids(int64_t rows);
+  int32_t* step_image(int64_t ints);
+  // Sizes every buffer of steps up to `rows` rows (bucket · R), `image_ints` image ints,
+  // `logit_rows` logits rows and `taps` taps per row, with partials for attention of up to
+  // `max_bucket` sequences of up to `max_R` rows, so that no step of a decoding loop regrows them
+  // (a regrowth drops the captured graphs).
+  void reserve_step(int64_t rows, int64_t image_ints, int64_t logit_rows, int taps, int max_bucket,
+                    int max_R);
+  // One forward of a batched step: `bucket` sequences × R rows laid out by the paged::StepPlan
+  // image in step_image() (planned for this bucket and R), ids in step_ids(); each row's key and
+  // value go to its slot in `kv`, and each row attends to its sequence's cached positions and to
+  // the block rows its mask names (paged_attention.h). Logits All: [bucket · R, vocab] (padding
+  // rows hold garbage); Last: the row `last_row` only (prefill); None. Taps as forward(). Every
+  // product runs one algorithm per weight whatever the row count (LtShape::invariant) and the
+  // attention's order is fixed per row: a row's outputs do not depend on the rows beside it.
+  // graph: captured once per (bucket, R, logits, taps, kv) and replayed (the image is data).
+  Output forward_step(PagedKV& kv, int bucket, int R, Logits logits, std::span<const int> taps,
+                      bool graph, int64_t last_row = 0);
+  // Enqueues paged::BlockPool's copies ({src, dst, tokens} triples in a device array).
+  void copy_blocks(PagedKV& kv, const int32_t* d_copies, int n);
+
   // Preallocates activation buffers for forwards of up to `rows` tokens (and logits for
   // `logit_rows` rows) so that a later, longer prefill does not regrow them: regrowing drops the
   // captured graphs, which are then captured again on their next use.
@@ -156,8 +216,22 @@ class Qwen3Model {
       return std::tie(n, logits, taps, cache) < std::tie(o.n, o.logits, o.taps, o.cache);
     }
   };
+  struct StepKey {
+    int bucket, R;
+    Logits logits;
+    std::vector<int> taps;
+    const PagedKV* kv;
+    bool operator<(const StepKey& o) const {
+      return std::tie(bucket, R, logits, taps, kv) <
+             std::tie(o.bucket, o.R, o.logits, o.taps, o.kv);
+    }
+  };
   friend class KVCache;
+  friend class PagedKV;
   void forget(const KVCache* cache);  // drops the graphs of a cache that goes
+  void forget(const PagedKV* kv);
+  void run_step(const StepKey& key, PagedKV& kv, int64_t last_row);
+  void grow_step(int64_t ids, int64_t image_ints, int64_t qb_elems, int64_t partial_floats);
   Qwen3Model(Context& ctx, const Qwen3Config& config, int64_t max_positions);
   void allocate_weights();
   void* alloc(size_t bytes);  // owned, freed in the destructor
@@ -185,6 +259,12 @@ class Qwen3Model {
 
   GraphCache<Key> graphs_;
   int64_t graphs_captured_ = 0, graph_launches_ = 0;
+
+  // Step buffers (fixed addresses between regrowths, so step graphs may keep them).
+  DeviceBuffer<int32_t> step_ids_, step_image_;
+  DeviceBuffer<uint16_t> qb_;         // [rows, heads, head_dim] bf16 queries
+  DeviceBuffer<float> step_partial_;  // paged_attention's split partials
+  GraphCache<StepKey> step_graphs_;
 };
 
 // The GPU's read bandwidth in GB/s: a vectorized read of `bytes` (>= 1 GiB for HBM, well past the

@@ -83,10 +83,13 @@ struct BackendInfo {
 
 // How a sequence opens: fresh, or (Capabilities::fork) holding the first `length` positions of
 // `from` (KV cache and, when drafting, drafter context), to be prefilled with the rest.
+// max_positions: the most positions it will hold (prompt + max_tokens; 0: the backend's
+// max_positions), for a backend that gives memory by need.
 struct Open {
   bool drafting = false;
   const Slot* from = nullptr;
   int64_t length = 0;
+  int64_t max_positions = 0;
 };
 
 // One sequence's prefill: its `tokens` appended to the KV cache, the drafter context (when it
@@ -161,6 +164,10 @@ class Target {
   virtual void forward(std::span<const SeqStep> steps) = 0;
   virtual void commit(std::span<const Commit> seqs) = 0;
   virtual Held held(int seq) const = 0;
+  // How many of these sequences, in order, can open now (each to hold `positions[i]` positions)
+  // with their memory guaranteed until they end; the engine keeps the rest queued. A backend that
+  // sizes every sequence alike at start (max_sequences) admits them all.
+  virtual size_t admissible(std::span<const int64_t> positions) const { return positions.size(); }
 
  protected:
   friend class Slot;

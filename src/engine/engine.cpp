@@ -508,7 +508,26 @@ void Engine::loop() {
           m.queue.pop_front();
         }
       }
+      // The queue's head, as far as the backend can hold it: a backend that gives memory by
+      // need admits what fits now and the rest waits for a sequence to end. One that cannot hold
+      // the head even with nothing running never will: it fails (below) rather than block the
+      // queue.
+      size_t fits = 0;
+      {
+        std::vector<int64_t> need;
+        for (const auto& q : m.queue) {
+          if (int(running.size() + need.size()) >= m.max_running) break;
+          if (q->req->cancelled()) continue;
+          need.push_back(int64_t(q->seq.params.prompt.size()) + q->seq.params.max_tokens + 1);
+        }
+        fits = m.loop->backend().admissible(need);
+        if (fits == 0 && !need.empty() && running.empty()) fits = 1;  // fails at its open
+      }
       while (!m.queue.empty() && int(running.size()) < m.max_running) {
+        if (!m.queue.front()->req->cancelled()) {
+          if (fits == 0) break;
+          --fits;
+        }
         auto s = std::move(m.queue.front());
         m.queue.pop_front();
         if (s->req->cancelled()) {

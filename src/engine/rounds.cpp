@@ -174,7 +174,10 @@ void RoundLoop::admit_group(std::span<Sequence* const> fresh, std::span<Sequence
       s->cached_tokens = s->slot ? n : 0;
     }
     if (!s->slot && !scored) s->slot = cache_.lookup(prompt, s->drafting, s->cached_tokens);
-    if (!s->slot) s->slot = backend_.open({s->drafting});
+    // Its most positions: the prompt, then every token it may emit (the last one's KV is never
+    // written, but a round's anchor may be).
+    const int64_t most = int64_t(prompt.size()) + s->params.max_tokens + 1;
+    if (!s->slot) s->slot = backend_.open({s->drafting, nullptr, 0, most});
     if (cache_.enabled()) s->history.assign(prompt.begin(), prompt.end());
     s->controls = ControlState(s->params.controls, s->params.prompt, s->params.stop_ids,
                                backend_.config().vocab_size);
