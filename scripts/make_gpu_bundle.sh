@@ -9,6 +9,12 @@
 #   scripts/make_gpu_bundle.sh
 #   scripts/run_on_gpu.sh   # on the GPU, with build-gpu/gpu-bundle.tar.gz copied into the checkout
 #
+# It also writes $B/payload, what a runner with a transfer cap carries beside a slim checkout
+# (scripts/gpu_checkout.sh): bundle.tar.xz (the same bundle, xz-compressed: a third of the gzip's
+# size) and files/ (repo paths the slim checkout lacks and a device stage reads: the default
+# target as bf16, scripts/safetensors_bf16.py). `scripts/run_on_gpu.sh --payload $B/payload`
+# uses both.
+#
 # B = ${FLASHMAP_GPU_BUILD:-build-gpu}. Without a configured build there, it is configured with
 # -DFLASHMAP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHMAP_NATIVE=OFF -DFLASHMAP_BUILD_BENCH=OFF
 # (Release): the CPU reference inside the tests must not use instructions of this machine's CPU
@@ -88,6 +94,16 @@ fi
 tar -C "$B" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - bundle |
   gzip -n >"$B/gpu-bundle.tar.gz"
 ls -la "$B/gpu-bundle.tar.gz"
+rm -rf "$B/payload"
+mkdir -p "$B/payload/files/models/default/target"
+python3 - "$B/gpu-bundle.tar.gz" "$B/payload/bundle.tar.xz" <<'PY'
+import gzip, lzma, shutil, sys
+with gzip.open(sys.argv[1]) as src, lzma.open(sys.argv[2], "wb", preset=9) as dst:
+    shutil.copyfileobj(src, dst)
+PY
+python3 scripts/safetensors_bf16.py models/default/target/model.safetensors \
+  "$B/payload/files/models/default/target/model.safetensors"
+du -sh "$B/payload"
 size=$(stat -c %s "$B/gpu-bundle.tar.gz")
 if ((size > 60 * 1024 * 1024)); then
   echo "WARNING: $B/gpu-bundle.tar.gz is $((size >> 20)) MiB; a copy to a remote runner holds 64 MiB in all" >&2

@@ -11,17 +11,21 @@
 # Rerun one stage (or a few) on the GPU, same bundle:
 #   scripts/run_on_gpu.sh --only models  # (a 200 s limit)
 #
-# Usage: scripts/run_on_gpu.sh [--dry-run] [--only STAGE[,STAGE...]] [--list]
+# Usage: scripts/run_on_gpu.sh [--dry-run] [--only STAGE[,STAGE...]] [--list] [--payload DIR]
 #
 # Stages, in order of value, each under `timeout -k 5` with its own budget (total <= 480 s, so one
 # rerun still fits in 15 minutes); a failing stage does not stop the later ones:
 #   device  15 s  nvidia-smi (name, memory, driver, clocks), nvidia-smi -L, flashmap starts
-#   ops     80 s  test_cuda_ops (every kernel against its CPU op), then test_cuda_controls (logit
+#   ops     70 s  test_cuda_ops (every kernel against its CPU op), then test_cuda_controls (logit
 #                 controls and logprobs on the device against their host rules)
-#   models  75 s  test_cuda_qwen3, then test_cuda_flashmap (the target and the drafter)
+#   models 110 s  test_cuda_qwen3, test_cuda_paged (the batched step over a paged KV cache: its
+#                 attention, batch invariance, whole steps, batched serving = each request alone),
+#                 then test_cuda_flashmap (the drafter)
 #   engine  90 s  test_cuda_sampling, then test_cuda_engine (the round loop on the device)
-#   bench  120 s  flashmap bench --device cuda --shape tiny (smoke), then --shape qwen3-8b --json
-#   serve   90 s  bench/bench_server.py against flashmap serve --device cuda on models/default
+#   bench  100 s  flashmap bench --device cuda --shape tiny (smoke), then --shape qwen3-8b --json
+#                 (per-sequence steps, then batched steps of 1/8/32/64 sequences)
+#   serve   85 s  bench/bench_server.py against flashmap serve --device cuda on models/default,
+#                 concurrency 1, 8, 32, 64, speculative and not
 # Two binaries in one stage share its budget: the first gets the budget minus the second's share,
 # the second whatever is left (so it always gets at least its share).
 #
@@ -35,6 +39,10 @@
 # passed (or, with --dry-run, when everything it checks is in place), 1 otherwise, 2 on bad usage.
 # On the GPU a stage whose tests skipped (no usable GPU) counts as failed.
 #
+# --payload DIR (a runner with a transfer cap: scripts/gpu_checkout.sh): DIR/bundle.tar.xz is the
+# bundle, and DIR/files/ holds repo paths a slim checkout lacks (the default target in bf16), copied
+# into the checkout first where nothing is there yet.
+#
 # Binaries, first found: the bundle ${FLASHMAP_GPU_BUILD:-build-gpu}/gpu-bundle.tar.gz (or
 # FLASHMAP_GPU_BUNDLE=FILE), unpacked to a temporary folder, its lib/ on LD_LIBRARY_PATH and its
 # lib-fallback/ (libstdc++, libgcc_s) only if the binaries do not start without it; else
@@ -47,27 +55,27 @@
 # test of is not run, and a filter that matches no test at all is an error), FLASHMAP_SANITIZE=1
 # (tests under compute-sanitizer memcheck: much slower; raise the budgets), FLASHMAP_BUDGET_<STAGE>=S
 # (another budget for one stage, e.g. FLASHMAP_BUDGET_models=200 for a rerun), FLASHMAP_SERVE_REQUESTS
-# (32) and FLASHMAP_SERVE_MAX_TOKENS (32) per concurrency level of the serve stage, and
-# FLASHMAP_SERVE_ARGS (`flashmap serve` arguments, default "--device cuda --max-running 32").
+# (64) and FLASHMAP_SERVE_MAX_TOKENS (32) per concurrency level of the serve stage, and
+# FLASHMAP_SERVE_ARGS (`flashmap serve` arguments, default "--device cuda --max-running 64").
 # shellcheck disable=SC2317  # cleanup and on_signal run from traps
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)" || exit 1
 cd "$ROOT" || exit 1
 
 STAGES=(device ops models engine bench serve)
-declare -A BUDGET=([device]=15 [ops]=80 [models]=75 [engine]=90 [bench]=120 [serve]=90)
+declare -A BUDGET=([device]=15 [ops]=70 [models]=110 [engine]=90 [bench]=100 [serve]=85)
 declare -A WHAT=(
   [device]="nvidia-smi (GPU, memory, driver, clocks), nvidia-smi -L, flashmap starts"
-  [ops]="test_cuda_ops (60 s share): every kernel against its CPU op, test_cuda_controls (20 s share)"
-  [models]="test_cuda_qwen3 (45 s share), test_cuda_flashmap (30 s share)"
+  [ops]="test_cuda_ops (52 s share): every kernel against its CPU op, test_cuda_controls (18 s share)"
+  [models]="test_cuda_qwen3 (40 s share), test_cuda_paged (40 s share), test_cuda_flashmap (30 s share)"
   [engine]="test_cuda_sampling (30 s share), test_cuda_engine (60 s share)"
   [bench]="flashmap bench --device cuda --shape tiny (smoke), --shape qwen3-8b --json bench_cuda.json"
-  [serve]="bench/bench_server.py: flashmap serve --device cuda on models/default, concurrency 1,8,32")
+  [serve]="bench/bench_server.py: flashmap serve --device cuda on models/default, concurrency 1,8,32,64")
 MAX_TOTAL=480
-SERVE_LEVELS="1,8,32"
-SERVE_REQUESTS="${FLASHMAP_SERVE_REQUESTS:-32}"
+SERVE_LEVELS="1,8,32,64"
+SERVE_REQUESTS="${FLASHMAP_SERVE_REQUESTS:-64}"
 SERVE_MAX_TOKENS="${FLASHMAP_SERVE_MAX_TOKENS:-32}"
-SERVE_ARGS="${FLASHMAP_SERVE_ARGS:---device cuda --max-running 32}"
+SERVE_ARGS="${FLASHMAP_SERVE_ARGS:---device cuda --max-running 64}"
 for s in "${STAGES[@]}"; do
   v="FLASHMAP_BUDGET_$s"
   if [[ -n "${!v:-}" ]]; then
@@ -77,10 +85,12 @@ for s in "${STAGES[@]}"; do
 done
 
 usage() { sed -n 's/^# Usage: //p' "$0"; }
-DRY=0 LIST=0 ONLY=""
+DRY=0 LIST=0 ONLY="" PAYLOAD=""
 while (($#)); do
   case "$1" in
     --dry-run) DRY=1 ;;
+    --payload) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; PAYLOAD="$2"; shift ;;
+    --payload=*) PAYLOAD="${1#--payload=}" ;;
     --list) LIST=1 ;;
     --only) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; ONLY="$2"; shift ;;
     --only=*) ONLY="${1#--only=}" ;;
@@ -189,9 +199,35 @@ build_on_device() {
 }
 BUNDLE="${FLASHMAP_GPU_BUNDLE:-$ROOT/${FLASHMAP_GPU_BUILD:-build-gpu}/gpu-bundle.tar.gz}"
 BUILD_DIR="${FLASHMAP_GPU_BUILD:-build-gpu}"
-if [[ -f "$BUNDLE" ]]; then
+if [[ -n "$PAYLOAD" ]]; then
+  if [[ ! -f "$PAYLOAD/bundle.tar.xz" ]]; then
+    BIN_ERR="--payload $PAYLOAD has no bundle.tar.xz (scripts/make_gpu_bundle.sh makes it)"
+    BUNDLE=""
+  else
+    BUNDLE="$PAYLOAD/bundle.tar.xz"
+  fi
+  # The payload's files where the checkout lacks them (never over a file that is there).
+  if [[ -d "$PAYLOAD/files" ]]; then
+    while IFS= read -r -d '' f; do
+      rel="${f#"$PAYLOAD/files/"}"
+      if [[ ! -e "$rel" ]]; then
+        mkdir -p "$(dirname "$rel")" && cp "$f" "$rel" && echo "from the payload: $rel"
+      fi
+    done < <(find "$PAYLOAD/files" -type f -print0)
+  fi
+fi
+# unpack_bundle FILE DIR: a .tar.gz, or a .tar.xz through Python's lzma (xz may not be installed).
+unpack_bundle() {
+  if [[ "$1" == *.xz ]]; then
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$1" |
+      tar -C "$2" -xf -
+  else
+    tar -C "$2" -xzf "$1"
+  fi
+}
+if [[ -n "$BUNDLE" && -f "$BUNDLE" ]]; then
   UNPACK="$(mktemp -d "${TMPDIR:-/tmp}/fm-bundle.XXXXXX")"
-  if tar -C "$UNPACK" -xzf "$BUNDLE" && [[ -d "$UNPACK/bundle/bin" ]]; then
+  if unpack_bundle "$BUNDLE" "$UNPACK" && [[ -d "$UNPACK/bundle/bin" ]]; then
     BIN="$UNPACK/bundle/bin"
     FALLBACK="$UNPACK/bundle/lib-fallback"
     export LD_LIBRARY_PATH="$UNPACK/bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -208,6 +244,8 @@ if [[ -f "$BUNDLE" ]]; then
   else
     BIN_ERR="cannot unpack $BUNDLE"
   fi
+elif [[ -n "$PAYLOAD" ]]; then
+  :  # BIN_ERR says why
 elif [[ -n "${FLASHMAP_GPU_BIN:-}" ]]; then
   if [[ -d "$FLASHMAP_GPU_BIN" ]]; then
     BIN="$(cd "$FLASHMAP_GPU_BIN" && pwd)"
@@ -343,7 +381,7 @@ fi
 FIXTURES=()
 for f in tiny-a tiny-b tiny-c; do FIXTURES+=("tests/fixtures/$f/target" "tests/fixtures/$f/draft"); done
 # Tests that no stage names go to the engine stage (20 s share each), so every tests/cuda test runs.
-NAMED=" test_cuda_ops test_cuda_controls test_cuda_qwen3 test_cuda_flashmap test_cuda_sampling test_cuda_engine "
+NAMED=" test_cuda_ops test_cuda_controls test_cuda_qwen3 test_cuda_paged test_cuda_flashmap test_cuda_sampling test_cuda_engine "
 EXTRA=()
 for src in tests/cuda/test_*.cpp; do
   n=$(basename "$src" .cpp)
@@ -363,13 +401,16 @@ for s in "${SELECTED[@]}"; do
       fi
       ;;
     ops)
-      gtest_part ops test_cuda_ops 60
-      gtest_part ops test_cuda_controls 20
+      gtest_part ops test_cuda_ops 52
+      gtest_part ops test_cuda_controls 18
       ;;
     models)
-      for d in "${FIXTURES[@]}" tests/fixtures/tiny-a/target_bf16; do need_model models "$d"; done
+      for d in "${FIXTURES[@]}" tests/fixtures/tiny-a/target_bf16 models/default/target models/default/draft; do
+        need_model models "$d"
+      done
       for f in tiny-a tiny-b tiny-c; do need_file models "tests/fixtures/$f/expected.safetensors"; done
-      gtest_part models test_cuda_qwen3 45
+      gtest_part models test_cuda_qwen3 40
+      gtest_part models test_cuda_paged 40
       gtest_part models test_cuda_flashmap 30
       ;;
     engine)
@@ -384,9 +425,9 @@ for s in "${SELECTED[@]}"; do
       if need_bin bench flashmap; then
         timeout -k 2 20 "$BIN/flashmap" bench --help >"$STATE/bench.help" 2>&1 || reason bench "flashmap bench --help fails"
         need_flags bench "flashmap bench" "$STATE/bench.help" --device --shape --context --block --reps --json
-        add_part bench 20 plain "bench tiny" always \
+        add_part bench 15 plain "bench tiny" always \
           "$(qcmd "$BIN/flashmap" bench --device cuda --shape tiny --context 64 --block 4 --reps 1)"
-        add_part bench 100 plain "bench qwen3-8b" always \
+        add_part bench 85 plain "bench qwen3-8b" always \
           "$(qcmd "$BIN/flashmap" bench --device cuda --shape qwen3-8b --json "$OUT/bench_cuda.json")"
       fi
       ;;
@@ -407,7 +448,7 @@ for s in "${SELECTED[@]}"; do
         # The per-level JSON lines go to serve.jsonl as they come (-u), so a killed run keeps the
         # finished levels; the server's own log is read by bench_server.py, hence the short
         # stand-alone start below when it fails.
-        add_part serve 78 plain bench_server always \
+        add_part serve 73 plain bench_server always \
           "$(qcmd python3 -u bench/bench_server.py --flashmap "$BIN/flashmap" --fixture models/default \
             --serve-args "$SERVE_ARGS" --concurrency "$SERVE_LEVELS" --requests "$SERVE_REQUESTS" \
             --max-tokens "$SERVE_MAX_TOKENS" --timeout 30 --json) >$(q "$OUT/serve.jsonl")"
