@@ -5,6 +5,7 @@
 // streamed per second.
 //
 //   ./build/bench/bench_ops --benchmark_filter='Linear|FmaPeak'
+//   ./build/bench/bench_ops --benchmark_filter='Qwen3_8B|Bf16|FmaPeak'   (the bf16 compute mode)
 //   FLASHMAP_ISA=avx2 ./build/bench/bench_ops ...   (the AVX2 kernel on an AVX-512 CPU)
 #include <benchmark/benchmark.h>
 
@@ -39,6 +40,18 @@ double peak() {
 
 void BM_FmaPeak(benchmark::State& state) {
   for (auto _ : state) state.counters["GFLOP/s"] = fma_peak_gflops();
+  state.SetLabel(std::to_string(ThreadPool::global().size()) + " threads");
+}
+
+// The bf16 compute mode's peak (AVX512-BF16 dot products), what its products are shares of.
+double bf16_peak() {
+  static const double p = ops::bf16_dot_peak_gflops(ThreadPool::global());
+  return p;
+}
+
+void BM_Bf16DotPeak(benchmark::State& state) {
+  if (!ops::has_bf16_compute()) return state.SkipWithError("no AVX512-BF16 on this CPU");
+  for (auto _ : state) state.counters["GFLOP/s"] = ops::bf16_dot_peak_gflops(ThreadPool::global());
   state.SetLabel(std::to_string(ThreadPool::global().size()) + " threads");
 }
 
@@ -77,9 +90,14 @@ Problem make_problem(int64_t M, int64_t N, int64_t K, DType dtype, ops::WeightFo
 
 void BM_Linear(benchmark::State& state) {
   const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
-  // range(3): 0 f32, 1 bf16, 2 bf16 packed as q8
+  // range(3): 0 f32, 1 bf16, 2 bf16 packed as q8, 3 bf16 in the bf16 compute mode
   const DType dtype = state.range(3) ? DType::BF16 : DType::F32;
-  const auto format = state.range(3) == 2 ? ops::WeightFormat::Q8 : ops::WeightFormat::Native;
+  const bool bf16_compute = state.range(3) == 3;
+  if (bf16_compute && !ops::has_bf16_compute())
+    return state.SkipWithError("no AVX512-BF16 on this CPU");
+  const auto format = state.range(3) == 2 ? ops::WeightFormat::Q8
+                      : bf16_compute      ? ops::WeightFormat::Bf16
+                                          : ops::WeightFormat::Native;
   const bool cold = state.range(4) != 0;
   // Cold: enough copies that the packed bytes overflow the L3 (streamed from memory, as a decode
   // step's weights are); q8 packs a bf16 matrix to ~half its bytes, so it needs twice the copies.
@@ -95,12 +113,15 @@ void BM_Linear(benchmark::State& state) {
   const double calls = double(state.iterations());
   state.counters["GFLOP/s"] = benchmark::Counter(
       2.0 * M * N * K * calls, benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  // A share of the mode's own peak: fp32 FMAs, or bf16 dot products.
   state.counters["peak_share"] =
-      benchmark::Counter(2.0 * M * N * K * calls / 1e9 / peak(), benchmark::Counter::kIsRate);
+      benchmark::Counter(2.0 * M * N * K * calls / 1e9 / (bf16_compute ? bf16_peak() : peak()),
+                         benchmark::Counter::kIsRate);
   state.counters["weight_GB/s"] =
       benchmark::Counter(double(p.w[0].packed->bytes()) * calls, benchmark::Counter::kIsRate,
                          benchmark::Counter::kIs1000);
   state.SetLabel(std::string(state.range(3) == 2   ? "q8"
+                             : bf16_compute        ? "bf16-compute"
                              : dtype == DType::F32 ? "f32"
                                                    : "bf16") +
                  (cold ? " cold " : " hot ") + ops::isa_name(ops::active_isa()));
@@ -137,9 +158,37 @@ void LmHead(benchmark::internal::Benchmark* b) {
     for (const int64_t fmt : {1, 2}) b->Args({m, 151936, 1024, fmt, 1});
 }
 
+// Qwen3-8B's layer products (q+k+v 6144 × 4096 as three, o 4096², gate and up 12288 × 4096, down
+// 4096 × 12288) and its lm_head, streamed from memory, at a decode step's row and a verify pass's
+// 17: bf16 weights multiplied in fp32 (fmt 1) against the bf16 compute mode (fmt 3).
+void Qwen3_8B(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "N", "K", "fmt", "cold"});
+  for (const int64_t m : {1, 17})
+    for (const int64_t fmt : {1, 3}) {
+      b->Args({m, 4096, 4096, fmt, 1});
+      b->Args({m, 12288, 4096, fmt, 1});
+      b->Args({m, 4096, 12288, fmt, 1});
+    }
+}
+void Bf16Rows(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "N", "K", "fmt", "cold"});
+  for (const int64_t m : {1, 2, 4, 5, 8, 12, 13, 17, 24, 33, 64}) b->Args({m, 4096, 4096, 3, 0});
+}
+
 }  // namespace
 
 BENCHMARK(BM_FmaPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Bf16DotPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Linear)
+    ->Name("BM_LinearQwen3_8B")
+    ->Apply(Qwen3_8B)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Linear)
+    ->Name("BM_LinearBf16Rows")
+    ->Apply(Bf16Rows)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK(BM_Linear)->Apply(Shapes)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_Linear)
     ->Name("BM_LinearRows")

@@ -66,6 +66,11 @@ struct EngineOptions {
   // How the CPU backend holds linear weights: "native" (their file dtype, packed for the GEMM
   // kernel) or "q8" (int8 with Q8_0's per-32 fp16 scales, quantized at load). CUDA: native only.
   std::string weights = "native";
+  // The CPU backend's arithmetic: "fp32" (the reference: weights widened to fp32, fp32 FMAs) or
+  // "bf16" (AVX512-BF16 dot products: weights and each row of activations rounded to bf16, sums in
+  // fp32; twice the arithmetic rate, on CPUs that have it). Either is lossless with respect to
+  // its own target-alone output. CUDA: always bf16 products, so fp32 only here.
+  std::string compute = "fp32";
   // Ids at and past this are the embedding's padding (the tokenizer's size); never sampled.
   int64_t sampled_vocab = 0;
   // Serving: sequences decoded together, requests waiting beyond them (then 429), the

@@ -323,7 +323,8 @@ class PyEngine {
   PyEngine(const std::string& target, std::optional<std::string> draft, const std::string& device,
            std::optional<int> threads, std::optional<int> steps, const std::string& draft_tree,
            std::optional<int> ngram_min, std::optional<int> ngram_max,
-           std::optional<int> ngram_block, int hybrid_ngram, int draft_window) {
+           std::optional<int> ngram_block, int hybrid_ngram, int draft_window,
+           const std::string& weights, const std::string& compute_mode) {
     std::error_code ec;
     if (std::filesystem::exists(std::filesystem::path(target) / "tokenizer.json", ec))
       tokenizer_ = std::make_shared<PyTokenizer>(target);
@@ -339,6 +340,8 @@ class PyEngine {
     o.ngram_block = ngram_block.value_or(o.ngram_block);
     o.hybrid_ngram = hybrid_ngram;  // 0: off
     o.draft_window = draft_window;  // 0: off; range and drafter checked by the engine
+    o.weights = weights;            // "native" | "q8"; checked by the engine
+    o.compute = compute_mode;       // "fp32" | "bf16"; checked by the engine (and the CPU)
     if (steps && *steps < 1)
       throw flashmap::Error(fmt::format("steps must be >= 1, got {}", *steps));
     if (steps && o.draft.empty()) throw flashmap::Error("steps needs a drafter (draft_dir)");
@@ -489,15 +492,17 @@ NB_MODULE(_core, m) {
                        "A Qwen3 target folder, an optional FlashMap or DFlash drafter folder (or "
                        "\"ngram\": prompt lookup, with ngram_min, ngram_max, ngram_block; "
                        "hybrid_ngram=N: prompt lookup beside the drafter where N tokens match; "
-                       "draft_window=N: the drafter attends to the last N context positions) and "
-                       "a device (cpu, cuda, cuda:N).")
+                       "draft_window=N: the drafter attends to the last N context positions), "
+                       "a device (cpu, cuda, cuda:N) and, on the CPU, weights (native or q8) and "
+                       "compute (fp32, or bf16: AVX512-BF16 dot products).")
       .def(nb::init<const std::string&, std::optional<std::string>, const std::string&,
                     std::optional<int>, std::optional<int>, const std::string&, std::optional<int>,
-                    std::optional<int>, std::optional<int>, int, int>(),
+                    std::optional<int>, std::optional<int>, int, int, const std::string&,
+                    const std::string&>(),
            "target_dir"_a, "draft_dir"_a = nb::none(), "device"_a = "cpu", "threads"_a = nb::none(),
            "steps"_a = nb::none(), "draft_tree"_a = "off", "ngram_min"_a = nb::none(),
            "ngram_max"_a = nb::none(), "ngram_block"_a = nb::none(), "hybrid_ngram"_a = 0,
-           "draft_window"_a = 0)
+           "draft_window"_a = 0, "weights"_a = "native", "compute"_a = "fp32")
       .def(
           "generate",
           [](PyEngine& e, nb::handle input_ids, int max_new_tokens, double temperature, int top_k,

@@ -319,10 +319,13 @@ void bench_cpu_shape(BenchArgs& a) {
                                       : std::string(),
              ThreadPool::global().size(), ops::isa_name(ops::active_isa()));
   const double gbps = ops::read_bandwidth_gbps(ThreadPool::global());
-  const double fma = ops::fma_peak_gflops(ThreadPool::global());
   // Loaded as the engine's CPU backend loads a target: a model option that changes how targets
-  // load (e.g. their weight format) applies here too.
-  const auto format = ops::parse_weight_format(a.model.weights);
+  // load (their weight format, the compute mode) applies here too.
+  const auto format = ops::weight_format(a.model.weights, a.model.compute);
+  const bool bf16 = format == ops::WeightFormat::Bf16;
+  const double fp32_peak = ops::fma_peak_gflops(ThreadPool::global());
+  // The arithmetic limit of the mode the products run in: fp32 FMAs, or bf16 dot products.
+  const double peak = bf16 ? ops::bf16_dot_peak_gflops(ThreadPool::global()) : fp32_peak;
   double make_s = 0, draft_make_s = 0;
   auto t0 = Clock::now();
   std::unique_ptr<Qwen3Model> target_ptr =
@@ -357,7 +360,9 @@ void bench_cpu_shape(BenchArgs& a) {
   out["tied_embeddings"] = tied;
   out["context"] = a.context;
   out["read_bandwidth_gbps"] = gbps;
-  out["fma_peak_gflops"] = fma;
+  out["compute"] = bf16 ? "bf16" : "fp32";
+  out["fma_peak_gflops"] = fp32_peak;
+  out["arithmetic_peak_gflops"] = peak;  // the mode's: the fp32 FMA peak or the bf16 dot peak
   out["target_weight_bytes"] = file_bytes;
   out["target_make_random_s"] = make_s;
   out["target_load_s"] = target_load_s;
@@ -366,7 +371,10 @@ void bench_cpu_shape(BenchArgs& a) {
 
   fmt::print("| measure | value | limit |\n|---|---|---|\n");
   fmt::print("| read bandwidth (all threads) | {:.1f} GB/s | |\n", gbps);
-  fmt::print("| fp32 FMA peak (all threads) | {:.0f} GFLOP/s | |\n", fma);
+  fmt::print("| fp32 FMA peak (all threads) | {:.0f} GFLOP/s | |\n", fp32_peak);
+  if (bf16)
+    fmt::print("| bf16 dot-product peak (all threads; the limit below) | {:.0f} GFLOP/s | |\n",
+               peak);
   // A load packs every weight once: reading its bytes and writing the packed copy is the least
   // it can cost from memory (a cold disk is slower still; random weights are made in memory).
   const double load_limit_s = 2 * file_bytes / (gbps * 1e9);
@@ -409,7 +417,7 @@ void bench_cpu_shape(BenchArgs& a) {
         a.draft_shape.empty() ? "" : fmt::format(" after {:.1f} s making them", draft_make_s));
     fmt::print("| max RSS after drafter load | {:.2f} GB | |\n", rss);
     // Right after load, before the target steps: what the first request meets.
-    drafter_json = time_drafter(*drafter, cfg, a, loaded, fma);
+    drafter_json = time_drafter(*drafter, cfg, a, loaded, peak);
     out["drafter"] = drafter_json;
     fmt::print("| first draft after load ({} noise) | {:.0f} ms, {:.1f} s after load | 1 s |\n",
                drafter_json["first_draft_noise"].get<std::string>(),
@@ -424,7 +432,7 @@ void bench_cpu_shape(BenchArgs& a) {
   const double verify_flops =
       2 * (a.block + 1) * (linear_macs_per_token(cfg) + double(cfg.vocab_size) * cfg.hidden_size);
   // Verify's limit: the weights streamed once, or its multiply-adds at the FMA peak.
-  const double verify_limit = std::max(decode, verify_flops / (fma * 1e9) * 1e3);
+  const double verify_limit = std::max(decode, verify_flops / (peak * 1e9) * 1e3);
   out["decode_ms"] = decode;
   out[fmt::format("verify{}_ms", a.block + 1)] = verify;
   out["decode_effective_gbps"] = eff;
@@ -435,7 +443,7 @@ void bench_cpu_shape(BenchArgs& a) {
              a.context, decode, 100 * eff / gbps, eff);
   fmt::print(
       "| verify, {} tokens | {:.1f} ms ({:.2f}x decode) | {:.1f} ms: {:.0f}% of the larger of "
-      "decode and {:.0f} GFLOP at the FMA peak |\n",
+      "decode and {:.0f} GFLOP at the arithmetic peak |\n",
       a.block + 1, verify, verify / decode, verify_limit, 100 * verify_limit / verify,
       verify_flops / 1e9);
   {
@@ -453,19 +461,19 @@ void bench_cpu_shape(BenchArgs& a) {
     out["prefill_tokens"] = a.prefill;
     out["prefill_ms"] = ms;
     out["prefill_tokens_per_s"] = 1000.0 * a.prefill / ms;
-    out["prefill_fraction_of_fma_peak"] = gflops / fma;
+    out["prefill_fraction_of_fma_peak"] = gflops / peak;
     fmt::print(
         "| prefill, {} tokens | {:.0f} ms ({:.1f} tokens/s, {:.0f} GFLOP/s) | {:.0f}% of "
-        "the FMA peak |\n",
-        a.prefill, ms, 1000.0 * a.prefill / ms, gflops, 100 * gflops / fma);
+        "the arithmetic peak |\n",
+        a.prefill, ms, 1000.0 * a.prefill / ms, gflops, 100 * gflops / peak);
   }
   if (drafter) {
     const auto& d = drafter_json;
     for (const auto& [n, s] : d["draft"].items()) {
       const double ms = s["ms"].get<double>();
-      fmt::print("| draft, {} step{} | {:.0f} ms ({:.2f}x decode) | {:.0f}% of the FMA peak |\n", n,
-                 n == "1" ? "" : "s", ms, ms / decode,
-                 100 * s["fraction_of_fma_peak"].get<double>());
+      fmt::print(
+          "| draft, {} step{} | {:.0f} ms ({:.2f}x decode) | {:.0f}% of the arithmetic peak |\n", n,
+          n == "1" ? "" : "s", ms, ms / decode, 100 * s["fraction_of_fma_peak"].get<double>());
     }
     const double commit = d["commit_ms"].get<double>() - d["fork_copy_ms"].get<double>();
     fmt::print("| commit {} positions to the drafter's context | {:.1f} ms | |\n", a.block + 1,

@@ -108,6 +108,10 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
                  "how the CPU holds linear weights: native (their file dtype; default) or q8 "
                  "(int8, llama.cpp's Q8_0 blocks, quantized at load)")
       ->check(CLI::IsMember({"native", "q8"}));
+  app.add_option("--compute", m.compute,
+                 "CPU arithmetic: fp32 (default, the reference) or bf16 (AVX512-BF16 dot "
+                 "products: activations and weights rounded to bf16, fp32 sums; twice the rate)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--draft-tree", m.draft_tree,
                  "draft trees verified in one pass (CPU): off (default), paths:N (N noise draws), "
                  "topk:B (top-k expansion to B nodes), paths:N+topk:B, or auto (each round's "
@@ -138,6 +142,7 @@ EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
   o.device = device;
   o.steps = steps;
   o.weights = weights;
+  o.compute = compute;
   o.draft_tree = draft_tree;
   o.ngram_min = ngram_min;
   o.ngram_max = ngram_max;

@@ -24,6 +24,7 @@ struct ModelOptions {
   int threads = 0;
   std::string device = "cpu";
   std::string weights = "native";
+  std::string compute = "fp32";
   std::string draft_tree = "off";
   int ngram_min = 1, ngram_max = 4, ngram_block = 8;  // --draft ngram (EngineOptions::ngram_*)
   int hybrid_ngram = 0;                               // EngineOptions::hybrid_ngram

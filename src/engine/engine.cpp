@@ -82,7 +82,7 @@ void check_draft_window(const EngineOptions& o) {
 std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
   check_device(o);
   const NgramOptions ngram = ngram_options(o);
-  const ops::WeightFormat weights = ops::parse_weight_format(o.weights);
+  const ops::WeightFormat weights = ops::weight_format(o.weights, o.compute);
   if (o.device == "cpu")
     return cpu::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab, weights, ngram,
                                  o.hybrid_ngram, o.draft_window);
@@ -130,6 +130,10 @@ void check_device(const EngineOptions& o) {
                  "--hybrid-ngram runs on the CPU backend only, not on {} (use --device cpu)",
                  o.device);
   check_draft_window(o);
+  FLASHMAP_CHECK(!is_cuda(o.device) || o.compute == "fp32" || o.compute.empty(),
+                 "--compute {}: a CPU option (the CUDA backend multiplies bf16 weights on its "
+                 "tensor cores whatever it is)",
+                 o.compute);
   check_device(o.device);
 }
 

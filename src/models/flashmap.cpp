@@ -47,7 +47,16 @@ void FlashMapModel::check_target(const std::string& where) const {
                    fmt::join(c.target_layer_ids, ", "), tc.num_hidden_layers);
 }
 
+// A state read through the embedding, in the mode the linear layers run in.
+void FlashMapModel::embed_rows(const float* x, int64_t rows, const Weight& E, float* y) const {
+  if (bf16_compute_)
+    ops::matmul_rows_bf16(x, rows, E, y, *pool_);
+  else
+    ops::matmul_rows(x, rows, E, y, *pool_);
+}
+
 void FlashMapModel::load_weights(ops::WeightFormat weights) {
+  bf16_compute_ = weights == ops::WeightFormat::Bf16;
   const auto& c = config_;
   const int64_t D = c.hidden_size, TH = c.target_hidden_size, hd = c.head_dim();
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
@@ -488,7 +497,7 @@ void FlashMapModel::draft(std::span<const Request> batch, int steps, float* logi
     const double s = g[j], t = g[j + 1];
     if (!state.empty()) {
       // embed_state: the posterior softmax(s·x/(1−s)²) and the state itself, read through E.
-      ops::matmul_rows(state.data(), N, E, embeds.data(), *pool_);
+      embed_rows(state.data(), N, E, embeds.data());
       if (s == 0.0) {
         mix_state(uniform_embeds().data(), true, embeds.data(), N, s, t, inputs.data());
       } else {
@@ -497,7 +506,7 @@ void FlashMapModel::draft(std::span<const Request> batch, int steps, float* logi
         for (size_t i = 0; i < state.size(); ++i) posterior[i] = state[i] * sharp;
         ops::softmax_rows(posterior.data(), N, V);
         posterior_embeds.resize(static_cast<size_t>(N * TH));
-        ops::matmul_rows(posterior.data(), N, E, posterior_embeds.data(), *pool_);
+        embed_rows(posterior.data(), N, E, posterior_embeds.data());
         mix_state(posterior_embeds.data(), false, embeds.data(), N, s, t, inputs.data());
       }
     }

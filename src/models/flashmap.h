@@ -139,6 +139,8 @@ class FlashMapModel {
 
   void check_target(const std::string& where) const;
   void load_weights(ops::WeightFormat weights);
+  void embed_rows(const float* x, int64_t rows, const Weight& E, float* y) const;
+  bool bf16_compute_ = false;  // the linear layers (and embed_rows) in the bf16 compute mode
   void linear(const Linear& l, const float* x, int64_t rows, float* y) const;
   std::vector<float> time_embed(const TimeEmbed& te, double time) const;
   const Modulations& time_conditioning(double s, double t) const;

@@ -26,7 +26,31 @@ WeightFormat parse_weight_format(const std::string& s) {
 }
 
 const char* weight_format_name(WeightFormat f) {
-  return f == WeightFormat::Q8 ? "q8" : f == WeightFormat::Unpacked ? "unpacked" : "native";
+  switch (f) {
+    case WeightFormat::Q8:
+      return "q8";
+    case WeightFormat::Bf16:
+      return "bf16-compute";
+    case WeightFormat::Unpacked:
+      return "unpacked";
+    case WeightFormat::Native:
+      break;
+  }
+  return "native";
+}
+
+WeightFormat weight_format(const std::string& weights, const std::string& compute) {
+  const WeightFormat w = parse_weight_format(weights);
+  if (compute == "fp32" || compute == "f32" || compute.empty()) return w;
+  FLASHMAP_CHECK(compute == "bf16", "--compute: unknown compute mode '{}' (fp32 or bf16)", compute);
+  FLASHMAP_CHECK(w != WeightFormat::Q8,
+                 "--compute bf16 with --weights q8: q8 products are int8 dot products already "
+                 "(use one or the other)");
+  FLASHMAP_CHECK(has_bf16_compute(),
+                 "--compute bf16 needs a CPU with AVX512-BF16 (vdpbf16ps); this one runs the {} "
+                 "kernels (use --compute fp32)",
+                 isa_name(active_isa()));
+  return WeightFormat::Bf16;
 }
 
 namespace {
@@ -113,6 +137,32 @@ void pack_q8(const Weight& W, PackedWeight& P, const std::string& what, int64_t 
   }
 }
 
+// Panels [p0, p1) for the bf16 compute mode: element (kp, j) of panel p is the uint32 pair
+// (bf16(W[32p + j, 2kp]), bf16(W[32p + j, 2kp + 1])), even k in the low half; bf16 files keep
+// their bits, f32/f16 are rounded to nearest even (f32_to_bf16, as the activations are).
+void pack_bf16_pairs(const Weight& W, PackedWeight& P, int64_t p0, int64_t p1) {
+  const int64_t K = W.cols, pairs = (K + 1) / 2;
+  std::vector<float> row(static_cast<size_t>(K));
+  std::vector<uint16_t> h(static_cast<size_t>(2 * pairs));
+  for (int64_t p = p0; p < p1; ++p) {
+    auto* dst = reinterpret_cast<uint32_t*>(P.data.get() + p * P.panel_bytes);
+    for (int j = 0; j < kPanel; ++j) {
+      const int64_t n = p * kPanel + j;
+      std::fill(h.begin(), h.end(), uint16_t(0));
+      if (n < W.rows) {
+        if (W.dtype == DType::BF16) {
+          std::memcpy(h.data(), static_cast<const uint16_t*>(W.data) + n * K, size_t(K) * 2);
+        } else {
+          W.row_f32(n, row.data());
+          for (int64_t k = 0; k < K; ++k) h[size_t(k)] = f32_to_bf16(row[size_t(k)]);
+        }
+      }
+      for (int64_t kp = 0; kp < pairs; ++kp)
+        dst[kp * kPanel + j] = uint32_t(h[size_t(2 * kp)]) | uint32_t(h[size_t(2 * kp + 1)]) << 16;
+    }
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
@@ -120,9 +170,12 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
   FLASHMAP_CHECK(is_float(W.dtype), "{}: cannot pack a {} matrix as weights", what,
                  dtype_name(W.dtype));
   FLASHMAP_ASSERT(format != WeightFormat::Unpacked);
+  FLASHMAP_CHECK(format != WeightFormat::Bf16 || has_bf16_compute(),
+                 "{}: the bf16 compute mode needs a CPU with AVX512-BF16", what);
   auto P = std::make_shared<PackedWeight>();
-  P->dtype = W.dtype;
+  P->dtype = format == WeightFormat::Bf16 ? DType::BF16 : W.dtype;
   P->q8 = format == WeightFormat::Q8;
+  P->bf16_dot = format == WeightFormat::Bf16;
   P->rows = W.rows;
   P->cols = W.cols;
   P->panels = (W.rows + kPanel - 1) / kPanel;
@@ -132,6 +185,8 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
                    "{} weights), but it is {} — run this model with --weights native",
                    what, kQ8Block, kQ8Block, W.cols);
     P->panel_bytes = W.cols / kQ8Block * kQ8BlockBytes;
+  } else if (P->bf16_dot) {
+    P->panel_bytes = (W.cols + 1) / 2 * kPanel * 4;
   } else {
     P->panel_bytes = W.cols * kPanel * int64_t(dtype_size(W.dtype));
   }
@@ -142,6 +197,8 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
   auto body = [&](int64_t p0, int64_t p1) {
     if (P->q8)
       pack_q8(W, *P, what, p0, p1);
+    else if (P->bf16_dot)
+      pack_bf16_pairs(W, *P, p0, p1);
     else if (dtype_size(W.dtype) == 4)
       pack_native<uint32_t>(W, *P, p0, p1);
     else
@@ -158,6 +215,8 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::Avx512Bf16:
+      return "avx512-bf16";
     case Isa::Avx512Vnni:
       return "avx512-vnni";
     case Isa::Avx512:
@@ -180,11 +239,13 @@ Isa detect() {
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::Avx2;
   if (best == Isa::Avx2 && __builtin_cpu_supports("avx512f")) best = Isa::Avx512;
   if (best == Isa::Avx512 && __builtin_cpu_supports("avx512vnni")) best = Isa::Avx512Vnni;
+  if (best == Isa::Avx512Vnni && __builtin_cpu_supports("avx512bf16")) best = Isa::Avx512Bf16;
 #endif
   if (const char* cap = std::getenv("FLASHMAP_ISA")) {
     const std::string c = cap;
     const Isa* want = nullptr;
-    static const Isa kAll[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni};
+    static const Isa kAll[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni,
+                               Isa::Avx512Bf16};
     for (const Isa& isa : kAll)
       if (c == isa_name(isa)) want = &isa;
     // A misspelt cap must not quietly run everything on the scalar kernel.
@@ -192,8 +253,8 @@ Isa detect() {
       best = std::min(best, *want);
     else
       fmt::print(stderr,
-                 "flashmap: FLASHMAP_ISA={} is not one of generic, avx2, avx512, avx512-vnni; "
-                 "ignored\n",
+                 "flashmap: FLASHMAP_ISA={} is not one of generic, avx2, avx512, avx512-vnni, "
+                 "avx512-bf16; ignored\n",
                  c);
   }
   return best;
@@ -217,6 +278,10 @@ Isa active_isa() {
 
 void set_isa(Isa isa) {
   active().store(std::min(isa, best_isa()), std::memory_order_relaxed);
+}
+
+bool has_bf16_compute() {
+  return active_isa() == Isa::Avx512Bf16;
 }
 
 // --- linear -----------------------------------------------------------------------------------
@@ -281,6 +346,23 @@ struct QuantizedRows {
   }
 };
 
+// The rows of x rounded to bf16 (to nearest even, f32_to_bf16) and paired along k, as the bf16
+// compute kernel reads them; each row alone, so rows do not depend on their batch. In a buffer of
+// the calling thread's, valid until its next call.
+const uint32_t* bf16_pairs(const float* x, int64_t M, int64_t K, int64_t ldx) {
+  thread_local std::vector<uint32_t> buf;
+  const int64_t pairs = (K + 1) / 2;
+  buf.resize(size_t(M * pairs));
+  for (int64_t m = 0; m < M; ++m) {
+    const float* r = x + m * ldx;
+    uint32_t* d = buf.data() + m * pairs;
+    for (int64_t kp = 0; kp < K / 2; ++kp)
+      d[kp] = uint32_t(f32_to_bf16(r[2 * kp])) | uint32_t(f32_to_bf16(r[2 * kp + 1])) << 16;
+    if (K % 2) d[pairs - 1] = f32_to_bf16(r[K - 1]);
+  }
+  return buf.data();
+}
+
 }  // namespace
 
 void linear(const float* x, int64_t M, const Weight& W, const float* bias, float* y,
@@ -296,11 +378,12 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
   }
   FLASHMAP_ASSERT(P->rows == W.rows && P->cols == W.cols);
   const kernel::Format format = P->q8                     ? kernel::kQ8
+                                : P->bf16_dot             ? kernel::kBF16Dot
                                 : P->dtype == DType::BF16 ? kernel::kBF16
                                 : P->dtype == DType::F16  ? kernel::kF16
                                                           : kernel::kF32;
-  kernel::Args a{x,    M, ldx, P->data.get(), P->panel_bytes, P->rows, P->cols, format,
-                 bias, y, ldy, nullptr,       nullptr,        nullptr, nullptr, false};
+  kernel::Args a{x, M,   ldx,     P->data.get(), P->panel_bytes, P->rows, P->cols, format,  bias,
+                 y, ldy, nullptr, nullptr,       nullptr,        nullptr, false,   nullptr, 0};
   std::optional<QuantizedRows> xq;
   if (P->q8) {
     xq.emplace(x, M, W.cols, ldx);
@@ -310,25 +393,53 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
     a.sx = xq->sum.data();
   }
   void (*fn)(const kernel::Args&, int64_t, int64_t) = kernel::gemm_generic;
-  switch (active_isa()) {
-    case Isa::Avx512Vnni:
-      a.vnni = true;
-      fn = kernel::gemm_avx512;
-      break;
-    case Isa::Avx512:
-      fn = kernel::gemm_avx512;
-      break;
-    case Isa::Avx2:
-      fn = kernel::gemm_avx2;
-      break;
-    case Isa::Generic:
-      break;
+  if (P->bf16_dot) {
+    // A weight packed for the mode on a CPU that has it, then run with the cap lowered (tests).
+    FLASHMAP_CHECK(has_bf16_compute(),
+                   "a bf16-compute weight needs the avx512-bf16 kernel, but {} is active",
+                   isa_name(active_isa()));
+    a.ldp = (W.cols + 1) / 2;
+    a.xp = bf16_pairs(x, M, W.cols, ldx);
+    fn = kernel::gemm_avx512bf16;
+  } else {
+    switch (active_isa()) {
+      case Isa::Avx512Bf16:
+      case Isa::Avx512Vnni:
+        a.vnni = true;
+        fn = kernel::gemm_avx512;
+        break;
+      case Isa::Avx512:
+        fn = kernel::gemm_avx512;
+        break;
+      case Isa::Avx2:
+        fn = kernel::gemm_avx2;
+        break;
+      case Isa::Generic:
+        break;
+    }
   }
   // Threads split the panels in whole one-row tiles; products under ~64k multiply-adds (a few
   // microseconds) stay on the calling thread, where waking the pool would cost as much.
   const bool tiny = M * W.rows * W.cols < (int64_t(1) << 16);
   const int64_t grain = tiny ? P->panels : kernel::kPanelsPerUnit;
   pool.parallel_for(P->panels, grain, [&](int64_t p0, int64_t p1) { fn(a, p0, p1); });
+}
+
+void matmul_rows_bf16(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool) {
+  FLASHMAP_CHECK(has_bf16_compute(),
+                 "the bf16 compute mode's embedding product needs the avx512-bf16 kernel, but {} "
+                 "is active",
+                 isa_name(active_isa()));
+  FLASHMAP_CHECK(is_float(E.dtype), "matmul_rows on an integer table");
+  if (M <= 0) return;
+  const int64_t V = E.rows, H = E.cols;
+  const kernel::Format f = E.dtype == DType::BF16  ? kernel::kBF16
+                           : E.dtype == DType::F16 ? kernel::kF16
+                                                   : kernel::kF32;
+  const uint32_t* xp = bf16_pairs(x, M, V, V);  // this thread's buffer, read by the pool's
+  pool.parallel_for(H, 64, [&](int64_t h0, int64_t h1) {
+    kernel::matmul_rows_avx512bf16(xp, (V + 1) / 2, M, E.data, f, V, H, y, h0, h1);
+  });
 }
 
 }  // namespace flashmap::ops

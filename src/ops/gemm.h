@@ -30,17 +30,28 @@ constexpr int kQ8Block = 32;  // k values per int8 scale (as ggml's Q8_0)
 // Q8_0 block, quantized by its rule). A q8 product is Q8_0 × Q8_0 as llama.cpp forms it: the
 // rows of x are quantized the same way, each block's integer dot product is scaled by both
 // scales and summed over the blocks in order; the engine is lossless with respect to that model.
+// Bf16: the bf16 compute mode (--compute bf16): weights rounded to bf16 (to nearest even) and
+// paired along k for AVX512-BF16 dot products, each row of activations rounded to bf16 before a
+// product, sums in fp32 — twice the arithmetic rate of the fp32 FMA, a different model from the
+// fp32 reference (llama.cpp's bf16 path rounds the same way); the engine is lossless with respect
+// to it. Only on CPUs with AVX512-BF16 (has_bf16_compute()).
 // Unpacked: left as mapped, for a model whose weights are only read from (the CUDA upload).
-enum class WeightFormat { Native, Q8, Unpacked };
-WeightFormat parse_weight_format(const std::string& s);  // "native" | "bf16" … | "q8"
+enum class WeightFormat { Native, Q8, Bf16, Unpacked };
+WeightFormat parse_weight_format(const std::string& s);  // "native" | "q8"
 const char* weight_format_name(WeightFormat f);
+// The format of --weights W with --compute C ("fp32" or "bf16"); a one-line error naming the
+// option for an unknown value, a combination that does not exist (q8 with bf16) or bf16 on a CPU
+// without AVX512-BF16.
+WeightFormat weight_format(const std::string& weights, const std::string& compute);
 
 // A packed matrix: dtype F32, BF16 or F16 as the file's. q8: the panel is K/32 blocks, each
 // [8 groups of 4 k][32 columns][4 k] bytes q + 128 (VNNI's operand order), then the 32 columns'
-// fp16 scales.
+// fp16 scales. bf16_dot (dtype BF16): the panel is ceil(K/2) pairs of k, each the 32 columns'
+// (w[n, 2kp], w[n, 2kp + 1]) side by side (vdpbf16ps's operand order; 0 past K).
 struct PackedWeight {
   DType dtype = DType::F32;
   bool q8 = false;
+  bool bf16_dot = false;
   int64_t rows = 0, cols = 0;  // N, K
   int64_t panels = 0;          // ceil(N / 32); the last one zero-padded
   int64_t panel_bytes = 0;
@@ -56,14 +67,17 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
                                          const std::string& what, ThreadPool& pool);
 
 // The instruction sets the kernel is compiled for; the best one the CPU has is picked at run
-// time (FLASHMAP_ISA=generic|avx2|avx512|avx512-vnni caps it), so a binary built for x86-64-v3 runs
-// on a CPU without AVX-512 and one built with AVX-512 kernels never executes them where they would
-// SIGILL.
-enum class Isa { Generic, Avx2, Avx512, Avx512Vnni };
+// time (FLASHMAP_ISA=generic|avx2|avx512|avx512-vnni|avx512-bf16 caps it), so a binary built for
+// x86-64-v3 runs on a CPU without AVX-512 and one built with AVX-512 kernels never executes them
+// where they would SIGILL. Avx512Bf16 (AVX512-BF16 on top of VNNI) runs the fp32 formats as
+// Avx512Vnni does and adds the bf16 compute mode's kernel.
+enum class Isa { Generic, Avx2, Avx512, Avx512Vnni, Avx512Bf16 };
 const char* isa_name(Isa isa);
 Isa best_isa();         // what this CPU supports (and was compiled in)
 Isa active_isa();       // what linear() uses now
 void set_isa(Isa isa);  // tests: run every kernel variant; capped at best_isa()
+// Whether the bf16 compute mode can run here (active_isa() is Avx512Bf16).
+bool has_bf16_compute();
 
 }  // namespace ops
 }  // namespace flashmap

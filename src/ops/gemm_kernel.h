@@ -9,7 +9,8 @@
 
 namespace flashmap::ops::kernel {
 
-enum Format : int { kF32 = 0, kBF16 = 1, kF16 = 2, kQ8 = 3 };
+// kBF16Dot: the bf16 compute mode's panels (gemm.h), run by gemm_avx512bf16 alone.
+enum Format : int { kF32 = 0, kBF16 = 1, kF16 = 2, kQ8 = 3, kBF16Dot = 4 };
 
 // y[m, n] = Σ_k x[m, k] · W[n, k] (+ bias[n]) for m < M and the columns of panels [p0, p1).
 struct Args {
@@ -28,11 +29,21 @@ struct Args {
   const float* dx;
   const int32_t* sx;
   bool vnni;  // AVX-512 kernel: int8 dot products (AVX512-VNNI) for kQ8
+  // kBF16Dot: x rounded to bf16 and paired along k (gemm.cpp): xp [M, ceil(K/2)] with row stride
+  // ldp, each uint32 holding x[m, 2kp] in its low half and x[m, 2kp + 1] (0 past K) in its high.
+  const uint32_t* xp;
+  int64_t ldp;
 };
 
 void gemm_generic(const Args& a, int64_t p0, int64_t p1);
 void gemm_avx2(const Args& a, int64_t p0, int64_t p1);
 void gemm_avx512(const Args& a, int64_t p0, int64_t p1);
+void gemm_avx512bf16(const Args& a, int64_t p0, int64_t p1);  // kBF16Dot only
+// The bf16 compute mode's ops::matmul_rows: y[m, h] = Σ_v x[m, v] · E[v, h] for h in [h0, h1),
+// x given as bf16 pairs along v (xp [M, ceil(V/2)], row stride ldp, as Args::xp), E [V, H] in
+// `format` (kF32, kBF16 or kF16; rounded to bf16 to nearest even), sums in fp32 in order of v.
+void matmul_rows_avx512bf16(const uint32_t* xp, int64_t ldp, int64_t M, const void* E,
+                            Format format, int64_t V, int64_t H, float* y, int64_t h0, int64_t h1);
 
 // Panels each kernel wants per thread chunk (its widest one-row tile), so that chunks split on
 // tile boundaries.

@@ -40,6 +40,9 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
 
 // y[M, H] = x[M, V] · E with E [V, H] (a state read through an embedding table).
 void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool);
+// The same in the bf16 compute mode (ops/gemm.h, WeightFormat::Bf16): x and E rounded to bf16,
+// AVX512-BF16 dot products over pairs of the vocabulary, fp32 sums in order. Defined in gemm.cpp.
+void matmul_rows_bf16(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool);
 
 // Fixed-order dot product of two fp32 vectors.
 float dot(const float* a, const float* b, int64_t n);

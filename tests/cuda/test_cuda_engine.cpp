@@ -701,9 +701,12 @@ TEST_F(CudaEngine, ControlsAndLogprobsOnTheDevice) {
       EXPECT_EQ(scripted.ids, alone.ids) << what;
       expect_same_logprobs(spec.logprobs, alone.logprobs, what + " (FlashMap)");
       expect_same_logprobs(scripted.logprobs, alone.logprobs, what + " (scripted)");
-      if (alone.ids.size() > 16) EXPECT_GE(scripted.acceptance_length(), 4.0) << what;
-      if (o.controls.min_tokens > 0 && alone.finish_reason == "stop")
+      if (alone.ids.size() > 16) {
+        EXPECT_GE(scripted.acceptance_length(), 4.0) << what;
+      }
+      if (o.controls.min_tokens > 0 && alone.finish_reason == "stop") {
         EXPECT_GT(alone.ids.size(), size_t(o.controls.min_tokens)) << what;
+      }
       if (o.controls.constraint && alone.finish_reason == "stop") {
         const auto vocab = letters(V);
         std::string text;

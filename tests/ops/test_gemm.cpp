@@ -49,6 +49,7 @@ std::vector<Isa> isas() {
   if (ops::best_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
   if (ops::best_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
   if (ops::best_isa() >= Isa::Avx512Vnni) v.push_back(Isa::Avx512Vnni);
+  if (ops::best_isa() >= Isa::Avx512Bf16) v.push_back(Isa::Avx512Bf16);
   return v;
 }
 
