@@ -5,6 +5,10 @@
 #include <filesystem>
 #include <mutex>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include "core/check.h"
 #include "models/noise_cache.h"
 #include "ops/gram.h"
@@ -111,6 +115,14 @@ void FlashMapModel::start_noise_factor() const {
   // It reads the embedding and runs ops/gram.h on threads of its own: never the thread pool,
   // which runs one parallel loop at a time for the engine.
   noise_thread_ = std::thread([this] {
+#if defined(__linux__)
+    // Idle priority (its worker threads inherit it): the engine's own threads (drafts, verifies)
+    // take the cores first and the factor is formed in what they leave, so the first requests
+    // after load run at full speed instead of sharing the cores with it. Best effort: a system
+    // that refuses leaves the normal policy.
+    sched_param idle{};
+    sched_setscheduler(0, SCHED_IDLE, &idle);
+#endif
     try {
       form_noise_factor();
     } catch (...) {
