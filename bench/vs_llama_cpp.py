@@ -28,7 +28,8 @@ In one run (each step reused from the cache folder when it is already there):
      llama.cpp's with a draft model (16 decode steps of the Qwen3-0.6B model + verify-17 of the
      8B), and the tokens/s and speed-up over each engine's own decode that follow for τ = 1…10.
 flashmap runs `flashmap bench --shape qwen3-0.6b --target DIR --no-sweep` (q8: plus
-`--weights q8`, reported as not available while flashmap has no such option); llama.cpp runs
+`--weights q8`; bf16 with `--compute bf16` when asked, which matches llama.cpp's own bf16 dot
+products on a CPU with AVX512-BF16); llama.cpp runs
 through its C API (llama_api_timer.cpp), since llama-bench's pp asks for the last logit only.
 Not part of CI. See bench/LLAMA_CPP.md.
 """
@@ -361,6 +362,8 @@ def flashmap_once(args, model_dir, weights):
             cmd += ["--draft-shape", f"flashmap-{args.shape}", "--prefill", 1]
         if weights == "q8":
             cmd += ["--weights", "q8"]
+        elif args.compute == "bf16":
+            cmd += ["--compute", "bf16"]
         rc, so, se = capture(cmd)
         if rc != 0:
             msg = (se or so).strip()
@@ -532,6 +535,10 @@ def main():
                     help="build, convert and cache everything, then stop (time later, on a "
                          "quiet machine)")
     ap.add_argument("--threads", type=int, default=2, help="threads for both engines (2)")
+    ap.add_argument("--compute", choices=("fp32", "bf16"), default="fp32",
+                    help="flashmap's arithmetic on the bf16 weights: fp32 (its reference) or bf16 "
+                         "(--compute bf16: AVX512-BF16 dot products, the rounding llama.cpp's bf16 "
+                         "path makes on such a CPU)")
     ap.add_argument("--context", type=int, default=512,
                     help="filled context before the timed steps (512)")
     ap.add_argument("--reps", type=int, default=5,
@@ -696,7 +703,8 @@ def main():
         return f"{sum(clean(x) for x in runs[e][w])}/{sum(x is not None for x in runs[e][w])}"
 
     print(f"# flashmap vs llama.cpp, {args.shape} shape, random weights\n")
-    print(f"CPU: {cpu}; threads: {args.threads}; context: {args.context}; "
+    print(f"CPU: {cpu}; threads: {args.threads}; flashmap --compute {args.compute} (bf16 rows); "
+          f"context: {args.context}; "
           f"{args.reps} interleaved rounds x {args.inner_reps} calls")
     print(f"llama.cpp: llama-cpp-python {LLAMA_CPP_PYTHON} sdist (llama_version "
           f"{llama_version}), via the C API; flashmap: {args.flashmap} (repo at {commit[:12]})")
@@ -724,7 +732,8 @@ def main():
 
     if args.json:
         args.json.write_text(json.dumps({
-            "cpu": cpu, "threads": args.threads, "context": args.context, "reps": args.reps,
+            "cpu": cpu, "threads": args.threads, "compute": args.compute, "context": args.context,
+            "reps": args.reps,
             "inner_reps": args.inner_reps, "verify_rows": VERIFY_ROWS,
             "llama_cpp_python": LLAMA_CPP_PYTHON, "llama_version": llama_version,
             "flashmap": str(args.flashmap), "flashmap_commit": commit,
