@@ -29,6 +29,35 @@ struct Gpu {
   }
 };
 
+// A test that needs the GPU (skipped without one), with copies to and from it on the context's
+// stream.
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Gpu::get().ctx) GTEST_SKIP() << "no usable CUDA GPU: " << Gpu::get().why;
+    ctx = Gpu::get().ctx.get();
+  }
+  template <typename T>
+  DeviceBuffer<T> up(const std::vector<T>& v) {
+    return DeviceBuffer<T>(*ctx, v);
+  }
+  template <typename T>
+  std::vector<T> down(const DeviceBuffer<T>& b) {
+    ctx->sync();
+    return b.download(*ctx);
+  }
+  // n floats at a device pointer.
+  std::vector<float> down(const float* p, int64_t n) {
+    ctx->sync();
+    std::vector<float> h(static_cast<size_t>(n));
+    check(cudaMemcpyAsync(h.data(), p, size_t(n) * 4, cudaMemcpyDeviceToHost, ctx->stream()),
+          "D2H");
+    ctx->sync();
+    return h;
+  }
+  Context* ctx = nullptr;
+};
+
 // Normalized mean squared error Σ(got − want)² / Σwant², the parity measure of every test here
 // (as ggml's test-backend-ops); the sizes must match.
 inline double nmse(std::span<const float> got, std::span<const float> want) {

@@ -42,23 +42,9 @@ using test::to_bf16;
 using test::widen;
 namespace ref = ::flashmap::reference;
 
-class CudaOps : public ::testing::Test {
+class CudaOps : public test::GpuTest {
  protected:
-  void SetUp() override {
-    if (!Gpu::get().ctx) GTEST_SKIP() << "no usable CUDA GPU: " << Gpu::get().why;
-    ctx = Gpu::get().ctx.get();
-  }
-  template <typename T>
-  DeviceBuffer<T> up(const std::vector<T>& v) {
-    return DeviceBuffer<T>(*ctx, v);
-  }
-  template <typename T>
-  std::vector<T> down(const DeviceBuffer<T>& b) {
-    ctx->sync();
-    return b.download(*ctx);
-  }
   cudaStream_t s() { return ctx->stream(); }
-  Context* ctx = nullptr;
 };
 
 // --- the device context (runs everywhere) -----------------------------------------------------

@@ -42,31 +42,7 @@ using test::widen;
 constexpr double kBF16 = 5e-4;
 constexpr double kModel = 1e-3;
 
-class CudaPaged : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!Gpu::get().ctx) GTEST_SKIP() << "no usable CUDA GPU: " << Gpu::get().why;
-    ctx = Gpu::get().ctx.get();
-  }
-  template <typename T>
-  DeviceBuffer<T> up(const std::vector<T>& v) {
-    return DeviceBuffer<T>(*ctx, v);
-  }
-  template <typename T>
-  std::vector<T> down(const DeviceBuffer<T>& b) {
-    ctx->sync();
-    return b.download(*ctx);
-  }
-  std::vector<float> down(const float* p, int64_t n) {
-    ctx->sync();
-    std::vector<float> h(static_cast<size_t>(n));
-    check(cudaMemcpyAsync(h.data(), p, size_t(n) * 4, cudaMemcpyDeviceToHost, ctx->stream()),
-          "D2H");
-    ctx->sync();
-    return h;
-  }
-  Context* ctx = nullptr;
-};
+using CudaPaged = test::GpuTest;
 
 // A random tree over `rows` rows (row 0 the anchor), as parents.
 std::vector<int32_t> random_tree(int rows, uint64_t seed) {

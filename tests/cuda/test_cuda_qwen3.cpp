@@ -68,32 +68,9 @@ using test::randn;
 using test::to_bf16;
 using test::widen;
 
-class CudaQwen3 : public ::testing::Test {
+class CudaQwen3 : public test::GpuTest {
  protected:
-  void SetUp() override {
-    if (!Gpu::get().ctx) GTEST_SKIP() << "no usable CUDA GPU: " << Gpu::get().why;
-    ctx = Gpu::get().ctx.get();
-  }
-  template <typename T>
-  DeviceBuffer<T> up(const std::vector<T>& v) {
-    return DeviceBuffer<T>(*ctx, v);
-  }
-  template <typename T>
-  std::vector<T> down(const DeviceBuffer<T>& b) {
-    ctx->sync();
-    return b.download(*ctx);
-  }
-  // n floats at a device pointer.
-  std::vector<float> down(const float* p, int64_t n) {
-    ctx->sync();
-    std::vector<float> h(static_cast<size_t>(n));
-    check(cudaMemcpyAsync(h.data(), p, size_t(n) * 4, cudaMemcpyDeviceToHost, ctx->stream()),
-          "D2H");
-    ctx->sync();
-    return h;
-  }
   cudaStream_t s() { return ctx->stream(); }
-  Context* ctx = nullptr;
   ThreadPool& pool = ThreadPool::global();
 };
 using CudaQwen3Kernels = CudaQwen3;

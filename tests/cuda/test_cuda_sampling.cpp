@@ -52,21 +52,8 @@ std::vector<float> grid_logits(int64_t V, uint64_t seed, float span) {
 using test::Gpu;  // one context per binary (gpu_test.h)
 using test::nmse;
 
-class CudaSampling : public ::testing::Test {
+class CudaSampling : public test::GpuTest {
  protected:
-  void SetUp() override {
-    if (!Gpu::get().ctx) GTEST_SKIP() << "no usable CUDA GPU: " << Gpu::get().why;
-    ctx = Gpu::get().ctx.get();
-  }
-  template <typename T>
-  DeviceBuffer<T> up(const std::vector<T>& v) {
-    return DeviceBuffer<T>(*ctx, v);
-  }
-  template <typename T>
-  std::vector<T> down(const DeviceBuffer<T>& b) {
-    ctx->sync();
-    return b.download(*ctx);
-  }
   // A device table of the first n uniforms of Rng(seed): with it the sampler draws exactly what
   // a CPU function handed a fresh Rng(seed) draws, in the same order.
   DeviceBuffer<double> uniform_table(uint64_t seed, size_t n) {
@@ -75,7 +62,6 @@ class CudaSampling : public ::testing::Test {
     for (auto& x : u) x = rng.uniform();
     return up(u);
   }
-  Context* ctx = nullptr;
 };
 
 std::vector<float> cpu_filtered(const std::vector<float>& logits, int64_t V,

@@ -15,9 +15,11 @@
 #include "engine/generate.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
+#include "weight_format_checks.h"
 
 using namespace flashmap;
 using ops::WeightFormat;
+using test::prompt_of;
 using ::testing::HasSubstr;
 
 namespace {
@@ -25,43 +27,12 @@ namespace {
 const std::string kDefault = "models/default";
 const std::string kA = "tests/fixtures/tiny-a";
 
-std::vector<int32_t> prompt_of(int len, int salt, int vocab) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; ++i) p.push_back(int32_t((i * 37 + salt * 101 + 5) % vocab));
-  return p;
-}
-
-std::vector<float> logits(const Qwen3Model& m, std::span<const int32_t> toks) {
-  KVCache c = m.new_cache();
-  Qwen3Model::Output out;
-  Qwen3Model::SeqInput s{&c, toks};
-  m.forward({&s, 1}, Qwen3Model::Logits::All, {}, out);
-  return out.logits;
-}
-
 }  // namespace
 
 TEST(Q8, VerifyPassIsBitIdenticalToStepByStep) {
   for (const std::string& dir : {kA + "/target", kDefault + "/target"}) {
     SCOPED_TRACE(dir);
-    Qwen3Model m(dir, nullptr, WeightFormat::Q8);
-    const int64_t V = m.config().vocab_size;
-    const auto prompt = prompt_of(9, 1, int(V));
-    const std::vector<int32_t> block = {11, 12, 13, 14, 15, 16, 17, 18, 19};
-    KVCache a = m.new_cache(), b = m.new_cache();
-    Qwen3Model::Output out;
-    Qwen3Model::SeqInput pa{&a, prompt}, pb{&b, prompt};
-    m.forward({&pa, 1}, Qwen3Model::Logits::None, {}, out);
-    m.forward({&pb, 1}, Qwen3Model::Logits::None, {}, out);
-    Qwen3Model::SeqInput blk{&a, block};
-    m.forward({&blk, 1}, Qwen3Model::Logits::All, {}, out);
-    const auto all = out.logits;
-    for (size_t i = 0; i < block.size(); ++i) {
-      Qwen3Model::SeqInput one{&b, std::span(block).subspan(i, 1)};
-      m.forward({&one, 1}, Qwen3Model::Logits::All, {}, out);
-      ASSERT_EQ(0, std::memcmp(out.logits.data(), all.data() + int64_t(i) * V, size_t(V) * 4))
-          << "row " << i;
-    }
+    test::expect_verify_pass_equals_steps(Qwen3Model(dir, nullptr, WeightFormat::Q8));
   }
 }
 
@@ -85,37 +56,8 @@ TEST(Q8, SpeculativeGreedyEqualsTheQ8TargetsOwn) {
   EXPECT_GT(accepted / rounds, 1.0) << "the q8 drafter never got a token right";
 }
 
-// Teacher-forced logits of a random token stream through both formats.
 TEST(Q8, LogitsStayCloseToTheNativeModel) {
-  for (const std::string& dir : {kA + "/target", kA + "/target_bf16", kDefault + "/target"}) {
-    const Qwen3Model native(dir), q8(dir, nullptr, WeightFormat::Q8);
-    const int64_t V = native.config().vocab_size;
-    const auto toks = prompt_of(64, 7, int(V));
-    const auto a = logits(native, toks), b = logits(q8, toks);
-    double err = 0, ref = 0;
-    int agree = 0;
-    for (size_t r = 0; r < toks.size(); ++r) {
-      const float* x = a.data() + r * size_t(V);
-      const float* y = b.data() + r * size_t(V);
-      agree += std::max_element(x, x + V) - x == std::max_element(y, y + V) - y;
-      double mean = 0;
-      for (int64_t v = 0; v < V; ++v) mean += x[v];
-      mean /= double(V);
-      for (int64_t v = 0; v < V; ++v) {
-        err += (double(x[v]) - y[v]) * (double(x[v]) - y[v]);
-        ref += (x[v] - mean) * (x[v] - mean);
-      }
-    }
-    const double nmse = err / ref, agreement = double(agree) / double(toks.size());
-    std::cout << "[ info ] " << dir << ": q8 vs native logit NMSE " << nmse << ", argmax agreement "
-              << agreement * 100 << "% over " << toks.size() << " positions\n";
-    // Weights and activations on int8 grids of 255 steps per 32 values: ~0.3% relative error
-    // each; the tiny fixtures' random logits are near-ties at a few positions. A wrong scale, index
-    // or sign gives NMSE of order 1 and chance agreement (1 in 1024).
-    EXPECT_LT(nmse, 2e-3) << dir;
-    EXPECT_GE(agreement, 0.8) << dir;
-    EXPECT_NE(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << dir << ": q8 changed nothing";
-  }
+  test::expect_logits_close_to_native(WeightFormat::Q8, "q8");
 }
 
 TEST(Q8, ShapesThatDoNotFitTheBlockAreRefusedNamingTheTensor) {

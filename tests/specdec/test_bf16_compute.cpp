@@ -21,9 +21,11 @@
 #include "models/qwen3.h"
 #include "ops/gemm.h"
 #include "random_models.h"
+#include "weight_format_checks.h"
 
 using namespace flashmap;
 using ops::WeightFormat;
+using test::prompt_of;
 using ::testing::HasSubstr;
 
 namespace {
@@ -35,20 +37,6 @@ const std::string kA = "tests/fixtures/tiny-a";
   if (!ops::has_bf16_compute())                                                              \
   GTEST_SKIP() << "no AVX512-BF16 kernel here (active: " << ops::isa_name(ops::active_isa()) \
                << ", by the CPU or FLASHMAP_ISA): the bf16 compute mode cannot run"
-
-std::vector<int32_t> prompt_of(int len, int salt, int vocab) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; ++i) p.push_back(int32_t((i * 37 + salt * 101 + 5) % vocab));
-  return p;
-}
-
-std::vector<float> logits(const Qwen3Model& m, std::span<const int32_t> toks) {
-  KVCache c = m.new_cache();
-  Qwen3Model::Output out;
-  Qwen3Model::SeqInput s{&c, toks};
-  m.forward({&s, 1}, Qwen3Model::Logits::All, {}, out);
-  return out.logits;
-}
 
 GenerateOptions greedy(int n) {
   GenerateOptions o;
@@ -62,24 +50,7 @@ TEST(Bf16Compute, VerifyPassIsBitIdenticalToStepByStep) {
   REQUIRE_BF16_COMPUTE();
   for (const std::string& dir : {kA + "/target", kDefault + "/target"}) {
     SCOPED_TRACE(dir);
-    Qwen3Model m(dir, nullptr, WeightFormat::Bf16);
-    const int64_t V = m.config().vocab_size;
-    const auto prompt = prompt_of(9, 1, int(V));
-    const std::vector<int32_t> block = {11, 12, 13, 14, 15, 16, 17, 18, 19};
-    KVCache a = m.new_cache(), b = m.new_cache();
-    Qwen3Model::Output out;
-    Qwen3Model::SeqInput pa{&a, prompt}, pb{&b, prompt};
-    m.forward({&pa, 1}, Qwen3Model::Logits::None, {}, out);
-    m.forward({&pb, 1}, Qwen3Model::Logits::None, {}, out);
-    Qwen3Model::SeqInput blk{&a, block};
-    m.forward({&blk, 1}, Qwen3Model::Logits::All, {}, out);
-    const auto all = out.logits;
-    for (size_t i = 0; i < block.size(); ++i) {
-      Qwen3Model::SeqInput one{&b, std::span(block).subspan(i, 1)};
-      m.forward({&one, 1}, Qwen3Model::Logits::All, {}, out);
-      ASSERT_EQ(0, std::memcmp(out.logits.data(), all.data() + int64_t(i) * V, size_t(V) * 4))
-          << "row " << i;
-    }
+    test::expect_verify_pass_equals_steps(Qwen3Model(dir, nullptr, WeightFormat::Bf16));
   }
 }
 
@@ -151,40 +122,9 @@ TEST(Bf16Compute, SpeculativeSamplingMatchesTheModesJointLaw) {
                                       0.05);
 }
 
-// Teacher-forced logits of a token stream, fp32 against the mode: figures for the README and
-// bounds that a wrong product (NMSE of order 1, chance agreement) could not meet.
 TEST(Bf16Compute, LogitsStayCloseToTheFp32Reference) {
   REQUIRE_BF16_COMPUTE();
-  for (const std::string& dir : {kA + "/target", kA + "/target_bf16", kDefault + "/target"}) {
-    const Qwen3Model ref(dir), bf16(dir, nullptr, WeightFormat::Bf16);
-    const int64_t V = ref.config().vocab_size;
-    const auto toks = prompt_of(64, 7, int(V));
-    const auto a = logits(ref, toks), b = logits(bf16, toks);
-    double err = 0, var = 0;
-    int agree = 0;
-    for (size_t r = 0; r < toks.size(); ++r) {
-      const float* x = a.data() + r * size_t(V);
-      const float* y = b.data() + r * size_t(V);
-      agree += std::max_element(x, x + V) - x == std::max_element(y, y + V) - y;
-      double mean = 0;
-      for (int64_t v = 0; v < V; ++v) mean += x[v];
-      mean /= double(V);
-      for (int64_t v = 0; v < V; ++v) {
-        err += (double(x[v]) - y[v]) * (double(x[v]) - y[v]);
-        var += (x[v] - mean) * (x[v] - mean);
-      }
-    }
-    const double nmse = err / var, agreement = double(agree) / double(toks.size());
-    std::cout << "[ info ] " << dir << ": bf16 compute vs fp32 logit NMSE " << nmse
-              << ", argmax agreement " << agreement * 100 << "% over " << toks.size()
-              << " positions\n";
-    // Activations and (for f32 files) weights rounded to 8 significant bits: ~0.2% relative
-    // error per product input, NMSE ~1e-5..1e-4 after a few layers; the tiny fixtures' random
-    // logits have near-ties at a few positions.
-    EXPECT_LT(nmse, 2e-3) << dir;
-    EXPECT_GE(agreement, 0.8) << dir;
-    EXPECT_NE(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << dir << ": nothing rounded";
-  }
+  test::expect_logits_close_to_native(WeightFormat::Bf16, "bf16 compute");
 }
 
 TEST(Bf16Compute, EngineOptionChecked) {
