@@ -56,6 +56,20 @@ struct Lane {
   int64_t step_row = -1;  // its anchor's row in the last step's outputs
 };
 
+// A pinned host area and its device copy, for a round's small uploads. Grown (after the stream
+// drains: an earlier copy may still read it) only when asked for more.
+struct Staging {
+  HostBuffer<int32_t> host;
+  DeviceBuffer<int32_t> device;
+  int32_t* reserve(const Context& ctx, size_t host_ints, size_t device_ints) {
+    if (host_ints > host.size() || device_ints > device.size()) ctx.sync();
+    if (host_ints > host.size()) host = HostBuffer<int32_t>(std::max(host_ints, 2 * host.size()));
+    if (device_ints > device.size())
+      device = DeviceBuffer<int32_t>(std::max(device_ints, 2 * device.size()));
+    return host.data();
+  }
+};
+
 bool controlled(const SeqStep& st) {
   return st.controls && st.controls->active();
 }
@@ -230,7 +244,9 @@ class CudaBackend : public engine::Backend {
     const std::vector<int32_t> image = plan.image();
     // One pinned staging area per round: the image, the lanes of the batch, the block copies.
     const size_t lanes_at = image.size(), copies_at = lanes_at + size_t(plan.bucket);
-    int32_t* host = stage(copies_at + 3 * copies_.size(), size_t(plan.bucket) + 3 * copies_.size());
+    int32_t* host = step_stage_.reserve(ctx_, copies_at + 3 * copies_.size(),
+                                        size_t(plan.bucket) + 3 * copies_.size());
+    int32_t* lanes_copies = step_stage_.device.data();
     std::copy(image.begin(), image.end(), host);
     for (int b = 0; b < plan.bucket; ++b)
       host[lanes_at + size_t(b)] = b < int(steps.size()) ? lane(steps[size_t(b)].seq).index : 0;
@@ -244,14 +260,14 @@ class CudaBackend : public engine::Backend {
                           cudaMemcpyHostToDevice, s),
           "cudaMemcpyAsync H2D (step)");
     check(
-        cudaMemcpyAsync(d_stage_.data(), host + lanes_at,
+        cudaMemcpyAsync(lanes_copies, host + lanes_at,
                         (copies_at - lanes_at + 3 * copies_.size()) * 4, cudaMemcpyHostToDevice, s),
         "cudaMemcpyAsync H2D (lanes, copies)");
     if (!copies_.empty())
-      target_.copy_blocks(*kv_, d_stage_.data() + plan.bucket, int(copies_.size()));
+      target_.copy_blocks(*kv_, lanes_copies + plan.bucket, int(copies_.size()));
     const int64_t M = int64_t(plan.bucket) * R;
     const StepView view = step_view(target_.step_image(0), plan.bucket, R, kBlockTokens);
-    gather_step_ids(rounds_.data(), stride_, d_stage_.data(), view, target_.step_ids(M), s);
+    gather_step_ids(rounds_.data(), stride_, lanes_copies, view, target_.step_ids(M), s);
     check(cudaGetLastError(), "gather_step_ids");
     // A block cut near the end runs eagerly: graphs are kept for the full block and the single
     // token, the rows of every other round.
@@ -381,16 +397,16 @@ class CudaBackend : public engine::Backend {
         items.push_back(steps[i].room);
       }
     }
-    int32_t* host = stage_accept(items.size() + lanes.size());
+    const size_t ints = items.size() + lanes.size();
+    int32_t* host = accept_stage_.reserve(ctx_, ints, ints);
+    int32_t* d_accept = accept_stage_.device.data();
     std::copy(items.begin(), items.end(), host);
     std::copy(lanes.begin(), lanes.end(), host + items.size());
-    check(cudaMemcpyAsync(d_accept_.data(), host, (items.size() + lanes.size()) * 4,
-                          cudaMemcpyHostToDevice, st),
+    check(cudaMemcpyAsync(d_accept, host, ints * 4, cudaMemcpyHostToDevice, st),
           "cudaMemcpyAsync H2D (acceptance)");
     if (!items.empty()) {
       argmax_rows(step_logits_, int64_t(step_bucket_) * step_R_, V_, argmax_.data(), st);
-      accept_greedy(argmax_.data(), d_accept_.data(), int(items.size() / 3), rounds_.data(),
-                    stride_, st);
+      accept_greedy(argmax_.data(), d_accept, int(items.size() / 3), rounds_.data(), stride_, st);
       check(cudaGetLastError(), "accept_greedy");
     }
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -415,7 +431,7 @@ class CudaBackend : public engine::Backend {
         logprobs_.enqueue(i, raw[i], room + 1, round(l) + kRoundAccepted, drafts,
                           round(l) + kRoundToken, step.logprobs);
     }
-    next_anchors(d_accept_.data() + items.size(), int(lanes.size()), rounds_.data(), stride_, st);
+    next_anchors(d_accept + items.size(), int(lanes.size()), rounds_.data(), stride_, st);
     check(cudaGetLastError(), "next_anchors");
     download_rounds();
     ctx_.sync();
@@ -532,8 +548,9 @@ class CudaBackend : public engine::Backend {
     target_.reserve_step(rows, image_ints, int64_t(n) * R, taps, n, int(R));
     // The prefill's chunk of one sequence needs partials of its own shape.
     target_.reserve_step(rows, image_ints, int64_t(n) * R, taps, 1, int(kPrefillChunk));
-    d_stage_ = DeviceBuffer<int32_t>(size_t(n) + 3 * size_t(n) + 16);
-    d_accept_ = DeviceBuffer<int32_t>(size_t(4 * n) + 16);
+    // A round's uploads at full batch: its image (at the longest tables), lanes and copies.
+    step_stage_.reserve(ctx_, size_t(image_ints) + 4 * size_t(n), 4 * size_t(n));
+    accept_stage_.reserve(ctx_, 4 * size_t(n), 4 * size_t(n));
     ctx_.sync();
     // The lanes still to be made come out of what is left; a reserve for what grows later.
     const size_t left = ctx_.free_bytes();
@@ -552,31 +569,6 @@ class CudaBackend : public engine::Backend {
     pool_ = std::make_unique<paged::BlockPool>(kv_->blocks(), kBlockTokens);
   }
 
-  // Pinned staging for a round's uploads (the previous round's copies finished at its
-  // synchronization).
-  // host_ints on the host (the image, then what goes to d_stage_), device_ints on the device.
-  int32_t* stage(size_t host_ints, size_t device_ints) {
-    if (host_ints > stage_.size()) {
-      ctx_.sync();
-      stage_ = HostBuffer<int32_t>(std::max(host_ints, 2 * stage_.size()));
-    }
-    if (device_ints > d_stage_.size()) {
-      ctx_.sync();
-      d_stage_ = DeviceBuffer<int32_t>(std::max(device_ints, 2 * d_stage_.size()));
-    }
-    return stage_.data();
-  }
-  int32_t* stage_accept(size_t ints) {
-    if (ints > accept_stage_.size()) {
-      ctx_.sync();
-      accept_stage_ = HostBuffer<int32_t>(std::max<size_t>(ints, 64));
-    }
-    if (ints > d_accept_.size()) {
-      ctx_.sync();
-      d_accept_ = DeviceBuffer<int32_t>(std::max(ints, 2 * d_accept_.size()));
-    }
-    return accept_stage_.data();
-  }
   void download_rounds() {
     const size_t n = size_t(lanes_.size()) * size_t(stride_);
     check(cudaMemcpyAsync(host_rounds_.data(), rounds_.data(), n * 4, cudaMemcpyDeviceToHost,
@@ -695,12 +687,11 @@ class CudaBackend : public engine::Backend {
   std::unique_ptr<paged::BlockPool> pool_;
   std::vector<int32_t> buckets_;
   std::vector<paged::BlockCopy> copies_;
-  DeviceBuffer<int32_t> rounds_;     // [lanes, K + 3] round rows
-  HostBuffer<int32_t> host_rounds_;  // their copy on the host
-  DeviceBuffer<int32_t> argmax_;     // [bucket · R] of a greedy acceptance
-  HostBuffer<int32_t> stage_, accept_stage_;
-  DeviceBuffer<int32_t> d_stage_, d_accept_;
-  HostBuffer<int32_t> drafts_;  // [sequences, K] constrained sequences' drafts
+  DeviceBuffer<int32_t> rounds_;       // [lanes, K + 3] round rows
+  HostBuffer<int32_t> host_rounds_;    // their copy on the host
+  DeviceBuffer<int32_t> argmax_;       // [bucket · R] of a greedy acceptance
+  Staging step_stage_, accept_stage_;  // a round's uploads: the step's, the acceptance's
+  HostBuffer<int32_t> drafts_;         // [sequences, K] constrained sequences' drafts
   size_t host_seqs_ = 0;
   // The last step's outputs (valid until the next forward).
   float* step_logits_ = nullptr;

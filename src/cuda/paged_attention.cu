@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cuda/paged_attention.h"
+#include "cuda/qk_norm_rope.cuh"
 #include "paged/step_plan.h"
 
 namespace flashmap::cuda {
@@ -21,62 +22,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// --- q/k norm, RoPE and the paged append
-// ----------------------------------------------------------
-
-struct Freq {
-  float f[128];
-};
-
-// One warp per (row, head) of a row's q, k and v heads (q first, then k, then v), as
-// qwen3_kernels.cu's qk_norm_rope_kernel, with the row's position and slot from the step.
-__global__ void qk_norm_rope_paged_kernel(const float* qkv, int64_t n, int64_t ld, int nh, int nkv,
-                                          int hd, const float* qn, const float* kn, float eps,
-                                          const int32_t* row_pos, const int32_t* row_slot,
-                                          Freq freq, bf16* q_out, bf16* kc, bf16* vc) {
-  const int lane = threadIdx.x & 31;
-  const int per_row = nh + 2 * nkv;
-  const int64_t item = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (item >= n * per_row) return;  // the whole warp shares `item`
-  const int64_t r = item / per_row;
-  const int hh = int(item % per_row);
-  const int64_t pos = row_pos[r], slot = row_slot[r];
-  const int64_t q_dim = int64_t(nh) * hd, kv_dim = int64_t(nkv) * hd;
-  const float* row = qkv + r * ld;
-  if (hh >= nh + nkv) {  // v: stored as computed
-    if (slot < 0) return;
-    const int vh = hh - nh - nkv;
-    const float* src = row + q_dim + kv_dim + int64_t(vh) * hd;
-    bf16* dst = vc + slot * kv_dim + int64_t(vh) * hd;
-    for (int d = lane; d < hd; d += 32) dst[d] = __float2bfloat16_rn(src[d]);
-    return;
-  }
-  const bool is_q = hh < nh;
-  if (!is_q && slot < 0) return;
-  const int h = is_q ? hh : hh - nh;
-  const float* src = row + (is_q ? int64_t(h) * hd : q_dim + int64_t(h) * hd);
-  const float* w = is_q ? qn : kn;
-  float ss = 0;
-  for (int d = lane; d < hd; d += 32) ss = fmaf(src[d], src[d], ss);
-  const float inv = 1.0f / sqrtf(warp_sum(ss) / float(hd) + eps);
-  const int half = hd / 2;
-  bf16* dst = is_q ? q_out + (r * nh + h) * hd : kc + slot * kv_dim + int64_t(h) * hd;
-  for (int i = lane; i < half; i += 32) {
-    const float a = w[i] * (src[i] * inv), b = w[i + half] * (src[i + half] * inv);
-    const float ang = float(pos) * freq.f[i];
-    const float c = cosf(ang), s = sinf(ang);
-    dst[i] = __float2bfloat16_rn(a * c - b * s);
-    dst[i + half] = __float2bfloat16_rn(b * c + a * s);
-  }
-}
-
-// --- tensor-core attention
-// -------------------------------------------------------------------------
+// --- tensor-core attention ------------------------------------------------------------------
 
 constexpr int kWarps = 8;
 constexpr int kPassRows = 16 * kWarps;  // query rows (token row × head) per pass
@@ -405,20 +351,10 @@ void qk_norm_rope_paged(const float* qkv, int64_t rows, int64_t ld, int n_heads,
                         int head_dim, const float* q_norm, const float* k_norm, float eps,
                         const StepView& step, double theta, uint16_t* q_out, uint16_t* k_pool,
                         uint16_t* v_pool, cudaStream_t stream) {
-  if (rows <= 0) return;
-  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 256)
-    throw std::invalid_argument("qk_norm_rope_paged: head_dim must be even and <= 256, got " +
-                                std::to_string(head_dim));
-  Freq f{};
-  for (int i = 0; i < head_dim / 2; ++i)  // cpu_ops.cpp's inv_freq, in fp32
-    f.f[i] = 1.0f / std::pow(float(theta), float(2 * i) / float(head_dim));
-  const int64_t items = rows * (n_heads + 2 * n_kv_heads);
-  constexpr int kItemsPerBlock = 4;
-  qk_norm_rope_paged_kernel<<<unsigned((items + kItemsPerBlock - 1) / kItemsPerBlock),
-                              32 * kItemsPerBlock, 0, stream>>>(
-      qkv, rows, ld, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, step.row_pos,
-      step.row_slot, f, reinterpret_cast<bf16*>(q_out), reinterpret_cast<bf16*>(k_pool),
-      reinterpret_cast<bf16*>(v_pool));
+  qk::launch_qk_norm_rope(qkv, rows, ld, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps,
+                          step.row_pos, step.row_slot, theta, reinterpret_cast<bf16*>(q_out),
+                          reinterpret_cast<bf16*>(k_pool), reinterpret_cast<bf16*>(v_pool), stream,
+                          "qk_norm_rope_paged");
 }
 
 int64_t paged_attention_partial_floats(int bucket, int R, int n_heads, int n_kv_heads,

@@ -230,6 +230,34 @@ void Qwen3Model::drop_graphs() {
   step_graphs_.clear();
 }
 
+// Eager, or through the graph of `key`: its first use runs eagerly (which also loads every kernel
+// and lets cuBLASLt settle its algorithms), then captures the same launches for the next calls.
+// Capturing records work without running it, so the caches and outputs are those of the eager run.
+template <class K>
+void Qwen3Model::run_or_replay(GraphCache<K>& graphs, const K& key, bool graph,
+                               const std::function<void()>& body, const char* what) {
+  const cudaStream_t s = ctx_.stream();
+  if (!graph) {
+    body();
+  } else if (graphs.replay(key, s, "cudaGraphLaunch")) {
+    ++graph_launches_;
+  } else {
+    body();
+    ctx_.sync();
+    graphs.add(key, s, body, what);
+    ++graphs_captured_;
+  }
+}
+
+Qwen3Model::Output Qwen3Model::output(int64_t n, int64_t logit_rows, bool taps) const {
+  Output out;
+  out.n = n;
+  out.logits_rows = logit_rows;
+  out.logits = logit_rows ? logits_.data() : nullptr;
+  out.features = taps ? features_.data() : nullptr;
+  return out;
+}
+
 void Qwen3Model::reserve(int64_t rows, int64_t logit_rows) {
   grow(rows, logit_rows, 0);
 }
@@ -318,28 +346,27 @@ void Qwen3Model::grow(int64_t rows, int64_t logit_rows, int64_t feature_floats) 
   if (last.size()) last_ = std::move(last);
 }
 
-// flashmap::Qwen3Model::forward for one sequence, step for step (the comments name its lines). The
-// layer input's residual add is fused into the next RMSNorm: delta_ holds the o/down GEMM output
-// and add_rms_norm_bf16 does `x += delta` before normalizing, so a layer's output (a tap) is
-// complete after the next norm kernel.
-void Qwen3Model::run_layers(const Key& key, KVCache& cache) {
+// flashmap::Qwen3Model::forward, step for step (the comments name its lines), for both forwards:
+// the per-sequence one (run_layers) and the batched step (run_step) differ only in how many rows
+// their GEMMs run, whether those GEMMs are row-invariant, where the ids come from and how a layer's
+// keys and values are stored and attended (`attend`: qkv_ → attn_). The layer input's residual add
+// is fused into the next RMSNorm: delta_ holds the o/down GEMM output and add_rms_norm_bf16 does
+// `x += delta` before normalizing, so a layer's output (a tap) is complete after the next norm.
+void Qwen3Model::run_stack(const Stack& st) {
   const auto& c = config_;
-  const int64_t n = key.n;
+  const int64_t n = st.n, m = st.m;
   const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t q_dim = int64_t(nh) * hd, kv_dim = int64_t(nkv) * hd, qkv_dim = q_dim + 2 * kv_dim;
-  const int64_t F = int64_t(key.taps.size()) * H;
-  const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(hd));
-  // Batch invariance (see kStepRows): a step's GEMMs run m = kStepRows rows whatever n is, and
-  // its attention kStepSplits splits, so each row's result depends on its own inputs only.
-  const int64_t m = step_rows(n);
-  const int splits = n <= kStepRows ? kStepSplits : attention_splits(n, nh);
+  const int64_t F = int64_t(st.taps.size()) * H;
+  const float eps = float(c.rms_norm_eps);
+  const bool inv = st.invariant;
   const cudaStream_t s = ctx_.stream();
 
   // The rows of x as they leave layer `layer` go to every tap slot naming it.
   auto copy_taps = [&](int layer) {
-    for (size_t t = 0; t < key.taps.size(); ++t)
-      if (key.taps[t] == layer)
+    for (size_t t = 0; t < st.taps.size(); ++t)
+      if (st.taps[t] == layer)
         check(
             cudaMemcpy2DAsync(features_.data() + int64_t(t) * H, size_t(F) * 4, x_.data(),
                               size_t(H) * 4, size_t(H) * 4, size_t(n), cudaMemcpyDeviceToDevice, s),
@@ -347,45 +374,67 @@ void Qwen3Model::run_layers(const Key& key, KVCache& cache) {
   };
 
   // embed_.row_f32 per token.
-  cuda::embedding(embed_, Elem::BF16, H, ids_.data(), n, x_.data(), s);
+  cuda::embedding(embed_, Elem::BF16, H, st.ids, n, x_.data(), s);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
     // ops::rms_norm(x, input_norm) (after the previous layer's `x += tmp`).
     add_rms_norm_bf16(x_.data(), l == 0 ? nullptr : delta_.data(), L.input_norm, eps, n, H,
                       hb_.data(), s);
     if (l > 0) copy_taps(l - 1);
-    // q, k, v = linear(h) as one GEMM; then q_norm/k_norm, rope_half and the cache append.
-    linear(ctx_, hb_.data(), Elem::BF16, m, H, L.qkv, qkv_dim, nullptr, qkv_.data(), Elem::F32);
-    qk_norm_rope_append(qkv_.data(), n, qkv_dim, nh, nkv, hd, L.q_norm, L.k_norm, eps,
-                        positions_.data(), c.rope_theta, q_.data(), cache.k_[size_t(l)].data(),
-                        cache.v_[size_t(l)].data(), s);
-    // ops::attention over keys [0, position + 1), 1/sqrt(head_dim) scaling.
-    attention_split_kv(q_.data(), n, nh, nkv, hd, cache.k_[size_t(l)].data(),
-                       cache.v_[size_t(l)].data(), key_count_.data(), scale, splits,
-                       partial_.data(), attn_.data(), Elem::BF16, s);
+    // q, k, v = linear(h) as one GEMM; then q_norm/k_norm, rope_half, the cache write and
+    // ops::attention with 1/sqrt(head_dim) scaling.
+    linear(ctx_, hb_.data(), Elem::BF16, m, H, L.qkv, qkv_dim, nullptr, qkv_.data(), Elem::F32, -1,
+           -1, inv);
+    st.attend(l);
     // tmp = linear(attn, o); x += tmp; h = rms_norm(x, post_norm).
-    linear(ctx_, attn_.data(), Elem::BF16, m, q_dim, L.o, H, nullptr, delta_.data(), Elem::F32);
+    linear(ctx_, attn_.data(), Elem::BF16, m, q_dim, L.o, H, nullptr, delta_.data(), Elem::F32, -1,
+           -1, inv);
     add_rms_norm_bf16(x_.data(), delta_.data(), L.post_norm, eps, n, H, hb_.data(), s);
     // gate, up = linear(h) as one GEMM; silu(gate) * up; tmp = linear(·, down) (added next).
-    linear(ctx_, hb_.data(), Elem::BF16, m, H, L.gate_up, 2 * I, nullptr, gu_.data(), Elem::F32);
+    linear(ctx_, hb_.data(), Elem::BF16, m, H, L.gate_up, 2 * I, nullptr, gu_.data(), Elem::F32, -1,
+           -1, inv);
     swiglu_bf16(gu_.data(), n, I, act_.data(), s);
-    linear(ctx_, act_.data(), Elem::BF16, m, I, L.down, H, nullptr, delta_.data(), Elem::F32);
+    linear(ctx_, act_.data(), Elem::BF16, m, I, L.down, H, nullptr, delta_.data(), Elem::F32, -1,
+           -1, inv);
     check(cudaGetLastError(), "Qwen3Model layer kernels");
   }
   // The last `x += tmp`, then logits_of: final norm and lm_head.
   add_rms_norm_bf16(x_.data(), delta_.data(), final_norm_, eps, n, H, hb_.data(), s);
   copy_taps(c.num_hidden_layers - 1);
-  if (key.logits == Logits::All) {
-    linear(ctx_, hb_.data(), Elem::BF16, m, H, lm_head_, V, nullptr, logits_.data(), Elem::F32);
-  } else if (key.logits == Logits::Last) {
-    // The last row copied to its own (allocation-aligned) buffer: cuBLASLt's heuristics assume
+  if (st.logits == Logits::All) {
+    linear(ctx_, hb_.data(), Elem::BF16, m, H, lm_head_, V, nullptr, logits_.data(), Elem::F32, -1,
+           -1, inv);
+  } else if (st.logits == Logits::Last) {
+    // The row copied to its own (allocation-aligned) buffer: cuBLASLt's heuristics assume
     // 256-byte aligned operands by default.
-    check(cudaMemcpyAsync(last_.data(), hb_.data() + (n - 1) * H, size_t(H) * 2,
+    check(cudaMemcpyAsync(last_.data(), hb_.data() + st.last_row * H, size_t(H) * 2,
                           cudaMemcpyDeviceToDevice, s),
           "cudaMemcpyAsync (last row)");
     linear(ctx_, last_.data(), Elem::BF16, 1, H, lm_head_, V, nullptr, logits_.data(), Elem::F32);
   }
   check(cudaGetLastError(), "Qwen3Model final kernels");
+}
+
+// One sequence's forward over its own KV cache. Batch invariance (see kStepRows): a step's GEMMs
+// run m = kStepRows rows whatever n is, and its attention kStepSplits splits, so each row's result
+// depends on its own inputs only.
+void Qwen3Model::run_layers(const Key& key, KVCache& cache) {
+  const auto& c = config_;
+  const int64_t n = key.n;
+  const int hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t qkv_dim = int64_t(nh + 2 * nkv) * hd;
+  const int splits = n <= kStepRows ? kStepSplits : attention_splits(n, nh);
+  const cudaStream_t s = ctx_.stream();
+  run_stack({n, step_rows(n), ids_.data(), key.taps, key.logits, n - 1, false, [&](int l) {
+               qk_norm_rope_append(qkv_.data(), n, qkv_dim, nh, nkv, hd, layers_[size_t(l)].q_norm,
+                                   layers_[size_t(l)].k_norm, float(c.rms_norm_eps),
+                                   positions_.data(), c.rope_theta, q_.data(),
+                                   cache.k_[size_t(l)].data(), cache.v_[size_t(l)].data(), s);
+               attention_split_kv(q_.data(), n, nh, nkv, hd, cache.k_[size_t(l)].data(),
+                                  cache.v_[size_t(l)].data(), key_count_.data(),
+                                  1.0f / std::sqrt(float(hd)), splits, partial_.data(),
+                                  attn_.data(), Elem::BF16, s);
+             }});
 }
 
 Qwen3Model::Output Qwen3Model::forward(KVCache& cache, const int32_t* tokens, int64_t n,
@@ -413,28 +462,10 @@ Qwen3Model::Output Qwen3Model::forward(KVCache& cache, const int32_t* tokens, in
   fill_positions(cache.length_, n, positions_.data(), key_count_.data(), s);
   check(cudaGetLastError(), "fill_positions");
 
-  if (!graph) {
-    run_layers(key, cache);
-  } else if (graphs_.replay(key, s, "cudaGraphLaunch (target)")) {
-    ++graph_launches_;
-  } else {
-    // First use of this shape: run it eagerly (which also loads every kernel and lets cuBLASLt
-    // settle its algorithms), then capture the same launches for the next calls. Capturing records
-    // work without running it, so the cache and outputs are those of the eager run.
-    run_layers(key, cache);
-    ctx_.sync();
-    graphs_.add(
-        key, s, [&] { run_layers(key, cache); }, "(target)");
-    ++graphs_captured_;
-  }
+  run_or_replay(
+      graphs_, key, graph, [&] { run_layers(key, cache); }, "(target)");
   cache.length_ += n;
-
-  Output out;
-  out.n = n;
-  out.logits_rows = logit_rows;
-  out.logits = logit_rows ? logits_.data() : nullptr;
-  out.features = taps.empty() ? nullptr : features_.data();
-  return out;
+  return output(n, logit_rows, !taps.empty());
 }
 
 Qwen3Model::Output Qwen3Model::forward_host(KVCache& cache, std::span<const int32_t> tokens,
@@ -556,60 +587,22 @@ void Qwen3Model::copy_blocks(PagedKV& kv, const int32_t* d_copies, int n) {
   check(cudaGetLastError(), "copy_kv_blocks");
 }
 
-// run_layers for a batched step: the same kernels and order, with the keys and values written to
-// the pool at each row's slot, paged attention, and every product row-invariant.
+// The batched step: every row of the bucket through row-invariant products, keys and values
+// written to the pool at each row's slot, paged attention.
 void Qwen3Model::run_step(const StepKey& key, PagedKV& kv, int64_t last_row) {
   const auto& c = config_;
   const int64_t M = int64_t(key.bucket) * key.R;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const int hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
-  const int64_t q_dim = int64_t(nh) * hd, kv_dim = int64_t(nkv) * hd, qkv_dim = q_dim + 2 * kv_dim;
-  const int64_t F = int64_t(key.taps.size()) * H;
-  const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(hd));
+  const int64_t qkv_dim = int64_t(nh + 2 * nkv) * hd;
   const cudaStream_t s = ctx_.stream();
   const StepView view = step_view(step_image_.data(), key.bucket, key.R, kv.block_tokens());
-  auto copy_taps = [&](int layer) {
-    for (size_t t = 0; t < key.taps.size(); ++t)
-      if (key.taps[t] == layer)
-        check(
-            cudaMemcpy2DAsync(features_.data() + int64_t(t) * H, size_t(F) * 4, x_.data(),
-                              size_t(H) * 4, size_t(H) * 4, size_t(M), cudaMemcpyDeviceToDevice, s),
-            "cudaMemcpy2DAsync (hidden-state taps)");
-  };
-  cuda::embedding(embed_, Elem::BF16, H, step_ids_.data(), M, x_.data(), s);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const Layer& L = layers_[size_t(l)];
-    add_rms_norm_bf16(x_.data(), l == 0 ? nullptr : delta_.data(), L.input_norm, eps, M, H,
-                      hb_.data(), s);
-    if (l > 0) copy_taps(l - 1);
-    linear(ctx_, hb_.data(), Elem::BF16, M, H, L.qkv, qkv_dim, nullptr, qkv_.data(), Elem::F32, -1,
-           -1, true);
-    qk_norm_rope_paged(qkv_.data(), M, qkv_dim, nh, nkv, hd, L.q_norm, L.k_norm, eps, view,
-                       c.rope_theta, qb_.data(), kv.k(l), kv.v(l), s);
-    paged_attention(qb_.data(), view, nh, nkv, hd, kv.k(l), kv.v(l), scale, step_partial_.data(),
-                    attn_.data(), s);
-    linear(ctx_, attn_.data(), Elem::BF16, M, q_dim, L.o, H, nullptr, delta_.data(), Elem::F32, -1,
-           -1, true);
-    add_rms_norm_bf16(x_.data(), delta_.data(), L.post_norm, eps, M, H, hb_.data(), s);
-    linear(ctx_, hb_.data(), Elem::BF16, M, H, L.gate_up, 2 * I, nullptr, gu_.data(), Elem::F32, -1,
-           -1, true);
-    swiglu_bf16(gu_.data(), M, I, act_.data(), s);
-    linear(ctx_, act_.data(), Elem::BF16, M, I, L.down, H, nullptr, delta_.data(), Elem::F32, -1,
-           -1, true);
-    check(cudaGetLastError(), "Qwen3Model step kernels");
-  }
-  add_rms_norm_bf16(x_.data(), delta_.data(), final_norm_, eps, M, H, hb_.data(), s);
-  copy_taps(c.num_hidden_layers - 1);
-  if (key.logits == Logits::All) {
-    linear(ctx_, hb_.data(), Elem::BF16, M, H, lm_head_, V, nullptr, logits_.data(), Elem::F32, -1,
-           -1, true);
-  } else if (key.logits == Logits::Last) {
-    check(cudaMemcpyAsync(last_.data(), hb_.data() + last_row * H, size_t(H) * 2,
-                          cudaMemcpyDeviceToDevice, s),
-          "cudaMemcpyAsync (last row)");
-    linear(ctx_, last_.data(), Elem::BF16, 1, H, lm_head_, V, nullptr, logits_.data(), Elem::F32);
-  }
-  check(cudaGetLastError(), "Qwen3Model step final kernels");
+  run_stack({M, M, step_ids_.data(), key.taps, key.logits, last_row, true, [&](int l) {
+               qk_norm_rope_paged(qkv_.data(), M, qkv_dim, nh, nkv, hd, layers_[size_t(l)].q_norm,
+                                  layers_[size_t(l)].k_norm, float(c.rms_norm_eps), view,
+                                  c.rope_theta, qb_.data(), kv.k(l), kv.v(l), s);
+               paged_attention(qb_.data(), view, nh, nkv, hd, kv.k(l), kv.v(l),
+                               1.0f / std::sqrt(float(hd)), step_partial_.data(), attn_.data(), s);
+             }});
 }
 
 Qwen3Model::Output Qwen3Model::forward_step(PagedKV& kv, int bucket, int R, Logits logits,
@@ -632,25 +625,9 @@ Qwen3Model::Output Qwen3Model::forward_step(PagedKV& kv, int bucket, int R, Logi
             paged_attention_partial_floats(bucket, R, c.num_attention_heads, c.num_key_value_heads,
                                            c.head_dim));
   const StepKey key{bucket, R, logits, std::vector<int>(taps.begin(), taps.end()), &kv};
-  const cudaStream_t s = ctx_.stream();
-  if (!graph) {
-    run_step(key, kv, last_row);
-  } else if (step_graphs_.replay(key, s, "cudaGraphLaunch (step)")) {
-    ++graph_launches_;
-  } else {
-    // As forward(): an eager run first (kernels loaded, cuBLASLt's plans made), then the capture.
-    run_step(key, kv, last_row);
-    ctx_.sync();
-    step_graphs_.add(
-        key, s, [&] { run_step(key, kv, last_row); }, "(step)");
-    ++graphs_captured_;
-  }
-  Output out;
-  out.n = M;
-  out.logits_rows = logit_rows;
-  out.logits = logit_rows ? logits_.data() : nullptr;
-  out.features = taps.empty() ? nullptr : features_.data();
-  return out;
+  run_or_replay(
+      step_graphs_, key, graph, [&] { run_step(key, kv, last_row); }, "(step)");
+  return output(M, logit_rows, !taps.empty());
 }
 
 // --- bandwidth probe -----------------------------------------------------------------------------

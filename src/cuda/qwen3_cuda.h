@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -230,6 +231,23 @@ class Qwen3Model {
   friend class PagedKV;
   void forget(const KVCache* cache);  // drops the graphs of a cache that goes
   void forget(const PagedKV* kv);
+  // One pass through the layers (qwen3_cuda.cpp run_stack): n rows through the elementwise
+  // kernels, m through the GEMMs (row-invariant ones when `invariant`), ids from `ids`; attend(l)
+  // turns layer l's qkv_ into attn_, storing its keys and values where the caller keeps them.
+  struct Stack {
+    int64_t n, m;
+    const int32_t* ids;
+    const std::vector<int>& taps;
+    Logits logits;
+    int64_t last_row;
+    bool invariant;
+    std::function<void(int)> attend;
+  };
+  void run_stack(const Stack& st);
+  template <class K>
+  void run_or_replay(GraphCache<K>& graphs, const K& key, bool graph,
+                     const std::function<void()>& body, const char* what);
+  Output output(int64_t n, int64_t logit_rows, bool taps) const;
   void run_step(const StepKey& key, PagedKV& kv, int64_t last_row);
   void grow_step(int64_t ids, int64_t image_ints, int64_t qb_elems, int64_t partial_floats);
   Qwen3Model(Context& ctx, const Qwen3Config& config, int64_t max_positions);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/splitmix.h"
+#include "cuda/qk_norm_rope.cuh"
 #include "cuda/qwen3_kernels.h"
 
 namespace flashmap::cuda {
@@ -72,61 +73,6 @@ __global__ void add_rms_norm_bf16_kernel(float* x, const float* delta, const flo
   const float inv = 1.0f / sqrtf(var + eps);
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
     yr[i] = __float2bfloat16_rn(w[i] * (xr[i] * inv));
-}
-
-// inv_freq by value (computed on the host with cpu_ops.cpp's formula, so both backends rotate by
-// bit-identical frequencies); head_dim <= 256.
-struct Freq {
-  float f[128];
-};
-
-// One warp per (row, head) of the q, k and v heads of a row (q heads first, then k, then v).
-__global__ void qk_norm_rope_kernel(const float* qkv, int64_t n, int64_t ld, int nh, int nkv,
-                                    int hd, const float* qn, const float* kn, float eps,
-                                    const int64_t* positions, Freq freq, float* q_out,
-                                    __nv_bfloat16* kc, __nv_bfloat16* vc) {
-  const int lane = threadIdx.x & 31;
-  const int per_row = nh + 2 * nkv;
-  const int64_t item = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (item >= n * per_row) return;  // the whole warp shares `item`, so it leaves together
-  const int64_t r = item / per_row;
-  const int hh = int(item % per_row);
-  const int64_t pos = positions[r];
-  const int64_t q_dim = int64_t(nh) * hd, kv_dim = int64_t(nkv) * hd;
-  const float* row = qkv + r * ld;
-  if (hh >= nh + nkv) {  // v: stored as computed (bf16 cache)
-    const int vh = hh - nh - nkv;
-    const float* src = row + q_dim + kv_dim + int64_t(vh) * hd;
-    __nv_bfloat16* dst = vc + pos * kv_dim + int64_t(vh) * hd;
-    for (int d = lane; d < hd; d += 32) dst[d] = __float2bfloat16_rn(src[d]);
-    return;
-  }
-  const bool is_q = hh < nh;
-  const int h = is_q ? hh : hh - nh;
-  const float* src = row + (is_q ? int64_t(h) * hd : q_dim + int64_t(h) * hd);
-  const float* w = is_q ? qn : kn;
-  // ops::rms_norm over head_dim (q_norm / k_norm come before RoPE, modeling_qwen3.py).
-  float ss = 0;
-  for (int d = lane; d < hd; d += 32) ss = fmaf(src[d], src[d], ss);
-  const float var = warp_sum(ss) / float(hd);
-  const float inv = 1.0f / sqrtf(var + eps);
-  // ops::rope_half: channel i pairs with i + half, angle float(position) * inv_freq[i].
-  const int half = hd / 2;
-  for (int i = lane; i < half; i += 32) {
-    const float a = w[i] * (src[i] * inv), b = w[i + half] * (src[i + half] * inv);
-    const float ang = float(pos) * freq.f[i];
-    const float c = cosf(ang), s = sinf(ang);
-    const float o1 = a * c - b * s, o2 = b * c + a * s;
-    if (is_q) {
-      float* dst = q_out + (r * nh + h) * hd;
-      dst[i] = o1;
-      dst[i + half] = o2;
-    } else {
-      __nv_bfloat16* dst = kc + pos * kv_dim + int64_t(h) * hd;
-      dst[i] = __float2bfloat16_rn(o1);
-      dst[i + half] = __float2bfloat16_rn(o2);
-    }
-  }
 }
 
 // Split-KV attention, pass 1. Block (query·head, split) of kWarps warps; the split takes keys [j0,
@@ -304,17 +250,9 @@ void qk_norm_rope_append(const float* qkv, int64_t n, int64_t ld, int n_heads, i
                          int head_dim, const float* q_norm, const float* k_norm, float eps,
                          const int64_t* positions, double theta, float* q_out, uint16_t* k_cache,
                          uint16_t* v_cache, cudaStream_t stream) {
-  if (n <= 0) return;
-  check_head_dim(head_dim, "qk_norm_rope_append");
-  Freq f{};
-  for (int i = 0; i < head_dim / 2; ++i)  // cpu_ops.cpp inv_freq, in fp32
-    f.f[i] = 1.0f / std::pow(float(theta), float(2 * i) / float(head_dim));
-  const int64_t items = n * (n_heads + 2 * n_kv_heads);
-  constexpr int kItemsPerBlock = 4;  // 4 warps
-  const unsigned blocks = unsigned((items + kItemsPerBlock - 1) / kItemsPerBlock);
-  qk_norm_rope_kernel<<<blocks, 32 * kItemsPerBlock, 0, stream>>>(
-      qkv, n, ld, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, positions, f, q_out,
-      reinterpret_cast<__nv_bfloat16*>(k_cache), reinterpret_cast<__nv_bfloat16*>(v_cache));
+  qk::launch_qk_norm_rope(qkv, n, ld, n_heads, n_kv_heads, head_dim, q_norm, k_norm, eps, positions,
+                          nullptr, theta, q_out, reinterpret_cast<__nv_bfloat16*>(k_cache),
+                          reinterpret_cast<__nv_bfloat16*>(v_cache), stream, "qk_norm_rope_append");
 }
 
 int attention_splits(int64_t nq, int n_heads) {

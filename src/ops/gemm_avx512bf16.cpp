@@ -32,6 +32,11 @@ constexpr int64_t kSlicePairs = 512;
 __mmask16 mask(int n) {
   return __mmask16((1u << n) - 1);
 }
+// Columns of vector v (16 wide) among the first `ncols` of a tile: 0 … 16.
+int lanes(int64_t ncols, int v) {
+  const int64_t left = ncols - int64_t(v) * kW;
+  return left <= 0 ? 0 : left >= kW ? kW : int(left);
+}
 
 // MR rows × NV vectors (NV / 2 whole panels from the panel at w): x pairs of the tile's first row
 // (row stride ldp), pairs [0, np) of this slice.
@@ -41,8 +46,7 @@ void tile(const uint32_t* xp, int64_t ldp, const uint8_t* w, int64_t panel_bytes
   int valid[NV];
   const uint8_t* col[NV];
   for (int v = 0; v < NV; ++v) {
-    const int64_t left = ncols - int64_t(v) * kW;
-    valid[v] = left <= 0 ? 0 : left >= kW ? kW : int(left);
+    valid[v] = lanes(ncols, v);
     col[v] = w + (v / 2) * panel_bytes + (v % 2) * 64;
   }
   __m512 acc[MR][NV];
@@ -159,13 +163,12 @@ constexpr int64_t kStripPairs = 256;
 template <int MR>
 void strip_tile(const uint32_t* xp, int64_t ldp, const uint32_t* strip, int64_t p0, int64_t np,
                 float* y, int64_t H, int valid, bool first) {
+  const int n[2] = {lanes(valid, 0), lanes(valid, 1)};
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < 2; ++v) {
-      const int n = valid - 16 * v < 0 ? 0 : (valid - 16 * v > 16 ? 16 : valid - 16 * v);
-      acc[i][v] = first || n == 0 ? _mm512_setzero_ps()
-                                  : _mm512_maskz_loadu_ps(mask(n), y + i * H + 16 * v);
-    }
+    for (int v = 0; v < 2; ++v)
+      acc[i][v] = first || n[v] == 0 ? _mm512_setzero_ps()
+                                     : _mm512_maskz_loadu_ps(mask(n[v]), y + i * H + kW * v);
   for (int64_t p = 0; p < np; ++p) {
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(strip + p * kCols);
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(strip + p * kCols + 16);
@@ -176,10 +179,8 @@ void strip_tile(const uint32_t* xp, int64_t ldp, const uint32_t* strip, int64_t 
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int v = 0; v < 2; ++v) {
-      const int n = valid - 16 * v < 0 ? 0 : (valid - 16 * v > 16 ? 16 : valid - 16 * v);
-      if (n) _mm512_mask_storeu_ps(y + i * H + 16 * v, mask(n), acc[i][v]);
-    }
+    for (int v = 0; v < 2; ++v)
+      if (n[v]) _mm512_mask_storeu_ps(y + i * H + kW * v, mask(n[v]), acc[i][v]);
 }
 
 template <int MR = 1>
