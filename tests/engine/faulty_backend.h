@@ -4,7 +4,10 @@
 // is the CPU reference, so the requests that do run decode as generate() does.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <set>
 
 #include "cpu/backend.h"
@@ -28,8 +31,39 @@ class FaultyBackend : public cpu::CpuBackend {
     if (failing_opens.count(opens++))
       throw Error(
           "CUDA: cudaMalloc of 512.0 MiB failed: out of memory (cudaErrorMemoryAllocation)");
-    return CpuBackend::open(o);
+    return open_by_need(o);
   }
+  // Memory by need, as a paged device backend gives it: at most `budget` positions promised to
+  // open sequences at once (each its Open::max_positions); -1: no limit. admissible() says what
+  // fits, open() refuses what does not; `most_held` records the peak.
+  int64_t budget = -1;
+  int64_t most_held = 0;
+  size_t admissible(std::span<const int64_t> positions) const override {
+    if (budget < 0) return positions.size();
+    int64_t left = budget - held_positions();
+    size_t n = 0;
+    for (int64_t p : positions) {
+      if (p > left) break;
+      left -= p;
+      ++n;
+    }
+    return n;
+  }
+  Slot open_by_need(const Open& o) {
+    if (budget >= 0) {
+      if (o.max_positions > budget - held_positions())
+        throw Error("out of KV memory: " + std::to_string(o.max_positions) + " positions asked, " +
+                    std::to_string(budget - held_positions()) + " free");
+    }
+    Slot s = CpuBackend::open(o);
+    if (s) {
+      std::lock_guard lk(mutex_);
+      promised_[s.index()] = o.max_positions;
+      most_held = std::max(most_held, sum_locked());
+    }
+    return s;
+  }
+
   void forward(std::span<const SeqStep> steps) override {
     if (fault_at >= 0 && verifies++ >= fault_at)
       throw DeviceFault(
@@ -37,6 +71,28 @@ class FaultyBackend : public cpu::CpuBackend {
           "(cudaErrorIllegalAddress)");
     CpuBackend::forward(steps);
   }
+
+ protected:
+  void close(int seq) override {
+    {
+      std::lock_guard lk(mutex_);
+      promised_.erase(seq);
+    }
+    CpuBackend::close(seq);
+  }
+
+ private:
+  int64_t held_positions() const {
+    std::lock_guard lk(mutex_);
+    return sum_locked();
+  }
+  int64_t sum_locked() const {
+    int64_t n = 0;
+    for (const auto& [seq, p] : promised_) n += p;
+    return n;
+  }
+  mutable std::mutex mutex_;
+  std::map<int, int64_t> promised_;  // open sequences' Open::max_positions
 };
 
 }  // namespace flashmap::engine::test

@@ -360,6 +360,50 @@ TEST(Engine, AFailedAdmissionFailsThatRequestOnly) {
   EXPECT_EQ(tokens, reference(params[0], true).ids);
 }
 
+// A backend that gives memory by need (a paged device backend): requests that do not fit now wait
+// in the queue for running ones to end instead of failing, the promised positions never exceed
+// the budget, every request decodes as generate() does; one that could not fit even alone fails
+// with the backend's message instead of blocking the queue.
+TEST(Engine, AdmissionByNeedQueuesWhatDoesNotFitYet) {
+  auto& m = models();
+  auto backend = std::make_unique<test::FaultyBackend>(m.target, &m.drafter);
+  test::FaultyBackend* b = backend.get();
+  // Each request holds prompt + max_tokens + 1 = 5..8 + 40 + 1 positions: two fit in 100.
+  b->budget = 100;
+  Engine engine(std::move(backend), {.max_running = 4, .spec_max_batch = 0});
+  std::vector<RequestParams> params;
+  for (int i = 0; i < 4; ++i) {
+    RequestParams p;
+    p.prompt = prompt_of(5 + i, i);
+    p.max_tokens = 40;
+    params.push_back(p);
+  }
+  auto reqs = engine.submit_all(params);
+  std::vector<Request::Update> ends;
+  for (auto& r : reqs) ends.push_back(finish_of(*r));
+  engine.drain();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(ends[i].finished) << i;
+    EXPECT_EQ(ends[i].finish_reason, "length") << i << ": " << ends[i].error;
+    EXPECT_EQ(ends[i].tokens, reference(params[i], true).ids) << i;
+  }
+  EXPECT_LE(b->most_held, 100);
+  EXPECT_GT(b->most_held, 50) << "two requests never ran together";
+  // Too large for the whole budget: fails at once, naming the backend's reason.
+  RequestParams big = params[0];
+  big.max_tokens = 200;
+  auto r = engine.submit(big);
+  const Request::Update u = finish_of(*r);
+  ASSERT_TRUE(u.finished);
+  EXPECT_EQ(u.finish_reason, "error");
+  EXPECT_THAT(u.error, HasSubstr("out of KV memory"));
+  // The refusal released nothing it never held: a fitting request still runs.
+  auto again = engine.submit(params[1]);
+  const auto again_tokens = wait_all(*again);
+  engine.drain();
+  EXPECT_EQ(again_tokens, reference(params[1], true).ids);
+}
+
 // A device fault (a sticky CUDA error) ends serving: the running and queued requests finish
 // with the fault's message, new ones get 503 naming it, drain() returns and stats() says so.
 TEST(Engine, ADeviceFaultFailsEveryHeldRequestAndRefusesNewOnes) {
