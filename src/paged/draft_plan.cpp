@@ -1,0 +1,189 @@
+#include "paged/draft_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <tuple>
+
+#include "core/check.h"
+
+namespace flashmap::paged {
+
+namespace {
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+int64_t blocks_for(int64_t positions, int32_t block_tokens) {
+  return (positions + block_tokens - 1) / block_tokens;
+}
+
+// The first of table entries [from, to) that is no block whose slots fit int32, or -1. The device
+// indexes its pools with int32 slots, and a -1 there (the tables' padding) would read or write
+// outside the pool.
+int64_t bad_block(std::span<const int32_t> table, int64_t from, int64_t to, int32_t block_tokens) {
+  for (int64_t k = from; k < to; ++k) {
+    const int32_t b = table[size_t(k)];
+    if (b < 0 || int64_t(b) * block_tokens > kInt32Max - block_tokens + 1) return k;
+  }
+  return -1;
+}
+
+int32_t slot_of(std::span<const int32_t> table, int64_t pos, int32_t block_tokens) {
+  return int32_t(int64_t(table[size_t(pos / block_tokens)]) * block_tokens + pos % block_tokens);
+}
+}  // namespace
+
+StepPlan plan_draft(std::span<const DraftSeq> seqs, int K, int32_t block_tokens,
+                    std::span<const int32_t> buckets) {
+  FLASHMAP_CHECK(K >= 1, "plan_draft: K {} must be at least 1", K);
+  FLASHMAP_CHECK(block_tokens >= 1, "plan_draft: block_tokens {} must be at least 1", block_tokens);
+  FLASHMAP_CHECK(!seqs.empty(), "plan_draft: no sequences");
+  FLASHMAP_CHECK(int64_t(seqs.size()) <= kInt32Max, "plan_draft: {} sequences are too many",
+                 seqs.size());
+  StepPlan p;
+  p.batch = int32_t(seqs.size());
+  p.bucket = bucket_for(p.batch, buckets);
+  FLASHMAP_CHECK(int64_t(p.bucket) * K <= kInt32Max,
+                 "plan_draft: bucket {} x K {} rows do not fit int32 row indices", p.bucket, K);
+  p.R = K;
+  p.mask_words = (K + 31) / 32;
+  p.block_tokens = block_tokens;
+  size_t stride = 1;
+  for (const DraftSeq& s : seqs) stride = std::max(stride, s.table.size());
+  FLASHMAP_CHECK(int64_t(stride) * p.bucket <= kInt32Max,
+                 "plan_draft: tables of {} blocks for {} sequences are too large", stride,
+                 p.bucket);
+  p.table_stride = int32_t(stride);
+
+  const size_t rows = size_t(p.bucket) * size_t(K);
+  p.row_pos.assign(rows, 0);
+  // The draft's queries are not context: nothing is written, and the block rows are invisible so
+  // that each row sees the context alone.
+  p.row_slot.assign(rows, -1);
+  p.row_mask.assign(rows * size_t(p.mask_words), 0);
+  p.seq_base.assign(size_t(p.bucket), 0);
+  p.seq_rows.assign(size_t(p.bucket), 0);
+  p.tables.assign(size_t(p.bucket) * stride, -1);
+
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const DraftSeq& s = seqs[i];
+    FLASHMAP_CHECK(s.context >= 1 && s.context <= kInt32Max - K,
+                   "plan_draft: sequence {} has context {} outside [1, 2^31 - 1 - K = {}]", i,
+                   s.context, kInt32Max - K);
+    const int64_t blocks = blocks_for(s.context, block_tokens);
+    FLASHMAP_CHECK(int64_t(s.table.size()) >= blocks,
+                   "plan_draft: sequence {} has a table of {} blocks but context {} needs {}", i,
+                   s.table.size(), s.context, blocks);
+    const int64_t bad = bad_block(s.table, 0, blocks, block_tokens);
+    FLASHMAP_CHECK(bad < 0,
+                   "plan_draft: sequence {} has block {} at table index {}, outside the int32 "
+                   "slots of block_tokens {}",
+                   i, s.table[size_t(bad)], bad, block_tokens);
+
+    p.seq_base[i] = int32_t(s.context);
+    p.seq_rows[i] = K;
+    std::copy(s.table.begin(), s.table.end(), p.tables.begin() + int64_t(i * stride));
+    for (int j = 0; j < K; ++j) p.row_pos[i * size_t(K) + size_t(j)] = int32_t(s.context + j);
+  }
+  return p;
+}
+
+int32_t anchor_slot(std::span<const int32_t> table, int64_t context, int32_t block_tokens) {
+  FLASHMAP_CHECK(block_tokens >= 1, "anchor_slot: block_tokens {} must be at least 1",
+                 block_tokens);
+  FLASHMAP_CHECK(context >= 1 && context <= kInt32Max,
+                 "anchor_slot: context {} outside [1, 2^31 - 1]", context);
+  const int64_t pos = context - 1, index = pos / block_tokens;
+  FLASHMAP_CHECK(int64_t(table.size()) > index,
+                 "anchor_slot: a table of {} blocks does not hold context {} (needs {})",
+                 table.size(), context, index + 1);
+  FLASHMAP_CHECK(bad_block(table, index, index + 1, block_tokens) < 0,
+                 "anchor_slot: the table has block {} at table index {}, outside the int32 slots "
+                 "of block_tokens {}",
+                 table[size_t(index)], index, block_tokens);
+  return slot_of(table, pos, block_tokens);
+}
+
+std::vector<int32_t> CommitPlan::image() const {
+  FLASHMAP_ASSERT(int64_t(rows.size()) == n && int64_t(positions.size()) == n &&
+                  int64_t(slots.size()) == n);
+  std::vector<int32_t> img;
+  img.reserve(3 * size_t(n));
+  img.insert(img.end(), rows.begin(), rows.end());
+  img.insert(img.end(), positions.begin(), positions.end());
+  img.insert(img.end(), slots.begin(), slots.end());
+  return img;
+}
+
+CommitPlan plan_commit(std::span<const CommitSeq> seqs, int32_t block_tokens,
+                       int64_t feature_rows) {
+  FLASHMAP_CHECK(block_tokens >= 1, "plan_commit: block_tokens {} must be at least 1",
+                 block_tokens);
+  FLASHMAP_CHECK(feature_rows >= 0 && feature_rows <= kInt32Max,
+                 "plan_commit: feature_rows {} outside [0, 2^31 - 1]", feature_rows);
+  int64_t n = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const CommitSeq& s = seqs[i];
+    FLASHMAP_CHECK(s.count >= 0, "plan_commit: sequence {} has count {} below 0", i, s.count);
+    FLASHMAP_CHECK(s.first_row >= 0 && s.first_row <= feature_rows - s.count,
+                   "plan_commit: sequence {} has first_row {} + count {} outside the "
+                   "feature_rows {}",
+                   i, s.first_row, s.count, feature_rows);
+    FLASHMAP_CHECK(s.position >= 0 && s.position <= kInt32Max - s.count,
+                   "plan_commit: sequence {} has position {} outside [0, 2^31 - 1 - count]", i,
+                   s.position);
+    // A sequence committing nothing writes nothing, so its table is not read.
+    if (s.count == 0) continue;
+    const int64_t blocks = blocks_for(s.position + s.count, block_tokens);
+    FLASHMAP_CHECK(int64_t(s.table.size()) >= blocks,
+                   "plan_commit: sequence {} has a table of {} blocks but position {} + count {} "
+                   "need {}",
+                   i, s.table.size(), s.position, s.count, blocks);
+    const int64_t bad = bad_block(s.table, s.position / block_tokens, blocks, block_tokens);
+    FLASHMAP_CHECK(bad < 0,
+                   "plan_commit: sequence {} has block {} at table index {}, outside the int32 "
+                   "slots of block_tokens {}",
+                   i, s.table[size_t(bad)], bad, block_tokens);
+    n += s.count;
+    FLASHMAP_CHECK(n <= kInt32Max, "plan_commit: {} rows to commit do not fit int32", n);
+  }
+
+  CommitPlan p;
+  p.n = int32_t(n);
+  p.rows.reserve(size_t(n));
+  p.positions.reserve(size_t(n));
+  p.slots.reserve(size_t(n));
+  // (slot, sequence, row within it), for finding rows that write one slot.
+  std::vector<std::tuple<int32_t, size_t, int>> writes;
+  writes.reserve(size_t(n));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const CommitSeq& s = seqs[i];
+    for (int k = 0; k < s.count; ++k) {
+      const int64_t pos = s.position + k;
+      p.rows.push_back(int32_t(s.first_row + k));
+      p.positions.push_back(int32_t(pos));
+      p.slots.push_back(slot_of(s.table, pos, block_tokens));
+      writes.emplace_back(p.slots.back(), i, k);
+    }
+  }
+
+  // Two rows writing one slot would race on the device and leave one sequence drafting from the
+  // other's context.
+  std::sort(writes.begin(), writes.end());
+  for (size_t k = 1; k < writes.size(); ++k) {
+    const auto [slot, a, ra] = writes[k - 1];
+    const auto [next, b, rb] = writes[k];
+    if (slot != next) continue;
+    FLASHMAP_CHECK(a != b,
+                   "plan_commit: sequence {} writes slot {} (block {}, row {}) from its rows {} "
+                   "and {}: its table holds a block twice",
+                   a, slot, slot / block_tokens, slot % block_tokens, ra, rb);
+    throw Error(fmt::format(
+        "plan_commit: sequences {} and {} both write slot {} (block {}, row {}): a block they "
+        "share must be copied before either writes (BlockPool::grow)",
+        a, b, slot, slot / block_tokens, slot % block_tokens));
+  }
+  return p;
+}
+
+}  // namespace flashmap::paged

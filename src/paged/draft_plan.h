@@ -1,0 +1,69 @@
+// The host-side layouts of the drafter's two steps over a paged cache whose block tables the
+// target and the drafter share.
+//
+// The drafter keeps its context (the cross-attention keys and values it derives from the target's
+// features) in a pool of its own, with the target's block geometry: position p's context lives at
+// the same slot as the target's key of position p, table[p / block_tokens] * block_tokens +
+// p % block_tokens. So one table per sequence serves both caches and the drafter needs no
+// bookkeeping of its own; a block that BlockPool copies on write must be copied in both pools.
+//
+// plan_draft lays out a batched draft (K query rows per sequence reading the context through the
+// tables) as a StepPlan, so that the device's step reader serves it unchanged. plan_commit lists
+// the rows of a target forward whose features enter the context: after a verify only the accepted
+// rows, after a prefill chunk all of them.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "paged/step_plan.h"
+
+namespace flashmap::paged {
+
+struct DraftSeq {
+  std::span<const int32_t> table;  // its block table (covers at least `context` positions)
+  // Positions the draft attends to: the committed tokens and the anchor (>= 1); the anchor is at
+  // position context - 1.
+  int64_t context = 0;
+};
+
+// Sequence i's K query rows are [i * K, i * K + K), row j at RoPE position context + j. Every row
+// attends to exactly the `context` cached positions and to none of the step's rows: seq_base =
+// context, seq_rows = K, row_mask all 0. The draft's queries are not context, so no row writes the
+// cache (row_slot -1 everywhere). R = K; table_stride, the tables' -1 padding, batch and bucket as
+// plan_step lays them out; padding sequences have base 0, rows 0 and row_pos 0.
+// Throws flashmap::Error naming the sequence and parameter: K < 1, block_tokens < 1, no sequences
+// or more than the largest bucket, context < 1 or context + K beyond int32, a table shorter than
+// the context's blocks or holding a negative (or int32-overflowing) block among them.
+StepPlan plan_draft(std::span<const DraftSeq> seqs, int K, int32_t block_tokens,
+                    std::span<const int32_t> buckets);
+
+// The slot that the anchor's context (position context - 1) is written to, through the table.
+// Throws on context < 1, block_tokens < 1, or a table that does not hold that position.
+int32_t anchor_slot(std::span<const int32_t> table, int64_t context, int32_t block_tokens);
+
+struct CommitSeq {
+  std::span<const int32_t> table;  // after the target's truncate: covers position + count
+  int64_t first_row = 0;           // its first row in the forward's feature output
+  int64_t position = 0;            // the position of that row's token
+  int count = 0;                   // rows to commit (0: none)
+};
+
+// The committed rows, compacted: entry k takes feature row rows[k], rotates it at RoPE position
+// positions[k] and stores the result at pool slot slots[k].
+struct CommitPlan {
+  int32_t n = 0;                                // the sum of the counts
+  std::vector<int32_t> rows, positions, slots;  // [n] each
+  // rows, positions, slots back to back (3n int32), for one upload.
+  std::vector<int32_t> image() const;
+};
+
+// Sequence by sequence, each sequence's rows in order: row first_row + k at position
+// position + k. Throws flashmap::Error naming the sequence and parameter: count < 0, first_row < 0
+// or first_row + count beyond feature_rows, position < 0, a table that does not hold positions
+// [position, position + count) or holds a negative block there, two rows writing one slot (a block
+// shared without a copy, or a table holding a block twice), or values beyond int32.
+CommitPlan plan_commit(std::span<const CommitSeq> seqs, int32_t block_tokens, int64_t feature_rows);
+
+}  // namespace flashmap::paged
