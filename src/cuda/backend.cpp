@@ -20,6 +20,7 @@
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "paged/block_pool.h"
+#include "paged/draft_plan.h"
 #include "paged/step_plan.h"
 
 namespace flashmap::cuda {
@@ -104,6 +105,7 @@ class CudaBackend : public engine::Backend {
                      proposer_->feature_dim(), F_);
       FLASHMAP_CHECK(K_ >= 1, "the drafter's block size must be >= 1, got {}", K_);
       info_.drafter_noise = proposer_->has_noise();
+      paged_ = proposer_->paged();
     }
     info_.config = &tc;
     info_.max_positions = capacity_;
@@ -116,6 +118,7 @@ class CudaBackend : public engine::Backend {
     cudaStreamSynchronize(ctx_.stream());
     for (const Lane& l : lanes_)
       if (l.draft >= 0) proposer_->remove_lane(l.draft);
+    if (paged_) proposer_->drop_pool();
   }
 
   engine::Slot open(const engine::Open& o) override {
@@ -209,7 +212,12 @@ class CudaBackend : public engine::Backend {
         }
         // The chunk's features go to the drafter now: the next forward reuses the buffer.
         if (l.drafting) {
-          proposer_->commit(l.draft, out.features, n);
+          if (paged_) {
+            const paged::CommitSeq cs{pool_->table(l.kv), 0, l.committed, n};
+            commit_paged(paged::plan_commit({&cs, 1}, kBlockTokens, n), out.features);
+          } else {
+            proposer_->commit(l.draft, out.features, n);
+          }
           l.committed += n;
         }
       }
@@ -289,8 +297,11 @@ class CudaBackend : public engine::Backend {
     }
   }
 
+  // The kept positions; their features enter the drafter's context (paged: every sequence's
+  // rows in one pass, compacted from the step's output).
   void commit(std::span<const engine::Commit> seqs) override {
     ctx_.make_current();
+    std::vector<paged::CommitSeq> commits;
     for (const engine::Commit& c : seqs) {
       Lane& l = lane(c.seq);
       FLASHMAP_ASSERT(c.length <= l.length);
@@ -298,10 +309,19 @@ class CudaBackend : public engine::Backend {
       l.length = c.length;
       if (l.drafting && c.drafted > 0) {
         FLASHMAP_ASSERT(c.drafted <= K_ + 1 && step_features_ && l.step_row >= 0);
-        proposer_->commit(l.draft, step_features_ + l.step_row * F_, c.drafted);
+        // The step's anchor sat at the first position the drafter lacks.
+        FLASHMAP_ASSERT(l.committed == c.length - c.drafted);
+        if (paged_)
+          commits.push_back({pool_->table(l.kv), l.step_row, l.committed, int(c.drafted)});
+        else
+          proposer_->commit(l.draft, step_features_ + l.step_row * F_, c.drafted);
         l.committed += c.drafted;
       }
     }
+    if (!commits.empty())
+      commit_paged(
+          paged::plan_commit(commits, kBlockTokens, int64_t(step_bucket_) * int64_t(step_R_)),
+          step_features_);
   }
 
   engine::Held held(int seq) const override {
@@ -314,6 +334,7 @@ class CudaBackend : public engine::Backend {
 
   void propose(std::span<const SeqStep> steps) override {
     ctx_.make_current();
+    if (paged_) return propose_paged(steps);
     const cudaStream_t st = ctx_.stream();
     for (const SeqStep& step : steps) {
       Lane& l = lane(step.seq);
@@ -462,6 +483,86 @@ class CudaBackend : public engine::Backend {
   }
 
  private:
+  // Every sequence's block in one draft: a plan over the sequences' block tables (the anchor at
+  // the first position the drafter lacks, which the table grows to hold), the lanes whose
+  // round rows hold the anchors, and each draft's noise (seed, counter), in one upload; greedy
+  // sequences' drafts are the rows' argmaxes, written to every round row in one launch, and the
+  // others then sample theirs from their own rows.
+  void propose_paged(std::span<const SeqStep> steps) {
+    const cudaStream_t st = ctx_.stream();
+    std::vector<paged::DraftSeq> seqs;
+    seqs.reserve(steps.size());
+    for (const SeqStep& step : steps) {
+      Lane& l = lane(step.seq);
+      FLASHMAP_ASSERT(l.drafting && l.committed <= l.length);
+      std::vector<paged::BlockCopy> copies;
+      pool_->grow(l.kv, l.length + 1, copies);
+      // No forks on this backend: every block of a sequence is its own, nothing to copy.
+      FLASHMAP_ASSERT(copies.empty());
+    }
+    for (const SeqStep& step : steps) {
+      const Lane& l = lane(step.seq);
+      seqs.push_back({pool_->table(l.kv), l.committed + 1});
+    }
+    const paged::StepPlan plan = paged::plan_draft(seqs, K_, kBlockTokens, buckets_);
+    const std::vector<int32_t> image = plan.image();
+    FLASHMAP_ASSERT(image.size() <= size_t(draft_image_ints_));
+    int32_t* host = draft_stage_.data();
+    const int n = int(steps.size());
+    for (int b = 0; b < plan.bucket; ++b) host[b] = b < n ? lane(steps[size_t(b)].seq).index : 0;
+    std::copy(image.begin(), image.end(), host + draft_lanes_cap_);
+    uint64_t* rng = draft_rng_host_.data();
+    for (int b = 0; b < plan.bucket; ++b) {
+      rng[2 * b] = b < n ? steps[size_t(b)].sampler->seed : 0;
+      rng[2 * b + 1] = b < n ? ++lane(steps[size_t(b)].seq).drafts : 0;
+    }
+    int32_t* d_lanes = draft_device_.data();
+    const int32_t* d_image = d_lanes + draft_lanes_cap_;
+    check(cudaMemcpyAsync(d_lanes, host, size_t(draft_lanes_cap_ + int64_t(image.size())) * 4,
+                          cudaMemcpyHostToDevice, st),
+          "cudaMemcpyAsync H2D (draft plan)");
+    check(cudaMemcpyAsync(draft_rng_.data(), rng, size_t(2 * plan.bucket) * 8,
+                          cudaMemcpyHostToDevice, st),
+          "cudaMemcpyAsync H2D (draft noise)");
+    gather_anchors(rounds_.data(), stride_, d_lanes, plan.bucket, draft_anchors_.data(), st);
+    check(cudaGetLastError(), "gather_anchors");
+    float* logits = draft_logits_.data();
+    proposer_->draft_paged(d_image, plan.bucket, draft_anchors_.data(), draft_rng_.data(), logits);
+    mask(logits, int64_t(n) * K_);
+    argmax_rows(logits, int64_t(n) * K_, V_, argmax_.data(), st);
+    scatter_drafts(argmax_.data(), d_lanes, n, K_, rounds_.data(), stride_, st);
+    check(cudaGetLastError(), "scatter_drafts");
+    for (int b = 0; b < n; ++b) {
+      const SeqStep& step = steps[size_t(b)];
+      SeqSampler& sm = *step.sampler;
+      if (sm.params.greedy()) continue;
+      Lane& l = lane(step.seq);
+      const float* rows = logits + int64_t(b) * K_ * V_;
+      int32_t* drafts = round(l) + kRoundDrafts;
+      sampler_.filtered_probs(rows, K_, sm.params, l.q.data());
+      if (sm.keyed()) {
+        sampler_.sample_keyed(l.q.data(), K_, sm.seed, step.position + 1, drafts);
+      } else {
+        bind(l, sm);
+        sampler_.sample(l.q.data(), K_, drafts);
+        sampler_.bind(nullptr);
+      }
+    }
+  }
+
+  // A commit plan's rows of `features` into the drafter's pool (one upload, one pass).
+  void commit_paged(const paged::CommitPlan& plan, const float* features) {
+    if (plan.n == 0) return;
+    const std::vector<int32_t> image = plan.image();
+    commit_stage_.reserve(ctx_, 0, image.size());
+    int32_t* dev = commit_stage_.device.data();
+    // A pageable source: the copy returns once staged, and runs after what the stream holds.
+    check(
+        cudaMemcpyAsync(dev, image.data(), image.size() * 4, cudaMemcpyHostToDevice, ctx_.stream()),
+        "cudaMemcpyAsync H2D (drafter commit)");
+    proposer_->commit_paged(features, dev, plan.n);
+  }
+
   Lane& lane(int seq) {
     FLASHMAP_ASSERT(seq >= 0 && size_t(seq) < lanes_.size() && lanes_[size_t(seq)].open);
     return lanes_[size_t(seq)];
@@ -495,11 +596,11 @@ class CudaBackend : public engine::Backend {
     l.index = index;
     l.first = DeviceBuffer<float>(size_t(V_));
     if (K_ > 0) {
-      l.draft_logits = DeviceBuffer<float>(size_t(K_) * size_t(V_));
+      if (!paged_) l.draft_logits = DeviceBuffer<float>(size_t(K_) * size_t(V_));
       l.q = DeviceBuffer<float>(size_t(K_) * size_t(V_));
     }
     l.rng = DeviceBuffer<uint64_t>(2);
-    if (proposer_) l.draft = proposer_->add_lane(capacity_);
+    if (proposer_ && !paged_) l.draft = proposer_->add_lane(capacity_);
     return l;
   }
 
@@ -516,13 +617,16 @@ class CudaBackend : public engine::Backend {
     const size_t after = ctx_.free_bytes();
     lane_bytes_ = before > after ? before - after : 1;
     block_bytes_ = target_.paged_block_bytes(kBlockTokens);
+    // A paged drafter keeps its context in blocks beside the target's (same ids and tables).
+    if (paged_) block_bytes_ += proposer_->paged_block_bytes(kBlockTokens);
     // A full step of one lane: logits, features, activations and attention partials of K + 1 rows.
     const int64_t R = K_ + 1, H = tc.hidden_size, I = tc.intermediate_size;
     const int64_t step_per_lane =
         R * (V_ + F_ + 8 * H + 3 * I) * 4 +
         paged_attention_partial_floats(1, int(R), tc.num_attention_heads, tc.num_key_value_heads,
                                        tc.head_dim) *
-            4;
+            4 +
+        (paged_ ? int64_t(K_) * V_ * 4 + proposer_->batch_bytes(1) : 0);
     // Half of the memory for lanes and their step buffers, the other half (at least) for keys and
     // values: a lane is only worth its cost while there are blocks for its positions.
     const size_t per = size_t(lane_bytes_) + size_t(step_per_lane);
@@ -534,7 +638,7 @@ class CudaBackend : public engine::Backend {
     check(cudaMemsetAsync(rounds_.data(), 0, rounds_.size() * 4, ctx_.stream()),
           "cudaMemsetAsync (rounds)");
     host_rounds_ = HostBuffer<int32_t>(rounds_.size());
-    argmax_ = DeviceBuffer<int32_t>(size_t(n) * size_t(R));
+    argmax_ = DeviceBuffer<int32_t>(size_t(n) * size_t(R));  // R > K: a draft's rows fit too
     buckets_ = paged::default_buckets(n);
     const int64_t max_table = (capacity_ + kBlockTokens - 1) / kBlockTokens;
     paged::StepPlan widest;
@@ -551,12 +655,32 @@ class CudaBackend : public engine::Backend {
     // A round's uploads at full batch: its image (at the longest tables), lanes and copies.
     step_stage_.reserve(ctx_, size_t(image_ints) + 4 * size_t(n), 4 * size_t(n));
     accept_stage_.reserve(ctx_, 4 * size_t(n), 4 * size_t(n));
+    int64_t batch_bytes = 0;
+    if (paged_) {
+      // A batched draft's buffers at full batch, at fixed addresses (its graphs keep them): the
+      // lanes then the plan image at the longest tables, anchors, noise, logits.
+      paged::StepPlan draft;
+      draft.bucket = n;
+      draft.R = K_;
+      draft.mask_words = (K_ + 31) / 32;
+      draft.table_stride = int32_t(max_table);
+      draft_lanes_cap_ = (int64_t(n) + 15) / 16 * 16;
+      draft_image_ints_ = draft.offsets().total;
+      draft_stage_ = HostBuffer<int32_t>(size_t(draft_lanes_cap_ + draft_image_ints_));
+      draft_device_ = DeviceBuffer<int32_t>(size_t(draft_lanes_cap_ + draft_image_ints_));
+      draft_anchors_ = DeviceBuffer<int32_t>(size_t(n));
+      draft_rng_host_ = HostBuffer<uint64_t>(2 * size_t(n));
+      draft_rng_ = DeviceBuffer<uint64_t>(2 * size_t(n));
+      draft_logits_ = DeviceBuffer<float>(size_t(n) * size_t(K_) * size_t(V_));
+      batch_bytes = proposer_->batch_bytes(n);
+    }
     ctx_.sync();
     // The lanes still to be made come out of what is left; a reserve for what grows later.
     const size_t left = ctx_.free_bytes();
     const size_t lanes_later = size_t(n - 1) * size_t(lane_bytes_);
     const size_t reserve = std::max<size_t>(size_t(1) << 30, left / 20);
-    const int64_t usable = int64_t(left) - int64_t(lanes_later) - int64_t(std::min(reserve, left));
+    const int64_t usable =
+        int64_t(left) - int64_t(lanes_later) - int64_t(std::min(reserve, left)) - batch_bytes;
     const int64_t blocks = usable / block_bytes_;
     const int64_t one = (capacity_ + kBlockTokens - 1) / kBlockTokens;
     FLASHMAP_CHECK(blocks >= std::min<int64_t>(one, 64),
@@ -567,6 +691,7 @@ class CudaBackend : public engine::Backend {
     const int64_t most = std::numeric_limits<int32_t>::max() / kBlockTokens;
     kv_ = target_.new_paged(int32_t(std::min(blocks, most)), kBlockTokens);
     pool_ = std::make_unique<paged::BlockPool>(kv_->blocks(), kBlockTokens);
+    if (paged_) proposer_->make_pool(kv_->blocks(), kBlockTokens, n);
   }
 
   void download_rounds() {
@@ -691,7 +816,17 @@ class CudaBackend : public engine::Backend {
   HostBuffer<int32_t> host_rounds_;    // their copy on the host
   DeviceBuffer<int32_t> argmax_;       // [bucket · R] of a greedy acceptance
   Staging step_stage_, accept_stage_;  // a round's uploads: the step's, the acceptance's
-  HostBuffer<int32_t> drafts_;         // [sequences, K] constrained sequences' drafts
+  Staging commit_stage_;               // the drafter's commit plans (device side only)
+  // Batched drafting (a paged proposer): [lanes | plan image] pinned and on the device, the
+  // anchors, each draft's (seed, counter), the logits of every sequence's block.
+  bool paged_ = false;
+  int64_t draft_lanes_cap_ = 0, draft_image_ints_ = 0;
+  HostBuffer<int32_t> draft_stage_;
+  DeviceBuffer<int32_t> draft_device_, draft_anchors_;
+  HostBuffer<uint64_t> draft_rng_host_;
+  DeviceBuffer<uint64_t> draft_rng_;
+  DeviceBuffer<float> draft_logits_;
+  HostBuffer<int32_t> drafts_;  // [sequences, K] constrained sequences' drafts
   size_t host_seqs_ = 0;
   // The last step's outputs (valid until the next forward).
   float* step_logits_ = nullptr;

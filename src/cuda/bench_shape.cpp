@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -13,9 +14,11 @@
 #include "core/rng.h"
 #include "cuda/device.h"
 #include "cuda/flashmap_cuda.h"
+#include "cuda/flashmap_kernels.h"
 #include "cuda/qwen3_cuda.h"
 #include "io/hf_config.h"
 #include "paged/block_pool.h"
+#include "paged/draft_plan.h"
 #include "paged/step_plan.h"
 
 namespace flashmap::cuda {
@@ -156,8 +159,9 @@ void run_shape_bench(const ShapeBench& a) {
   // a.context each in a paged KV cache, one forward for all of them, decode (1 row each) and
   // verify (K + 1 rows each) through CUDA graphs. The keys' values do not change the cost, so
   // the sequences' first a.context positions are held without being computed.
+  const std::vector<int> batches = {1, 8, 32, 64};
+  std::map<int, std::pair<double, double>> step_ms;  // batch -> (decode, verify) step ms
   {
-    const std::vector<int> batches = {1, 8, 32, 64};
     const int max_b = batches.back();
     const int32_t bt = 16;
     const int64_t per = int64_t(a.context) + K + 1;
@@ -195,6 +199,7 @@ void run_shape_bench(const ShapeBench& a) {
             [&] { dev->forward_step(*kv, plan.bucket, R, Qwen3Model::Logits::All, {}, true); });
         for (int i = 0; i < B; ++i) pool.truncate(seqs[size_t(i)], a.context);
       }
+      step_ms[B] = {ms[0], ms[1]};
       // A decode step reads the weights once and every sequence's keys and values once.
       const double kv_bytes = double(B) * double(a.context + 1) * double(dev->paged_block_bytes(1));
       const double read = bytes + kv_bytes;
@@ -267,6 +272,69 @@ void run_shape_bench(const ShapeBench& a) {
                       {"hidden", dc.hidden_size},
                       {"target_layer_ids", dc.target_layer_ids},
                       {"drafts", drafts}};
+    write_json(out, a.json_out);
+
+    // The batched draft (what `serve --device cuda` runs each round): B sequences' blocks in one
+    // pass over a paged context of a.context positions each, one step; the commit of K + 1 rows
+    // per sequence (a fully accepted block) in one pass; a round = draft + verify step + commit,
+    // and its break-even acceptance length against the decode step of the same batch.
+    if (fm->pages()) {
+      const int max_b = batches.back();
+      const int32_t bt = 16;
+      const int64_t per = int64_t(a.context) + K + 2;
+      const int32_t blocks = int32_t(max_b * ((per + bt - 1) / bt) + 8);
+      auto pool = fm->new_paged(blocks, bt);
+      paged::BlockPool tables(blocks, bt);
+      std::vector<int> seqs;
+      std::vector<paged::BlockCopy> copies;
+      for (int i = 0; i < max_b; ++i) {
+        seqs.push_back(tables.open(per));
+        tables.grow(seqs.back(), per, copies);
+      }
+      fm->reserve_batch(max_b, 1);
+      const auto buckets = paged::default_buckets(max_b);
+      DeviceBuffer<float> logits(size_t(max_b) * size_t(K) * size_t(cfg.vocab_size));
+      DeviceBuffer<int32_t> anchors(ctx, std::vector<int32_t>(size_t(max_b), 7));
+      std::vector<uint64_t> rng(2 * size_t(max_b));
+      for (size_t i = 0; i < rng.size(); ++i) rng[i] = i;
+      DeviceBuffer<uint64_t> d_rng(ctx, rng);
+      DeviceBuffer<float> feats(size_t(max_b) * size_t(K + 1) * size_t(fm->feature_dim()));
+      drafter::fill(feats.data(), int64_t(feats.size()), 0.5f, s);
+      json table = json::array();
+      fmt::print(
+          "| batch | batched draft ms (1 step) | commit ms ({} rows each) | round ms (draft + "
+          "verify step + commit) | break-even tau |\n|---|---|---|---|---|\n",
+          K + 1);
+      for (const int B : batches) {
+        std::vector<paged::DraftSeq> ds;
+        std::vector<paged::CommitSeq> cs;
+        for (int i = 0; i < B; ++i) {
+          ds.push_back({tables.table(seqs[size_t(i)]), int64_t(a.context) + 1});
+          cs.push_back({tables.table(seqs[size_t(i)]), int64_t(i) * (K + 1), a.context, K + 1});
+        }
+        const auto plan = paged::plan_draft(ds, K, bt, buckets);
+        DeviceBuffer<int32_t> image(ctx, plan.image());
+        const auto commit = paged::plan_commit(cs, bt, int64_t(B) * (K + 1));
+        DeviceBuffer<int32_t> commit_image(ctx, commit.image());
+        const double draft = median_ms([&] {
+          fm->draft_batch(*pool, image.data(), plan.bucket, anchors.data(), d_rng.data(), 1,
+                          logits.data(), FlashMapModel::Exec::Graph);
+        });
+        const double commit_ms = median_ms(
+            [&] { fm->commit_paged(*pool, feats.data(), commit_image.data(), commit.n); });
+        const auto [dec, ver] = step_ms.at(B);
+        const double round = draft + ver + commit_ms;
+        table.push_back({{"batch", B},
+                         {"draft_ms", draft},
+                         {"commit_ms", commit_ms},
+                         {"round_ms_estimate", round},
+                         {"break_even_tau", round / dec}});
+        fmt::print("| {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} |\n", B, draft, commit_ms, round,
+                   round / dec);
+      }
+      fmt::print("\n");
+      out["drafter"]["batched"] = table;
+    }
 
   } catch (const std::exception& e) {
     out["drafter_error"] = e.what();

@@ -8,6 +8,7 @@
 #include "cuda/flashmap_kernels.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
+#include "cuda/paged_attention.h"
 #include "cuda/weights.h"
 #include "models/flashmap.h"
 
@@ -81,7 +82,11 @@ FlashMapModel::FlashMapModel(Context& gpu, const FlashMapConfig& config,
   FLASHMAP_CHECK(config.hidden_size % config.num_attention_heads == 0,
                  "FlashMapModel: hidden_size {} is not a multiple of num_attention_heads {}",
                  config.hidden_size, config.num_attention_heads);
-  allocate_work();
+  one_ = make_work(1, true, false);
+  uniform_embeds_ = DeviceBuffer<float>(size_t(target_hidden));
+  uniform_normed_ = DeviceBuffer<float>(size_t(target_hidden));
+  d_anchor_ = DeviceBuffer<int32_t>(1);
+  d_rng_ = DeviceBuffer<uint64_t>(2);
 }
 
 FlashMapModel::FlashMapModel(Context& gpu, const ::flashmap::FlashMapModel& d,
@@ -208,8 +213,8 @@ std::unique_ptr<FlashMapModel> FlashMapModel::random(Context& gpu, const FlashMa
   f.has_factor_ = true;
   f.noise_factor_ = lin(TH, TH, false);
   drafter::make_unit_lower(f.noise_factor_.w.data(), TH, st);
-  drafter::fill(f.work_.data(), vocab, 1.0f / float(vocab), st);
-  f.embed_rows(f.work_.data(), 1, f.uniform_embeds_.data());
+  drafter::fill(f.one_.state.data(), vocab, 1.0f / float(vocab), st);
+  f.embed_rows(f.one_, f.one_.state.data(), 1, f.uniform_embeds_.data());
   rms_norm_scale_first(f.uniform_embeds_.data(), f.state_norm_.data(), float(c.rms_norm_eps), 1, TH,
                        f.uniform_normed_.data(), st);
   gpu.sync();
@@ -221,31 +226,55 @@ FlashMapModel::~FlashMapModel() {
   cudaStreamSynchronize(gpu_.stream());
 }
 
-void FlashMapModel::allocate_work() {
+FlashMapModel::Work FlashMapModel::make_work(int64_t seqs, bool with_state, bool paged) const {
   const auto& c = config_;
-  const size_t K = size_t(c.block_size), D = size_t(c.hidden_size), TH = size_t(target_hidden_),
-               V = size_t(vocab_), I = size_t(c.intermediate_size);
-  for (auto* b : {&x_, &h_, &q_, &k_, &v_, &a_, &o_}) *b = DeviceBuffer<float>(K * D);
-  m_ = DeviceBuffer<float>(K * I);
-  for (auto* b : {&inputs_, &embeds_, &post_embeds_, &hidden_, &z_})
-    *b = DeviceBuffer<float>(K * TH);
-  state_ = DeviceBuffer<float>(K * V);
-  work_ = DeviceBuffer<float>(K * V);
-  // bf16 staging of every GEMM input of a draft (the widest is the [K, V] state): a captured draft
-  // keeps its pointers, and the Context's scratch moves whenever another user grows it.
-  const size_t widest = std::max({V, I, TH, D, size_t(c.cond_dim), size_t(c.time_embed_dim)});
-  xbf_ = DeviceBuffer<uint16_t>(K * widest);
-  anchor_emb_ = DeviceBuffer<float>(TH);
-  for (auto* b : {&anchor_ctx_, &anchor_k_, &anchor_v_}) *b = DeviceBuffer<float>(D);
-  uniform_embeds_ = DeviceBuffer<float>(TH);
-  uniform_normed_ = DeviceBuffer<float>(TH);
-  block_pos_ = DeviceBuffer<int64_t>(K);
-  cross_counts_ = DeviceBuffer<int64_t>(K);
-  anchor_pos_ = DeviceBuffer<int64_t>(1);
-  // Self-attention is bidirectional across the block: every slot sees all K.
-  self_counts_ = DeviceBuffer<int64_t>(gpu_, std::vector<int64_t>(K, int64_t(K)));
-  d_anchor_ = DeviceBuffer<int32_t>(1);
-  d_rng_ = DeviceBuffer<uint64_t>(2);
+  const int64_t rows = seqs * c.block_size;
+  const size_t R = size_t(rows), D = size_t(c.hidden_size), TH = size_t(target_hidden_),
+               V = size_t(vocab_), I = size_t(c.intermediate_size), S = size_t(seqs);
+  Work w;
+  w.rows = rows;
+  w.seqs = seqs;
+  for (auto* b : {&w.x, &w.h, &w.q, &w.k, &w.v, &w.a, &w.o}) *b = DeviceBuffer<float>(R * D);
+  w.m = DeviceBuffer<float>(R * I);
+  for (auto* b : {&w.inputs, &w.hidden, &w.z}) *b = DeviceBuffer<float>(R * TH);
+  w.embeds = DeviceBuffer<float>(2 * R * TH);
+  if (with_state) w.state = DeviceBuffer<float>(2 * R * V);
+  // The widest GEMM input: the state and its posterior through E, else a row of the layers.
+  const size_t row = std::max({I, TH, D, size_t(c.cond_dim), size_t(c.time_embed_dim)});
+  w.xbf = DeviceBuffer<uint16_t>(with_state ? std::max(2 * R * V, R * row) : R * row);
+  w.anchor_emb = DeviceBuffer<float>(S * TH);
+  for (auto* b : {&w.anchor_ctx, &w.anchor_k, &w.anchor_v}) *b = DeviceBuffer<float>(S * D);
+  w.block_pos = DeviceBuffer<int64_t>(R);
+  w.cross_counts = DeviceBuffer<int64_t>(R);
+  w.anchor_pos = DeviceBuffer<int64_t>(S);
+  // Self-attention is bidirectional across a block: every slot sees its sequence's K.
+  w.self_counts = DeviceBuffer<int64_t>(gpu_, std::vector<int64_t>(R, int64_t(c.block_size)));
+  if (paged) {
+    w.qbf = DeviceBuffer<uint16_t>(R * D);
+    w.abf = DeviceBuffer<uint16_t>(R * D);
+    w.partial = DeviceBuffer<float>(size_t(paged_attention_partial_floats(
+        int(seqs), c.block_size, c.num_attention_heads, c.num_attention_heads, c.head_dim())));
+    w.anchor_slot = DeviceBuffer<int32_t>(S);
+  }
+  return w;
+}
+
+int64_t FlashMapModel::work_bytes(int64_t seqs, bool with_state) const {
+  const auto& c = config_;
+  const int64_t R = seqs * c.block_size, D = c.hidden_size, TH = target_hidden_, V = vocab_,
+                I = c.intermediate_size;
+  const int64_t row = std::max<int64_t>({I, TH, D, c.cond_dim, c.time_embed_dim});
+  int64_t floats = 7 * R * D + R * I + 3 * R * TH + 2 * R * TH + seqs * (TH + 3 * D) +
+                   paged_attention_partial_floats(int(seqs), c.block_size, c.num_attention_heads,
+                                                  c.num_attention_heads, c.head_dim());
+  int64_t bf16 = 2 * R * D + (with_state ? std::max(2 * R * V, R * row) : R * row);
+  if (with_state) floats += 2 * R * V;
+  return floats * 4 + bf16 * 2 + (4 * R + seqs) * 8 + seqs * 4;
+}
+
+bool FlashMapModel::needs_state(int steps, Noise::Kind kind) const {
+  // One-step drafts from embedding-space noise never hold the [K, V] state.
+  return !(steps == 1 && (kind == Noise::Embed || (kind == Noise::Draw && has_factor_)));
 }
 
 int64_t FlashMapModel::feature_dim() const {
@@ -258,35 +287,36 @@ const std::vector<double>& FlashMapModel::grid(int steps) const {
 
 // --- building blocks ----------------------------------------------------------------------------
 
-void FlashMapModel::linear(const Linear& l, const float* x, int64_t rows, float* y) const {
+void FlashMapModel::linear(Work* w, const Linear& l, const float* x, int64_t rows, float* y) const {
   const float* bias = l.b.size() ? l.b.data() : nullptr;
-  if (size_t(rows * l.in) <= xbf_.size()) {
-    // Every GEMM of a draft: x rounded to bf16 in our own buffer (what cuda::linear does in the
-    // Context's scratch), so a captured draft never depends on the scratch's address.
-    f32_to_bf16(x, rows * l.in, xbf_.data(), gpu_.stream());
-    cuda::linear(gpu_, xbf_.data(), Elem::BF16, rows, l.in, l.w.data(), l.out, bias, y, Elem::F32);
+  if (w && size_t(rows * l.in) <= w->xbf.size()) {
+    // Every GEMM of a draft: x rounded to bf16 in the work's own buffer (what cuda::linear does in
+    // the Context's scratch), so a captured draft never depends on the scratch's address.
+    f32_to_bf16(x, rows * l.in, w->xbf.data(), gpu_.stream());
+    cuda::linear(gpu_, w->xbf.data(), Elem::BF16, rows, l.in, l.w.data(), l.out, bias, y,
+                 Elem::F32);
   } else {
-    // extend_context on many positions (never captured).
+    // Contexts extended by many positions (never captured).
     cuda::linear(gpu_, x, Elem::F32, rows, l.in, l.w.data(), l.out, bias, y, Elem::F32);
   }
 }
 
 // flashmap::FlashMapModel::project_kv: keys = rope(k_norm(heads(k_proj(x)))), values = v_proj(x).
-void FlashMapModel::project_kv(const Attn& a, const float* x, int64_t rows,
+void FlashMapModel::project_kv(Work* w, const Attn& a, const float* x, int64_t rows,
                                const int64_t* positions, float* keys, float* values) const {
   const int nh = config_.num_attention_heads, hd = config_.head_dim();
-  linear(a.k, x, rows, keys);
+  linear(w, a.k, x, rows, keys);
   rms_norm_scale_first(keys, a.k_norm.data(), float(config_.qk_norm_eps), rows * nh, hd, keys,
                        gpu_.stream());
   rope_interleaved(keys, rows, nh, hd, positions, config_.rope_theta, gpu_.stream());
-  linear(a.v, x, rows, values);
+  linear(w, a.v, x, rows, values);
 }
 
-void FlashMapModel::embed_rows(const float* x, int64_t rows, float* y) const {
+void FlashMapModel::embed_rows(Work& w, const float* x, int64_t rows, float* y) const {
   // The reference reads the state through E in E's dtype (state.to(embedding.dtype) @ E), so a
   // bf16 target rounds it exactly like this.
-  f32_to_bf16(x, rows * vocab_, xbf_.data(), gpu_.stream());
-  matmul_rows_bf16(gpu_, xbf_.data(), rows, vocab_, embedding_, target_hidden_, y);
+  f32_to_bf16(x, rows * vocab_, w.xbf.data(), gpu_.stream());
+  matmul_rows_bf16(gpu_, w.xbf.data(), rows, vocab_, embedding_, target_hidden_, y);
 }
 
 // flashmap::FlashMapModel::time_conditioning: cond = silu(time_embed(s) + jump_embed(t)), then
@@ -300,15 +330,15 @@ const float* FlashMapModel::modulations(double s, double t) {
   DeviceBuffer<float> h(size_t(c.cond_dim)), te(size_t(c.cond_dim)), je(size_t(c.cond_dim)),
       cond(size_t(c.cond_dim));
   auto embed = [&](const TimeEmbed& e, const float* x, float* out) {
-    linear(e.l1, x, 1, h.data());
+    linear(&one_, e.l1, x, 1, h.data());
     drafter::silu(h.data(), c.cond_dim, st);
-    linear(e.l2, h.data(), 1, out);
+    linear(&one_, e.l2, h.data(), 1, out);
   };
   embed(time_embed_, es.data(), te.data());
   embed(jump_embed_, et.data(), je.data());
   drafter::add_silu(te.data(), je.data(), c.cond_dim, cond.data(), st);
   DeviceBuffer<float> mods(size_t(adaln_.out));
-  linear(adaln_, cond.data(), 1, mods.data());
+  linear(&one_, adaln_, cond.data(), 1, mods.data());
   gpu_.sync();  // the temporaries above are freed on return
   return mods_.emplace(std::make_pair(s, t), std::move(mods)).first->second.data();
 }
@@ -359,7 +389,7 @@ void FlashMapModel::extend_context(DeviceDraftContext& ctx, const float* d_featu
     for (auto* b : {&ext_ctx_, &ext_k_, &ext_v_}) *b = DeviceBuffer<float>(size_t(n * D));
     ext_pos_ = DeviceBuffer<int64_t>(size_t(n));
   }
-  linear(fc_, d_features, n, ext_ctx_.data());
+  linear(&one_, fc_, d_features, n, ext_ctx_.data());
   rms_norm_scale_first(ext_ctx_.data(), hidden_norm_.data(), float(config_.rms_norm_eps), n, D,
                        ext_ctx_.data(), st);
   drafter::iota(ext_pos_.data(), start, n, st);
@@ -367,7 +397,7 @@ void FlashMapModel::extend_context(DeviceDraftContext& ctx, const float* d_featu
   for (size_t l = 0; l < layers_.size(); ++l) {
     // Projected into buffers of their own, then copied: cuBLASLt's heuristic assumes 256-byte
     // aligned outputs, which position `start` of the cache is not in general (start·D·4 bytes).
-    project_kv(layers_[l].cross_attn, ext_ctx_.data(), n, ext_pos_.data(), ext_k_.data(),
+    project_kv(&one_, layers_[l].cross_attn, ext_ctx_.data(), n, ext_pos_.data(), ext_k_.data(),
                ext_v_.data());
     check(cudaMemcpyAsync(ctx.k_[l].data() + start * D, ext_k_.data(), bytes,
                           cudaMemcpyDeviceToDevice, st),
@@ -380,143 +410,221 @@ void FlashMapModel::extend_context(DeviceDraftContext& ctx, const float* d_featu
   drafter::set_value(ctx.d_length_.data(), ctx.length_, st);
 }
 
+// --- paged contexts -----------------------------------------------------------------------------
+
+PagedDraftContext::~PagedDraftContext() {
+  if (owner_) owner_->forget(this);
+}
+
+void FlashMapModel::forget(const PagedDraftContext* pool) {
+  // Graphs replaying into a pool that is going away (a later pool may get its address).
+  cudaStreamSynchronize(gpu_.stream());
+  batch_graphs_.erase_if([&](const BatchKey& k) { return std::get<2>(k) == pool; });
+}
+
+bool FlashMapModel::pages() const {
+  const int hd = config_.head_dim();
+  return hd % 8 == 0 && hd <= 128;
+}
+
+int64_t FlashMapModel::paged_block_bytes(int32_t block_tokens) const {
+  return 2 * int64_t(config_.num_hidden_layers) * block_tokens * config_.hidden_size * 2;
+}
+
+std::unique_ptr<PagedDraftContext> FlashMapModel::new_paged(int32_t blocks, int32_t block_tokens) {
+  FLASHMAP_CHECK(blocks >= 1 && block_tokens >= 1,
+                 "new_paged: {} blocks of {} positions: both must be at least 1", blocks,
+                 block_tokens);
+  FLASHMAP_CHECK(pages(),
+                 "new_paged: the paged cross-attention needs a head_dim that is a multiple of 8 "
+                 "and at most 128; this drafter's is {}",
+                 config_.head_dim());
+  std::unique_ptr<PagedDraftContext> pool(new PagedDraftContext());
+  const size_t n = size_t(blocks) * size_t(block_tokens) * size_t(config_.hidden_size);
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    pool->k_.emplace_back(n);
+    pool->v_.emplace_back(n);
+  }
+  pool->blocks_ = blocks;
+  pool->block_tokens_ = block_tokens;
+  pool->owner_ = this;
+  return pool;
+}
+
+// extend_context's math for rows of many sequences: the rows are gathered from the forward's
+// features, keyed at their own positions and stored at their slots.
+void FlashMapModel::commit_paged(PagedDraftContext& pool, const float* d_features,
+                                 const int32_t* d_commit, int64_t n) {
+  FLASHMAP_CHECK(pool.owner_ == this, "commit_paged: the pool belongs to another drafter");
+  FLASHMAP_CHECK(n >= 0, "commit_paged: negative count {}", n);
+  if (n == 0) return;
+  const int64_t D = config_.hidden_size, F = feature_dim();
+  const cudaStream_t st = gpu_.stream();
+  if (ext_ctx_.size() < size_t(n * D) || ext_pos_.size() < size_t(n) ||
+      ext_rows_.size() < size_t(n * F)) {
+    gpu_.sync();  // queued kernels may still read the old buffers
+    for (auto* b : {&ext_ctx_, &ext_k_, &ext_v_}) *b = DeviceBuffer<float>(size_t(n * D));
+    ext_pos_ = DeviceBuffer<int64_t>(size_t(n));
+    ext_rows_ = DeviceBuffer<float>(size_t(n * F));
+  }
+  const int32_t* rows = d_commit;
+  const int32_t* positions = d_commit + n;
+  const int32_t* slots = d_commit + 2 * n;
+  drafter::gather_rows(d_features, rows, n, F, ext_rows_.data(), st);
+  linear(nullptr, fc_, ext_rows_.data(), n, ext_ctx_.data());
+  rms_norm_scale_first(ext_ctx_.data(), hidden_norm_.data(), float(config_.rms_norm_eps), n, D,
+                       ext_ctx_.data(), st);
+  drafter::widen(positions, n, 0, ext_pos_.data(), st);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    project_kv(nullptr, layers_[l].cross_attn, ext_ctx_.data(), n, ext_pos_.data(), ext_k_.data(),
+               ext_v_.data());
+    drafter::scatter_rows_bf16(ext_k_.data(), n, D, slots, pool.k_[l].data(), st);
+    drafter::scatter_rows_bf16(ext_v_.data(), n, D, slots, pool.v_[l].data(), st);
+  }
+}
+
 // --- drafting -----------------------------------------------------------------------------------
 
-// flashmap::FlashMapModel::forward for one block: x_embed, the DiT layers, the final AdaLN and the
-// head, inputs_ [K, TH] -> hidden_ [K, TH].
-void FlashMapModel::forward(const DeviceDraftContext& ctx, const float* mods) {
+// flashmap::FlashMapModel::forward for every block of the route: x_embed, the DiT layers, the
+// final AdaLN and the head, w.inputs [rows, TH] -> w.hidden [rows, TH].
+void FlashMapModel::forward(const Route& route, const float* mods) {
   const auto& c = config_;
-  const int64_t K = c.block_size, D = c.hidden_size, I = c.intermediate_size;
+  Work& w = route.w;
+  const int64_t R = route.rows, D = c.hidden_size, I = c.intermediate_size;
   const int nh = c.num_attention_heads, hd = c.head_dim();
   const float qk_eps = float(c.qk_norm_eps), ln_eps = float(c.layer_norm_eps);
   const float attn_scale = 1.0f / std::sqrt(float(hd));
   const cudaStream_t st = gpu_.stream();
 
-  linear(x_embed_, inputs_.data(), K, x_.data());
-  // AdaLN: layer_norm(x)·(1 + scale) + shift into h_; returns the gate (mod = [scale|shift|gate]).
+  linear(&w, x_embed_, w.inputs.data(), R, w.x.data());
+  // AdaLN: layer_norm(x)·(1 + scale) + shift into h; returns the gate (mod = [scale|shift|gate]).
   auto adaln = [&](const float* mod) {
-    layer_norm_modulate(x_.data(), ln_eps, K, D, mod, mod + D, h_.data(), st);
+    layer_norm_modulate(w.x.data(), ln_eps, R, D, mod, mod + D, w.h.data(), st);
     return mod + 2 * D;
   };
   auto queries = [&](const Attn& at) {
-    linear(at.q, h_.data(), K, q_.data());
-    rms_norm_scale_first(q_.data(), at.q_norm.data(), qk_eps, K * nh, hd, q_.data(), st);
-    rope_interleaved(q_.data(), K, nh, hd, block_pos_.data(), c.rope_theta, st);
+    linear(&w, at.q, w.h.data(), R, w.q.data());
+    rms_norm_scale_first(w.q.data(), at.q_norm.data(), qk_eps, R * nh, hd, w.q.data(), st);
+    rope_interleaved(w.q.data(), R, nh, hd, w.block_pos.data(), c.rope_theta, st);
+  };
+  auto out_proj = [&](const Linear& o, const void* a, Elem type) {
+    if (type == Elem::BF16)
+      cuda::linear(gpu_, a, Elem::BF16, R, o.in, o.w.data(), o.out,
+                   o.b.size() ? o.b.data() : nullptr, w.o.data(), Elem::F32);
+    else
+      linear(&w, o, static_cast<const float*>(a), R, w.o.data());
   };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     const float* m = mods + int64_t(l) * 9 * D;  // three modulations of 3D per layer
-    // Self-attention across the block's K slots (bidirectional).
+    // Self-attention across each block's K slots (bidirectional, within its own sequence).
     const float* gate = adaln(m);
     queries(L.self_attn);
-    project_kv(L.self_attn, h_.data(), K, block_pos_.data(), k_.data(), v_.data());
-    attention(q_.data(), K, nh, nh, hd, k_.data(), v_.data(), Elem::F32, self_counts_.data(),
-              attn_scale, a_.data(), st);
-    linear(L.self_attn.o, a_.data(), K, o_.data());
-    gated_add(x_.data(), gate, o_.data(), K, D, st);
-    // Cross-attention to the context: positions [0, anchor] (cross_counts_ = length + 1).
+    project_kv(&w, L.self_attn, w.h.data(), R, w.block_pos.data(), w.k.data(), w.v.data());
+    attention(w.q.data(), R, nh, nh, hd, w.k.data(), w.v.data(), Elem::F32, w.self_counts.data(),
+              attn_scale, w.a.data(), st, c.block_size);
+    out_proj(L.self_attn.o, w.a.data(), Elem::F32);
+    gated_add(w.x.data(), gate, w.o.data(), R, D, st);
+    // Cross-attention to the context: its positions up to the anchor's.
     gate = adaln(m + 3 * D);
     queries(L.cross_attn);
-    attention(q_.data(), K, nh, nh, hd, ctx.k_[l].data(), ctx.v_[l].data(), Elem::F32,
-              cross_counts_.data(), attn_scale, a_.data(), st);
-    linear(L.cross_attn.o, a_.data(), K, o_.data());
-    gated_add(x_.data(), gate, o_.data(), K, D, st);
+    const auto [a, type] = route.cross(l);
+    out_proj(L.cross_attn.o, a, type);
+    gated_add(w.x.data(), gate, w.o.data(), R, D, st);
     // MLP: fc2(gelu(fc1(.))).
     gate = adaln(m + 6 * D);
-    linear(L.fc1, h_.data(), K, m_.data());
-    gelu(m_.data(), K * I, m_.data(), st);
-    linear(L.fc2, m_.data(), K, o_.data());
-    gated_add(x_.data(), gate, o_.data(), K, D, st);
+    linear(&w, L.fc1, w.h.data(), R, w.m.data());
+    gelu(w.m.data(), R * I, w.m.data(), st);
+    linear(&w, L.fc2, w.m.data(), R, w.o.data());
+    gated_add(w.x.data(), gate, w.o.data(), R, D, st);
   }
   adaln(mods + int64_t(layers_.size()) * 9 * D);
-  linear(head_, h_.data(), K, hidden_.data());
+  linear(&w, head_, w.h.data(), R, w.hidden.data());
 }
 
-// The whole of flashmap::FlashMapModel::draft for one sequence, enqueued without any host sync or
-// allocation (so it can be captured): everything that depends on the round (context length,
-// anchor, seed/counter) is read from device memory.
-void FlashMapModel::enqueue_draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps,
+// The whole of flashmap::FlashMapModel::draft for the route's sequences, enqueued without any
+// host sync or allocation (so it can be captured): everything that depends on the round (context
+// lengths, anchors, seeds and counters) is read from device memory.
+void FlashMapModel::enqueue_draft(const Route& route, const int32_t* d_anchors, int steps,
                                   const Noise& noise, float* d_logits) {
   const auto& c = config_;
   const auto& g = grid(steps);
-  const int64_t K = c.block_size, D = c.hidden_size, TH = target_hidden_, V = vocab_;
+  Work& w = route.w;
+  const int64_t R = route.rows, S = route.seqs, D = c.hidden_size, TH = target_hidden_, V = vocab_;
   const float eps = float(c.rms_norm_eps);
   const cudaStream_t st = gpu_.stream();
 
-  // The anchor's embedding enters the context at the anchor's position (= length).
-  drafter::draft_positions(ctx.d_length_.data(), int(K), block_pos_.data(), anchor_pos_.data(),
-                           cross_counts_.data(), st);
-  embedding(embedding_, Elem::BF16, TH, d_anchor, 1, anchor_emb_.data(), st);
-  linear(anchor_proj_, anchor_emb_.data(), 1, anchor_ctx_.data());
-  rms_norm_scale_first(anchor_ctx_.data(), anchor_norm_.data(), eps, 1, D, anchor_ctx_.data(), st);
+  // The anchors' embeddings enter the context at the anchors' positions.
+  route.positions();
+  embedding(embedding_, Elem::BF16, TH, d_anchors, S, w.anchor_emb.data(), st);
+  linear(&w, anchor_proj_, w.anchor_emb.data(), S, w.anchor_ctx.data());
+  rms_norm_scale_first(w.anchor_ctx.data(), anchor_norm_.data(), eps, S, D, w.anchor_ctx.data(),
+                       st);
   for (size_t l = 0; l < layers_.size(); ++l) {
-    project_kv(layers_[l].cross_attn, anchor_ctx_.data(), 1, anchor_pos_.data(), anchor_k_.data(),
-               anchor_v_.data());
-    drafter::write_row(ctx.k_[l].data(), ctx.d_length_.data(), anchor_k_.data(), D, st);
-    drafter::write_row(ctx.v_[l].data(), ctx.d_length_.data(), anchor_v_.data(), D, st);
+    project_kv(&w, layers_[l].cross_attn, w.anchor_ctx.data(), S, w.anchor_pos.data(),
+               w.anchor_k.data(), w.anchor_v.data());
+    route.store_anchor(l);
   }
 
-  // mix_state: state_norm(posterior) + gate·noise_norm(state_embeds = embeds_) into inputs_;
-  // posterior_normed is already state-normed (one broadcast row when stride is 0).
+  // mix_state: state_norm(posterior) + gate·noise_norm(state embeds) into w.inputs; the
+  // posterior is already state-normed (one broadcast row when stride is 0).
   auto mix = [&](const float* posterior_normed, int64_t stride, double s, double t) {
     const double jump = c.noise_gate == "constant" ? 1.0 : t - s;
     const float gate = noise_gate_ * float(jump);
-    rms_norm_scale_first(embeds_.data(), noise_norm_.data(), eps, K, TH, embeds_.data(), st);
-    drafter::mix_state(posterior_normed, stride, embeds_.data(), gate, K, TH, inputs_.data(), st);
+    rms_norm_scale_first(w.embeds.data(), noise_norm_.data(), eps, R, TH, w.embeds.data(), st);
+    drafter::mix_state(posterior_normed, stride, w.embeds.data(), gate, R, TH, w.inputs.data(), st);
   };
 
   // The one-step draft from embedding-space noise z·Lᵀ (given z, or drawn when L exists), else the
   // vocabulary-sized state x0.
-  const bool embed_noise =
-      noise.kind == Noise::Embed || (noise.kind == Noise::Draw && steps == 1 && has_factor_);
-  bool have_state = false;
-  if (embed_noise) {
+  const bool have_state = needs_state(steps, noise.kind);
+  float* state = w.state.data();
+  float* probs = state + R * V;  // the second half: posterior, then the jump's probabilities
+  if (!have_state) {
     const float* z = noise.data;
     if (noise.kind == Noise::Draw) {
-      drafter::philox_normal(z_.data(), K * TH, d_rng_.data(), 0, 0, st);
-      z = z_.data();
+      route.draw(w.z.data(), c.block_size * TH);
+      z = w.z.data();
     }
-    linear(noise_factor_, z, K, embeds_.data());
+    linear(&w, noise_factor_, z, R, w.embeds.data());
     mix(uniform_normed_.data(), 0, 0.0, g[1]);
+  } else if (noise.kind == Noise::Vocab) {
+    check(cudaMemcpyAsync(state, noise.data, size_t(R * V) * sizeof(float),
+                          cudaMemcpyDeviceToDevice, st),
+          "cudaMemcpyAsync (given noise)");
   } else {
-    if (noise.kind == Noise::Vocab)
-      check(cudaMemcpyAsync(state_.data(), noise.data, size_t(K * V) * sizeof(float),
-                            cudaMemcpyDeviceToDevice, st),
-            "cudaMemcpyAsync (given noise)");
-    else
-      drafter::philox_normal(state_.data(), K * V, d_rng_.data(), 0, 0, st);
-    have_state = true;
+    route.draw(state, c.block_size * V);
   }
 
   for (size_t j = 0; j + 1 < g.size(); ++j) {
     const double s = g[j], t = g[j + 1];
     if (have_state) {
-      // embed_state: the posterior softmax(s·x/(1−s)²) and the state itself, read through E.
-      embed_rows(state_.data(), K, embeds_.data());
+      // embed_state: the state itself and its posterior softmax(s·x/(1−s)²), both read through E
+      // in one GEMM of 2·rows rows (the two halves of w.state into the two halves of w.embeds).
       if (s == 0.0) {
+        embed_rows(w, state, R, w.embeds.data());
         mix(uniform_normed_.data(), 0, s, t);
       } else {
         const float sharp = float(s / std::pow(std::max(1.0 - s, 1e-3), 2));
-        drafter::scale(state_.data(), sharp, K * V, work_.data(), st);
-        softmax_rows(work_.data(), K, V, st);
-        embed_rows(work_.data(), K, post_embeds_.data());
-        rms_norm_scale_first(post_embeds_.data(), state_norm_.data(), eps, K, TH,
-                             post_embeds_.data(), st);
-        mix(post_embeds_.data(), TH, s, t);
+        drafter::scale(state, sharp, R * V, probs, st);
+        softmax_rows(probs, R, V, st);
+        embed_rows(w, state, 2 * R, w.embeds.data());
+        float* post = w.embeds.data() + R * TH;
+        rms_norm_scale_first(post, state_norm_.data(), eps, R, TH, post, st);
+        mix(post, TH, s, t);
       }
     }
-    forward(ctx, mods_.at({s, t}).data());
+    forward(route, mods_.at({s, t}).data());
     // logits = lm_head(hidden): the target's lm_head [V, TH], as a bias-free linear.
-    f32_to_bf16(hidden_.data(), K * TH, xbf_.data(), st);
-    cuda::linear(gpu_, xbf_.data(), Elem::BF16, K, TH, lm_head_, V, nullptr, d_logits, Elem::F32);
+    f32_to_bf16(w.hidden.data(), R * TH, w.xbf.data(), st);
+    cuda::linear(gpu_, w.xbf.data(), Elem::BF16, R, TH, lm_head_, V, nullptr, d_logits, Elem::F32);
     if (have_state && t < 1.0) {
       // Move to where the jump lands (eq. 19 of arXiv:2602.16813), in the reference's op order.
-      check(cudaMemcpyAsync(work_.data(), d_logits, size_t(K * V) * sizeof(float),
+      check(cudaMemcpyAsync(probs, d_logits, size_t(R * V) * sizeof(float),
                             cudaMemcpyDeviceToDevice, st),
             "cudaMemcpyAsync (logits)");
-      softmax_rows(work_.data(), K, V, st);
-      drafter::jump_update(state_.data(), work_.data(), float(1.0 - t), float(t - s),
-                           float(1.0 - s), K * V, st);
+      softmax_rows(probs, R, V, st);
+      drafter::jump_update(state, probs, float(1.0 - t), float(t - s), float(1.0 - s), R * V, st);
     }
   }
 }
@@ -546,11 +654,37 @@ void FlashMapModel::draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int 
   const auto& g = grid(steps);
   // Everything that synchronizes happens before a capture: the jumps' time conditioning.
   for (size_t j = 0; j + 1 < g.size(); ++j) modulations(g[j], g[j + 1]);
-  if (noise.kind == Noise::Draw)
-    drafter::set_pair(d_rng_.data(), noise.seed, noise.counter, gpu_.stream());
   const cudaStream_t st = gpu_.stream();
+  if (noise.kind == Noise::Draw) drafter::set_pair(d_rng_.data(), noise.seed, noise.counter, st);
+  const int64_t K = config_.block_size;
+  Work& w = one_;
+  // The sequence's slab: the anchor at position `length`, the block after it, cross-attention
+  // over [0, length].
+  const Route route{w,
+                    K,
+                    1,
+                    [&] {
+                      drafter::draft_positions(ctx.d_length_.data(), int(K), w.block_pos.data(),
+                                               w.anchor_pos.data(), w.cross_counts.data(), st);
+                    },
+                    [&](size_t l) {
+                      drafter::write_row(ctx.k_[l].data(), ctx.d_length_.data(), w.anchor_k.data(),
+                                         config_.hidden_size, st);
+                      drafter::write_row(ctx.v_[l].data(), ctx.d_length_.data(), w.anchor_v.data(),
+                                         config_.hidden_size, st);
+                    },
+                    [&](size_t l) -> std::pair<const void*, Elem> {
+                      const int nh = config_.num_attention_heads, hd = config_.head_dim();
+                      attention(w.q.data(), K, nh, nh, hd, ctx.k_[l].data(), ctx.v_[l].data(),
+                                Elem::F32, w.cross_counts.data(), 1.0f / std::sqrt(float(hd)),
+                                w.a.data(), st);
+                      return {w.a.data(), Elem::F32};
+                    },
+                    [&](float* out, int64_t per_seq) {
+                      drafter::philox_normal(out, per_seq, d_rng_.data(), 0, 0, st);
+                    }};
   if (exec == Exec::Eager) {
-    enqueue_draft(ctx, d_anchor, steps, noise, d_logits);
+    enqueue_draft(route, d_anchor, steps, noise, d_logits);
     return;
   }
   const DeviceDraftContext::GraphKey key{
@@ -559,8 +693,80 @@ void FlashMapModel::draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int 
   // Nothing in a draft synchronizes or allocates (see enqueue_draft), so it can be captured on
   // first use and then launched.
   ctx.graphs_.add(
-      key, st, [&] { enqueue_draft(ctx, d_anchor, steps, noise, d_logits); }, "(draft)");
+      key, st, [&] { enqueue_draft(route, d_anchor, steps, noise, d_logits); }, "(draft)");
   ctx.graphs_.replay(key, st, "cudaGraphLaunch (draft)");
+}
+
+// --- batched drafts -----------------------------------------------------------------------------
+
+int64_t FlashMapModel::batch_bytes(int max_bucket, int steps) const {
+  return work_bytes(max_bucket, needs_state(steps, Noise::Draw));
+}
+
+void FlashMapModel::reserve_batch(int max_bucket, int steps) {
+  FLASHMAP_CHECK(max_bucket >= 1, "reserve_batch: max_bucket must be at least 1, got {}",
+                 max_bucket);
+  grid(steps);  // throws naming the supported step counts
+  const bool state = needs_state(steps, Noise::Draw) || batch_state_;
+  if (batch_.seqs >= max_bucket && (batch_state_ || !state)) return;
+  gpu_.sync();  // queued drafts may still use the old buffers
+  batch_graphs_.clear();
+  batch_ = make_work(std::max<int64_t>(max_bucket, batch_.seqs), state, true);
+  batch_state_ = state;
+}
+
+void FlashMapModel::draft_batch(PagedDraftContext& pool, const int32_t* d_image, int bucket,
+                                const int32_t* d_anchors, const uint64_t* d_rng, int steps,
+                                float* d_logits, Exec exec) {
+  FLASHMAP_CHECK(pool.owner_ == this, "draft_batch: the pool belongs to another drafter");
+  FLASHMAP_CHECK(bucket >= 1, "draft_batch: bucket must be at least 1, got {}", bucket);
+  FLASHMAP_CHECK(d_image && d_anchors && d_rng && d_logits, "draft_batch: null device pointer");
+  const auto& g = grid(steps);
+  reserve_batch(bucket, steps);
+  for (size_t j = 0; j + 1 < g.size(); ++j) modulations(g[j], g[j + 1]);
+  const cudaStream_t st = gpu_.stream();
+  const int K = config_.block_size;
+  Work& w = batch_;
+  // The batch's rows are the first bucket·K of the work; the view reads the plan on the device.
+  StepView view = step_view(d_image, bucket, K, pool.block_tokens_);
+  view.block_keys = false;
+  const int64_t R = int64_t(bucket) * K;
+  const Route route{w,
+                    R,
+                    bucket,
+                    [&] {
+                      drafter::widen(view.row_pos, R, 0, w.block_pos.data(), st);
+                      drafter::widen(view.seq_base, bucket, -1, w.anchor_pos.data(), st);
+                      drafter::anchor_slots(view, w.anchor_slot.data(), st);
+                    },
+                    [&](size_t l) {
+                      const int64_t D = config_.hidden_size;
+                      drafter::scatter_rows_bf16(w.anchor_k.data(), bucket, D, w.anchor_slot.data(),
+                                                 pool.k_[l].data(), st);
+                      drafter::scatter_rows_bf16(w.anchor_v.data(), bucket, D, w.anchor_slot.data(),
+                                                 pool.v_[l].data(), st);
+                    },
+                    [&](size_t l) -> std::pair<const void*, Elem> {
+                      const int nh = config_.num_attention_heads, hd = config_.head_dim();
+                      f32_to_bf16(w.q.data(), R * config_.hidden_size, w.qbf.data(), st);
+                      paged_attention(w.qbf.data(), view, nh, nh, hd, pool.k_[l].data(),
+                                      pool.v_[l].data(), 1.0f / std::sqrt(float(hd)),
+                                      w.partial.data(), w.abf.data(), st);
+                      return {w.abf.data(), Elem::BF16};
+                    },
+                    [&](float* out, int64_t per_seq) {
+                      drafter::philox_normal_seqs(out, per_seq, bucket, d_rng, st);
+                    }};
+  Noise noise;  // drawn, per sequence (route.draw)
+  if (exec == Exec::Eager) {
+    enqueue_draft(route, d_anchors, steps, noise, d_logits);
+    return;
+  }
+  const BatchKey key{bucket, steps, &pool, d_image, d_anchors, d_rng, d_logits};
+  if (batch_graphs_.replay(key, st, "cudaGraphLaunch (batched draft)")) return;
+  batch_graphs_.add(
+      key, st, [&] { enqueue_draft(route, d_anchors, steps, noise, d_logits); }, "(batched draft)");
+  batch_graphs_.replay(key, st, "cudaGraphLaunch (batched draft)");
 }
 
 }  // namespace flashmap::cuda

@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -23,6 +24,7 @@
 
 #include "cuda/device.h"
 #include "cuda/graphs.h"
+#include "cuda/kernels.h"
 #include "io/hf_config.h"
 
 namespace flashmap {
@@ -64,6 +66,28 @@ class DeviceDraftContext {
   // logits pointer) -> executable graph.
   using GraphKey = std::tuple<int, int, const float*, const int32_t*, float*>;
   GraphCache<GraphKey> graphs_;
+};
+
+// The drafter's context for batched drafts: per layer the cross-attention keys and values
+// [blocks·block_tokens, hidden] bf16 in a pool whose slots mirror the target's paged KV cache
+// (the same block ids and tables: the context of position p sits at the slot of the target's key
+// of position p), so a sequence's context takes memory as its KV blocks do, not a slab of
+// --max-context positions. bf16, as the reference keeps it in a bf16 model. Made by
+// FlashMapModel::new_paged, which it must not outlive.
+class PagedDraftContext {
+ public:
+  ~PagedDraftContext();
+  PagedDraftContext(const PagedDraftContext&) = delete;
+  PagedDraftContext& operator=(const PagedDraftContext&) = delete;
+  int32_t blocks() const { return blocks_; }
+  int32_t block_tokens() const { return block_tokens_; }
+
+ private:
+  friend class FlashMapModel;
+  PagedDraftContext() = default;
+  std::vector<DeviceBuffer<uint16_t>> k_, v_;
+  int32_t blocks_ = 0, block_tokens_ = 0;
+  FlashMapModel* owner_ = nullptr;
 };
 
 class FlashMapModel {
@@ -142,7 +166,39 @@ class FlashMapModel {
   void draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps, const Noise& noise,
              float* d_logits, Exec exec = Exec::Eager);
 
+  // --- Batched drafts over a paged context (what the CUDA backend runs each round) ---
+
+  // Whether the paged cross-attention takes this drafter's heads (paged_attention: head_dim a
+  // multiple of 8, at most 128); the released drafters' are (128).
+  bool pages() const;
+  // Bytes of one block of a paged context (every layer's keys and values of block_tokens
+  // positions).
+  int64_t paged_block_bytes(int32_t block_tokens) const;
+  std::unique_ptr<PagedDraftContext> new_paged(int32_t blocks, int32_t block_tokens);
+  // extend_context for many sequences at once: the n rows of d_features [*, feature_dim()] that a
+  // paged::CommitPlan image d_commit names ([source rows | positions | slots], n each, device)
+  // enter the pool at their slots, each keyed (RoPE) at its position.
+  void commit_paged(PagedDraftContext& pool, const float* d_features, const int32_t* d_commit,
+                    int64_t n);
+  // Device bytes reserve_batch(max_bucket, steps) takes.
+  int64_t batch_bytes(int max_bucket, int steps) const;
+  // Work buffers for batched drafts of up to max_bucket sequences with `steps` jumps (a
+  // vocabulary-sized state only when the drafts need one). Growing them drops the captured
+  // batches.
+  void reserve_batch(int max_bucket, int steps);
+  // flashmap::FlashMapModel::draft for `bucket` sequences in one pass: d_image is a
+  // paged::plan_draft image planned for (bucket, K) over the pool's block tables (sequence b
+  // attends to its seq_base[b] context positions, the anchor's last), d_anchors [bucket] the
+  // anchors, d_rng [2·bucket] each draft's Philox (seed, counter) (noise drawn as draft() draws
+  // it, so a sequence's draft is the same alone or in a batch up to GEMM rounding); writes
+  // d_logits [bucket·K, V] (padding sequences' rows are finite and meaningless). Graph: one
+  // captured graph per (bucket, steps, buffers), the image, anchors and noise read on replay.
+  void draft_batch(PagedDraftContext& pool, const int32_t* d_image, int bucket,
+                   const int32_t* d_anchors, const uint64_t* d_rng, int steps, float* d_logits,
+                   Exec exec = Exec::Eager);
+
  private:
+  friend class PagedDraftContext;
   struct Linear {
     DeviceBuffer<uint16_t> w;  // [out, in] bf16
     DeviceBuffer<float> b;     // [out] or empty
@@ -160,20 +216,63 @@ class FlashMapModel {
     Linear l1, l2;
   };
 
+  // A draft's work buffers for `rows` block rows (seqs · K) of `seqs` sequences. A captured draft
+  // keeps their addresses, so they are made once per shape: the single-sequence drafts' for K
+  // rows, the batch's for the largest bucket.
+  struct Work {
+    int64_t rows = 0, seqs = 0;
+    DeviceBuffer<float> x, h, q, k, v, a, o, m;  // [rows, D] ([rows, I] for m)
+    DeviceBuffer<float> inputs, hidden, z;       // [rows, TH]
+    // [2·rows, TH]: the state read through E, then its posterior's (one GEMM of 2·rows rows).
+    DeviceBuffer<float> embeds;
+    // [2·rows, V] (only where drafts have a vocabulary-sized state): the state, then its
+    // sharpened posterior or the jump's probabilities.
+    DeviceBuffer<float> state;
+    DeviceBuffer<uint16_t> xbf;  // bf16 staging of every GEMM input (the widest: 2·rows · V)
+    DeviceBuffer<float> anchor_emb, anchor_ctx, anchor_k, anchor_v;  // [seqs, TH or D]
+    DeviceBuffer<int64_t> block_pos, self_counts, cross_counts, anchor_pos;
+    // The batch's cross-attention on tensor cores: bf16 queries and outputs, split partials.
+    DeviceBuffer<uint16_t> qbf, abf;
+    DeviceBuffer<float> partial;
+    DeviceBuffer<int32_t> anchor_slot;  // [seqs]
+  };
+  // What differs between a sequence's draft over its slab and a batch's over the paged pool.
+  struct Route {
+    Work& w;
+    int64_t rows, seqs;  // of w's buffers, the first rows (= seqs · K) and seqs are the draft's
+    // Fills w.block_pos (RoPE positions of the block rows), w.anchor_pos and what cross() reads.
+    std::function<void()> positions;
+    // Layer l's cross-attention keys and values of the anchors [seqs, D] into the context.
+    std::function<void(size_t l)> store_anchor;
+    // Layer l's cross-attention of w.q; returns the o projection's input and its type.
+    std::function<std::pair<const void*, Elem>(size_t l)> cross;
+    // Noise: `per_seq` normals per sequence into out.
+    std::function<void(float* out, int64_t per_seq)> draw;
+  };
+
   FlashMapModel(Context& gpu, const FlashMapConfig& config, const __nv_bfloat16* embedding,
                 const __nv_bfloat16* lm_head, int64_t vocab, int64_t target_hidden);
-  void allocate_work();
-  void linear(const Linear& l, const float* x, int64_t rows, float* y) const;
-  void project_kv(const Attn& a, const float* x, int64_t rows, const int64_t* positions,
+  // Work for `seqs` sequences; with_state: room for a vocabulary-sized state; paged: the batch's
+  // buffers of the paged cross-attention.
+  Work make_work(int64_t seqs, bool with_state, bool paged) const;
+  int64_t work_bytes(int64_t seqs, bool with_state) const;
+  // Whether a `steps`-jump draft with this noise kind keeps a vocabulary-sized state.
+  bool needs_state(int steps, Noise::Kind kind) const;
+  // y = x·Wᵀ + b; x goes through w's bf16 staging when it fits (every GEMM of a draft), else
+  // through the Context's scratch (contexts extended by many positions; never captured).
+  void linear(Work* w, const Linear& l, const float* x, int64_t rows, float* y) const;
+  void project_kv(Work* w, const Attn& a, const float* x, int64_t rows, const int64_t* positions,
                   float* keys, float* values) const;
   // y [rows, target_hidden] = x [rows, V] · E (ops::matmul_rows), x rounded to bf16 first.
-  void embed_rows(const float* x, int64_t rows, float* y) const;
+  void embed_rows(Work& w, const float* x, int64_t rows, float* y) const;
   // The AdaLN modulations of the jump (s, t): [(3·layers + 1), 3·hidden] on the device,
   // computed on first use (host sync) and cached.
   const float* modulations(double s, double t);
-  void enqueue_draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps,
-                     const Noise& noise, float* d_logits);
-  void forward(const DeviceDraftContext& ctx, const float* mods);
+  // The whole draft, enqueued without a host sync or an allocation (so it can be captured).
+  void enqueue_draft(const Route& route, const int32_t* d_anchors, int steps, const Noise& noise,
+                     float* d_logits);
+  void forward(const Route& route, const float* mods);
+  void forget(const PagedDraftContext* pool);
 
   Context& gpu_;
   FlashMapConfig config_;
@@ -195,17 +294,17 @@ class FlashMapModel {
 
   std::map<std::pair<double, double>, DeviceBuffer<float>> mods_;
 
-  // Draft work buffers (one sequence: K rows).
-  DeviceBuffer<float> x_, h_, q_, k_, v_, a_, o_, m_;               // [K, D] ([K, I] for m_)
-  DeviceBuffer<float> inputs_, embeds_, post_embeds_, hidden_, z_;  // [K, TH]
-  DeviceBuffer<float> state_, work_;                                // [K, V]
-  DeviceBuffer<uint16_t> xbf_;                                      // [K, V] bf16 for embed_rows
-  DeviceBuffer<float> anchor_emb_, anchor_ctx_, anchor_k_, anchor_v_;
-  DeviceBuffer<int64_t> block_pos_, anchor_pos_, cross_counts_, self_counts_;
+  Work one_;    // single-sequence drafts (and the time conditioning)
+  Work batch_;  // batched drafts (reserve_batch)
+  bool batch_state_ = false;
+  // Captured batches: (bucket, steps, pool, image, anchors, noise, logits) -> graph.
+  using BatchKey = std::tuple<int, int, const PagedDraftContext*, const int32_t*, const int32_t*,
+                              const uint64_t*, float*>;
+  GraphCache<BatchKey> batch_graphs_;
   DeviceBuffer<int32_t> d_anchor_;
   DeviceBuffer<uint64_t> d_rng_;  // (seed, counter) of the draft being enqueued
-  // extend_context work, grown on demand.
-  DeviceBuffer<float> ext_ctx_, ext_k_, ext_v_;
+  // extend_context and commit_paged work, grown on demand.
+  DeviceBuffer<float> ext_ctx_, ext_k_, ext_v_, ext_rows_;
   DeviceBuffer<int64_t> ext_pos_;
 };
 

@@ -3,10 +3,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/flashmap_kernels.h"
 #include "cuda/philox.h"
+#include "paged/step_plan.h"
 
 namespace flashmap::cuda::drafter {
 namespace {
@@ -37,6 +39,58 @@ __global__ void philox_normal_kernel(float* out, int64_t n, const uint64_t* seed
     const int64_t i0 = 4 * g;
     for (int e = 0; e < 4 && i0 + e < n; ++e) out[i0 + e] = z[e];
   }
+}
+
+// Sequence blockIdx.y's draws, numbered as philox_normal_kernel numbers them.
+__global__ void philox_normal_seqs_kernel(float* out, int64_t per_seq,
+                                          const uint64_t* seed_counter) {
+  const int b = blockIdx.y;
+  const uint64_t seed = seed_counter[2 * b], counter = seed_counter[2 * b + 1];
+  float* o = out + int64_t(b) * per_seq;
+  const int64_t groups = (per_seq + 3) / 4;
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups;
+       g += int64_t(gridDim.x) * blockDim.x) {
+    const philox::U4 u = philox::block(seed, counter, uint64_t(g));
+    float z[4];
+    philox::box_muller(u.x, u.y, z[0], z[1]);
+    philox::box_muller(u.z, u.w, z[2], z[3]);
+    const int64_t i0 = 4 * g;
+    for (int e = 0; e < 4 && i0 + e < per_seq; ++e) o[i0 + e] = z[e];
+  }
+}
+
+__global__ void widen_kernel(const int32_t* in, int64_t n, int64_t offset, int64_t* out) {
+  FLASHMAP_GRID_STRIDE(i, n) out[i] = int64_t(in[i]) + offset;
+}
+
+__global__ void gather_rows_kernel(const float* src, const int32_t* rows, int64_t n, int64_t dim,
+                                   float* out) {
+  FLASHMAP_GRID_STRIDE(t, n * dim) {
+    const int64_t i = t / dim, j = t % dim;
+    out[t] = src[int64_t(rows[i]) * dim + j];
+  }
+}
+
+__global__ void scatter_rows_bf16_kernel(const float* src, int64_t n, int64_t dim,
+                                         const int32_t* slots, __nv_bfloat16* pool) {
+  FLASHMAP_GRID_STRIDE(t, n * dim) {
+    const int64_t i = t / dim, j = t % dim;
+    const int32_t slot = slots[i];
+    if (slot >= 0) pool[int64_t(slot) * dim + j] = __float2bfloat16_rn(src[t]);
+  }
+}
+
+__global__ void anchor_slots_kernel(StepView sv, int32_t* out) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= sv.bucket) return;
+  if (sv.seq_rows[b] == 0) {
+    out[b] = -1;
+    return;
+  }
+  const int64_t p = int64_t(sv.seq_base[b]) - 1;
+  const int32_t* table = sv.tables + int64_t(b) * sv.header[paged::StepPlan::kTableStride];
+  const int bt = sv.block_tokens;
+  out[b] = int32_t(int64_t(table[p / bt]) * bt + p % bt);
 }
 
 __global__ void philox_normal_bf16_kernel(__nv_bfloat16* out, int64_t n, float scale,
@@ -131,6 +185,37 @@ void philox_normal(float* out, int64_t n, const uint64_t* seed_counter, uint64_t
   if (n > 0)
     philox_normal_kernel<<<grid_for((n + 3) / 4), 256, 0, stream>>>(out, n, seed_counter, seed,
                                                                     counter);
+}
+
+void philox_normal_seqs(float* out, int64_t per_seq, int seqs, const uint64_t* seed_counter,
+                        cudaStream_t stream) {
+  if (per_seq <= 0 || seqs <= 0) return;
+  const int64_t groups = (per_seq + 3) / 4;
+  const unsigned x = unsigned(std::min<int64_t>((groups + 255) / 256, 256));
+  philox_normal_seqs_kernel<<<dim3(x, unsigned(seqs)), 256, 0, stream>>>(out, per_seq,
+                                                                         seed_counter);
+}
+
+void widen(const int32_t* in, int64_t n, int64_t offset, int64_t* out, cudaStream_t stream) {
+  if (n > 0) widen_kernel<<<grid_for(n), 256, 0, stream>>>(in, n, offset, out);
+}
+
+void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* out,
+                 cudaStream_t stream) {
+  if (n * dim > 0)
+    gather_rows_kernel<<<grid_for(n * dim), 256, 0, stream>>>(src, rows, n, dim, out);
+}
+
+void scatter_rows_bf16(const float* src, int64_t n, int64_t dim, const int32_t* slots,
+                       uint16_t* pool, cudaStream_t stream) {
+  if (n * dim > 0)
+    scatter_rows_bf16_kernel<<<grid_for(n * dim), 256, 0, stream>>>(
+        src, n, dim, slots, reinterpret_cast<__nv_bfloat16*>(pool));
+}
+
+void anchor_slots(const StepView& view, int32_t* out, cudaStream_t stream) {
+  if (view.bucket > 0)
+    anchor_slots_kernel<<<unsigned((view.bucket + 127) / 128), 128, 0, stream>>>(view, out);
 }
 
 void philox_normal_bf16(uint16_t* out, int64_t n, float scale, uint64_t seed, cudaStream_t stream) {

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "cuda/paged_attention.h"
+
 // In their own namespace: the backend's other helpers define kernels with generic names too.
 namespace flashmap::cuda::drafter {
 
@@ -17,6 +19,11 @@ namespace flashmap::cuda::drafter {
 // captured draft draws fresh noise on every replay; otherwise the by-value pair is used.
 void philox_normal(float* out, int64_t n, const uint64_t* seed_counter, uint64_t seed,
                    uint64_t counter, cudaStream_t stream);
+// The noise of a batch of drafts: out[b·per_seq + i] = philox::normal(seed_counter[2b],
+// seed_counter[2b + 1], i) for b < seqs, i < per_seq: each sequence's draws are exactly those of
+// philox_normal with its own (seed, counter), so a draft's noise does not depend on its batch.
+void philox_normal_seqs(float* out, int64_t per_seq, int seqs, const uint64_t* seed_counter,
+                        cudaStream_t stream);
 // Random bf16 weights: out[i] = bf16(scale · philox::normal(seed, 0, i)).
 void philox_normal_bf16(uint16_t* out, int64_t n, float scale, uint64_t seed, cudaStream_t stream);
 // out[i] = value.
@@ -44,6 +51,22 @@ void jump_update(float* state, const float* probs, float a, float w, float d, in
 // L, cross_counts[i] = L + 1 (the anchor's slot and everything before it).
 void draft_positions(const int64_t* length, int K, int64_t* block_positions,
                      int64_t* anchor_position, int64_t* cross_counts, cudaStream_t stream);
+// --- the batched draft over a paged context (FlashMapModel::draft_batch, commit_paged) ---------
+
+// out[i] = in[i] + offset: int32 positions of a plan as the int64 RoPE positions the shared ops
+// take.
+void widen(const int32_t* in, int64_t n, int64_t offset, int64_t* out, cudaStream_t stream);
+// out[i] = src[rows[i] · dim + j] for i < n, j < dim: the committed rows of a step's features.
+void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim, float* out,
+                 cudaStream_t stream);
+// pool[slots[i] · dim + j] = bf16(src[i · dim + j]) for every i < n with slots[i] >= 0: keys or
+// values into their pool slots.
+void scatter_rows_bf16(const float* src, int64_t n, int64_t dim, const int32_t* slots,
+                       uint16_t* pool, cudaStream_t stream);
+// out[b] = the pool slot of position seq_base[b] − 1 through sequence b's table (the anchor's, in
+// a draft's view), −1 for padding sequences (seq_rows 0).
+void anchor_slots(const StepView& view, int32_t* out, cudaStream_t stream);
+
 // out[i] = start + i.
 void iota(int64_t* out, int64_t start, int64_t n, cudaStream_t stream);
 // Single-value writes, stream-ordered (a kernel with the value by argument: no host staging).

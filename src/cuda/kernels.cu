@@ -250,13 +250,18 @@ constexpr int kMaxDimPerLane = 8;  // head_dim <= 256
 template <typename KV>
 __global__ void attention_kernel(const float* q, int n_heads, int n_kv_heads, int head_dim,
                                  const KV* k, const KV* v, const int64_t* key_count, float scale,
-                                 float* out) {
+                                 float* out, int64_t group_rows) {
   const int64_t i = blockIdx.x / n_heads;
   const int h = int(blockIdx.x % n_heads), kh = h / (n_heads / n_kv_heads);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t kv_stride = int64_t(n_kv_heads) * head_dim;
   const float* qi = q + (i * n_heads + h) * head_dim;
   const int64_t n = key_count[i];
+  if (group_rows > 0) {
+    const int64_t first = (i / group_rows) * group_rows * kv_stride;
+    k += first;
+    v += first;
+  }
 
   float qr[kMaxDimPerLane], acc[kMaxDimPerLane];
 #pragma unroll
@@ -430,18 +435,18 @@ void argmax_rows(const float* x, int64_t rows, int64_t dim, int32_t* out, cudaSt
 
 void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head_dim, const void* k,
                const void* v, Elem kv_type, const int64_t* key_count, float scale, float* out,
-               cudaStream_t stream) {
+               cudaStream_t stream, int64_t group_rows) {
   if (nq <= 0) return;
   check_head_dim(head_dim, "attention");
   const unsigned grid = unsigned(nq * n_heads);
   if (kv_type == Elem::BF16)
     attention_kernel<<<grid, 32 * kAttnWarps, 0, stream>>>(
         q, n_heads, n_kv_heads, head_dim, static_cast<const __nv_bfloat16*>(k),
-        static_cast<const __nv_bfloat16*>(v), key_count, scale, out);
+        static_cast<const __nv_bfloat16*>(v), key_count, scale, out, group_rows);
   else
     attention_kernel<<<grid, 32 * kAttnWarps, 0, stream>>>(
         q, n_heads, n_kv_heads, head_dim, static_cast<const float*>(k),
-        static_cast<const float*>(v), key_count, scale, out);
+        static_cast<const float*>(v), key_count, scale, out, group_rows);
 }
 
 void verify_greedy(const float* logits, int64_t vocab, const int32_t* draft, int K,

@@ -55,9 +55,12 @@ void argmax_rows(const float* x, int64_t rows, int64_t dim, int32_t* out, cudaSt
 // (row stride n_kv_heads * head_dim); query i attends to keys [0, key_count[i]). Causal decode and
 // verify pass key_count[i] = past + i + 1; the drafter's bidirectional self-attention passes K for
 // every query and its cross-attention the context length + 1. head_dim <= 256, even.
+// group_rows > 0: query i reads the keys of its own group of rows instead, k and v starting at row
+// (i / group_rows) · group_rows (the batched drafter's self-attention: each sequence's block sees
+// its own K slots only).
 void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head_dim, const void* k,
                const void* v, Elem kv_type, const int64_t* key_count, float scale, float* out,
-               cudaStream_t stream);
+               cudaStream_t stream, int64_t group_rows = 0);
 
 // flashmap::verify_greedy on the device: logits [K + 1, vocab]; draft [K]. Writes result[0] = the
 // number of accepted draft tokens (longest prefix with draft[i] == argmax(logits[i])) and

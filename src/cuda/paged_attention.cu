@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (rows == 0) return;  // a padding sequence: the combine writes its rows' zeros
   const int gsz = nh / nkv, QR = rows * gsz, QRmax = sv.R * gsz;
   const int64_t pbase = ((int64_t(b) * nkv + kh) * kSplits + g) * QRmax;
-  const int64_t base = sv.seq_base[b], key_end = base + rows;
+  const int64_t base = sv.seq_base[b], key_end = base + (sv.block_keys ? rows : 0);
   const int32_t* table = sv.tables + int64_t(b) * sv.header[paged::StepPlan::kTableStride];
   const int bt = sv.block_tokens;
   const int64_t kv_dim = int64_t(nkv) * hd;

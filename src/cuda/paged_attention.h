@@ -34,6 +34,10 @@ struct StepView {
   const uint32_t* row_mask = nullptr;
   const int32_t* tables = nullptr;
   int bucket = 0, R = 0, mask_words = 0, block_tokens = 0;
+  // false: the rows attend to the seq_base cached positions only and their masks are not read
+  // (the drafter's cross-attention, whose rows are queries of the block after the anchor, not
+  // positions of the cache; paged::plan_draft).
+  bool block_keys = true;
 };
 
 // The views of an image planned for (bucket, R): the offsets of paged::StepPlan::offsets().

@@ -6,9 +6,42 @@ namespace flashmap::cuda {
 
 // --- FlashMapDeviceProposer
 
-FlashMapDeviceProposer::FlashMapDeviceProposer(FlashMapModel& model, int steps, bool graphs)
-    : model_(model), steps_(steps > 0 ? steps : model.config().num_steps), graphs_(graphs) {
+FlashMapDeviceProposer::FlashMapDeviceProposer(FlashMapModel& model, int steps, bool graphs,
+                                               bool paged)
+    : model_(model),
+      steps_(steps > 0 ? steps : model.config().num_steps),
+      graphs_(graphs),
+      paged_(paged && model.pages()) {
   model_.grid(steps_);  // throws naming the supported step counts
+}
+
+int64_t FlashMapDeviceProposer::paged_block_bytes(int32_t block_tokens) const {
+  return paged_ ? model_.paged_block_bytes(block_tokens) : 0;
+}
+
+int64_t FlashMapDeviceProposer::batch_bytes(int max_bucket) const {
+  return paged_ ? model_.batch_bytes(max_bucket, steps_) : 0;
+}
+
+void FlashMapDeviceProposer::make_pool(int32_t blocks, int32_t block_tokens, int max_bucket) {
+  FLASHMAP_CHECK(paged_, "make_pool: this proposer drafts per lane");
+  pool_.reset();  // its graphs go first
+  model_.reserve_batch(max_bucket, steps_);
+  pool_ = model_.new_paged(blocks, block_tokens);
+}
+
+void FlashMapDeviceProposer::commit_paged(const float* d_features, const int32_t* d_commit,
+                                          int64_t n) {
+  FLASHMAP_ASSERT(pool_);
+  model_.commit_paged(*pool_, d_features, d_commit, n);
+}
+
+void FlashMapDeviceProposer::draft_paged(const int32_t* d_image, int bucket,
+                                         const int32_t* d_anchors, const uint64_t* d_rng,
+                                         float* d_logits) {
+  FLASHMAP_ASSERT(pool_);
+  model_.draft_batch(*pool_, d_image, bucket, d_anchors, d_rng, steps_, d_logits,
+                     graphs_ ? FlashMapModel::Exec::Graph : FlashMapModel::Exec::Eager);
 }
 
 std::span<const int> FlashMapDeviceProposer::target_layer_ids() const {

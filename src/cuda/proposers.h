@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -42,13 +43,36 @@ class DeviceProposer {
   // (seed, counter) name the draft's noise (a new counter every draft of a sequence).
   virtual void draft(int lane, const int32_t* d_anchor, uint64_t seed, uint64_t counter,
                      float* d_logits) = 0;
+
+  // Batched drafting over the target's paged KV blocks (a proposer that returns true from
+  // paged()): every sequence's context lives in one pool addressed by the target's block tables
+  // (no lanes), commits of many sequences are one pass, and a round's drafts are one pass. The
+  // backend makes the pool beside its KV cache, with the same number of blocks.
+  virtual bool paged() const { return false; }
+  // Bytes of a pool block; of the batch buffers for up to max_bucket sequences.
+  virtual int64_t paged_block_bytes(int32_t /*block_tokens*/) const { return 0; }
+  virtual int64_t batch_bytes(int /*max_bucket*/) const { return 0; }
+  // The pool (replacing any earlier one) and the batch buffers; drop_pool frees the pool (its
+  // backend goes).
+  virtual void make_pool(int32_t /*blocks*/, int32_t /*block_tokens*/, int /*max_bucket*/) {}
+  virtual void drop_pool() {}
+  // The rows of d_features that a paged::CommitPlan image d_commit (n rows) names enter the pool.
+  virtual void commit_paged(const float* /*d_features*/, const int32_t* /*d_commit*/,
+                            int64_t /*n*/) {}
+  // Logits [bucket·K, V] of every sequence of a paged::plan_draft image: anchors d_anchors
+  // [bucket], noise (seed, counter) pairs d_rng [2·bucket].
+  virtual void draft_paged(const int32_t* /*d_image*/, int /*bucket*/, const int32_t* /*d_anchors*/,
+                           const uint64_t* /*d_rng*/, float* /*d_logits*/) {}
 };
 
 // The FlashMap drafter with `steps` jumps (0: its num_steps; else a key of its jump_grids, or
-// flashmap::Error); graphs: each draft a replayed CUDA graph (else the same kernels eagerly).
+// flashmap::Error); graphs: each draft a replayed CUDA graph (else the same kernels eagerly);
+// paged: batched drafts over a pool of the target's blocks where the drafter's heads allow it
+// (FlashMapModel::pages), else a context slab per lane.
 class FlashMapDeviceProposer : public DeviceProposer {
  public:
-  explicit FlashMapDeviceProposer(FlashMapModel& model, int steps = 0, bool graphs = true);
+  explicit FlashMapDeviceProposer(FlashMapModel& model, int steps = 0, bool graphs = true,
+                                  bool paged = true);
   int block_size() const override { return model_.block_size(); }
   int64_t vocab() const override { return model_.vocab(); }
   std::span<const int> target_layer_ids() const override;
@@ -61,10 +85,21 @@ class FlashMapDeviceProposer : public DeviceProposer {
              float* d_logits) override;
   int steps() const { return steps_; }
 
+  bool paged() const override { return paged_; }
+  int64_t paged_block_bytes(int32_t block_tokens) const override;
+  int64_t batch_bytes(int max_bucket) const override;
+  void make_pool(int32_t blocks, int32_t block_tokens, int max_bucket) override;
+  void drop_pool() override { pool_.reset(); }
+  void commit_paged(const float* d_features, const int32_t* d_commit, int64_t n) override;
+  void draft_paged(const int32_t* d_image, int bucket, const int32_t* d_anchors,
+                   const uint64_t* d_rng, float* d_logits) override;
+
  private:
   FlashMapModel& model_;
   int steps_;
   bool graphs_;
+  bool paged_;
+  std::unique_ptr<PagedDraftContext> pool_;
   std::vector<DeviceDraftContext> lanes_;
   std::vector<int> free_;  // removed lanes' ids
 };

@@ -33,4 +33,13 @@ void accept_greedy(const int32_t* argmax, const int32_t* items, int n, int32_t* 
 void next_anchors(const int32_t* lanes, int n, int32_t* rounds, int64_t stride,
                   cudaStream_t stream);
 
+// out[b] = rounds[lanes[b]·stride + kRoundAnchor] for b < n: the anchors of a batched draft.
+void gather_anchors(const int32_t* rounds, int64_t stride, const int32_t* lanes, int n,
+                    int32_t* out, cudaStream_t stream);
+
+// rounds[lanes[b]·stride + kRoundDrafts + i] = drafts[b·K + i] for b < n, i < K: a batched
+// draft's proposals (greedy: its per-row argmax) into each sequence's round row.
+void scatter_drafts(const int32_t* drafts, const int32_t* lanes, int n, int K, int32_t* rounds,
+                    int64_t stride, cudaStream_t stream);
+
 }  // namespace flashmap::cuda

@@ -35,6 +35,8 @@
 #include "io/safetensors.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
+#include "paged/block_pool.h"
+#include "paged/draft_plan.h"
 
 namespace flashmap::cuda {
 namespace {
@@ -416,6 +418,123 @@ TEST_F(CudaFlashMap, ClearErrors) {
   EXPECT_THROW(p.dev->draft(g, 1, 2, {FlashMapModel::Noise::Vocab, nullptr}, logits.data()), Error);
   p.dev->draft(g, 1, 1, {}, logits.data());  // still usable
   gpu->sync();
+}
+
+// --- batched drafts over a paged context (what the CUDA backend runs) ---------------------------
+
+// Three sequences of different context lengths in one pool, their blocks interleaved (scattered
+// tables, as sequences growing side by side get them), committed in two parts each as rounds do,
+// then drafted in one batch (a padding sequence in the bucket): each sequence's rows against the
+// CPU drafter on its own context with the same noise (the device stream of its (seed, counter)).
+// The context is bf16 here (the CPU's fp32): one more rounding of the keys, values, queries and
+// attention outputs, NMSE ~1e-6 each, inside kNmse. tiny-a's heads (12 wide) do not page.
+TEST_F(CudaFlashMap, BatchedPagedDraftsMatchCpu) {
+  for (const char* dir : {kFixtures[1], kFixtures[2]}) {
+    SCOPED_TRACE(dir);
+    Pair p(*gpu, dir);
+    ASSERT_TRUE(p.dev->pages());
+    constexpr int32_t bt = 16;
+    paged::BlockPool blocks(64, bt);
+    const std::vector<int64_t> lengths = {p.P - 1, p.P / 2, 5};
+    const int n = int(lengths.size());
+    std::vector<int> seqs;
+    for (int64_t len : lengths) seqs.push_back(blocks.open(len + 1));
+    std::vector<paged::BlockCopy> copies;
+    for (int64_t at = bt;; at += bt) {  // round-robin growth: every table's blocks interleave
+      bool grew = false;
+      for (int i = 0; i < n; ++i) {
+        const int64_t want = std::min(at, lengths[size_t(i)] + 1);
+        if (want > blocks.length(seqs[size_t(i)])) {
+          blocks.grow(seqs[size_t(i)], want, copies);
+          grew = true;
+        }
+      }
+      if (!grew) break;
+    }
+    auto pool = p.dev->new_paged(blocks.num_blocks(), bt);
+    // Two commits per sequence: the first half, then the rest (source rows = positions here).
+    for (int part = 0; part < 2; ++part) {
+      std::vector<paged::CommitSeq> cs;
+      for (int i = 0; i < n; ++i) {
+        const int64_t half = lengths[size_t(i)] / 2, from = part ? half : 0;
+        const int count = int(part ? lengths[size_t(i)] - half : half);
+        cs.push_back({blocks.table(seqs[size_t(i)]), from, from, count});
+      }
+      const paged::CommitPlan plan = paged::plan_commit(cs, bt, p.P);
+      DeviceBuffer<int32_t> image(*gpu, plan.image());
+      p.dev->commit_paged(*pool, p.d_features.data(), image.data(), plan.n);
+      gpu->sync();
+    }
+    std::vector<paged::DraftSeq> ds;
+    for (int i = 0; i < n; ++i)
+      ds.push_back({blocks.table(seqs[size_t(i)]), lengths[size_t(i)] + 1});
+    const std::vector<int32_t> buckets = {1, 2, 4};
+    const paged::StepPlan plan = paged::plan_draft(ds, int(p.K), bt, buckets);
+    ASSERT_EQ(plan.bucket, 4);
+    DeviceBuffer<int32_t> image(*gpu, plan.image());
+    std::vector<int32_t> anchors(4, 0);
+    std::vector<uint64_t> rng(8, 0);
+    for (int i = 0; i < n; ++i) {
+      anchors[size_t(i)] = p.prompt[size_t(lengths[size_t(i)])];
+      rng[size_t(2 * i)] = 70 + uint64_t(i);
+      rng[size_t(2 * i + 1)] = 3 + uint64_t(i);
+    }
+    DeviceBuffer<int32_t> d_anchors(*gpu, anchors);
+    DeviceBuffer<uint64_t> d_rng(*gpu, rng);
+    DeviceBuffer<float> eager(size_t(4 * p.K * p.V)), graph(size_t(4 * p.K * p.V));
+    for (const auto& [steps, grid] : p.cpu->config().jump_grids) {
+      p.dev->draft_batch(*pool, image.data(), plan.bucket, d_anchors.data(), d_rng.data(), steps,
+                         eager.data(), FlashMapModel::Exec::Eager);
+      p.dev->draft_batch(*pool, image.data(), plan.bucket, d_anchors.data(), d_rng.data(), steps,
+                         graph.data(), FlashMapModel::Exec::Graph);
+      const auto e = eager.download(*gpu), g = graph.download(*gpu);
+      EXPECT_LE(nmse(g, e), 1e-12) << steps << " step(s): a graph replay differs";
+      const bool embed = steps == 1 && p.cpu->has_noise_factor();
+      for (int i = 0; i < n; ++i) {
+        const int64_t per = p.K * (embed ? p.TH : p.V);
+        DeviceBuffer<float> noise{size_t(per)};
+        drafter::philox_normal(noise.data(), per, nullptr, rng[size_t(2 * i)],
+                               rng[size_t(2 * i + 1)], gpu->stream());
+        const auto host_noise = noise.download(*gpu);
+        DraftContext c = p.cpu->new_context();
+        p.cpu->extend_context(c, p.features.data(), lengths[size_t(i)]);
+        using CN = ::flashmap::FlashMapModel::Noise;
+        const auto want = p.cpu_draft(c, anchors[size_t(i)], steps,
+                                      {embed ? CN::Embed : CN::Vocab, host_noise.data(), nullptr});
+        const std::vector<float> got(e.begin() + int64_t(i) * p.K * p.V,
+                                     e.begin() + int64_t(i + 1) * p.K * p.V);
+        expect_logits_match(got, want, p.V,
+                            std::string(dir) + " batch row " + std::to_string(i) + ", " +
+                                std::to_string(steps) + " step(s)");
+      }
+    }
+    // A replay follows new anchors and noise (read from device memory), as an eager run does.
+    std::swap(anchors[0], anchors[2]);
+    rng[1] += 100;
+    d_anchors.upload(*gpu, anchors.data(), anchors.size());
+    d_rng.upload(*gpu, rng.data(), rng.size());
+    p.dev->draft_batch(*pool, image.data(), plan.bucket, d_anchors.data(), d_rng.data(), 1,
+                       eager.data(), FlashMapModel::Exec::Eager);
+    const auto e = eager.download(*gpu);
+    p.dev->draft_batch(*pool, image.data(), plan.bucket, d_anchors.data(), d_rng.data(), 1,
+                       graph.data(), FlashMapModel::Exec::Graph);
+    EXPECT_LE(nmse(graph.download(*gpu), e), 1e-12);
+  }
+}
+
+TEST_F(CudaFlashMap, PagedContextRefusals) {
+  Pair a(*gpu, kFixtures[0]);
+  EXPECT_FALSE(a.dev->pages());  // head_dim 12
+  EXPECT_THROW(a.dev->new_paged(4, 16), Error);
+  Pair b(*gpu, kFixtures[1]);
+  EXPECT_THROW(b.dev->new_paged(0, 16), Error);
+  auto pool = b.dev->new_paged(4, 16);
+  DeviceBuffer<float> logits(size_t(b.K * b.V));
+  DeviceBuffer<int32_t> image(64);
+  EXPECT_THROW(b.dev->draft_batch(*pool, image.data(), 1, nullptr, nullptr, 1, logits.data()),
+               Error);
+  EXPECT_THROW(a.dev->draft_batch(*pool, image.data(), 1, image.data(), nullptr, 1, logits.data()),
+               Error);  // another drafter's pool
 }
 
 // --- the default shape (Qwen3-8B target, 2048-wide 6-layer drafter, block 16) ------------------

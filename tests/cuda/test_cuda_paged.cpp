@@ -366,13 +366,14 @@ TEST_F(CudaPaged, StepRowsAreBatchInvariant) {
 // --- the engine
 // -----------------------------------------------------------------------------------
 
-// The device backend serving 12 requests at once (one target forward per round for all of them)
-// gives each the tokens it gets alone: greedy and seeded, with the trained drafter.
+// The device backend serving 12 requests at once (one target forward and one batched draft per
+// round for all of them) gives each the tokens it gets alone: greedy and seeded, with the trained
+// drafter; greedy, those are the target's own tokens.
 TEST_F(CudaPaged, BatchedServingEqualsEachRequestAlone) {
-  auto run = [&](int max_running, bool sampled) {
+  auto run = [&](int max_running, bool sampled, bool draft = true) {
     EngineOptions o;
     o.target = "models/default/target";
-    o.draft = "models/default/draft";
+    if (draft) o.draft = "models/default/draft";
     o.device = "cuda";
     o.max_running = max_running;
     o.max_context = 512;
@@ -404,6 +405,10 @@ TEST_F(CudaPaged, BatchedServingEqualsEachRequestAlone) {
     const auto together = run(12, sampled), alone = run(1, sampled);
     for (size_t i = 0; i < together.size(); ++i)
       EXPECT_EQ(together[i], alone[i]) << "request " << i << " sampled " << sampled;
+    if (sampled) continue;
+    const auto target = run(12, false, false);
+    for (size_t i = 0; i < together.size(); ++i)
+      EXPECT_EQ(together[i], target[i]) << "request " << i << ": speculative != target alone";
   }
 }
 
