@@ -1,7 +1,9 @@
 #include "cuda/backend.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -42,10 +44,10 @@ constexpr int32_t kBlockTokens = 16;
 // take it in turn, so that the drafts captured for its proposer lane stay valid.
 struct Lane {
   int index = -1;
-  int draft = -1;                       // the proposer's lane (-1: no proposer)
-  DeviceBuffer<float> first;            // [V] the prefill's last row, for pick()
-  DeviceBuffer<float> draft_logits, q;  // [K, V]: the proposer's logits; filtered q
-  DeviceBuffer<uint64_t> rng;           // {seed, counter} of unseeded sampling
+  int draft = -1;                    // the proposer's lane (-1: no proposer)
+  DeviceBuffer<float> first;         // [V] the prefill's last row, for pick()
+  DeviceBuffer<float> draft_logits;  // [K, V]: the proposer's logits (lanes that draft alone)
+  DeviceBuffer<uint64_t> rng;        // {seed, counter} of unseeded sampling
   // The sequence that holds it.
   bool open = false;
   bool drafting = false;
@@ -87,7 +89,6 @@ class CudaBackend : public engine::Backend {
         K_(proposer ? proposer->block_size() : 0),
         stride_(int64_t(K_) + kRoundDrafts),
         sampler_(ctx_, V_, K_ + 1),
-        p_(size_t(K_ + 1) * size_t(V_)),
         controls_(ctx_),
         logprobs_(ctx_, V_, K_ + 1) {
     const Qwen3Config& tc = target_.config();
@@ -349,12 +350,12 @@ class CudaBackend : public engine::Backend {
         check(cudaGetLastError(), "argmax_rows (draft)");
         continue;
       }
-      sampler_.filtered_probs(l.draft_logits.data(), K_, sm.params, l.q.data());
+      sampler_.filtered_probs(l.draft_logits.data(), K_, sm.params, q_of(l));
       if (sm.keyed()) {
-        sampler_.sample_keyed(l.q.data(), K_, sm.seed, step.position + 1, drafts);
+        sampler_.sample_keyed(q_of(l), K_, sm.seed, step.position + 1, drafts);
       } else {
         bind(l, sm);
-        sampler_.sample(l.q.data(), K_, drafts);
+        sampler_.sample(q_of(l), K_, drafts);
         sampler_.bind(nullptr);
       }
     }
@@ -394,8 +395,8 @@ class CudaBackend : public engine::Backend {
   }
 
   // Controls first (they change the rows in place), then the greedy sequences' acceptance in
-  // one launch and each sampling sequence's on its own, then every next anchor in one launch and
-  // every result in one copy.
+  // one launch and the sampling sequences' in one more (after one for their filtered rows), then
+  // every next anchor in one launch and every result in one copy.
   void accept(std::span<const SeqStep> steps, std::span<Accepted> out) override {
     ctx_.make_current();
     prepare(steps.size());
@@ -430,27 +431,42 @@ class CudaBackend : public engine::Backend {
       accept_greedy(argmax_.data(), d_accept, int(items.size() / 3), rounds_.data(), stride_, st);
       check(cudaGetLastError(), "accept_greedy");
     }
+    // The sampled sequences: every row's filtered p in one launch, every verification in one.
+    std::vector<FilterRow> rows;
+    std::vector<VerifyItem> checks;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const SeqStep& step = steps[i];
+      SeqSampler& sm = *step.sampler;
+      if (sm.params.greedy()) continue;
+      Lane& l = lane(step.seq);
+      const int32_t first = int32_t(rows.size());
+      for (int r = 0; r <= step.room; ++r)
+        rows.push_back(Sampler::filter_row(int32_t(l.step_row) + r, first + r, sm.params, V_));
+      VerifyItem it;
+      it.q = q_of(l);
+      it.draft = round(l) + kRoundDrafts;
+      it.result = round(l) + kRoundAccepted;
+      it.state = sm.keyed() ? nullptr : generator(l, sm);
+      it.seed = sm.seed;
+      it.first_position = step.position + 1;
+      it.p_row = first;
+      it.room = step.room;
+      it.keyed = sm.keyed();
+      checks.push_back(it);
+    }
+    if (!checks.empty()) {
+      const int cuts = cut_rows_first(rows);
+      const auto [d_rows, d_checks] = upload_sampling(verify_stage_, rows, checks);
+      sampler_.filtered_probs_rows(step_logits_, d_rows, int(rows.size()), cuts, p_.data());
+      sampler_.verify_items(p_.data(), d_checks, int(checks.size()));
+    }
     for (size_t i = 0; i < steps.size(); ++i) {
       const SeqStep& step = steps[i];
       Lane& l = lane(step.seq);
-      SeqSampler& sm = *step.sampler;
-      const int room = step.room;
-      const int32_t* drafts = round(l) + kRoundDrafts;
-      auto* result = reinterpret_cast<RoundResult*>(round(l) + kRoundAccepted);
-      if (!sm.params.greedy()) {
-        sampler_.filtered_probs(rows_of(l), room + 1, sm.params, p_.data());
-        if (sm.keyed()) {
-          sampler_.verify_keyed(p_.data(), drafts, room, sm.seed, step.position + 1, result);
-        } else {
-          bind(l, sm);
-          sampler_.verify_sampled(p_.data(), l.q.data(), drafts, room, result);
-          sampler_.bind(nullptr);
-        }
-      }
       // Token r of the emitted ones is draft r before the accepted count, then the target's.
       if (step.logprobs >= 0)
-        logprobs_.enqueue(i, raw[i], room + 1, round(l) + kRoundAccepted, drafts,
-                          round(l) + kRoundToken, step.logprobs);
+        logprobs_.enqueue(i, raw[i], step.room + 1, round(l) + kRoundAccepted,
+                          round(l) + kRoundDrafts, round(l) + kRoundToken, step.logprobs);
     }
     next_anchors(d_accept + items.size(), int(lanes.size()), rounds_.data(), stride_, st);
     check(cudaGetLastError(), "next_anchors");
@@ -532,22 +548,56 @@ class CudaBackend : public engine::Backend {
     argmax_rows(logits, int64_t(n) * K_, V_, argmax_.data(), st);
     scatter_drafts(argmax_.data(), d_lanes, n, K_, rounds_.data(), stride_, st);
     check(cudaGetLastError(), "scatter_drafts");
+    // The sampled sequences: their rows' filtered q (each lane's rows of q_, which acceptance
+    // reads) in one launch, then every sequence's draws in one.
+    std::vector<FilterRow> rows;
+    std::vector<SampleItem> items;
     for (int b = 0; b < n; ++b) {
       const SeqStep& step = steps[size_t(b)];
       SeqSampler& sm = *step.sampler;
       if (sm.params.greedy()) continue;
       Lane& l = lane(step.seq);
-      const float* rows = logits + int64_t(b) * K_ * V_;
-      int32_t* drafts = round(l) + kRoundDrafts;
-      sampler_.filtered_probs(rows, K_, sm.params, l.q.data());
-      if (sm.keyed()) {
-        sampler_.sample_keyed(l.q.data(), K_, sm.seed, step.position + 1, drafts);
-      } else {
-        bind(l, sm);
-        sampler_.sample(l.q.data(), K_, drafts);
-        sampler_.bind(nullptr);
-      }
+      for (int r = 0; r < K_; ++r)
+        rows.push_back(Sampler::filter_row(b * K_ + r, l.index * K_ + r, sm.params, V_));
+      SampleItem it;
+      it.out = round(l) + kRoundDrafts;
+      it.state = sm.keyed() ? nullptr : generator(l, sm);
+      it.seed = sm.seed;
+      it.first_position = step.position + 1;
+      it.p_row = l.index * K_;
+      it.rows = K_;
+      it.keyed = sm.keyed();
+      items.push_back(it);
     }
+    if (items.empty()) return;
+    const int cuts = cut_rows_first(rows);
+    const auto [d_rows, d_items] = upload_sampling(draw_stage_, rows, items);
+    sampler_.filtered_probs_rows(logits, d_rows, int(rows.size()), cuts, q_.data());
+    sampler_.sample_items(q_.data(), d_items, int(items.size()), K_);
+  }
+
+  // Rows that cut (and so are sorted) first, in their order; the count of them.
+  int cut_rows_first(std::vector<FilterRow>& rows) const {
+    const auto mid = std::stable_partition(
+        rows.begin(), rows.end(), [&](const FilterRow& r) { return Sampler::cuts(r, V_); });
+    return int(mid - rows.begin());
+  }
+  // One upload of a batch's filter rows and items (each array 16-byte aligned in the area).
+  template <class Item>
+  std::pair<const FilterRow*, const Item*> upload_sampling(Staging& stage,
+                                                           const std::vector<FilterRow>& rows,
+                                                           const std::vector<Item>& items) {
+    static_assert(sizeof(FilterRow) % 4 == 0 && sizeof(Item) % 8 == 0);
+    const size_t rows_ints = (rows.size() * sizeof(FilterRow) / 4 + 3) / 4 * 4;
+    const size_t ints = rows_ints + items.size() * sizeof(Item) / 4;
+    int32_t* host = stage.reserve(ctx_, ints, ints);
+    std::memcpy(host, rows.data(), rows.size() * sizeof(FilterRow));
+    std::memcpy(host + rows_ints, items.data(), items.size() * sizeof(Item));
+    int32_t* dev = stage.device.data();
+    check(cudaMemcpyAsync(dev, host, ints * 4, cudaMemcpyHostToDevice, ctx_.stream()),
+          "cudaMemcpyAsync H2D (sampling batch)");
+    return {reinterpret_cast<const FilterRow*>(dev),
+            reinterpret_cast<const Item*>(dev + rows_ints)};
   }
 
   // A commit plan's rows of `features` into the drafter's pool (one upload, one pass).
@@ -597,7 +647,6 @@ class CudaBackend : public engine::Backend {
     l.first = DeviceBuffer<float>(size_t(V_));
     if (K_ > 0) {
       if (!paged_) l.draft_logits = DeviceBuffer<float>(size_t(K_) * size_t(V_));
-      l.q = DeviceBuffer<float>(size_t(K_) * size_t(V_));
     }
     l.rng = DeviceBuffer<uint64_t>(2);
     if (proposer_ && !paged_) l.draft = proposer_->add_lane(capacity_);
@@ -626,7 +675,9 @@ class CudaBackend : public engine::Backend {
         paged_attention_partial_floats(1, int(R), tc.num_attention_heads, tc.num_key_value_heads,
                                        tc.head_dim) *
             4 +
-        (paged_ ? int64_t(K_) * V_ * 4 + proposer_->batch_bytes(1) : 0);
+        (paged_ ? int64_t(K_) * V_ * 4 + proposer_->batch_bytes(1) : 0) +
+        // q rows, the filtered p rows and their sort (keys, sorted keys, CUB's room) of a lane.
+        (int64_t(K_) * 4 + R * (4 + 3 * 8)) * V_;
     // Half of the memory for lanes and their step buffers, the other half (at least) for keys and
     // values: a lane is only worth its cost while there are blocks for its positions.
     const size_t per = size_t(lane_bytes_) + size_t(step_per_lane);
@@ -639,6 +690,10 @@ class CudaBackend : public engine::Backend {
           "cudaMemsetAsync (rounds)");
     host_rounds_ = HostBuffer<int32_t>(rounds_.size());
     argmax_ = DeviceBuffer<int32_t>(size_t(n) * size_t(R));  // R > K: a draft's rows fit too
+    // Every sampled row of a full batch filtered at once.
+    q_ = DeviceBuffer<float>(size_t(n) * size_t(K_) * size_t(V_));
+    p_ = DeviceBuffer<float>(size_t(n) * size_t(R) * size_t(V_));
+    sampler_.reserve(int(int64_t(n) * R));
     buckets_ = paged::default_buckets(n);
     const int64_t max_table = (capacity_ + kBlockTokens - 1) / kBlockTokens;
     paged::StepPlan widest;
@@ -702,13 +757,16 @@ class CudaBackend : public engine::Backend {
   }
 
   // The sequence's own generator {seed, counter}, started at its first use.
-  void bind(Lane& l, const SeqSampler& sm) {
+  uint64_t* generator(Lane& l, const SeqSampler& sm) {
     if (!l.rng_started) {
       sampler_.init_state(l.rng.data(), sm.seed);
       l.rng_started = true;
     }
-    sampler_.bind(l.rng.data());
+    return l.rng.data();
   }
+  void bind(Lane& l, const SeqSampler& sm) { sampler_.bind(generator(l, sm)); }
+  // The lane's rows of the drafts' filtered distributions.
+  float* q_of(const Lane& l) { return q_.data() + int64_t(l.index) * K_ * V_; }
   // Padding ids past the tokenizer's size (flashmap::Qwen3Model::mask_padding) on every sampled
   // row; the raw rows of logprobs are these.
   void mask(float* logits, int64_t rows) {
@@ -798,7 +856,8 @@ class CudaBackend : public engine::Backend {
   int64_t F_ = 0;
   int64_t capacity_ = 0;
   Sampler sampler_;
-  DeviceBuffer<float> p_;    // [K + 1, V] filtered target rows
+  DeviceBuffer<float> p_;    // [lanes · (K + 1), V] a batch's filtered target rows
+  DeviceBuffer<float> q_;    // [lanes · K, V] each lane's filtered draft rows
   DeviceBuffer<float> raw_;  // [n, K + 1, V] controlled sequences' raw rows, for their logprobs
   int raw_used_ = 0;
   DeviceControls controls_;
@@ -817,6 +876,7 @@ class CudaBackend : public engine::Backend {
   DeviceBuffer<int32_t> argmax_;       // [bucket · R] of a greedy acceptance
   Staging step_stage_, accept_stage_;  // a round's uploads: the step's, the acceptance's
   Staging commit_stage_;               // the drafter's commit plans (device side only)
+  Staging draw_stage_, verify_stage_;  // a batch's sampling uploads: drafts', acceptance's
   // Batched drafting (a paged proposer): [lanes | plan image] pinned and on the device, the
   // anchors, each draft's (seed, counter), the logits of every sequence's block.
   bool paged_ = false;

@@ -10,21 +10,25 @@
 namespace flashmap::cuda {
 
 Sampler::Sampler(Context& ctx, int64_t vocab, int max_rows)
-    : ctx_(ctx),
-      vocab_(vocab),
-      max_rows_(max_rows),
-      state_(2),
-      keys_(size_t(vocab) * size_t(max_rows)),
-      sorted_(size_t(vocab) * size_t(max_rows)),
-      offsets_(size_t(max_rows) + 1),
-      pick_probs_(size_t(vocab)),
-      argmax_(size_t(max_rows)) {
+    : ctx_(ctx), vocab_(vocab), max_rows_(0), state_(2), pick_probs_(size_t(vocab)) {
   FLASHMAP_CHECK(vocab > 0 && max_rows > 0, "cuda::Sampler: vocab {} and max_rows {} must be > 0",
                  vocab, max_rows);
+  reserve(max_rows);
+  seed(0);
+}
+
+void Sampler::reserve(int max_rows) {
+  if (max_rows <= max_rows_) return;
+  const int64_t vocab = vocab_;
   // CUB's segmented sort counts items in int; the key's low word holds the id.
   FLASHMAP_CHECK(vocab * int64_t(max_rows) <= INT_MAX && vocab <= UINT32_MAX,
                  "cuda::Sampler: {} rows of vocabulary {} exceed the sort's int range", max_rows,
                  vocab);
+  ctx_.sync();  // queued sorts may still use the old buffers
+  keys_ = DeviceBuffer<uint64_t>(size_t(vocab) * size_t(max_rows));
+  sorted_ = DeviceBuffer<uint64_t>(size_t(vocab) * size_t(max_rows));
+  offsets_ = DeviceBuffer<int>(size_t(max_rows) + 1);
+  argmax_ = DeviceBuffer<int32_t>(size_t(max_rows));
   std::vector<int> off(size_t(max_rows) + 1);
   for (int r = 0; r <= max_rows; ++r) off[size_t(r)] = int(int64_t(r) * vocab);
   offsets_.upload(ctx_, off.data(), off.size());
@@ -36,7 +40,53 @@ Sampler::Sampler(Context& ctx, int64_t vocab, int max_rows)
         "cub::DeviceSegmentedRadixSort (size query)");
   sort_temp_ =
       DeviceBuffer<uint8_t>(std::max<size_t>(bytes, 16));  // never null: null is a size query
-  seed(0);
+  max_rows_ = max_rows;
+}
+
+FilterRow Sampler::filter_row(int32_t src, int32_t dst, const SamplingParams& p, int64_t vocab) {
+  p.validate();
+  FLASHMAP_CHECK(!p.greedy(), "cuda::Sampler::filter_row needs temperature > 0, got {}",
+                 p.temperature);
+  FilterRow r;
+  r.src = src;
+  r.dst = dst;
+  r.inv_t = 1.0f / p.temperature;  // the CPU's float reciprocal
+  r.top_k = p.top_k > 0 && p.top_k < vocab ? p.top_k : 0;
+  r.top_p = p.top_p;
+  r.min_p = p.min_p;
+  return r;
+}
+
+bool Sampler::cuts(const FilterRow& r, int64_t vocab) {
+  return (r.top_k > 0 && r.top_k < vocab) || r.top_p < 1.0f || r.min_p > 0.0f;
+}
+
+void Sampler::filtered_probs_rows(const float* logits, const FilterRow* d_rows, int n, int cuts,
+                                  float* probs) {
+  FLASHMAP_CHECK(n >= 0 && cuts >= 0 && cuts <= n && cuts <= max_rows_,
+                 "cuda::Sampler::filtered_probs_rows: {} rows, {} of them cut, the sampler sorts "
+                 "{}",
+                 n, cuts, max_rows_);
+  if (n == 0) return;
+  const int64_t V = vocab_;
+  cudaStream_t s = ctx_.stream();
+  check(launch_softmax_temperature_rows(logits, d_rows, n, V, probs, s),
+        "softmax_temperature_rows");
+  if (cuts == 0) return;  // as the CPU: no cut, no renormalization
+  check(launch_sort_keys_rows(probs, d_rows, cuts, V, keys_.data(), s), "sort_keys_rows");
+  size_t bytes = sort_temp_.size();
+  check(sort_keys_descending(sort_temp_.data(), bytes, keys_.data(), sorted_.data(), cuts, V,
+                             offsets_.data(), s),
+        "cub::DeviceSegmentedRadixSort::SortKeysDescending");
+  check(launch_cut_rows(sorted_.data(), d_rows, cuts, V, probs, s), "cut_rows");
+}
+
+void Sampler::verify_items(const float* p, const VerifyItem* d_items, int n) {
+  check(launch_verify_items(p, d_items, n, vocab_, ctx_.stream()), "verify_items");
+}
+
+void Sampler::sample_items(const float* p, const SampleItem* d_items, int n, int max_rows) {
+  check(launch_sample_items(p, d_items, n, max_rows, vocab_, ctx_.stream()), "sample_items");
 }
 
 void Sampler::seed(uint64_t seed) {

@@ -7,6 +7,7 @@
 // ~1e-16 relative: a decision differs only when a uniform falls in that gap.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cub/device/device_segmented_radix_sort.cuh>
@@ -177,25 +178,6 @@ __device__ int32_t block_sample(int64_t n, const Val& val, double uniform) {
   return last >= 0 ? int32_t(last) : 0;
 }
 
-// filtered_probs, first part: probs = float(exp((x − max) · inv_t) / Σ exp) with the exponentials
-// rounded to float before the double sum, as the CPU stores them.
-__global__ void __launch_bounds__(kThreads)
-    softmax_temperature_kernel(const float* logits, int64_t V, float inv_t, float* probs) {
-  const float* x = logits + blockIdx.x * V;
-  float* y = probs + blockIdx.x * V;
-  float mx = -INFINITY;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, x[i]);
-  mx = block_reduce(mx, MaxOp{}, -INFINITY);
-  double s = 0;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const float e = expf((x[i] - mx) * inv_t);
-    y[i] = e;
-    s += e;
-  }
-  s = block_reduce(s, SumOp{}, 0.0);
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) y[i] = float(double(y[i]) / s);
-}
-
 // Probabilities are ≥ 0, so their IEEE bits order like their values; the low word makes equal
 // probabilities sort by ascending id in a descending sort (std::stable_sort's order on the CPU)
 // whether or not the sort is stable.
@@ -215,10 +197,8 @@ __device__ __forceinline__ int64_t key_id(uint64_t k) {
 // filtered_probs, second part, on the sorted row: keep = top_k; top-p keeps the shortest prefix
 // whose running mass reaches top_p · (mass of the kept); min-p stops at the first probability
 // below min_p · the largest (keeping at least one); the kept are renormalized, the rest zeroed.
-__global__ void __launch_bounds__(kThreads) cut_kernel(const uint64_t* sorted, int64_t V, int top_k,
-                                                       float top_p, float min_p, float* probs) {
-  const uint64_t* k = sorted + blockIdx.x * V;
-  float* out = probs + blockIdx.x * V;
+__device__ void block_cut(const uint64_t* k, int64_t V, int top_k, float top_p, float min_p,
+                          float* out) {
   const auto prob = [k](int64_t i) { return key_prob(k[i]); };
   int64_t keep = (top_k > 0 && top_k < V) ? top_k : V;
   if (top_p < 1.0f) {
@@ -248,6 +228,11 @@ __global__ void __launch_bounds__(kThreads) cut_kernel(const uint64_t* sorted, i
     out[key_id(k[i])] = i < keep ? float(double(prob(i)) / kept) : 0.0f;
 }
 
+__global__ void __launch_bounds__(kThreads) cut_kernel(const uint64_t* sorted, int64_t V, int top_k,
+                                                       float top_p, float min_p, float* probs) {
+  block_cut(sorted + blockIdx.x * V, V, top_k, top_p, min_p, probs + blockIdx.x * V);
+}
+
 __global__ void __launch_bounds__(kThreads)
     sample_rows_kernel(const float* probs, int64_t V, UniformSource u, int32_t* out) {
   const float* row = probs + blockIdx.x * V;
@@ -270,11 +255,11 @@ __global__ void draw_uniforms_kernel(UniformSource u, int64_t n, double* out) {
     out[i] = draw(u, c + uint64_t(i));
 }
 
-// flashmap::verify_sampled: thread 0 runs the accept loop (at most K serial steps) taking uniforms
-// in the CPU's order, then the block draws the token after the accepted ones with the next one.
-__global__ void __launch_bounds__(kThreads)
-    verify_sampled_kernel(const float* p, const float* q, const int32_t* draft, int K, int64_t V,
-                          UniformSource u, int32_t* result) {
+// flashmap::verify_sampled on one block: thread 0 runs the accept loop (at most K serial steps)
+// taking uniforms in the CPU's order, then the block draws the token after the accepted ones with
+// the next one.
+__device__ void block_verify_sampled(const float* p, const float* q, const int32_t* draft, int K,
+                                     int64_t V, UniformSource u, int32_t* result) {
   __shared__ int s_accepted;
   __shared__ uint64_t s_next;
   if (threadIdx.x == 0) {
@@ -318,6 +303,12 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
+    verify_sampled_kernel(const float* p, const float* q, const int32_t* draft, int K, int64_t V,
+                          UniformSource u, int32_t* result) {
+  block_verify_sampled(p, q, draft, K, V, u, result);
+}
+
+__global__ void __launch_bounds__(kThreads)
     sample_keyed_rows_kernel(const float* probs, int64_t V, uint64_t seed, int64_t first_position,
                              int32_t* out) {
   const int32_t tok = block_sample_keyed(V, probs + blockIdx.x * V,
@@ -325,11 +316,10 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[blockIdx.x] = tok;
 }
 
-// flashmap::verify_keyed: the target's keyed draw at each slot, until one differs from the draft
-// (every thread computes the same draws, so the loop is uniform across the block).
-__global__ void __launch_bounds__(kThreads)
-    verify_keyed_kernel(const float* p, const int32_t* draft, int K, int64_t V, uint64_t seed,
-                        int64_t first_position, int32_t* result) {
+// flashmap::verify_keyed on one block: the target's keyed draw at each slot, until one differs
+// from the draft (every thread computes the same draws, so the loop is uniform across the block).
+__device__ void block_verify_keyed(const float* p, const int32_t* draft, int K, int64_t V,
+                                   uint64_t seed, int64_t first_position, int32_t* result) {
   int k = 0;
   int32_t t = 0;
   for (;; ++k) {
@@ -340,6 +330,93 @@ __global__ void __launch_bounds__(kThreads)
     result[0] = k;
     result[1] = t;
   }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    verify_keyed_kernel(const float* p, const int32_t* draft, int K, int64_t V, uint64_t seed,
+                        int64_t first_position, int32_t* result) {
+  block_verify_keyed(p, draft, K, V, seed, first_position, result);
+}
+
+// --- batches -----------------------------------------------------------------------------------
+
+// filtered_probs, first part: probs = float(exp((x − max) · inv_t) / Σ exp) with the exponentials
+// rounded to float before the double sum, as the CPU stores them.
+__device__ void block_softmax_temperature(const float* x, int64_t V, float inv_t, float* y) {
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, x[i]);
+  mx = block_reduce(mx, MaxOp{}, -INFINITY);
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float e = expf((x[i] - mx) * inv_t);
+    y[i] = e;
+    s += e;
+  }
+  s = block_reduce(s, SumOp{}, 0.0);
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) y[i] = float(double(y[i]) / s);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    softmax_temperature_kernel(const float* logits, int64_t V, float inv_t, float* probs) {
+  block_softmax_temperature(logits + blockIdx.x * V, V, inv_t, probs + blockIdx.x * V);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    softmax_temperature_rows_kernel(const float* logits, const FilterRow* rows, int64_t V,
+                                    float* probs) {
+  const FilterRow r = rows[blockIdx.x];
+  block_softmax_temperature(logits + int64_t(r.src) * V, V, r.inv_t, probs + int64_t(r.dst) * V);
+}
+
+__global__ void sort_keys_rows_kernel(const float* probs, const FilterRow* rows, int64_t V,
+                                      uint64_t* keys) {
+  const float* row = probs + int64_t(rows[blockIdx.y].dst) * V;
+  uint64_t* k = keys + int64_t(blockIdx.y) * V;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < V;
+       i += int64_t(gridDim.x) * blockDim.x)
+    k[i] = (uint64_t(__float_as_uint(row[i])) << 32) | uint64_t(0xffffffffu - uint32_t(i));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    cut_rows_kernel(const uint64_t* sorted, const FilterRow* rows, int64_t V, float* probs) {
+  const FilterRow r = rows[blockIdx.x];
+  block_cut(sorted + int64_t(blockIdx.x) * V, V, r.top_k, r.top_p, r.min_p,
+            probs + int64_t(r.dst) * V);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    verify_items_kernel(const float* p, const VerifyItem* items, int64_t V) {
+  const VerifyItem it = items[blockIdx.x];
+  const float* rows = p + int64_t(it.p_row) * V;
+  if (it.keyed)
+    block_verify_keyed(rows, it.draft, it.room, V, it.seed, it.first_position, it.result);
+  else
+    block_verify_sampled(rows, it.q, it.draft, it.room, V, UniformSource{it.state, nullptr, 0},
+                         it.result);
+}
+
+// Block (r, i): row r of item i. The unkeyed rows read uniforms counter + r; the counters advance
+// afterwards (advance_items_kernel, stream-ordered after every read).
+__global__ void __launch_bounds__(kThreads)
+    sample_items_kernel(const float* p, const SampleItem* items, int64_t V) {
+  const SampleItem it = items[blockIdx.y];
+  const int r = int(blockIdx.x);
+  if (r >= it.rows) return;  // uniform across the block
+  const float* row = p + (int64_t(it.p_row) + r) * V;
+  int32_t tok;
+  if (it.keyed) {
+    tok = block_sample_keyed(V, row, position_key(it.seed, it.first_position + r));
+  } else {
+    const UniformSource u{it.state, nullptr, 0};
+    tok = block_sample(
+        V, [row](int64_t i) { return row[i]; }, draw(u, u.state[1] + uint64_t(r)));
+  }
+  if (threadIdx.x == 0) it.out[r] = tok;
+}
+
+__global__ void advance_items_kernel(const SampleItem* items, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n && !items[i].keyed) items[i].state[1] += uint64_t(items[i].rows);
 }
 
 unsigned pointwise_grid(int64_t n) {
@@ -408,6 +485,46 @@ cudaError_t launch_verify_keyed(const float* p, const int32_t* draft, int K, int
                                 uint64_t seed, int64_t first_position, int32_t* result,
                                 cudaStream_t stream) {
   verify_keyed_kernel<<<1, kThreads, 0, stream>>>(p, draft, K, vocab, seed, first_position, result);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_softmax_temperature_rows(const float* logits, const FilterRow* rows, int n,
+                                            int64_t vocab, float* probs, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  softmax_temperature_rows_kernel<<<unsigned(n), kThreads, 0, stream>>>(logits, rows, vocab, probs);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sort_keys_rows(const float* probs, const FilterRow* rows, int n, int64_t vocab,
+                                  uint64_t* keys, cudaStream_t stream) {
+  if (n <= 0 || vocab <= 0) return cudaSuccess;
+  const unsigned x = unsigned(std::min<int64_t>((vocab + 255) / 256, 1024));
+  sort_keys_rows_kernel<<<dim3(x, unsigned(n)), 256, 0, stream>>>(probs, rows, vocab, keys);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_cut_rows(const uint64_t* sorted, const FilterRow* rows, int n, int64_t vocab,
+                            float* probs, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  cut_rows_kernel<<<unsigned(n), kThreads, 0, stream>>>(sorted, rows, vocab, probs);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_verify_items(const float* p, const VerifyItem* items, int n, int64_t vocab,
+                                cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  verify_items_kernel<<<unsigned(n), kThreads, 0, stream>>>(p, items, vocab);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sample_items(const float* p, const SampleItem* items, int n, int max_rows,
+                                int64_t vocab, cudaStream_t stream) {
+  if (n <= 0 || max_rows <= 0) return cudaSuccess;
+  sample_items_kernel<<<dim3(unsigned(max_rows), unsigned(n)), kThreads, 0, stream>>>(p, items,
+                                                                                      vocab);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  advance_items_kernel<<<unsigned((n + 127) / 128), 128, 0, stream>>>(items, n);
   return cudaGetLastError();
 }
 

@@ -74,6 +74,25 @@ class Sampler {
   // Writes the next n uniforms to out (device, n doubles) and advances the counter (tests).
   void draw_uniforms(int64_t n, double* out);
 
+  // --- A batch in one launch per phase: each entry names its own rows, parameters and
+  // generator state, so its results are those of the calls above for it alone. ---
+
+  // Room for max_rows rows in one filtered_probs_rows (the sort's buffers; synchronizes when
+  // they grow).
+  void reserve(int max_rows);
+  // The FilterRow of logits row src → probs row dst under params (temperature > 0), and whether
+  // it cuts (top-k, top-p or min-p: its row is sorted).
+  static FilterRow filter_row(int32_t src, int32_t dst, const SamplingParams& params,
+                              int64_t vocab);
+  static bool cuts(const FilterRow& row, int64_t vocab);
+  // filtered_probs of n rows (d_rows, device), the `cuts` rows that cut first.
+  void filtered_probs_rows(const float* logits, const FilterRow* d_rows, int n, int cuts,
+                           float* probs);
+  // verify_keyed / verify_sampled of n sequences (d_items, device) over the filtered rows p.
+  void verify_items(const float* p, const VerifyItem* d_items, int n);
+  // sample_keyed / sample of n sequences' rows (d_items, device; each at most max_rows rows).
+  void sample_items(const float* p, const SampleItem* d_items, int n, int max_rows);
+
  private:
   UniformSource source() const {
     return {bound_ ? bound_ : state_.data(), bound_ ? nullptr : table_, bound_ ? 0 : table_size_};

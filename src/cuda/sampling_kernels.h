@@ -71,6 +71,56 @@ cudaError_t launch_sample_keyed_rows(const float* probs, int64_t rows, int64_t v
 cudaError_t launch_verify_keyed(const float* p, const int32_t* draft, int K, int64_t vocab,
                                 uint64_t seed, int64_t first_position, int32_t* result,
                                 cudaStream_t stream);
+// --- a batch's sampling in one launch per phase (the CUDA backend's round) ---------------------
+// Each entry names its rows and its own parameters and generator, so an entry's results are
+// those of the single-sequence launches above whatever else is in the batch.
+
+// One row of a batch's filtered distributions: probs row dst from logits row src.
+struct FilterRow {
+  int32_t src = 0, dst = 0;
+  float inv_t = 1.0f;  // the CPU's float 1 / temperature
+  int32_t top_k = 0;   // 0 (or >= vocab): none
+  float top_p = 1.0f, min_p = 0.0f;
+};
+// Softmax at each row's temperature, logits row src → probs row dst.
+cudaError_t launch_softmax_temperature_rows(const float* logits, const FilterRow* rows, int n,
+                                            int64_t vocab, float* probs, cudaStream_t stream);
+// The sort keys of probs row rows[r].dst into keys row r (r < n; launch_sort_keys' keys).
+cudaError_t launch_sort_keys_rows(const float* probs, const FilterRow* rows, int n, int64_t vocab,
+                                  uint64_t* keys, cudaStream_t stream);
+// launch_cut for each row r < n with its own parameters, sorted row r → probs row rows[r].dst.
+cudaError_t launch_cut_rows(const uint64_t* sorted, const FilterRow* rows, int n, int64_t vocab,
+                            float* probs, cudaStream_t stream);
+
+// One sequence's verification: flashmap::verify_keyed when keyed, else flashmap::verify_sampled
+// with uniforms from its own generator state (UniformSource{state}).
+struct VerifyItem {
+  const float* q = nullptr;        // [room, vocab] filtered drafter rows (unkeyed)
+  const int32_t* draft = nullptr;  // [room]
+  int32_t* result = nullptr;       // accepted, token
+  uint64_t* state = nullptr;       // {seed, counter} (unkeyed)
+  uint64_t seed = 0;               // keyed
+  int64_t first_position = 0;      // keyed: the position of the first draft
+  int32_t p_row = 0;               // its first row of p ([room + 1] rows)
+  int32_t room = 0;
+  int32_t keyed = 0;
+  int32_t pad = 0;
+};
+cudaError_t launch_verify_items(const float* p, const VerifyItem* items, int n, int64_t vocab,
+                                cudaStream_t stream);
+
+// One sequence's draws: rows p_row … p_row + rows − 1 of p, keyed (flashmap::sample_keyed at
+// positions first_position …) or from its generator state (then the counter advances by rows).
+struct SampleItem {
+  int32_t* out = nullptr;     // [rows] ids
+  uint64_t* state = nullptr;  // {seed, counter} (unkeyed)
+  uint64_t seed = 0;
+  int64_t first_position = 0;
+  int32_t p_row = 0, rows = 0, keyed = 0, pad = 0;
+};
+cudaError_t launch_sample_items(const float* p, const SampleItem* items, int n, int max_rows,
+                                int64_t vocab, cudaStream_t stream);
+
 // Writes uniforms number counter … counter + n − 1 to out and advances the counter (tests).
 cudaError_t launch_draw_uniforms(UniformSource u, int64_t n, double* out, cudaStream_t stream);
 

@@ -580,5 +580,169 @@ TEST_F(CudaSampling, KeyedDrawsEqualCpu) {
   }
 }
 
+// --- a batch in one launch per phase ------------------------------------------------------------
+
+// Uploads a vector of plain structs as bytes.
+template <typename T>
+DeviceBuffer<T> up_items(Context& ctx, const std::vector<T>& items) {
+  DeviceBuffer<T> d(items.size());
+  check(cudaMemcpyAsync(d.data(), items.data(), items.size() * sizeof(T), cudaMemcpyHostToDevice,
+                        ctx.stream()),
+        "H2D items");
+  ctx.sync();
+  return d;
+}
+
+// Three sequences' rows with their own parameters (one without a cut), scattered through the
+// logits and filtered in one launch: each row is the CPU's filtered_probs (the bound of
+// FilteredProbsMatchCpu) and bit for bit the single call on that sequence's rows alone.
+TEST_F(CudaSampling, BatchedFilteredRowsEqualSingleCalls) {
+  const int64_t V = 4099;
+  const SamplingParams params[] = {
+      {0.7f, 0, 0.9f, 0.0f}, {1.0f, 0, 1.0f, 0.0f}, {1.3f, 20, 1.0f, 0.05f}};
+  const int counts[] = {3, 5, 2};
+  const int total_logits = 12;
+  std::vector<float> logits;
+  for (int r = 0; r < total_logits; ++r) {
+    const auto row = grid_logits(V, 500 + uint64_t(r), 14.0f);
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  auto d_logits = up(logits);
+  // Sequence i's rows start at logits row src0[i] and go to probs rows dst0[i] …
+  const int src0[] = {7, 0, 10}, dst0[] = {4, 8, 0};
+  std::vector<FilterRow> rows;
+  for (int i = 0; i < 3; ++i)
+    for (int r = 0; r < counts[i]; ++r)
+      rows.push_back(Sampler::filter_row(src0[i] + r, dst0[i] + r, params[i], V));
+  const auto mid = std::stable_partition(rows.begin(), rows.end(),
+                                         [&](const FilterRow& r) { return Sampler::cuts(r, V); });
+  const int cuts = int(mid - rows.begin());
+  EXPECT_EQ(cuts, 5);  // sequences 0 and 2
+  Sampler s(*ctx, V, 4);
+  s.reserve(int(rows.size()));
+  auto d_rows = up_items(*ctx, rows);
+  DeviceBuffer<float> batch(size_t(10) * V);
+  s.filtered_probs_rows(d_logits.data(), d_rows.data(), int(rows.size()), cuts, batch.data());
+  const auto got = down(batch);
+  for (int i = 0; i < 3; ++i) {
+    DeviceBuffer<float> alone(size_t(counts[i]) * V);
+    s.filtered_probs(d_logits.data() + int64_t(src0[i]) * V, counts[i], params[i], alone.data());
+    const auto want = down(alone);
+    const std::vector<float> mine(got.begin() + int64_t(dst0[i]) * V,
+                                  got.begin() + int64_t(dst0[i] + counts[i]) * V);
+    EXPECT_EQ(mine, want) << "sequence " << i << ": batched rows differ from its single call";
+    const std::vector<float> src(logits.begin() + int64_t(src0[i]) * V,
+                                 logits.begin() + int64_t(src0[i] + counts[i]) * V);
+    EXPECT_LE(nmse(mine, cpu_filtered(src, V, params[i])), kF32) << "sequence " << i;
+  }
+  EXPECT_THROW(s.filtered_probs_rows(d_logits.data(), d_rows.data(), 3, 4, batch.data()), Error);
+}
+
+// Verifications of sequences with their own generators (and a keyed one) in one launch: each
+// result and each generator's counter equal the single calls from the same state; the keyed one
+// equals the CPU's verify_keyed.
+TEST_F(CudaSampling, BatchedVerifyAndDrawsEqualSingleCalls) {
+  const int64_t V = 1000;
+  const int K = 4;
+  const auto cases = verify_cases(V, K, 6, 31);
+  const int n = int(cases.size());
+  std::vector<float> p, q;
+  std::vector<int32_t> drafts;
+  for (const auto& c : cases) {
+    p.insert(p.end(), c.p.begin(), c.p.end());
+    q.insert(q.end(), c.q.begin(), c.q.end());
+    drafts.insert(drafts.end(), c.draft.begin(), c.draft.end());
+  }
+  auto dp = up(p), dq = up(q);
+  auto dd = up(drafts);
+  // Two copies of every generator state: one for the batch, one for the single calls.
+  std::vector<uint64_t> states;
+  for (int i = 0; i < n; ++i) states.insert(states.end(), {uint64_t(900 + i), uint64_t(i)});
+  auto batch_states = up(states), single_states = up(states);
+  DeviceBuffer<int32_t> batch_results(size_t(2 * n)), single_results(size_t(2 * n));
+  const int keyed = 2;  // case 2 verifies keyed
+  std::vector<VerifyItem> items;
+  for (int i = 0; i < n; ++i) {
+    VerifyItem it;
+    it.q = dq.data() + int64_t(i) * K * V;
+    it.draft = dd.data() + i * K;
+    it.result = batch_results.data() + 2 * i;
+    it.state = i == keyed ? nullptr : batch_states.data() + 2 * i;
+    it.seed = 77;
+    it.first_position = 40;
+    it.p_row = i * (K + 1);
+    it.room = K;
+    it.keyed = i == keyed;
+    items.push_back(it);
+  }
+  Sampler s(*ctx, V, K + 1);
+  auto d_items = up_items(*ctx, items);
+  s.verify_items(dp.data(), d_items.data(), n);
+  for (int i = 0; i < n; ++i) {
+    auto* res = reinterpret_cast<RoundResult*>(single_results.data() + 2 * i);
+    const float* pi = dp.data() + int64_t(i) * (K + 1) * V;
+    if (i == keyed) {
+      s.verify_keyed(pi, dd.data() + i * K, K, 77, 40, res);
+    } else {
+      s.bind(single_states.data() + 2 * i);
+      s.verify_sampled(pi, dq.data() + int64_t(i) * K * V, dd.data() + i * K, K, res);
+      s.bind(nullptr);
+    }
+  }
+  EXPECT_EQ(down(batch_results), down(single_results));
+  EXPECT_EQ(down(batch_states), down(single_states));
+  {
+    // The keyed case against the CPU (its p rows are filtered already: log p at T = 1 gives p).
+    const auto& c = cases[size_t(keyed)];
+    std::vector<float> logits(c.p.size());
+    for (size_t j = 0; j < c.p.size(); ++j) logits[j] = c.p[j] > 0 ? std::log(c.p[j]) : -INFINITY;
+    std::vector<float> scratch;
+    int32_t bonus = -1;
+    const int want = verify_keyed(c.draft, logits.data(), V, SamplingParams{1.0f, 0, 1.0f, 0.0f},
+                                  77, 40, scratch, bonus);
+    const auto got = down(batch_results);
+    EXPECT_EQ(got[size_t(2 * keyed)], want);
+    EXPECT_EQ(got[size_t(2 * keyed + 1)], bonus);
+  }
+
+  // Draws: every case's p rows 0 … K − 1 (sequence 1 only its first 2), case `keyed` keyed.
+  std::vector<SampleItem> draws;
+  DeviceBuffer<int32_t> batch_ids(size_t(n * K)), single_ids(size_t(n * K));
+  std::vector<int32_t> minus(size_t(n * K), -1);
+  batch_ids.upload(*ctx, minus.data(), minus.size());
+  single_ids.upload(*ctx, minus.data(), minus.size());
+  for (int i = 0; i < n; ++i) {
+    SampleItem it;
+    it.out = batch_ids.data() + i * K;
+    it.state = i == keyed ? nullptr : batch_states.data() + 2 * i;
+    it.seed = 5;
+    it.first_position = 100;
+    it.p_row = i * (K + 1);
+    it.rows = i == 1 ? 2 : K;
+    it.keyed = i == keyed;
+    draws.push_back(it);
+  }
+  auto d_draws = up_items(*ctx, draws);
+  s.sample_items(dp.data(), d_draws.data(), n, K);
+  for (int i = 0; i < n; ++i) {
+    const float* pi = dp.data() + int64_t(i) * (K + 1) * V;
+    const int rows = i == 1 ? 2 : K;
+    if (i == keyed) {
+      s.sample_keyed(pi, rows, 5, 100, single_ids.data() + i * K);
+    } else {
+      s.bind(single_states.data() + 2 * i);
+      s.sample(pi, rows, single_ids.data() + i * K);
+      s.bind(nullptr);
+    }
+  }
+  const auto got_ids = down(batch_ids);
+  EXPECT_EQ(got_ids, down(single_ids));
+  EXPECT_EQ(down(batch_states), down(single_states));
+  for (int r = 0; r < K; ++r)  // the keyed rows against the CPU
+    EXPECT_EQ(got_ids[size_t(keyed * K + r)],
+              sample_keyed({cases[size_t(keyed)].p.data() + r * V, size_t(V)}, 5, 100 + r));
+  EXPECT_EQ(got_ids[size_t(1 * K + 2)], -1);  // sequence 1 drew 2 rows only
+}
+
 }  // namespace
 }  // namespace flashmap::cuda
