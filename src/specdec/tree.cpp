@@ -97,17 +97,26 @@ void DraftTrie::expand_topk(const std::vector<std::vector<float>>& log_probs, in
   const int64_t V = int64_t(log_probs[0].size());
   // Per slot, the tokens in order of probability: a node's next sibling candidate is the
   // next in this order (only as many as the budget can use are sorted).
-  const int64_t keep = std::min<int64_t>(V, max_nodes + 1);
-  std::vector<std::vector<int32_t>> order(static_cast<size_t>(K));
+  const int64_t keep = topk_keep(V, max_nodes);
+  std::vector<std::vector<std::pair<int32_t, float>>> ranked(static_cast<size_t>(K));
+  std::vector<int32_t> o(static_cast<size_t>(V));
   for (int k = 0; k < K; ++k) {
-    auto& o = order[size_t(k)];
-    o.resize(size_t(V));
     for (int64_t v = 0; v < V; ++v) o[size_t(v)] = int32_t(v);
     const auto& lp = log_probs[size_t(k)];
     std::partial_sort(o.begin(), o.begin() + keep, o.end(), [&](int32_t a, int32_t b) {
       return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b);
     });
+    for (int64_t r = 0; r < keep; ++r)
+      ranked[size_t(k)].push_back({o[size_t(r)], lp[size_t(o[size_t(r)])]});
   }
+  expand_ranked(ranked, max_nodes);
+}
+
+void DraftTrie::expand_ranked(const std::vector<std::vector<std::pair<int32_t, float>>>& ranked,
+                              int max_nodes) {
+  const int K = int(ranked.size());
+  if (K == 0 || nodes() >= max_nodes) return;
+  for (const auto& r : ranked) FLASHMAP_CHECK(!r.empty(), "expand_ranked: a slot without tokens");
   struct Cand {
     double score, parent_score;
     int parent, depth;
@@ -115,19 +124,18 @@ void DraftTrie::expand_topk(const std::vector<std::vector<float>>& log_probs, in
     bool operator<(const Cand& o) const { return score < o.score; }
   };
   std::priority_queue<Cand> heap;
-  heap.push({log_probs[0][size_t(order[0][0])], 0.0, -1, 0, 0});
+  heap.push({ranked[0][0].second, 0.0, -1, 0, 0});
   while (!heap.empty() && nodes() < max_nodes) {
     const Cand c = heap.top();
     heap.pop();
-    const int32_t tok = order[size_t(c.depth)][size_t(c.rank)];
+    const auto& slot = ranked[size_t(c.depth)];
+    const int32_t tok = slot[size_t(c.rank)].first;
     const int node = insert(c.parent, tok);  // may exist already (a path put it there)
-    if (c.rank + 1 < keep)
-      heap.push({c.parent_score +
-                     log_probs[size_t(c.depth)][size_t(order[size_t(c.depth)][size_t(c.rank + 1)])],
-                 c.parent_score, c.parent, c.depth, c.rank + 1});
+    if (c.rank + 1 < int64_t(slot.size()))
+      heap.push({c.parent_score + slot[size_t(c.rank + 1)].second, c.parent_score, c.parent,
+                 c.depth, c.rank + 1});
     if (c.depth + 1 < K)
-      heap.push({c.score + log_probs[size_t(c.depth + 1)][size_t(order[size_t(c.depth + 1)][0])],
-                 c.score, node, c.depth + 1, 0});
+      heap.push({c.score + ranked[size_t(c.depth + 1)][0].second, c.score, node, c.depth + 1, 0});
   }
 }
 

@@ -5,10 +5,12 @@
 // draw's per-slot distributions. bench/TREES.md has the offline τ of each shape.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace flashmap {
@@ -44,6 +46,14 @@ class DraftTrie {
   // log-probability under the per-slot distributions `log_probs` [depth][V] (slots independent
   // given the noise), added in order of score until the trie holds `max_nodes` nodes.
   void expand_topk(const std::vector<std::vector<float>>& log_probs, int max_nodes);
+  // The same from each slot's most likely tokens only: ranked[k] holds slot k's first
+  // topk_keep(V, max_nodes) (token, log-probability) pairs in expand_topk's order (log-probability
+  // descending, the lower id first among equals), all that the expansion can reach (a device
+  // computes them without sending the rows).
+  void expand_ranked(const std::vector<std::vector<std::pair<int32_t, float>>>& ranked,
+                     int max_nodes);
+  // How many of a slot's tokens top-k expansion up to max_nodes nodes can use.
+  static int64_t topk_keep(int64_t V, int max_nodes) { return std::min<int64_t>(V, max_nodes + 1); }
   // The child of `parent` holding `token`, or −1.
   int child(int parent, int32_t token) const;
 

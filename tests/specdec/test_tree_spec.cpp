@@ -9,8 +9,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <numeric>
+#include <random>
+#include <set>
 
 #include "core/check.h"
 #include "cpu/proposers.h"
@@ -49,6 +53,103 @@ TEST(TreeShape, ParsesAndRefusesWithOneLine) {
     EXPECT_THAT([&] { TreeShape::parse(bad); },
                 ::testing::ThrowsMessage<Error>(HasSubstr("--draft-tree")))
         << bad;
+}
+
+// Best-first expansion from each slot's ranked tokens alone (what a device sends instead of its
+// rows) builds the trie the dense expansion builds: the ranked lists here come from a full sort
+// of every slot, cut at topk_keep, and the same lists with extra tokens past the cut change
+// nothing. Random log-probabilities with planted ties (which rank by the lower id).
+TEST(TreeSpec, RankedExpansionEqualsDenseExpansion) {
+  std::mt19937_64 g(3);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int K = 1 + int(g() % 6);
+    const int64_t V = 5 + int64_t(g() % 60);
+    const int budget = 1 + int(g() % 40);
+    std::vector<std::vector<float>> lp(size_t(K), std::vector<float>(size_t(V), 0.0f));
+    for (auto& row : lp)
+      for (auto& x : row) x = -float(g() % 12) * 0.5f;  // many equal values
+    DraftTrie dense, ranked, longer;
+    // A path first, as paths:N+topk:B trees have.
+    const std::vector<int32_t> path = {int32_t(g() % uint64_t(V)), int32_t(g() % uint64_t(V))};
+    for (DraftTrie* t : {&dense, &ranked, &longer}) t->insert_path(path, std::min(K, 2), budget);
+    dense.expand_topk(lp, budget);
+    std::vector<std::vector<std::pair<int32_t, float>>> lists(static_cast<size_t>(K)),
+        more(static_cast<size_t>(K));
+    for (int k = 0; k < K; ++k) {
+      std::vector<int32_t> ids(static_cast<size_t>(V));
+      std::iota(ids.begin(), ids.end(), 0);
+      const auto& row = lp[size_t(k)];
+      std::stable_sort(ids.begin(), ids.end(),
+                       [&](int32_t a, int32_t b) { return row[size_t(a)] > row[size_t(b)]; });
+      for (int64_t r = 0; r < V; ++r) {
+        const std::pair<int32_t, float> e{ids[size_t(r)], row[size_t(ids[size_t(r)])]};
+        if (r < DraftTrie::topk_keep(V, budget)) lists[size_t(k)].push_back(e);
+        more[size_t(k)].push_back(e);
+      }
+    }
+    ranked.expand_ranked(lists, budget);
+    EXPECT_EQ(ranked.tokens, dense.tokens) << "trial " << trial;
+    EXPECT_EQ(ranked.parents, dense.parents) << "trial " << trial;
+    longer.expand_ranked(more, budget);
+    EXPECT_EQ(longer.tokens, dense.tokens) << "trial " << trial;
+    EXPECT_LE(dense.nodes(), std::max(budget, 2));
+  }
+}
+
+// Best-first expansion keeps the `budget` most likely prefixes: with distinct scores and every
+// log-probability negative (a prefix is less likely than its parent), the trie's nodes are exactly
+// the top `budget` of all prefixes up to depth K by summed log-probability (enumerated here by
+// brute force), for the dense and the ranked forms.
+TEST(TreeSpec, ExpansionKeepsTheMostLikelyPrefixes) {
+  std::mt19937_64 g(11);
+  std::uniform_real_distribution<float> u(-6.0f, -0.01f);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int K = 1 + int(g() % 3);
+    const int64_t V = 3 + int64_t(g() % 6);
+    const int budget = 1 + int(g() % 30);
+    std::vector<std::vector<float>> lp(size_t(K), std::vector<float>(size_t(V), 0.0f));
+    for (auto& row : lp)
+      for (auto& x : row) x = u(g);
+    // Every prefix (as a token vector) with its score.
+    std::vector<std::pair<double, std::vector<int32_t>>> all;
+    std::function<void(std::vector<int32_t>&, double)> walk = [&](std::vector<int32_t>& p,
+                                                                  double score) {
+      if (!p.empty()) all.push_back({score, p});
+      if (int(p.size()) == K) return;
+      for (int32_t t = 0; t < V; ++t) {
+        p.push_back(t);
+        walk(p, score + lp[p.size() - 1][size_t(t)]);
+        p.pop_back();
+      }
+    };
+    std::vector<int32_t> empty;
+    walk(empty, 0.0);
+    std::sort(all.begin(), all.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::set<std::vector<int32_t>> want;
+    for (size_t i = 0; i < all.size() && int(i) < budget; ++i) want.insert(all[i].second);
+    auto prefixes = [](const DraftTrie& t) {
+      std::set<std::vector<int32_t>> out;
+      for (int n = 0; n < t.nodes(); ++n) {
+        std::vector<int32_t> p;
+        for (int m = n; m >= 0; m = t.parents[size_t(m)]) p.insert(p.begin(), t.tokens[size_t(m)]);
+        out.insert(p);
+      }
+      return out;
+    };
+    DraftTrie dense;
+    dense.expand_topk(lp, budget);
+    EXPECT_EQ(prefixes(dense), want) << "trial " << trial;
+    std::vector<std::vector<std::pair<int32_t, float>>> lists(static_cast<size_t>(K));
+    for (int k = 0; k < K; ++k) {
+      for (int32_t t = 0; t < V; ++t) lists[size_t(k)].push_back({t, lp[size_t(k)][size_t(t)]});
+      std::sort(lists[size_t(k)].begin(), lists[size_t(k)].end(),
+                [](const auto& a, const auto& b) { return a.second > b.second; });
+    }
+    DraftTrie ranked;
+    ranked.expand_ranked(lists, budget);
+    EXPECT_EQ(prefixes(ranked), want) << "trial " << trial;
+  }
 }
 
 TEST(TreeSpec, GreedyEqualsTargetAloneForEveryShapeAndDrafter) {
