@@ -125,10 +125,20 @@ CommitPlan plan_commit(std::span<const CommitSeq> seqs, int32_t block_tokens,
   for (size_t i = 0; i < seqs.size(); ++i) {
     const CommitSeq& s = seqs[i];
     FLASHMAP_CHECK(s.count >= 0, "plan_commit: sequence {} has count {} below 0", i, s.count);
-    FLASHMAP_CHECK(s.first_row >= 0 && s.first_row <= feature_rows - s.count,
-                   "plan_commit: sequence {} has first_row {} + count {} outside the "
-                   "feature_rows {}",
-                   i, s.first_row, s.count, feature_rows);
+    if (s.rows.empty()) {
+      FLASHMAP_CHECK(s.first_row >= 0 && s.first_row <= feature_rows - s.count,
+                     "plan_commit: sequence {} has first_row {} + count {} outside the "
+                     "feature_rows {}",
+                     i, s.first_row, s.count, feature_rows);
+    } else {
+      FLASHMAP_CHECK(int64_t(s.rows.size()) == s.count,
+                     "plan_commit: sequence {} names {} rows for count {}", i, s.rows.size(),
+                     s.count);
+      for (int32_t r : s.rows)
+        FLASHMAP_CHECK(r >= 0 && r < feature_rows,
+                       "plan_commit: sequence {} names row {} outside the feature_rows {}", i, r,
+                       feature_rows);
+    }
     FLASHMAP_CHECK(s.position >= 0 && s.position <= kInt32Max - s.count,
                    "plan_commit: sequence {} has position {} outside [0, 2^31 - 1 - count]", i,
                    s.position);
@@ -160,7 +170,7 @@ CommitPlan plan_commit(std::span<const CommitSeq> seqs, int32_t block_tokens,
     const CommitSeq& s = seqs[i];
     for (int k = 0; k < s.count; ++k) {
       const int64_t pos = s.position + k;
-      p.rows.push_back(int32_t(s.first_row + k));
+      p.rows.push_back(s.rows.empty() ? int32_t(s.first_row + k) : s.rows[size_t(k)]);
       p.positions.push_back(int32_t(pos));
       p.slots.push_back(slot_of(s.table, pos, block_tokens));
       writes.emplace_back(p.slots.back(), i, k);
@@ -184,6 +194,33 @@ CommitPlan plan_commit(std::span<const CommitSeq> seqs, int32_t block_tokens,
         a, b, slot, slot / block_tokens, slot % block_tokens));
   }
   return p;
+}
+
+std::vector<int32_t> plan_keep_path(std::span<const int32_t> table, int64_t base,
+                                    std::span<const int32_t> path, int32_t block_tokens) {
+  FLASHMAP_CHECK(block_tokens >= 1, "plan_keep_path: block_tokens {} must be at least 1",
+                 block_tokens);
+  FLASHMAP_CHECK(base >= 0, "plan_keep_path: base {} below 0", base);
+  std::vector<int32_t> pairs;
+  if (path.empty()) return pairs;
+  for (size_t j = 0; j < path.size(); ++j)
+    FLASHMAP_CHECK(path[j] >= int32_t(j) && (j == 0 || path[j] > path[j - 1]),
+                   "plan_keep_path: the path's node {} at depth {} does not follow a trie's "
+                   "numbering (increasing, at least its depth)",
+                   path[j], j);
+  const int64_t last = base + 1 + path.back();
+  FLASHMAP_CHECK(last <= kInt32Max && int64_t(table.size()) > last / block_tokens,
+                 "plan_keep_path: a table of {} blocks does not hold position {}", table.size(),
+                 last);
+  const int64_t bad = bad_block(table, 0, last / block_tokens + 1, block_tokens);
+  FLASHMAP_CHECK(bad < 0, "plan_keep_path: the table has block {} at table index {}",
+                 bad < 0 ? 0 : table[size_t(bad)], bad);
+  for (size_t j = 0; j < path.size(); ++j) {
+    if (path[j] == int32_t(j)) continue;
+    pairs.push_back(slot_of(table, base + 1 + path[j], block_tokens));
+    pairs.push_back(slot_of(table, base + 1 + int64_t(j), block_tokens));
+  }
+  return pairs;
 }
 
 }  // namespace flashmap::paged

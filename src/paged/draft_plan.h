@@ -48,6 +48,9 @@ struct CommitSeq {
   int64_t first_row = 0;           // its first row in the forward's feature output
   int64_t position = 0;            // the position of that row's token
   int count = 0;                   // rows to commit (0: none)
+  // Empty: the rows are first_row, first_row + 1, …; else row k is rows[k] (count of them): a
+  // draft tree's anchor and accepted path, wherever their rows sat in the forward.
+  std::span<const int32_t> rows = {};
 };
 
 // The committed rows, compacted: entry k takes feature row rows[k], rotates it at RoPE position
@@ -65,5 +68,16 @@ struct CommitPlan {
 // [position, position + count) or holds a negative block there, two rows writing one slot (a block
 // shared without a copy, or a table holding a block twice), or values beyond int32.
 CommitPlan plan_commit(std::span<const CommitSeq> seqs, int32_t block_tokens, int64_t feature_rows);
+
+// A draft tree's accepted path kept as a block (what the CPU's KV cache keep_rows does): node
+// path[j] (tree row path[j] + 1, cached at position base + 1 + path[j]) moves to position
+// base + 1 + j. Returns the (source slot, destination slot) pairs, through the table, of the
+// nodes that move (path[j] != j), in path order, the order they must be applied in: pair j may
+// overwrite a slot that an earlier pair reads (path[j'] = j for some j' < j), never one that a
+// later pair reads (path[j] >= j > every earlier destination's depth).
+// Throws flashmap::Error naming the parameter: a path not strictly increasing from >= 0, or a
+// table that does not hold position base + 1 + path.back().
+std::vector<int32_t> plan_keep_path(std::span<const int32_t> table, int64_t base,
+                                    std::span<const int32_t> path, int32_t block_tokens);
 
 }  // namespace flashmap::paged

@@ -498,5 +498,72 @@ TEST(CommitPlan, BadInputsNameTheSequenceAndParameter) {
   }
 }
 
+// A tree's anchor and accepted path committed from wherever their rows sat: row k of the plan is
+// the named row, at position + k, stored where the table puts that position.
+TEST(CommitPlan, NamedRowsOfATreePath) {
+  const std::vector<int32_t> t = {7, 3};  // blocks of 4: positions 0..3 in block 7, 4..7 in 3
+  const std::vector<int32_t> rows = {10, 12, 15};  // the anchor's row, then nodes 1 and 4
+  const std::vector<CommitSeq> seqs = {{t, 10, 3, 3, rows}};
+  const CommitPlan p = plan_commit(seqs, 4, 16);
+  EXPECT_THAT(p.rows, ElementsAre(10, 12, 15));
+  EXPECT_THAT(p.positions, ElementsAre(3, 4, 5));
+  EXPECT_THAT(p.slots,
+              ElementsAre(slot_by_walk(t, 3, 4), slot_by_walk(t, 4, 4), slot_by_walk(t, 5, 4)));
+  const std::vector<int32_t> two = {10, 12}, far = {10, 12, 16};
+  EXPECT_THAT(error_of([&] {
+                plan_commit(std::vector<CommitSeq>{{t, 10, 3, 3, two}}, 4, 16);
+              }),
+              HasSubstr("names 2 rows for count 3"));
+  EXPECT_THAT(error_of([&] {
+                plan_commit(std::vector<CommitSeq>{{t, 10, 3, 3, far}}, 4, 16);
+              }),
+              HasSubstr("row 16 outside the feature_rows 16"));
+}
+
+// Keeping a tree's accepted path: every moved node's source is the slot of its tree row's
+// position and its destination the slot of its depth's, found by walking the table; nodes already
+// at their depth do not move; and applying the pairs in path order to a model of the cache leaves
+// the path's values at positions base + 1 … in order.
+TEST(KeepPath, MovesEachNodeToItsDepth) {
+  std::mt19937_64 g(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int32_t bt = 1 + int32_t(g() % 8);
+    const int64_t base = int64_t(g() % 40);
+    const int nodes = 1 + int(g() % 30);
+    // A random increasing path with path[j] >= j.
+    std::vector<int32_t> path;
+    for (int32_t n = 0; n < nodes && path.size() < 8; ++n)
+      if (g() % 2) path.push_back(n);
+    const int64_t positions = base + 1 + nodes;
+    std::vector<int32_t> table(size_t((positions + bt - 1) / bt));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), g);
+    const std::vector<int32_t> pairs = plan_keep_path(table, base, path, bt);
+    size_t at = 0;
+    for (size_t j = 0; j < path.size(); ++j) {
+      if (path[j] == int32_t(j)) continue;
+      ASSERT_LT(at + 1, pairs.size());
+      EXPECT_EQ(pairs[at], slot_by_walk(table, base + 1 + path[j], bt));
+      EXPECT_EQ(pairs[at + 1], slot_by_walk(table, base + 1 + int64_t(j), bt));
+      at += 2;
+    }
+    EXPECT_EQ(at, pairs.size());
+    // The cache as slot -> the position whose key it holds; the copies in path order.
+    std::vector<int64_t> cache(table.size() * size_t(bt), -1);
+    for (int64_t q = 0; q < positions; ++q) cache[size_t(slot_by_walk(table, q, bt))] = q;
+    for (size_t c = 0; c < pairs.size(); c += 2)
+      cache[size_t(pairs[c + 1])] = cache[size_t(pairs[c])];
+    for (size_t j = 0; j < path.size(); ++j)
+      EXPECT_EQ(cache[size_t(slot_by_walk(table, base + 1 + int64_t(j), bt))], base + 1 + path[j]);
+  }
+  const std::vector<int32_t> t = {0, 1};
+  const std::vector<int32_t> down = {2, 1}, early = {0, 0}, beyond = {9};
+  EXPECT_THAT(error_of([&] { plan_keep_path(t, 0, down, 4); }), HasSubstr("increasing"));
+  EXPECT_THAT(error_of([&] { plan_keep_path(t, 0, early, 4); }), HasSubstr("increasing"));
+  EXPECT_THAT(error_of([&] { plan_keep_path(t, 0, beyond, 4); }),
+              HasSubstr("does not hold position 10"));
+  EXPECT_TRUE(plan_keep_path(t, 3, std::vector<int32_t>{0, 1}, 4).empty());
+}
+
 }  // namespace
 }  // namespace flashmap::paged
