@@ -24,6 +24,7 @@
 #include "paged/block_pool.h"
 #include "paged/draft_plan.h"
 #include "paged/step_plan.h"
+#include "specdec/tree.h"
 
 namespace flashmap::cuda {
 namespace {
@@ -57,6 +58,12 @@ struct Lane {
   int kv = -1;            // its paged::BlockPool sequence
   int64_t length = 0;     // positions in its KV cache
   int64_t step_row = -1;  // its anchor's row in the last step's outputs
+  // A draft tree this round (tree_nodes > 0; its tokens and parents are also in its round row):
+  // the step's parent rows (the anchor's −1 first), the cache length before the step, and the
+  // accepted path's nodes after acceptance.
+  int tree_nodes = 0;
+  std::vector<int32_t> step_parents, path;
+  int64_t step_base = 0;
 };
 
 // A pinned host area and its device copy, for a round's small uploads. Grown (after the stream
@@ -87,7 +94,6 @@ class CudaBackend : public engine::Backend {
         ctx_(target.context()),
         V_(target.config().vocab_size),
         K_(proposer ? proposer->block_size() : 0),
-        stride_(int64_t(K_) + kRoundDrafts),
         sampler_(ctx_, V_, K_ + 1),
         controls_(ctx_),
         logprobs_(ctx_, V_, K_ + 1) {
@@ -108,10 +114,16 @@ class CudaBackend : public engine::Backend {
       info_.drafter_noise = proposer_->has_noise();
       paged_ = proposer_->paged();
     }
+    // A round row: [accepted, token, anchor, drafts or a tree's tokens, its parents, the
+    // accepted path's nodes]. Trees come with the batched drafter.
+    max_nodes_ = paged_ ? kMaxTreeNodes : std::max(K_, 1);
+    parents_at_ = kRoundDrafts + max_nodes_;
+    path_at_ = parents_at_ + max_nodes_;
+    stride_ = path_at_ + std::max(K_, 1);
     info_.config = &tc;
     info_.max_positions = capacity_;
     info_.device = ctx_.name();
-    info_.caps = {.fork = false, .prompt_logprobs = false, .trees = false};
+    info_.caps = {.fork = false, .prompt_logprobs = false, .trees = paged_};
     info_.block_size = K_;
     size_memory(max_lanes);
   }
@@ -233,9 +245,10 @@ class CudaBackend : public engine::Backend {
     int R = 1;
     bool drafting = false;
     for (const SeqStep& st : steps) {
-      const Lane& l = lane(st.seq);
+      Lane& l = lane(st.seq);
       FLASHMAP_ASSERT(st.room >= 0 && st.room <= K_ && (st.room == 0 || l.drafting));
-      R = std::max(R, st.room + 1);
+      if (st.room == 0) l.tree_nodes = 0;
+      R = std::max(R, rows_of_step(l, st));
       drafting = drafting || l.drafting;
     }
     copies_.clear();
@@ -243,11 +256,14 @@ class CudaBackend : public engine::Backend {
     seqs.reserve(steps.size());
     for (const SeqStep& st : steps) {
       Lane& l = lane(st.seq);
-      grow(l, st.room + 1);
+      l.step_base = l.length;
+      grow(l, rows_of_step(l, st));
     }
     for (const SeqStep& st : steps) {
       const Lane& l = lane(st.seq);
-      seqs.push_back({pool_->table(l.kv), l.length, st.room + 1, {}});
+      seqs.push_back({pool_->table(l.kv), l.length, rows_of_step(l, st),
+                      l.tree_nodes > 0 ? std::span<const int32_t>(l.step_parents)
+                                       : std::span<const int32_t>{}});
     }
     const paged::StepPlan plan = paged::plan_step(seqs, R, kBlockTokens, buckets_);
     const std::vector<int32_t> image = plan.image();
@@ -294,7 +310,7 @@ class CudaBackend : public engine::Backend {
     for (size_t b = 0; b < steps.size(); ++b) {
       Lane& l = lane(steps[b].seq);
       l.step_row = int64_t(b) * R;
-      l.length += steps[b].room + 1;
+      l.length += rows_of_step(l, steps[b]);
     }
   }
 
@@ -303,21 +319,48 @@ class CudaBackend : public engine::Backend {
   void commit(std::span<const engine::Commit> seqs) override {
     ctx_.make_current();
     std::vector<paged::CommitSeq> commits;
+    std::vector<int32_t> moves;                   // slot pairs that keep the trees' accepted paths
+    std::vector<std::vector<int32_t>> tree_rows;  // the rows a tree's commit names
+    tree_rows.reserve(seqs.size());
     for (const engine::Commit& c : seqs) {
       Lane& l = lane(c.seq);
       FLASHMAP_ASSERT(c.length <= l.length);
+      if (l.tree_nodes > 0) {
+        // The accepted path's keys move to the positions after the anchor (read through the
+        // table before the truncate releases the rest), as the CPU's keep_rows does.
+        FLASHMAP_ASSERT(c.length == l.step_base + int64_t(l.path.size()) + 1);
+        const auto pairs =
+            paged::plan_keep_path(pool_->table(l.kv), l.step_base, l.path, kBlockTokens);
+        moves.insert(moves.end(), pairs.begin(), pairs.end());
+      }
       pool_->truncate(l.kv, c.length);
       l.length = c.length;
       if (l.drafting && c.drafted > 0) {
         FLASHMAP_ASSERT(c.drafted <= K_ + 1 && step_features_ && l.step_row >= 0);
         // The step's anchor sat at the first position the drafter lacks.
         FLASHMAP_ASSERT(l.committed == c.length - c.drafted);
-        if (paged_)
+        if (l.tree_nodes > 0) {
+          // The anchor's row and the path's rows, wherever they sat in the step.
+          FLASHMAP_ASSERT(paged_ && c.drafted == int64_t(l.path.size()) + 1);
+          auto& rows = tree_rows.emplace_back(1, int32_t(l.step_row));
+          for (int32_t node : l.path) rows.push_back(int32_t(l.step_row) + 1 + node);
+          commits.push_back({pool_->table(l.kv), l.step_row, l.committed, int(c.drafted), rows});
+        } else if (paged_) {
           commits.push_back({pool_->table(l.kv), l.step_row, l.committed, int(c.drafted)});
-        else
+        } else {
           proposer_->commit(l.draft, step_features_ + l.step_row * F_, c.drafted);
+        }
         l.committed += c.drafted;
       }
+      l.tree_nodes = 0;
+    }
+    if (!moves.empty()) {
+      keep_stage_.reserve(ctx_, 0, moves.size());
+      // A pageable source: staged before the call returns, copied in stream order.
+      check(cudaMemcpyAsync(keep_stage_.device.data(), moves.data(), moves.size() * 4,
+                            cudaMemcpyHostToDevice, ctx_.stream()),
+            "cudaMemcpyAsync H2D (tree paths)");
+      target_.copy_rows(*kv_, keep_stage_.device.data(), int(moves.size() / 2));
     }
     if (!commits.empty())
       commit_paged(
@@ -410,14 +453,18 @@ class CudaBackend : public engine::Backend {
     }
     // Staging: [greedy items (lane, first row, room) × n][lanes of the batch].
     std::vector<int32_t> items, lanes;
+    bool greedy_trees = false;
     for (size_t i = 0; i < steps.size(); ++i) {
       const Lane& l = lane(steps[i].seq);
       lanes.push_back(l.index);
-      if (steps[i].sampler->params.greedy()) {
-        items.push_back(l.index);
-        items.push_back(int32_t(l.step_row));
-        items.push_back(steps[i].room);
+      if (!steps[i].sampler->params.greedy()) continue;
+      if (l.tree_nodes > 0) {
+        greedy_trees = true;
+        continue;
       }
+      items.push_back(l.index);
+      items.push_back(int32_t(l.step_row));
+      items.push_back(steps[i].room);
     }
     const size_t ints = items.size() + lanes.size();
     int32_t* host = accept_stage_.reserve(ctx_, ints, ints);
@@ -426,22 +473,44 @@ class CudaBackend : public engine::Backend {
     std::copy(lanes.begin(), lanes.end(), host + items.size());
     check(cudaMemcpyAsync(d_accept, host, ints * 4, cudaMemcpyHostToDevice, st),
           "cudaMemcpyAsync H2D (acceptance)");
-    if (!items.empty()) {
+    if (!items.empty() || greedy_trees)
       argmax_rows(step_logits_, int64_t(step_bucket_) * step_R_, V_, argmax_.data(), st);
+    if (!items.empty()) {
       accept_greedy(argmax_.data(), d_accept, int(items.size() / 3), rounds_.data(), stride_, st);
       check(cudaGetLastError(), "accept_greedy");
     }
-    // The sampled sequences: every row's filtered p in one launch, every verification in one.
+    // The sampled sequences: every row's filtered p in one launch, every verification in one;
+    // the trees' walks (sample-and-match, greedy ones included) in one more.
     std::vector<FilterRow> rows;
     std::vector<VerifyItem> checks;
+    std::vector<TreeItem> trees;
     for (size_t i = 0; i < steps.size(); ++i) {
       const SeqStep& step = steps[i];
       SeqSampler& sm = *step.sampler;
-      if (sm.params.greedy()) continue;
       Lane& l = lane(step.seq);
+      const bool greedy = sm.params.greedy();
       const int32_t first = int32_t(rows.size());
-      for (int r = 0; r <= step.room; ++r)
-        rows.push_back(Sampler::filter_row(int32_t(l.step_row) + r, first + r, sm.params, V_));
+      if (!greedy)
+        for (int r = 0; r < rows_of_step(l, step); ++r)
+          rows.push_back(Sampler::filter_row(int32_t(l.step_row) + r, first + r, sm.params, V_));
+      if (l.tree_nodes > 0) {
+        TreeItem t;
+        t.rows = greedy ? nullptr : p_.data() + int64_t(first) * V_;
+        t.argmax = argmax_.data() + l.step_row;
+        t.tokens = round(l) + kRoundDrafts;
+        t.parents = round(l) + parents_at_;
+        t.result = round(l) + kRoundAccepted;
+        t.path_tokens = round(l) + kRoundDrafts;
+        t.path_nodes = round(l) + path_at_;
+        t.state = greedy || sm.keyed() ? nullptr : generator(l, sm);
+        t.seed = sm.seed;
+        t.first_position = step.position + 1;
+        t.nodes = l.tree_nodes;
+        t.mode = greedy ? kTreeGreedy : sm.keyed() ? kTreeKeyed : kTreeSampled;
+        trees.push_back(t);
+        continue;
+      }
+      if (greedy) continue;
       VerifyItem it;
       it.q = q_of(l);
       it.draft = round(l) + kRoundDrafts;
@@ -454,11 +523,16 @@ class CudaBackend : public engine::Backend {
       it.keyed = sm.keyed();
       checks.push_back(it);
     }
-    if (!checks.empty()) {
+    if (!rows.empty() || !trees.empty()) {
       const int cuts = cut_rows_first(rows);
-      const auto [d_rows, d_checks] = upload_sampling(verify_stage_, rows, checks);
-      sampler_.filtered_probs_rows(step_logits_, d_rows, int(rows.size()), cuts, p_.data());
-      sampler_.verify_items(p_.data(), d_checks, int(checks.size()));
+      const auto d =
+          upload_arrays(verify_stage_, {bytes_of(rows), bytes_of(checks), bytes_of(trees)});
+      sampler_.filtered_probs_rows(step_logits_, static_cast<const FilterRow*>(d[0]),
+                                   int(rows.size()), cuts, p_.data());
+      if (!checks.empty())
+        sampler_.verify_items(p_.data(), static_cast<const VerifyItem*>(d[1]), int(checks.size()));
+      if (!trees.empty())
+        sampler_.verify_trees(static_cast<const TreeItem*>(d[2]), int(trees.size()));
     }
     for (size_t i = 0; i < steps.size(); ++i) {
       const SeqStep& step = steps[i];
@@ -478,8 +552,10 @@ class CudaBackend : public engine::Backend {
       FLASHMAP_CHECK(
           accepted >= 0 && accepted <= steps[i].room && h[kRoundToken] >= 0 && h[kRoundToken] < V_,
           "device acceptance returned {} drafts and token {}", accepted, h[kRoundToken]);
+      Lane& l = lane(steps[i].seq);
       out[i].accepted = accepted;
-      out[i].drafted = steps[i].room;
+      out[i].drafted = l.tree_nodes > 0 ? l.tree_nodes : steps[i].room;
+      if (l.tree_nodes > 0) l.path.assign(h + path_at_, h + path_at_ + accepted);
       out[i].tokens.assign(h + kRoundDrafts, h + kRoundDrafts + accepted);
       out[i].tokens.push_back(h[kRoundToken]);
       out[i].logprobs.clear();
@@ -500,14 +576,16 @@ class CudaBackend : public engine::Backend {
 
  private:
   // Every sequence's block in one draft: a plan over the sequences' block tables (the anchor at
-  // the first position the drafter lacks, which the table grows to hold), the lanes whose
-  // round rows hold the anchors, and each draft's noise (seed, counter), in one upload; greedy
+  // the first position the drafter lacks, which the table grows to hold), the lanes whose round
+  // rows hold the anchors, and each draft's noise (seed, counter), in one upload; greedy
   // sequences' drafts are the rows' argmaxes, written to every round row in one launch, and the
-  // others then sample theirs from their own rows.
+  // others then sample theirs from their own rows. A sequence drafting a tree takes one draft per
+  // noise draw of its shape (each decoded as a block is) and, for top-k expansion, the ranked
+  // tokens of its first draw's slots; its trie is built on the host (DraftTrie, as the CPU's
+  // proposer builds it) and goes to its round row.
   void propose_paged(std::span<const SeqStep> steps) {
     const cudaStream_t st = ctx_.stream();
-    std::vector<paged::DraftSeq> seqs;
-    seqs.reserve(steps.size());
+    const int n = int(steps.size());
     for (const SeqStep& step : steps) {
       Lane& l = lane(step.seq);
       FLASHMAP_ASSERT(l.drafting && l.committed <= l.length);
@@ -515,23 +593,39 @@ class CudaBackend : public engine::Backend {
       pool_->grow(l.kv, l.length + 1, copies);
       // No forks on this backend: every block of a sequence is its own, nothing to copy.
       FLASHMAP_ASSERT(copies.empty());
+      l.tree_nodes = 0;
     }
-    for (const SeqStep& step : steps) {
-      const Lane& l = lane(step.seq);
-      seqs.push_back({pool_->table(l.kv), l.committed + 1});
+    const std::vector<int> nodes = tree_budgets(steps);
+    std::vector<int> draws(size_t(n), 1), first(size_t(n) + 1, 0);
+    for (int b = 0; b < n; ++b) {
+      if (nodes[size_t(b)] > 0) draws[size_t(b)] = std::max(1, steps[size_t(b)].tree.paths);
+      first[size_t(b) + 1] = first[size_t(b)] + draws[size_t(b)];
+    }
+    const int T = first.back();
+    std::vector<paged::DraftSeq> seqs;
+    seqs.reserve(size_t(T));
+    for (int b = 0; b < n; ++b) {
+      const Lane& l = lane(steps[size_t(b)].seq);
+      for (int d = 0; d < draws[size_t(b)]; ++d)
+        seqs.push_back({pool_->table(l.kv), l.committed + 1});
     }
     const paged::StepPlan plan = paged::plan_draft(seqs, K_, kBlockTokens, buckets_);
     const std::vector<int32_t> image = plan.image();
     FLASHMAP_ASSERT(image.size() <= size_t(draft_image_ints_));
     int32_t* host = draft_stage_.data();
-    const int n = int(steps.size());
-    for (int b = 0; b < plan.bucket; ++b) host[b] = b < n ? lane(steps[size_t(b)].seq).index : 0;
-    std::copy(image.begin(), image.end(), host + draft_lanes_cap_);
     uint64_t* rng = draft_rng_host_.data();
-    for (int b = 0; b < plan.bucket; ++b) {
-      rng[2 * b] = b < n ? steps[size_t(b)].sampler->seed : 0;
-      rng[2 * b + 1] = b < n ? ++lane(steps[size_t(b)].seq).drafts : 0;
+    std::fill(host, host + plan.bucket, 0);
+    std::fill(rng, rng + 2 * plan.bucket, 0);
+    for (int b = 0; b < n; ++b) {
+      const SeqStep& step = steps[size_t(b)];
+      Lane& l = lane(step.seq);
+      for (int d = first[size_t(b)]; d < first[size_t(b) + 1]; ++d) {
+        host[d] = l.index;
+        rng[2 * d] = step.sampler->seed;
+        rng[2 * d + 1] = ++l.drafts;
+      }
     }
+    std::copy(image.begin(), image.end(), host + draft_lanes_cap_);
     int32_t* d_lanes = draft_device_.data();
     const int32_t* d_image = d_lanes + draft_lanes_cap_;
     check(cudaMemcpyAsync(d_lanes, host, size_t(draft_lanes_cap_ + int64_t(image.size())) * 4,
@@ -544,36 +638,166 @@ class CudaBackend : public engine::Backend {
     check(cudaGetLastError(), "gather_anchors");
     float* logits = draft_logits_.data();
     proposer_->draft_paged(d_image, plan.bucket, draft_anchors_.data(), draft_rng_.data(), logits);
-    mask(logits, int64_t(n) * K_);
-    argmax_rows(logits, int64_t(n) * K_, V_, argmax_.data(), st);
-    scatter_drafts(argmax_.data(), d_lanes, n, K_, rounds_.data(), stride_, st);
+    mask(logits, int64_t(T) * K_);
+    argmax_rows(logits, int64_t(T) * K_, V_, argmax_.data(), st);
+    // Every draw's argmaxes into its lane's round row: the greedy blocks' drafts (a tree's draws
+    // write there too, and its trie replaces them below).
+    scatter_drafts(argmax_.data(), d_lanes, T, K_, rounds_.data(), stride_, st);
     check(cudaGetLastError(), "scatter_drafts");
-    // The sampled sequences: their rows' filtered q (each lane's rows of q_, which acceptance
-    // reads) in one launch, then every sequence's draws in one.
-    std::vector<FilterRow> rows;
-    std::vector<SampleItem> items;
+    // The sampled blocks: a block's filtered q (each lane's rows of q_, which acceptance reads)
+    // and its draws in one launch each; a sampled tree's draws are drawn the same way (their q
+    // in p_, which nothing reads later), each draw from the sequence's generator in turn, into
+    // the draws' argmax rows.
+    std::vector<FilterRow> q_rows, tree_rows;
+    std::vector<SampleItem> q_items, tree_items;
     for (int b = 0; b < n; ++b) {
       const SeqStep& step = steps[size_t(b)];
       SeqSampler& sm = *step.sampler;
       if (sm.params.greedy()) continue;
       Lane& l = lane(step.seq);
-      for (int r = 0; r < K_; ++r)
-        rows.push_back(Sampler::filter_row(b * K_ + r, l.index * K_ + r, sm.params, V_));
-      SampleItem it;
-      it.out = round(l) + kRoundDrafts;
-      it.state = sm.keyed() ? nullptr : generator(l, sm);
-      it.seed = sm.seed;
-      it.first_position = step.position + 1;
-      it.p_row = l.index * K_;
-      it.rows = K_;
-      it.keyed = sm.keyed();
-      items.push_back(it);
+      const bool tree = nodes[size_t(b)] > 0;
+      for (int d = first[size_t(b)]; d < first[size_t(b) + 1]; ++d) {
+        for (int r = 0; r < K_; ++r)
+          (tree ? tree_rows : q_rows)
+              .push_back(
+                  Sampler::filter_row(d * K_ + r, (tree ? d : l.index) * K_ + r, sm.params, V_));
+        SampleItem it;
+        it.out = tree ? argmax_.data() + int64_t(d) * K_ : round(l) + kRoundDrafts;
+        it.state = sm.keyed() ? nullptr : generator(l, sm);
+        it.seed = sm.seed;
+        it.first_position = step.position + 1;
+        it.p_row = (tree ? d : l.index) * K_;
+        it.rows = K_;
+        it.keyed = sm.keyed();
+        it.skip = (d - first[size_t(b)]) * K_;
+        (tree ? tree_items : q_items).push_back(it);
+      }
     }
-    if (items.empty()) return;
-    const int cuts = cut_rows_first(rows);
-    const auto [d_rows, d_items] = upload_sampling(draw_stage_, rows, items);
-    sampler_.filtered_probs_rows(logits, d_rows, int(rows.size()), cuts, q_.data());
-    sampler_.sample_items(q_.data(), d_items, int(items.size()), K_);
+    // The ranked tokens of a top-k tree's first draw, slot by slot.
+    std::vector<int32_t> ranked_src;
+    std::vector<int> ranked_at(size_t(n), -1);
+    int keep = 1;
+    for (int b = 0; b < n; ++b) {
+      if (nodes[size_t(b)] == 0 || steps[size_t(b)].tree.budget == 0) continue;
+      ranked_at[size_t(b)] = int(ranked_src.size());
+      for (int k = 0; k < tree_depth(steps[size_t(b)]); ++k)
+        ranked_src.push_back(first[size_t(b)] * K_ + k);
+      keep = std::max(keep, int(DraftTrie::topk_keep(V_, nodes[size_t(b)])));
+    }
+    const bool trees = std::any_of(nodes.begin(), nodes.end(), [](int v) { return v > 0; });
+    if (q_items.empty() && tree_items.empty() && !trees) return;  // greedy chains only
+    const int q_cuts = cut_rows_first(q_rows), tree_cuts = cut_rows_first(tree_rows);
+    const auto d =
+        upload_arrays(draw_stage_, {bytes_of(q_rows), bytes_of(tree_rows), bytes_of(q_items),
+                                    bytes_of(tree_items), bytes_of(ranked_src)});
+    sampler_.filtered_probs_rows(logits, static_cast<const FilterRow*>(d[0]), int(q_rows.size()),
+                                 q_cuts, q_.data());
+    sampler_.filtered_probs_rows(logits, static_cast<const FilterRow*>(d[1]), int(tree_rows.size()),
+                                 tree_cuts, p_.data());
+    sampler_.sample_items(q_.data(), static_cast<const SampleItem*>(d[2]), int(q_items.size()), K_);
+    sampler_.sample_items(p_.data(), static_cast<const SampleItem*>(d[3]), int(tree_items.size()),
+                          K_);
+    if (!trees) return;
+    if (!ranked_src.empty())
+      sampler_.ranked_logprobs(logits, static_cast<const int32_t*>(d[4]), int(ranked_src.size()),
+                               keep, ranked_ids_.data(), ranked_lps_.data());
+    build_trees(steps, nodes, first, ranked_at, keep, int(ranked_src.size()));
+  }
+
+  // The rows a sequence verifies this round: its anchor and drafts, or its anchor and tree.
+  int rows_of_step(const Lane& l, const SeqStep& st) const {
+    return l.tree_nodes > 0 ? 1 + l.tree_nodes : st.room + 1;
+  }
+  int tree_depth(const SeqStep& st) const { return std::min(st.room, K_); }
+  // Per sequence, the most nodes its trie may hold this round (0: it drafts a block): the CPU's
+  // budget (the shape's, or kMaxTreePaths · K for noise draws alone) within the device's
+  // (max_nodes_) and the positions left in its cache. Trees go to sequences whose rounds may
+  // draft one (no controls, no logprobs, as the engine asks) and only when the round's draws fit
+  // one batched draft and its rows the step's buffers; otherwise every sequence drafts a block.
+  std::vector<int> tree_budgets(std::span<const SeqStep> steps) const {
+    const int n = int(steps.size());
+    std::vector<int> nodes(size_t(n), 0);
+    if (!info_.caps.trees) return nodes;
+    int64_t draws = 0, R = 1;
+    bool any = false;
+    for (int b = 0; b < n; ++b) {
+      const SeqStep& st = steps[size_t(b)];
+      const Lane& l = lanes_[size_t(st.seq)];
+      ++draws;
+      const bool tree = st.tree.active() && !controlled(st) && st.logprobs < 0 && st.room > 0;
+      int64_t most = 0;
+      if (tree) {
+        most = st.tree.budget > 0 ? st.tree.budget : int64_t(kMaxTreePaths) * K_;
+        most = std::min<int64_t>({most, max_nodes_, pool_->max_positions(l.kv) - l.length - 1});
+      }
+      if (most < 1) {
+        R = std::max<int64_t>(R, st.room + 1);
+        continue;
+      }
+      nodes[size_t(b)] = int(most);
+      draws += std::max(1, st.tree.paths) - 1;
+      R = std::max<int64_t>(R, 1 + most);
+      any = true;
+    }
+    if (any &&
+        (draws > buckets_.back() || int64_t(paged::bucket_for(n, buckets_)) * R > step_rows_cap_))
+      std::fill(nodes.begin(), nodes.end(), 0);
+    return nodes;
+  }
+  // One synchronization brings every draw's block and the ranked lists to the host; each tree
+  // sequence's trie is built as the CPU's proposer builds it (src/cpu/proposers.cpp pick_tree)
+  // and goes to its round row: tokens after the anchor, parents after them.
+  void build_trees(std::span<const SeqStep> steps, const std::vector<int>& nodes,
+                   const std::vector<int>& first, const std::vector<int>& ranked_at, int keep,
+                   int ranked_rows) {
+    const int T = first.back();
+    const cudaStream_t st = ctx_.stream();
+    check(cudaMemcpyAsync(tree_blocks_.data(), argmax_.data(), size_t(T) * K_ * 4,
+                          cudaMemcpyDeviceToHost, st),
+          "cudaMemcpyAsync D2H (tree draws)");
+    const size_t ranked = size_t(ranked_rows) * size_t(keep);
+    if (ranked) {
+      check(cudaMemcpyAsync(ranked_ids_host_.data(), ranked_ids_.data(), ranked * 4,
+                            cudaMemcpyDeviceToHost, st),
+            "cudaMemcpyAsync D2H (ranked ids)");
+      check(cudaMemcpyAsync(ranked_lps_host_.data(), ranked_lps_.data(), ranked * 4,
+                            cudaMemcpyDeviceToHost, st),
+            "cudaMemcpyAsync D2H (ranked log-probabilities)");
+    }
+    ctx_.sync();
+    for (size_t b = 0; b < steps.size(); ++b) {
+      if (nodes[b] == 0) continue;
+      const SeqStep& step = steps[b];
+      Lane& l = lane(step.seq);
+      const int depth = tree_depth(step), most = nodes[b];
+      DraftTrie trie;
+      if (step.tree.paths > 0)
+        for (int d = first[b]; d < first[b + 1]; ++d)
+          if (!trie.insert_path({tree_blocks_.data() + int64_t(d) * K_, size_t(K_)}, depth, most))
+            break;
+      if (step.tree.budget > 0) {
+        const int64_t use = std::min<int64_t>(keep, DraftTrie::topk_keep(V_, most));
+        std::vector<std::vector<std::pair<int32_t, float>>> lists(static_cast<size_t>(depth));
+        for (int k = 0; k < depth; ++k) {
+          const size_t row = size_t(ranked_at[b] + k) * size_t(keep);
+          for (int64_t j = 0; j < use; ++j)
+            lists[size_t(k)].push_back({ranked_ids_host_.data()[row + size_t(j)],
+                                        ranked_lps_host_.data()[row + size_t(j)]});
+        }
+        trie.expand_ranked(lists, most);
+      }
+      FLASHMAP_ASSERT(trie.nodes() >= 1 && trie.nodes() <= most);
+      l.tree_nodes = trie.nodes();
+      l.step_parents.assign(1, -1);
+      for (int32_t p : trie.parents) l.step_parents.push_back(p + 1);
+      // Pageable sources: staged before each call returns, copied in stream order.
+      check(cudaMemcpyAsync(round(l) + kRoundDrafts, trie.tokens.data(), trie.tokens.size() * 4,
+                            cudaMemcpyHostToDevice, st),
+            "cudaMemcpyAsync H2D (tree tokens)");
+      check(cudaMemcpyAsync(round(l) + parents_at_, trie.parents.data(), trie.parents.size() * 4,
+                            cudaMemcpyHostToDevice, st),
+            "cudaMemcpyAsync H2D (tree parents)");
+    }
   }
 
   // Rows that cut (and so are sorted) first, in their order; the count of them.
@@ -582,22 +806,35 @@ class CudaBackend : public engine::Backend {
         rows.begin(), rows.end(), [&](const FilterRow& r) { return Sampler::cuts(r, V_); });
     return int(mid - rows.begin());
   }
-  // One upload of a batch's filter rows and items (each array 16-byte aligned in the area).
-  template <class Item>
-  std::pair<const FilterRow*, const Item*> upload_sampling(Staging& stage,
-                                                           const std::vector<FilterRow>& rows,
-                                                           const std::vector<Item>& items) {
-    static_assert(sizeof(FilterRow) % 4 == 0 && sizeof(Item) % 8 == 0);
-    const size_t rows_ints = (rows.size() * sizeof(FilterRow) / 4 + 3) / 4 * 4;
-    const size_t ints = rows_ints + items.size() * sizeof(Item) / 4;
+  template <class T>
+  static std::pair<const void*, size_t> bytes_of(const std::vector<T>& v) {
+    static_assert(alignof(T) <= 16 && sizeof(T) % 4 == 0);
+    return {v.data(), v.size() * sizeof(T)};
+  }
+  // One upload of several arrays (each at a 16-byte aligned offset of the stage); their device
+  // addresses, in order.
+  std::vector<const void*> upload_arrays(
+      Staging& stage, std::initializer_list<std::pair<const void*, size_t>> arrays) {
+    std::vector<size_t> at;
+    size_t ints = 0;
+    for (const auto& [data, bytes] : arrays) {
+      at.push_back(ints);
+      ints += (bytes / 4 + 3) / 4 * 4;
+    }
     int32_t* host = stage.reserve(ctx_, ints, ints);
-    std::memcpy(host, rows.data(), rows.size() * sizeof(FilterRow));
-    std::memcpy(host + rows_ints, items.data(), items.size() * sizeof(Item));
+    size_t k = 0;
+    for (const auto& [data, bytes] : arrays)
+      if (bytes)
+        std::memcpy(host + at[k++], data, bytes);
+      else
+        ++k;
     int32_t* dev = stage.device.data();
-    check(cudaMemcpyAsync(dev, host, ints * 4, cudaMemcpyHostToDevice, ctx_.stream()),
-          "cudaMemcpyAsync H2D (sampling batch)");
-    return {reinterpret_cast<const FilterRow*>(dev),
-            reinterpret_cast<const Item*>(dev + rows_ints)};
+    if (ints)
+      check(cudaMemcpyAsync(dev, host, ints * 4, cudaMemcpyHostToDevice, ctx_.stream()),
+            "cudaMemcpyAsync H2D (sampling batch)");
+    std::vector<const void*> out;
+    for (size_t a : at) out.push_back(dev + a);
+    return out;
   }
 
   // A commit plan's rows of `features` into the drafter's pool (one upload, one pass).
@@ -703,6 +940,7 @@ class CudaBackend : public engine::Backend {
     widest.table_stride = int32_t(max_table);
     const int64_t image_ints = widest.offsets().total;
     const int64_t rows = std::max<int64_t>(int64_t(n) * R, int64_t(kPrefillChunk));
+    step_rows_cap_ = int64_t(n) * R;
     const int taps = int(info_.taps.size());
     target_.reserve_step(rows, image_ints, int64_t(n) * R, taps, n, int(R));
     // The prefill's chunk of one sequence needs partials of its own shape.
@@ -728,6 +966,12 @@ class CudaBackend : public engine::Backend {
       draft_rng_ = DeviceBuffer<uint64_t>(2 * size_t(n));
       draft_logits_ = DeviceBuffer<float>(size_t(n) * size_t(K_) * size_t(V_));
       batch_bytes = proposer_->batch_bytes(n);
+      const size_t ranked = size_t(n) * size_t(K_) * size_t(max_nodes_ + 1);
+      tree_blocks_ = HostBuffer<int32_t>(size_t(n) * size_t(K_));
+      ranked_ids_host_ = HostBuffer<int32_t>(ranked);
+      ranked_lps_host_ = HostBuffer<float>(ranked);
+      ranked_ids_ = DeviceBuffer<int32_t>(ranked);
+      ranked_lps_ = DeviceBuffer<float>(ranked);
     }
     ctx_.sync();
     // The lanes still to be made come out of what is left; a reserve for what grows later.
@@ -877,6 +1121,15 @@ class CudaBackend : public engine::Backend {
   Staging step_stage_, accept_stage_;  // a round's uploads: the step's, the acceptance's
   Staging commit_stage_;               // the drafter's commit plans (device side only)
   Staging draw_stage_, verify_stage_;  // a batch's sampling uploads: drafts', acceptance's
+  Staging keep_stage_;                 // the slot moves that keep trees' accepted paths
+  // Draft trees: the most nodes a trie holds, where its parents and the accepted path sit in a
+  // round row, the rows the step's buffers hold, the draws' blocks and the ranked lists.
+  int max_nodes_ = 1;
+  int64_t parents_at_ = 0, path_at_ = 0, step_rows_cap_ = 0;
+  HostBuffer<int32_t> tree_blocks_, ranked_ids_host_;
+  HostBuffer<float> ranked_lps_host_;
+  DeviceBuffer<int32_t> ranked_ids_;
+  DeviceBuffer<float> ranked_lps_;
   // Batched drafting (a paged proposer): [lanes | plan image] pinned and on the device, the
   // anchors, each draft's (seed, counter), the logits of every sequence's block.
   bool paged_ = false;

@@ -300,6 +300,17 @@ __global__ void copy_kv_blocks_kernel(uint16_t* pools, int64_t pool_stride, int6
   for (int64_t e = threadIdx.x; e < n; e += blockDim.x) d[e] = s[e];
 }
 
+// One thread per (pool, element of a row): the pairs in order, so each element sees the copies
+// before it; elements are independent of one another.
+__global__ void copy_kv_rows_kernel(uint16_t* pools, int64_t pool_stride, int64_t row_elems,
+                                    const int32_t* pairs, int n) {
+  uint16_t* pool = pools + int64_t(blockIdx.y) * pool_stride;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < row_elems;
+       e += int64_t(gridDim.x) * blockDim.x)
+    for (int i = 0; i < n; ++i)
+      pool[int64_t(pairs[2 * i + 1]) * row_elems + e] = pool[int64_t(pairs[2 * i]) * row_elems + e];
+}
+
 template <int HDP>
 void launch_attention(dim3 grid, const bf16* q, const StepView& sv, int nh, int nkv, int hd,
                       const bf16* k, const bf16* v, float scale_log2, float* pm, float* pl,
@@ -406,6 +417,14 @@ void copy_kv_blocks(uint16_t* pools, int pools_count, int64_t pool_stride, int64
     throw std::invalid_argument("copy_kv_blocks: rows must be whole 16-byte units");
   copy_kv_blocks_kernel<<<dim3(unsigned(n_copies), unsigned(pools_count)), 256, 0, stream>>>(
       pools, pool_stride, row_elems, block_tokens, copies);
+}
+
+void copy_kv_rows(uint16_t* pools, int pools_count, int64_t pool_stride, int64_t row_elems,
+                  const int32_t* pairs, int n_pairs, cudaStream_t stream) {
+  if (n_pairs <= 0 || pools_count <= 0 || row_elems <= 0) return;
+  const unsigned x = unsigned(std::min<int64_t>((row_elems + 255) / 256, 64));
+  copy_kv_rows_kernel<<<dim3(x, unsigned(pools_count)), 256, 0, stream>>>(
+      pools, pool_stride, row_elems, pairs, n_pairs);
 }
 
 }  // namespace flashmap::cuda

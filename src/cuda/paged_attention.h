@@ -72,4 +72,10 @@ void paged_attention(const uint16_t* q, const StepView& step, int n_heads, int n
 void copy_kv_blocks(uint16_t* pools, int pools_count, int64_t pool_stride, int64_t row_elems,
                     int block_tokens, const int32_t* copies, int n_copies, cudaStream_t stream);
 
+// The rows pairs[2i] -> pairs[2i + 1] (slots) of every pool, applied in pair order (a later pair
+// may overwrite a row an earlier one reads: paged::plan_keep_path): a draft tree's accepted path
+// moved to the positions after its anchor.
+void copy_kv_rows(uint16_t* pools, int pools_count, int64_t pool_stride, int64_t row_elems,
+                  const int32_t* pairs, int n_pairs, cudaStream_t stream);
+
 }  // namespace flashmap::cuda

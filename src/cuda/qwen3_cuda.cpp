@@ -587,6 +587,12 @@ void Qwen3Model::copy_blocks(PagedKV& kv, const int32_t* d_copies, int n) {
   check(cudaGetLastError(), "copy_kv_blocks");
 }
 
+void Qwen3Model::copy_rows(PagedKV& kv, const int32_t* d_pairs, int n) {
+  copy_kv_rows(kv.pools(), kv.pool_count(), kv.pool_stride(), kv.row_elems(), d_pairs, n,
+               ctx_.stream());
+  check(cudaGetLastError(), "copy_kv_rows");
+}
+
 // The batched step: every row of the bucket through row-invariant products, keys and values
 // written to the pool at each row's slot, paged attention.
 void Qwen3Model::run_step(const StepKey& key, PagedKV& kv, int64_t last_row) {

@@ -193,6 +193,8 @@ class Qwen3Model {
                       bool graph, int64_t last_row = 0);
   // Enqueues paged::BlockPool's copies ({src, dst, tokens} triples in a device array).
   void copy_blocks(PagedKV& kv, const int32_t* d_copies, int n);
+  // copy_kv_rows of every layer's keys and values: n (source, destination) slot pairs at d_pairs.
+  void copy_rows(PagedKV& kv, const int32_t* d_pairs, int n);
 
   // Preallocates activation buffers for forwards of up to `rows` tokens (and logits for
   // `logit_rows` rows) so that a later, longer prefill does not regrow them: regrowing drops the

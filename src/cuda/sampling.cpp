@@ -89,6 +89,26 @@ void Sampler::sample_items(const float* p, const SampleItem* d_items, int n, int
   check(launch_sample_items(p, d_items, n, max_rows, vocab_, ctx_.stream()), "sample_items");
 }
 
+void Sampler::ranked_logprobs(const float* logits, const int32_t* d_src_rows, int n, int keep,
+                              int32_t* ids, float* lps) {
+  FLASHMAP_CHECK(n >= 0 && n <= max_rows_ && keep >= 1 && keep <= vocab_,
+                 "cuda::Sampler::ranked_logprobs: {} rows of {} (the sampler sorts {} rows of {})",
+                 n, keep, max_rows_, vocab_);
+  if (n == 0) return;
+  cudaStream_t s = ctx_.stream();
+  check(launch_logprob_keys_rows(logits, d_src_rows, n, vocab_, keys_.data(), s),
+        "logprob_keys_rows");
+  size_t bytes = sort_temp_.size();
+  check(sort_keys_descending(sort_temp_.data(), bytes, keys_.data(), sorted_.data(), n, vocab_,
+                             offsets_.data(), s),
+        "cub::DeviceSegmentedRadixSort::SortKeysDescending");
+  check(launch_ranked_rows(sorted_.data(), n, vocab_, keep, ids, lps, s), "ranked_rows");
+}
+
+void Sampler::verify_trees(const TreeItem* d_items, int n) {
+  check(launch_verify_trees(d_items, n, vocab_, ctx_.stream()), "verify_trees");
+}
+
 void Sampler::seed(uint64_t seed) {
   const uint64_t s[2] = {seed, 0};
   state_.upload(ctx_, s, 2);

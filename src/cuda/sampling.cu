@@ -409,14 +409,100 @@ __global__ void __launch_bounds__(kThreads)
   } else {
     const UniformSource u{it.state, nullptr, 0};
     tok = block_sample(
-        V, [row](int64_t i) { return row[i]; }, draw(u, u.state[1] + uint64_t(r)));
+        V, [row](int64_t i) { return row[i]; },
+        draw(u, u.state[1] + uint64_t(it.skip) + uint64_t(r)));
   }
   if (threadIdx.x == 0) it.out[r] = tok;
 }
 
+// Items may share a generator (a tree's draws): the additions are atomic.
 __global__ void advance_items_kernel(const SampleItem* items, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n && !items[i].keyed) items[i].state[1] += uint64_t(items[i].rows);
+  if (i < n && !items[i].keyed)
+    atomicAdd(reinterpret_cast<unsigned long long*>(items[i].state + 1),
+              static_cast<unsigned long long>(items[i].rows));
+}
+
+// --- draft trees ---------------------------------------------------------------------------
+
+// IEEE bits mapped so that unsigned order is the floats' order (negative ones included).
+__device__ __forceinline__ uint32_t ordered_bits(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float from_ordered_bits(uint32_t u) {
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    logprob_keys_rows_kernel(const float* logits, const int32_t* src_rows, int64_t V,
+                             uint64_t* keys) {
+  const float* x = logits + int64_t(src_rows[blockIdx.x]) * V;
+  uint64_t* k = keys + int64_t(blockIdx.x) * V;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, x[i]);
+  mx = block_reduce(mx, MaxOp{}, -INFINITY);
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) sum += exp(double(x[i]) - double(mx));
+  sum = block_reduce(sum, SumOp{}, 0.0);
+  const float lse = float(double(mx) + log(sum));
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x)
+    k[i] = (uint64_t(ordered_bits(x[i] - lse)) << 32) | uint64_t(0xffffffffu - uint32_t(i));
+}
+
+__global__ void ranked_rows_kernel(const uint64_t* sorted, int64_t V, int keep, int32_t* ids,
+                                   float* lps) {
+  const uint64_t* k = sorted + int64_t(blockIdx.x) * V;
+  for (int j = threadIdx.x; j < keep; j += blockDim.x) {
+    ids[int64_t(blockIdx.x) * keep + j] = int32_t(key_id(k[j]));
+    lps[int64_t(blockIdx.x) * keep + j] = from_ordered_bits(uint32_t(k[j] >> 32));
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) verify_trees_kernel(const TreeItem* items, int64_t V) {
+  const TreeItem it = items[blockIdx.x];
+  __shared__ int32_t s_nodes[kMaxTreeDepth], s_tokens[kMaxTreeDepth];
+  const UniformSource u{it.state, nullptr, 0};
+  uint64_t c = it.mode == kTreeSampled ? it.state[1] : 0;
+  int node = -1, depth = 0;
+  int32_t t = 0;
+  for (;;) {
+    const int64_t row = node + 1;
+    const float* p = it.rows ? it.rows + row * V : nullptr;
+    if (it.mode == kTreeGreedy) {
+      t = it.argmax[row];
+    } else if (it.mode == kTreeKeyed) {
+      t = block_sample_keyed(V, p, position_key(it.seed, it.first_position + depth));
+    } else {
+      t = block_sample(
+          V, [p](int64_t i) { return p[i]; }, draw(u, c++));
+    }
+    // The child of `node` holding t: children come after their parent.
+    int64_t found = INT64_MAX;
+    for (int i = node + 1 + int(threadIdx.x); i < it.nodes; i += int(blockDim.x))
+      if (it.parents[i] == node && it.tokens[i] == t) {
+        found = i;
+        break;
+      }
+    found = block_reduce(found, MinOp{}, int64_t(INT64_MAX));
+    if (found == INT64_MAX || depth >= kMaxTreeDepth) break;
+    if (threadIdx.x == 0) {
+      s_nodes[depth] = int32_t(found);
+      s_tokens[depth] = t;
+    }
+    node = int(found);
+    ++depth;
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < depth; j += blockDim.x) {
+    it.path_nodes[j] = s_nodes[j];
+    it.path_tokens[j] = s_tokens[j];
+  }
+  if (threadIdx.x == 0) {
+    it.result[0] = depth;
+    it.result[1] = t;
+    if (it.mode == kTreeSampled) it.state[1] = c;
+  }
 }
 
 unsigned pointwise_grid(int64_t n) {
@@ -525,6 +611,26 @@ cudaError_t launch_sample_items(const float* p, const SampleItem* items, int n, 
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   advance_items_kernel<<<unsigned((n + 127) / 128), 128, 0, stream>>>(items, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_logprob_keys_rows(const float* logits, const int32_t* src_rows, int n,
+                                     int64_t vocab, uint64_t* keys, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  logprob_keys_rows_kernel<<<unsigned(n), kThreads, 0, stream>>>(logits, src_rows, vocab, keys);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_ranked_rows(const uint64_t* sorted, int n, int64_t vocab, int keep, int32_t* ids,
+                               float* lps, cudaStream_t stream) {
+  if (n <= 0 || keep <= 0) return cudaSuccess;
+  ranked_rows_kernel<<<unsigned(n), 256, 0, stream>>>(sorted, vocab, keep, ids, lps);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_verify_trees(const TreeItem* items, int n, int64_t vocab, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  verify_trees_kernel<<<unsigned(n), kThreads, 0, stream>>>(items, vocab);
   return cudaGetLastError();
 }
 

@@ -93,6 +93,13 @@ class Sampler {
   // sample_keyed / sample of n sequences' rows (d_items, device; each at most max_rows rows).
   void sample_items(const float* p, const SampleItem* d_items, int n, int max_rows);
 
+  // Draft trees. DraftTrie::expand_ranked's lists of logits rows d_src_rows[r] (r < n, at most
+  // max_rows()): the first `keep` ids and log-probabilities of each, ids/lps [n, keep] (device).
+  void ranked_logprobs(const float* logits, const int32_t* d_src_rows, int n, int keep,
+                       int32_t* ids, float* lps);
+  // verify_tree of n sequences' tries (d_items, device) in one launch.
+  void verify_trees(const TreeItem* d_items, int n);
+
  private:
   UniformSource source() const {
     return {bound_ ? bound_ : state_.data(), bound_ ? nullptr : table_, bound_ ? 0 : table_size_};

@@ -111,15 +111,53 @@ cudaError_t launch_verify_items(const float* p, const VerifyItem* items, int n, 
 
 // One sequence's draws: rows p_row … p_row + rows − 1 of p, keyed (flashmap::sample_keyed at
 // positions first_position …) or from its generator state (then the counter advances by rows).
+// skip: the item's rows take uniforms counter + skip + r, so that several items drawing from one
+// generator (a tree's noise draws) take consecutive uniforms as one sequential caller would; the
+// counters advance by every item's rows.
 struct SampleItem {
   int32_t* out = nullptr;     // [rows] ids
   uint64_t* state = nullptr;  // {seed, counter} (unkeyed)
   uint64_t seed = 0;
   int64_t first_position = 0;
-  int32_t p_row = 0, rows = 0, keyed = 0, pad = 0;
+  int32_t p_row = 0, rows = 0, keyed = 0, skip = 0;
 };
 cudaError_t launch_sample_items(const float* p, const SampleItem* items, int n, int max_rows,
                                 int64_t vocab, cudaStream_t stream);
+
+// --- draft trees ----------------------------------------------------------------------------
+
+// Sort keys of log_softmax_row (src/specdec/tree.cpp: lp = x − float(max + log Σ exp(x − max)),
+// the sum in double) for logits rows src_rows[r] (r < n) into keys row r: sorted descending,
+// the larger log-probability first and the lower id first among equals (DraftTrie's rank order).
+cudaError_t launch_logprob_keys_rows(const float* logits, const int32_t* src_rows, int n,
+                                     int64_t vocab, uint64_t* keys, cudaStream_t stream);
+// The first `keep` entries of each sorted row r < n: ids[r·keep + j] and their log-probabilities
+// lps[r·keep + j] (DraftTrie::expand_ranked's lists).
+cudaError_t launch_ranked_rows(const uint64_t* sorted, int n, int64_t vocab, int keep, int32_t* ids,
+                               float* lps, cudaStream_t stream);
+
+// One sequence's draft tree accepted by sample-and-match (flashmap::verify_tree): from the
+// anchor's row, the target's token at each visited node is its argmax (greedy), its keyed draw
+// at the node's position (keyed) or a draw from its generator (sampled: one uniform per visit),
+// and the walk descends to the child holding it.
+struct TreeItem {
+  const float* rows = nullptr;       // [1 + nodes, vocab] filtered target rows (keyed, sampled)
+  const int32_t* argmax = nullptr;   // [1 + nodes] the rows' argmaxes (greedy)
+  const int32_t* tokens = nullptr;   // [nodes] the trie
+  const int32_t* parents = nullptr;  // [nodes], −1 the anchor; parents[i] < i
+  int32_t* result = nullptr;         // accepted (the path's length), token (the target's after it)
+  int32_t* path_tokens = nullptr;    // [accepted] the path's tokens, root first
+  int32_t* path_nodes = nullptr;     // [accepted] its nodes
+  uint64_t* state = nullptr;         // {seed, counter} (sampled)
+  uint64_t seed = 0;                 // keyed
+  int64_t first_position = 0;        // the position after the anchor
+  int32_t nodes = 0;
+  int32_t mode = 0;  // kTreeGreedy, kTreeKeyed, kTreeSampled
+};
+constexpr int32_t kTreeGreedy = 0, kTreeKeyed = 1, kTreeSampled = 2;
+// The deepest path a tree walk records.
+constexpr int kMaxTreeDepth = 256;
+cudaError_t launch_verify_trees(const TreeItem* items, int n, int64_t vocab, cudaStream_t stream);
 
 // Writes uniforms number counter … counter + n − 1 to out and advances the counter (tests).
 cudaError_t launch_draw_uniforms(UniformSource u, int64_t n, double* out, cudaStream_t stream);

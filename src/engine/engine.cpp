@@ -293,7 +293,8 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
     FLASHMAP_CHECK(info.has_drafter(), "--draft-tree {} needs a drafter (--draft)",
                    options_.draft_tree);
     FLASHMAP_CHECK(info.caps.trees,
-                   "--draft-tree {}: draft trees run on the CPU backend only, not on {}",
+                   "--draft-tree {}: {} does not draft trees with this drafter (the CPU backend "
+                   "does with every drafter, CUDA with FlashMap drafters)",
                    options_.draft_tree, info.device);
     if (tree_auto) {
       // A DFlash drafter has no noise: its draws would all be the same block.

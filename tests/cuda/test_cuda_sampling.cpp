@@ -24,6 +24,7 @@
 #include "cuda/sampling.h"
 #include "gpu_test.h"
 #include "specdec/sampling.h"
+#include "specdec/tree.h"
 #include "specdec/verify.h"
 
 namespace flashmap::cuda {
@@ -742,6 +743,155 @@ TEST_F(CudaSampling, BatchedVerifyAndDrawsEqualSingleCalls) {
     EXPECT_EQ(got_ids[size_t(keyed * K + r)],
               sample_keyed({cases[size_t(keyed)].p.data() + r * V, size_t(V)}, 5, 100 + r));
   EXPECT_EQ(got_ids[size_t(1 * K + 2)], -1);  // sequence 1 drew 2 rows only
+}
+
+// --- draft trees -------------------------------------------------------------------------------
+
+// A random trie over `nodes` nodes whose children of a node often hold the target's likely
+// tokens (so walks go deep): node i's parent is a random earlier node (or the anchor) and its
+// token the argmax of its parent's row, or another id.
+struct Trie {
+  std::vector<int32_t> tokens, parents;
+};
+Trie random_trie(const std::vector<float>& logits, int64_t V, int nodes, std::mt19937_64& g) {
+  Trie t;
+  for (int i = 0; i < nodes; ++i) {
+    const int parent = int(g() % uint64_t(i + 1)) - 1;
+    const float* row = logits.data() + int64_t(parent + 1) * V;
+    int32_t tok = int32_t(std::max_element(row, row + V) - row);
+    if (g() % 3 == 0) tok = int32_t(g() % uint64_t(V));
+    // A trie: siblings hold distinct tokens.
+    auto taken = [&](int32_t x) {
+      for (int k = 0; k < i; ++k)
+        if (t.parents[size_t(k)] == parent && t.tokens[size_t(k)] == x) return true;
+      return false;
+    };
+    while (taken(tok)) tok = int32_t((tok + 1) % V);
+    t.parents.push_back(parent);
+    t.tokens.push_back(tok);
+  }
+  return t;
+}
+
+// Tree walks on the device against flashmap::verify_tree: greedy (the rows' argmaxes) and keyed
+// (keyed draws of the filtered rows) exactly; sampled ones walk a valid path, take one uniform
+// per visited node and end on a token no child of the last node holds.
+TEST_F(CudaSampling, TreeWalksEqualVerifyTree) {
+  const int64_t V = 3001;
+  std::mt19937_64 g(8);
+  const SamplingParams sp{1.0f, 0, 0.95f, 0.0f};
+  for (int trial = 0; trial < 12; ++trial) {
+    const int nodes = 1 + int(g() % 40);
+    std::vector<float> logits;
+    for (int r = 0; r <= nodes; ++r) {
+      const auto row = grid_logits(V, g(), 16.0f);
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+    Trie trie = random_trie(logits, V, nodes, g);
+    std::vector<int32_t> argmax;
+    for (int r = 0; r <= nodes; ++r) {
+      const float* row = logits.data() + int64_t(r) * V;
+      argmax.push_back(int32_t(std::max_element(row, row + V) - row));
+    }
+    const auto p = cpu_filtered(logits, V, sp);
+    auto d_p = up(p);
+    auto d_argmax = up(argmax), d_tokens = up(trie.tokens), d_parents = up(trie.parents);
+    DeviceBuffer<int32_t> out(size_t(3 * (2 + nodes)));
+    auto d_state = up(std::vector<uint64_t>{uint64_t(60 + trial), 5});
+    std::vector<TreeItem> items(3);
+    for (int m = 0; m < 3; ++m) {
+      TreeItem& t = items[size_t(m)];
+      t.rows = m == kTreeGreedy ? nullptr : d_p.data();
+      t.argmax = d_argmax.data();
+      t.tokens = d_tokens.data();
+      t.parents = d_parents.data();
+      t.result = out.data() + m * (2 + nodes);
+      t.path_tokens = t.result + 2;
+      t.path_nodes = nullptr;
+      t.seed = 99;
+      t.first_position = 17;
+      t.nodes = nodes;
+      t.mode = m;
+      t.state = m == kTreeSampled ? d_state.data() : nullptr;
+    }
+    DeviceBuffer<int32_t> path_nodes(size_t(3 * nodes + 3));
+    for (int m = 0; m < 3; ++m) items[size_t(m)].path_nodes = path_nodes.data() + m * (nodes + 1);
+    DeviceBuffer<TreeItem> d_items(items.size());
+    check(cudaMemcpyAsync(d_items.data(), items.data(), items.size() * sizeof(TreeItem),
+                          cudaMemcpyHostToDevice, ctx->stream()),
+          "H2D");
+    Sampler s(*ctx, V, 4);
+    s.verify_trees(d_items.data(), 3);
+    const auto got = down(out), got_nodes = down(path_nodes);
+    const auto state = down(d_state);
+    for (int m = 0; m < 3; ++m) {
+      const int32_t* r = got.data() + m * (2 + nodes);
+      const int depth = r[0];
+      ASSERT_GE(depth, 0);
+      ASSERT_LE(depth, nodes);
+      // A valid path: each node the child of the one before, its token the one recorded.
+      int node = -1;
+      for (int j = 0; j < depth; ++j) {
+        const int32_t next = got_nodes[size_t(m * (nodes + 1) + j)];
+        ASSERT_GE(next, 0);
+        ASSERT_LT(next, nodes);
+        EXPECT_EQ(trie.parents[size_t(next)], node) << "mode " << m;
+        EXPECT_EQ(trie.tokens[size_t(next)], r[2 + j]) << "mode " << m;
+        node = next;
+      }
+      for (int i = 0; i < nodes; ++i)
+        EXPECT_FALSE(trie.parents[size_t(i)] == node && trie.tokens[size_t(i)] == r[1])
+            << "mode " << m << ": the walk stopped although a child holds its token";
+      if (m == kTreeSampled) {
+        EXPECT_EQ(state[1], uint64_t(5 + depth + 1)) << "one uniform per visited node";
+        continue;
+      }
+      SeqSampler cpu(m == kTreeGreedy ? SamplingParams{} : sp, 99, m == kTreeKeyed);
+      std::vector<int> path;
+      int32_t bonus = -1;
+      const int want =
+          verify_tree(cpu, trie.tokens, trie.parents, logits.data(), V, 17, path, bonus);
+      EXPECT_EQ(depth, want) << "mode " << m << " trial " << trial;
+      EXPECT_EQ(r[1], bonus) << "mode " << m << " trial " << trial;
+      for (int j = 0; j < std::min(depth, want); ++j)
+        EXPECT_EQ(got_nodes[size_t(m * (nodes + 1) + j)], path[size_t(j)]);
+    }
+  }
+}
+
+// The ranked lists of top-k expansion against the CPU's log_softmax_row ranked as DraftTrie
+// ranks it (log-probability descending, the lower id first among equals; planted ties).
+TEST_F(CudaSampling, RankedLogprobsEqualTheCpuRanking) {
+  const int64_t V = 2048;
+  const int rows = 5, keep = 40;
+  std::vector<float> logits;
+  std::mt19937_64 g(2);
+  for (int r = 0; r < rows; ++r) {
+    auto row = grid_logits(V, g(), 20.0f);
+    for (int i = 0; i < 30; ++i) row[size_t(g() % uint64_t(V))] = row[0];  // ties
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  auto d_logits = up(logits);
+  const std::vector<int32_t> src = {4, 0, 2, 3, 1};
+  auto d_src = up(src);
+  DeviceBuffer<int32_t> ids(size_t(rows * keep));
+  DeviceBuffer<float> lps(size_t(rows * keep));
+  Sampler s(*ctx, V, rows);
+  s.ranked_logprobs(d_logits.data(), d_src.data(), rows, keep, ids.data(), lps.data());
+  const auto got_ids = down(ids);
+  const auto got_lps = down(lps);
+  for (int r = 0; r < rows; ++r) {
+    const auto lp = log_softmax_row(logits.data() + int64_t(src[size_t(r)]) * V, V);
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return lp[size_t(a)] > lp[size_t(b)]; });
+    for (int j = 0; j < keep; ++j) {
+      EXPECT_EQ(got_ids[size_t(r * keep + j)], order[size_t(j)]) << "row " << r << " rank " << j;
+      EXPECT_NEAR(got_lps[size_t(r * keep + j)], lp[size_t(order[size_t(j)])], 1e-5)
+          << "row " << r << " rank " << j;
+    }
+  }
 }
 
 }  // namespace
