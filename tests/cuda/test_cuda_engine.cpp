@@ -299,12 +299,15 @@ TEST_F(CudaEngine, DraftTreesAreLossless) {
       const auto r = run(*p.target, &d, kPrompt, greedy(48), true, 4096, shape, &nodes);
       expect_lossless(*p.target, r.ids, alone.ids, fmt::format("{} {}", fx, shape));
       // 24 nodes (a chain has K <= 16): the device drafted and verified trees, not blocks.
-      if (shape == "paths:3+topk:24") EXPECT_GT(nodes, double(d.block_size())) << fx;
+      if (shape == "paths:3+topk:24") {
+        EXPECT_GT(nodes, double(d.block_size())) << fx;
+      }
       std::cout << "[ info ] " << fx << " " << shape << ": tau " << r.acceptance_length()
                 << ", nodes per round " << nodes << "\n";
-      if (shape == "paths:4" || shape == "paths:3+topk:24")
+      if (shape == "paths:4" || shape == "paths:3+topk:24") {
         EXPECT_EQ(run(*p.target, &d, kPrompt, seeded, true, 4096, shape).ids, seeded_alone.ids)
             << fx << " " << shape << " seeded";
+      }
     }
   }
   // Sampled without a seed: reproducible from the seed, as blocks are.
