@@ -38,6 +38,9 @@ constexpr size_t kPrefillChunk = 512;
 // Positions per KV block: small enough that a sequence wastes little of its last block, large
 // enough that the block tables stay short (2,560 entries at 40,960 positions).
 constexpr int32_t kBlockTokens = 16;
+// Rows of a batch's sampling sorted at once: 128 rows of Qwen3's vocabulary take ~0.5 GB of keys
+// and CUB's room, against ~16 GB for every row of 256 lanes.
+constexpr int64_t kSortRows = 128;
 
 // One sequence's device state, a row of the backend's table (Slot::index()). Its round buffer is
 // row `index` of the backend's rounds_ array; its keys and values are blocks of the shared pool
@@ -913,8 +916,8 @@ class CudaBackend : public engine::Backend {
                                        tc.head_dim) *
             4 +
         (paged_ ? int64_t(K_) * V_ * 4 + proposer_->batch_bytes(1) : 0) +
-        // q rows, the filtered p rows and their sort (keys, sorted keys, CUB's room) of a lane.
-        (int64_t(K_) * 4 + R * (4 + 3 * 8)) * V_;
+        // q rows and the filtered p rows of a lane (the sort's rows are a fixed number).
+        (int64_t(K_) + R) * 4 * V_;
     // Half of the memory for lanes and their step buffers, the other half (at least) for keys and
     // values: a lane is only worth its cost while there are blocks for its positions.
     const size_t per = size_t(lane_bytes_) + size_t(step_per_lane);
@@ -930,7 +933,8 @@ class CudaBackend : public engine::Backend {
     // Every sampled row of a full batch filtered at once.
     q_ = DeviceBuffer<float>(size_t(n) * size_t(K_) * size_t(V_));
     p_ = DeviceBuffer<float>(size_t(n) * size_t(R) * size_t(V_));
-    sampler_.reserve(int(int64_t(n) * R));
+    // Rows that cut are sorted kSortRows at a time: the sort's memory does not grow with lanes.
+    sampler_.reserve(int(std::min<int64_t>(int64_t(n) * R, kSortRows)));
     buckets_ = paged::default_buckets(n);
     const int64_t max_table = (capacity_ + kBlockTokens - 1) / kBlockTokens;
     paged::StepPlan widest;

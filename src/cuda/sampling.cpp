@@ -63,22 +63,23 @@ bool Sampler::cuts(const FilterRow& r, int64_t vocab) {
 
 void Sampler::filtered_probs_rows(const float* logits, const FilterRow* d_rows, int n, int cuts,
                                   float* probs) {
-  FLASHMAP_CHECK(n >= 0 && cuts >= 0 && cuts <= n && cuts <= max_rows_,
-                 "cuda::Sampler::filtered_probs_rows: {} rows, {} of them cut, the sampler sorts "
-                 "{}",
-                 n, cuts, max_rows_);
+  FLASHMAP_CHECK(n >= 0 && cuts >= 0 && cuts <= n,
+                 "cuda::Sampler::filtered_probs_rows: {} rows, {} of them cut", n, cuts);
   if (n == 0) return;
   const int64_t V = vocab_;
   cudaStream_t s = ctx_.stream();
   check(launch_softmax_temperature_rows(logits, d_rows, n, V, probs, s),
         "softmax_temperature_rows");
-  if (cuts == 0) return;  // as the CPU: no cut, no renormalization
-  check(launch_sort_keys_rows(probs, d_rows, cuts, V, keys_.data(), s), "sort_keys_rows");
-  size_t bytes = sort_temp_.size();
-  check(sort_keys_descending(sort_temp_.data(), bytes, keys_.data(), sorted_.data(), cuts, V,
-                             offsets_.data(), s),
-        "cub::DeviceSegmentedRadixSort::SortKeysDescending");
-  check(launch_cut_rows(sorted_.data(), d_rows, cuts, V, probs, s), "cut_rows");
+  // As the CPU: no cut, no renormalization. The rows that cut are sorted max_rows() at a time.
+  for (int at = 0; at < cuts; at += max_rows_) {
+    const int m = std::min(max_rows_, cuts - at);
+    check(launch_sort_keys_rows(probs, d_rows + at, m, V, keys_.data(), s), "sort_keys_rows");
+    size_t bytes = sort_temp_.size();
+    check(sort_keys_descending(sort_temp_.data(), bytes, keys_.data(), sorted_.data(), m, V,
+                               offsets_.data(), s),
+          "cub::DeviceSegmentedRadixSort::SortKeysDescending");
+    check(launch_cut_rows(sorted_.data(), d_rows + at, m, V, probs, s), "cut_rows");
+  }
 }
 
 void Sampler::verify_items(const float* p, const VerifyItem* d_items, int n) {
@@ -91,18 +92,22 @@ void Sampler::sample_items(const float* p, const SampleItem* d_items, int n, int
 
 void Sampler::ranked_logprobs(const float* logits, const int32_t* d_src_rows, int n, int keep,
                               int32_t* ids, float* lps) {
-  FLASHMAP_CHECK(n >= 0 && n <= max_rows_ && keep >= 1 && keep <= vocab_,
-                 "cuda::Sampler::ranked_logprobs: {} rows of {} (the sampler sorts {} rows of {})",
-                 n, keep, max_rows_, vocab_);
-  if (n == 0) return;
+  FLASHMAP_CHECK(n >= 0 && keep >= 1 && keep <= vocab_,
+                 "cuda::Sampler::ranked_logprobs: {} rows of {} of a vocabulary of {}", n, keep,
+                 vocab_);
   cudaStream_t s = ctx_.stream();
-  check(launch_logprob_keys_rows(logits, d_src_rows, n, vocab_, keys_.data(), s),
-        "logprob_keys_rows");
-  size_t bytes = sort_temp_.size();
-  check(sort_keys_descending(sort_temp_.data(), bytes, keys_.data(), sorted_.data(), n, vocab_,
-                             offsets_.data(), s),
-        "cub::DeviceSegmentedRadixSort::SortKeysDescending");
-  check(launch_ranked_rows(sorted_.data(), n, vocab_, keep, ids, lps, s), "ranked_rows");
+  for (int at = 0; at < n; at += max_rows_) {  // max_rows() rows per sort
+    const int m = std::min(max_rows_, n - at);
+    check(launch_logprob_keys_rows(logits, d_src_rows + at, m, vocab_, keys_.data(), s),
+          "logprob_keys_rows");
+    size_t bytes = sort_temp_.size();
+    check(sort_keys_descending(sort_temp_.data(), bytes, keys_.data(), sorted_.data(), m, vocab_,
+                               offsets_.data(), s),
+          "cub::DeviceSegmentedRadixSort::SortKeysDescending");
+    const int64_t out = int64_t(at) * keep;
+    check(launch_ranked_rows(sorted_.data(), m, vocab_, keep, ids + out, lps + out, s),
+          "ranked_rows");
+  }
 }
 
 void Sampler::verify_trees(const TreeItem* d_items, int n) {

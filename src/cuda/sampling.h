@@ -77,15 +77,16 @@ class Sampler {
   // --- A batch in one launch per phase: each entry names its own rows, parameters and
   // generator state, so its results are those of the calls above for it alone. ---
 
-  // Room for max_rows rows in one filtered_probs_rows (the sort's buffers; synchronizes when
-  // they grow).
+  // Rows sorted at once (the sort's buffers, 24 bytes per vocabulary entry and row; synchronizes
+  // when they grow). Batch calls take any number of rows, max_rows() per sort.
   void reserve(int max_rows);
   // The FilterRow of logits row src → probs row dst under params (temperature > 0), and whether
   // it cuts (top-k, top-p or min-p: its row is sorted).
   static FilterRow filter_row(int32_t src, int32_t dst, const SamplingParams& params,
                               int64_t vocab);
   static bool cuts(const FilterRow& row, int64_t vocab);
-  // filtered_probs of n rows (d_rows, device), the `cuts` rows that cut first.
+  // filtered_probs of n rows (d_rows, device), the `cuts` rows that cut first (sorted max_rows()
+  // at a time).
   void filtered_probs_rows(const float* logits, const FilterRow* d_rows, int n, int cuts,
                            float* probs);
   // verify_keyed / verify_sampled of n sequences (d_items, device) over the filtered rows p.
@@ -93,8 +94,8 @@ class Sampler {
   // sample_keyed / sample of n sequences' rows (d_items, device; each at most max_rows rows).
   void sample_items(const float* p, const SampleItem* d_items, int n, int max_rows);
 
-  // Draft trees. DraftTrie::expand_ranked's lists of logits rows d_src_rows[r] (r < n, at most
-  // max_rows()): the first `keep` ids and log-probabilities of each, ids/lps [n, keep] (device).
+  // Draft trees. DraftTrie::expand_ranked's lists of logits rows d_src_rows[r] (r < n): the first
+  // `keep` ids and log-probabilities of each, ids/lps [n, keep] (device).
   void ranked_logprobs(const float* logits, const int32_t* d_src_rows, int n, int keep,
                        int32_t* ids, float* lps);
   // verify_tree of n sequences' tries (d_items, device) in one launch.

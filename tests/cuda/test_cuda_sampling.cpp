@@ -595,8 +595,9 @@ DeviceBuffer<T> up_items(Context& ctx, const std::vector<T>& items) {
 }
 
 // Three sequences' rows with their own parameters (one without a cut), scattered through the
-// logits and filtered in one launch: each row is the CPU's filtered_probs (the bound of
-// FilteredProbsMatchCpu) and bit for bit the single call on that sequence's rows alone.
+// logits and filtered in one launch (sorted a few rows at a time): each row is the CPU's
+// filtered_probs (the bound of FilteredProbsMatchCpu) and bit for bit the single call on that
+// sequence's rows alone.
 TEST_F(CudaSampling, BatchedFilteredRowsEqualSingleCalls) {
   const int64_t V = 4099;
   const SamplingParams params[] = {
@@ -619,11 +620,11 @@ TEST_F(CudaSampling, BatchedFilteredRowsEqualSingleCalls) {
                                          [&](const FilterRow& r) { return Sampler::cuts(r, V); });
   const int cuts = int(mid - rows.begin());
   EXPECT_EQ(cuts, 5);  // sequences 0 and 2
-  Sampler s(*ctx, V, 4);
-  s.reserve(int(rows.size()));
+  // The batch sorts 2 rows at a time (3 sorts for its 5 rows that cut).
+  Sampler s(*ctx, V, 5), batched(*ctx, V, 2);
   auto d_rows = up_items(*ctx, rows);
   DeviceBuffer<float> batch(size_t(10) * V);
-  s.filtered_probs_rows(d_logits.data(), d_rows.data(), int(rows.size()), cuts, batch.data());
+  batched.filtered_probs_rows(d_logits.data(), d_rows.data(), int(rows.size()), cuts, batch.data());
   const auto got = down(batch);
   for (int i = 0; i < 3; ++i) {
     DeviceBuffer<float> alone(size_t(counts[i]) * V);
@@ -636,7 +637,8 @@ TEST_F(CudaSampling, BatchedFilteredRowsEqualSingleCalls) {
                                  logits.begin() + int64_t(src0[i] + counts[i]) * V);
     EXPECT_LE(nmse(mine, cpu_filtered(src, V, params[i])), kF32) << "sequence " << i;
   }
-  EXPECT_THROW(s.filtered_probs_rows(d_logits.data(), d_rows.data(), 3, 4, batch.data()), Error);
+  EXPECT_THROW(batched.filtered_probs_rows(d_logits.data(), d_rows.data(), 3, 4, batch.data()),
+               Error);  // more rows that cut than rows
 }
 
 // Verifications of sequences with their own generators (and a keyed one) in one launch: each
@@ -876,7 +878,7 @@ TEST_F(CudaSampling, RankedLogprobsEqualTheCpuRanking) {
   auto d_src = up(src);
   DeviceBuffer<int32_t> ids(size_t(rows * keep));
   DeviceBuffer<float> lps(size_t(rows * keep));
-  Sampler s(*ctx, V, rows);
+  Sampler s(*ctx, V, 2);  // three sorts of at most 2 rows
   s.ranked_logprobs(d_logits.data(), d_src.data(), rows, keep, ids.data(), lps.data());
   const auto got_ids = down(ids);
   const auto got_lps = down(lps);
