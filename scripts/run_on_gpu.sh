@@ -56,7 +56,9 @@
 # (tests under compute-sanitizer memcheck: much slower; raise the budgets), FLASHMAP_BUDGET_<STAGE>=S
 # (another budget for one stage, e.g. FLASHMAP_BUDGET_models=200 for a rerun), FLASHMAP_SERVE_REQUESTS
 # (64) and FLASHMAP_SERVE_MAX_TOKENS (32) per concurrency level of the serve stage, and
-# FLASHMAP_SERVE_ARGS (`flashmap serve` arguments, default "--device cuda --max-running 64").
+# FLASHMAP_SERVE_ARGS (`flashmap serve` arguments, default "--device cuda --max-running 64"), and
+# FLASHMAP_CUDA_DRAFT=lanes (the backend's FlashMap drafter drafts per lane, not in one batched
+# pass: a rerun of the bench and serve stages when the batched drafter fails).
 # shellcheck disable=SC2317  # cleanup and on_signal run from traps
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)" || exit 1
@@ -161,6 +163,7 @@ put "$STATE/meta/max_total" "$MAX_TOTAL"
 put "$STATE/meta/commit" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 put "$STATE/meta/gtest_filter" "${FLASHMAP_GTEST_FILTER:-}"
 put "$STATE/meta/sanitize" "${FLASHMAP_SANITIZE:-0}"
+put "$STATE/meta/cuda_draft" "${FLASHMAP_CUDA_DRAFT:-batched}"
 put "$STATE/meta/t0" "$(now)"
 
 log "$(date -u +%FT%TZ) flashmap CUDA device check$( ((DRY)) && echo ' (dry run: no device code runs)'), commit $(cat "$STATE/meta/commit"), stages: ${SELECTED[*]}"

@@ -1,8 +1,10 @@
 #include "cuda/backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -1164,6 +1166,17 @@ struct OwnedModels {
   std::unique_ptr<Models> models;
 };
 
+// FLASHMAP_CUDA_DRAFT: "batched" (the default: one pass for every sequence's draft, over a
+// paged context) or "lanes" (a pass and a context slab per sequence: the older path, kept to
+// isolate a fault of the batched one on a device).
+bool batched_drafts() {
+  const char* v = std::getenv("FLASHMAP_CUDA_DRAFT");
+  const std::string mode = v ? v : "";
+  FLASHMAP_CHECK(mode.empty() || mode == "batched" || mode == "lanes",
+                 "FLASHMAP_CUDA_DRAFT: '{}' is not a drafting mode (batched, lanes)", mode);
+  return mode != "lanes";
+}
+
 struct OwningBackend : private OwnedModels, public CudaBackend {
   OwningBackend(std::unique_ptr<Models> m, int64_t capacity, int max_lanes)
       : OwnedModels{std::move(m)},
@@ -1208,7 +1221,8 @@ std::unique_ptr<engine::Backend> make_backend(const std::string& device,
       m->draft =
           std::make_unique<FlashMapModel>(*m->ctx, cpu_draft, m->target->embedding(),
                                           m->target->lm_head(), tc.vocab_size, tc.hidden_size);
-      m->proposer = std::make_unique<FlashMapDeviceProposer>(*m->draft, steps);
+      m->proposer =
+          std::make_unique<FlashMapDeviceProposer>(*m->draft, steps, true, batched_drafts());
     }
     capacity = cap;
   }
