@@ -88,6 +88,65 @@ StepPlan plan_draft(std::span<const DraftSeq> seqs, int K, int32_t block_tokens,
   return p;
 }
 
+StepPlan plan_block(std::span<const DraftSeq> seqs, int B, int32_t block_tokens,
+                    std::span<const int32_t> buckets) {
+  FLASHMAP_CHECK(B >= 1, "plan_block: B {} must be at least 1", B);
+  FLASHMAP_CHECK(block_tokens >= 1, "plan_block: block_tokens {} must be at least 1", block_tokens);
+  FLASHMAP_CHECK(!seqs.empty(), "plan_block: no sequences");
+  FLASHMAP_CHECK(int64_t(seqs.size()) <= kInt32Max, "plan_block: {} sequences are too many",
+                 seqs.size());
+  StepPlan p;
+  p.batch = int32_t(seqs.size());
+  p.bucket = bucket_for(p.batch, buckets);
+  FLASHMAP_CHECK(int64_t(p.bucket) * B <= kInt32Max,
+                 "plan_block: bucket {} x B {} rows do not fit int32 row indices", p.bucket, B);
+  p.R = B;
+  p.mask_words = (B + 31) / 32;
+  p.block_tokens = block_tokens;
+  size_t stride = 1;
+  for (const DraftSeq& s : seqs) stride = std::max(stride, s.table.size());
+  FLASHMAP_CHECK(int64_t(stride) * p.bucket <= kInt32Max,
+                 "plan_block: tables of {} blocks for {} sequences are too large", stride,
+                 p.bucket);
+  p.table_stride = int32_t(stride);
+  const size_t rows = size_t(p.bucket) * size_t(B);
+  p.row_pos.assign(rows, 0);
+  p.row_slot.assign(rows, -1);
+  p.row_mask.assign(rows * size_t(p.mask_words), 0);
+  p.seq_base.assign(size_t(p.bucket), 0);
+  p.seq_rows.assign(size_t(p.bucket), 0);
+  p.tables.assign(size_t(p.bucket) * stride, -1);
+  // Every block row sees the whole block: B bits per row.
+  std::vector<uint32_t> all(size_t(p.mask_words), 0);
+  for (int j = 0; j < B; ++j) all[size_t(j / 32)] |= 1u << (j % 32);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const DraftSeq& s = seqs[i];
+    FLASHMAP_CHECK(s.context >= 0 && s.context <= kInt32Max - B,
+                   "plan_block: sequence {} has context {} outside [0, 2^31 - 1 - B = {}]", i,
+                   s.context, kInt32Max - B);
+    const int64_t blocks = blocks_for(s.context + B, block_tokens);
+    FLASHMAP_CHECK(int64_t(s.table.size()) >= blocks,
+                   "plan_block: sequence {} has a table of {} blocks but context {} and its block "
+                   "of {} need {}",
+                   i, s.table.size(), s.context, B, blocks);
+    const int64_t bad = bad_block(s.table, 0, blocks, block_tokens);
+    FLASHMAP_CHECK(bad < 0,
+                   "plan_block: sequence {} has block {} at table index {}, outside the int32 "
+                   "slots of block_tokens {}",
+                   i, s.table[size_t(bad)], bad, block_tokens);
+    p.seq_base[i] = int32_t(s.context);
+    p.seq_rows[i] = B;
+    std::copy(s.table.begin(), s.table.end(), p.tables.begin() + int64_t(i * stride));
+    for (int j = 0; j < B; ++j) {
+      const size_t r = i * size_t(B) + size_t(j);
+      p.row_pos[r] = int32_t(s.context + j);
+      p.row_slot[r] = slot_of(s.table, s.context + j, block_tokens);
+      std::copy(all.begin(), all.end(), p.row_mask.begin() + int64_t(r * size_t(p.mask_words)));
+    }
+  }
+  return p;
+}
+
 int32_t anchor_slot(std::span<const int32_t> table, int64_t context, int32_t block_tokens) {
   FLASHMAP_CHECK(block_tokens >= 1, "anchor_slot: block_tokens {} must be at least 1",
                  block_tokens);

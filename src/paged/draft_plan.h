@@ -23,8 +23,8 @@ namespace flashmap::paged {
 
 struct DraftSeq {
   std::span<const int32_t> table;  // its block table (covers at least `context` positions)
-  // Positions the draft attends to: the committed tokens and the anchor (>= 1); the anchor is at
-  // position context - 1.
+  // Positions the draft attends to. plan_draft: the committed tokens and the anchor (>= 1), the
+  // anchor at position context - 1. plan_block: the committed tokens (the block follows them).
   int64_t context = 0;
 };
 
@@ -37,6 +37,15 @@ struct DraftSeq {
 // or more than the largest bucket, context < 1 or context + K beyond int32, a table shorter than
 // the context's blocks or holding a negative (or int32-overflowing) block among them.
 StepPlan plan_draft(std::span<const DraftSeq> seqs, int K, int32_t block_tokens,
+                    std::span<const int32_t> buckets);
+
+// A batched draft whose block rows are positions of the context (the DFlash drafter: [anchor,
+// mask × (B − 1)] at positions context … context + B − 1, each row attending to the whole context
+// and the whole block, its keys written to the drafter's pool and overwritten by later commits):
+// sequence i's B rows [i * B, i * B + B) at RoPE positions context + j, written to the slots of
+// those positions (the table must hold context + B positions), row_mask all B bits, seq_base =
+// context, seq_rows = B, R = B. Padding and validation as plan_draft (context >= 0 here).
+StepPlan plan_block(std::span<const DraftSeq> seqs, int B, int32_t block_tokens,
                     std::span<const int32_t> buckets);
 
 // The slot that the anchor's context (position context - 1) is written to, through the table.

@@ -565,5 +565,68 @@ TEST(KeepPath, MovesEachNodeToItsDepth) {
   EXPECT_TRUE(plan_keep_path(t, 3, std::vector<int32_t>{0, 1}, 4).empty());
 }
 
+// A DFlash block over the shared tables: every row at its position after the context, written
+// where the table puts that position (found by walking it), seeing the context and all B block
+// rows (bits read back out of the image as the device reads them), padding empty.
+TEST(BlockPlan, RowsArePositionsAfterTheContextSeeingTheWholeBlock) {
+  std::mt19937_64 g(9);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int B = 1 + int(g() % 40);
+    const int32_t bt = 1 + int32_t(g() % 16);
+    const int n = 1 + int(g() % 5);
+    std::vector<std::vector<int32_t>> tables;
+    std::vector<int64_t> contexts;
+    int32_t next = 0;
+    for (int i = 0; i < n; ++i) {
+      contexts.push_back(int64_t(g() % 50));
+      const int64_t blocks = (contexts.back() + B + bt - 1) / bt + int64_t(g() % 2);
+      std::vector<int32_t> t;
+      for (int64_t k = 0; k < blocks; ++k) t.push_back(next++);
+      std::shuffle(t.begin(), t.end(), g);
+      tables.push_back(t);
+    }
+    std::vector<DraftSeq> seqs;
+    for (int i = 0; i < n; ++i) seqs.push_back({tables[size_t(i)], contexts[size_t(i)]});
+    const std::vector<int32_t> buckets = {1, 2, 4, 8};
+    const StepPlan p = plan_block(seqs, B, bt, buckets);
+    ASSERT_EQ(p.bucket, smallest_bucket(buckets, n));
+    EXPECT_EQ(p.R, B);
+    const auto image = p.image();
+    const auto o = p.offsets();
+    for (int i = 0; i < p.bucket; ++i) {
+      const bool real = i < n;
+      EXPECT_EQ(image[size_t(o.seq_base + i)], real ? contexts[size_t(i)] : 0);
+      EXPECT_EQ(image[size_t(o.seq_rows + i)], real ? B : 0);
+      for (int j = 0; j < B; ++j) {
+        const size_t r = size_t(i) * size_t(B) + size_t(j);
+        const int64_t pos = real ? contexts[size_t(i)] + j : 0;
+        EXPECT_EQ(image[size_t(o.row_pos) + r], pos);
+        EXPECT_EQ(image[size_t(o.row_slot) + r],
+                  real ? slot_by_walk(tables[size_t(i)], pos, bt) : -1);
+        for (int k = 0; k < 32 * p.mask_words; ++k) {
+          const uint32_t word = std::bit_cast<uint32_t>(
+              image[size_t(o.row_mask) + r * size_t(p.mask_words) + k / 32]);
+          EXPECT_EQ((word >> (k % 32)) & 1u, real && k < B ? 1u : 0u)
+              << "row " << r << " bit " << k;
+        }
+      }
+    }
+  }
+  const std::vector<int32_t> short_table = {0};
+  const std::vector<int32_t> b1 = {1};
+  EXPECT_THAT(error_of([&] {
+                plan_block(std::vector<DraftSeq>{{short_table, 3}}, 2, 4, b1);
+              }),
+              HasSubstr("context 3 and its block of 2 need 2"));
+  EXPECT_THAT(error_of([&] {
+                plan_block(std::vector<DraftSeq>{{short_table, -1}}, 2, 4, b1);
+              }),
+              HasSubstr("context -1"));
+  EXPECT_THAT(error_of([&] {
+                plan_block(std::vector<DraftSeq>{{short_table, 0}}, 0, 4, b1);
+              }),
+              HasSubstr("B 0"));
+}
+
 }  // namespace
 }  // namespace flashmap::paged
