@@ -118,6 +118,7 @@ class CudaBackend : public engine::Backend {
       FLASHMAP_CHECK(K_ >= 1, "the drafter's block size must be >= 1, got {}", K_);
       info_.drafter_noise = proposer_->has_noise();
       paged_ = proposer_->paged();
+      extra_ = paged_ ? proposer_->paged_block() : 0;
     }
     // A round row: [accepted, token, anchor, drafts or a tree's tokens, its parents, the
     // accepted path's nodes]. Trees come with the batched drafter.
@@ -143,11 +144,12 @@ class CudaBackend : public engine::Backend {
     if (o.from) return {};  // no fork: the sequence prefills its whole prompt
     ctx_.make_current();
     const int64_t most = o.max_positions > 0 ? std::min(o.max_positions, capacity_) : capacity_;
-    const int kv = pool_->open(most);
+    // A block drafter's rows sit past the committed positions: room for them too.
+    const int kv = pool_->open(most + extra_);
     FLASHMAP_CHECK(kv >= 0,
                    "out of KV memory on {}: a sequence of up to {} positions needs {} blocks, {} "
                    "are free and {} of them promised to running sequences",
-                   info_.device, most, pool_->blocks_for(most), pool_->free_blocks(),
+                   info_.device, most, pool_->blocks_for(most + extra_), pool_->free_blocks(),
                    pool_->reserved_blocks());
     int i;
     try {
@@ -183,7 +185,7 @@ class CudaBackend : public engine::Backend {
     int64_t lanes = int64_t(info_.max_sequences) - open_lanes();
     size_t n = 0;
     for (int64_t p : positions) {
-      const int64_t need = pool_->blocks_for(std::min(p, capacity_));
+      const int64_t need = pool_->blocks_for(std::min(p, capacity_) + extra_);
       if (need > blocks || lanes <= 0) break;
       blocks -= need;
       --lanes;
@@ -595,7 +597,9 @@ class CudaBackend : public engine::Backend {
       Lane& l = lane(step.seq);
       FLASHMAP_ASSERT(l.drafting && l.committed <= l.length);
       std::vector<paged::BlockCopy> copies;
-      pool_->grow(l.kv, l.length + 1, copies);
+      // The anchor's position (a block drafter's: its whole block).
+      const int64_t need = l.committed + std::max(extra_, 1);
+      pool_->grow(l.kv, std::max(l.length + 1, need), copies);
       // No forks on this backend: every block of a sequence is its own, nothing to copy.
       FLASHMAP_ASSERT(copies.empty());
       l.tree_nodes = 0;
@@ -612,9 +616,11 @@ class CudaBackend : public engine::Backend {
     for (int b = 0; b < n; ++b) {
       const Lane& l = lane(steps[size_t(b)].seq);
       for (int d = 0; d < draws[size_t(b)]; ++d)
-        seqs.push_back({pool_->table(l.kv), l.committed + 1});
+        seqs.push_back({pool_->table(l.kv), l.committed + (extra_ > 0 ? 0 : 1)});
     }
-    const paged::StepPlan plan = paged::plan_draft(seqs, K_, kBlockTokens, buckets_);
+    const paged::StepPlan plan = extra_ > 0
+                                     ? paged::plan_block(seqs, extra_, kBlockTokens, buckets_)
+                                     : paged::plan_draft(seqs, K_, kBlockTokens, buckets_);
     const std::vector<int32_t> image = plan.image();
     FLASHMAP_ASSERT(image.size() <= size_t(draft_image_ints_));
     int32_t* host = draft_stage_.data();
@@ -938,7 +944,7 @@ class CudaBackend : public engine::Backend {
     // Rows that cut are sorted kSortRows at a time: the sort's memory does not grow with lanes.
     sampler_.reserve(int(std::min<int64_t>(int64_t(n) * R, kSortRows)));
     buckets_ = paged::default_buckets(n);
-    const int64_t max_table = (capacity_ + kBlockTokens - 1) / kBlockTokens;
+    const int64_t max_table = (capacity_ + extra_ + kBlockTokens - 1) / kBlockTokens;
     paged::StepPlan widest;
     widest.bucket = n;
     widest.R = int(std::max<int64_t>(R, int64_t(kPrefillChunk)));
@@ -960,8 +966,8 @@ class CudaBackend : public engine::Backend {
       // lanes then the plan image at the longest tables, anchors, noise, logits.
       paged::StepPlan draft;
       draft.bucket = n;
-      draft.R = K_;
-      draft.mask_words = (K_ + 31) / 32;
+      draft.R = K_ + 1;  // plan_draft's K rows or plan_block's B = K + 1
+      draft.mask_words = (K_ + 1 + 31) / 32;
       draft.table_stride = int32_t(max_table);
       draft_lanes_cap_ = (int64_t(n) + 15) / 16 * 16;
       draft_image_ints_ = draft.offsets().total;
@@ -1139,6 +1145,7 @@ class CudaBackend : public engine::Backend {
   // Batched drafting (a paged proposer): [lanes | plan image] pinned and on the device, the
   // anchors, each draft's (seed, counter), the logits of every sequence's block.
   bool paged_ = false;
+  int extra_ = 0;  // positions a sequence reserves past its own for a block drafter's rows
   int64_t draft_lanes_cap_ = 0, draft_image_ints_ = 0;
   HostBuffer<int32_t> draft_stage_;
   DeviceBuffer<int32_t> draft_device_, draft_anchors_;

@@ -1,11 +1,13 @@
 #include "cuda/dflash_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.h"
 #include "cuda/flashmap_kernels.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
+#include "cuda/paged_attention.h"
 #include "cuda/weights.h"
 #include "models/dflash.h"
 
@@ -186,6 +188,157 @@ void DFlashModel::draft(DFlashDeviceContext& ctx, const int32_t* d_anchor, float
   ::flashmap::cuda::linear(gpu_, a_.data() + H, Elem::F32, B - 1, H, lm_head_, vocab_, nullptr,
                            d_logits, Elem::F32);
   check(cudaGetLastError(), "DFlash draft kernels");
+}
+
+// --- batched drafts over a paged context ---------------------------------------------------------
+
+bool DFlashModel::pages() const {
+  const int hd = config_.layers.head_dim;
+  return hd % 8 == 0 && hd <= 128;
+}
+
+int64_t DFlashModel::paged_block_bytes(int32_t block_tokens) const {
+  const auto& c = config_.layers;
+  return 2 * int64_t(layers_.size()) * block_tokens * int64_t(c.num_key_value_heads) * c.head_dim *
+         2;
+}
+
+std::unique_ptr<PagedDFlashContext> DFlashModel::new_paged(int32_t blocks,
+                                                           int32_t block_tokens) const {
+  FLASHMAP_CHECK(blocks >= 1 && block_tokens >= 1,
+                 "new_paged: {} blocks of {} positions: both must be at least 1", blocks,
+                 block_tokens);
+  FLASHMAP_CHECK(pages(),
+                 "new_paged: the paged attention needs a head_dim that is a multiple of 8 and at "
+                 "most 128; this drafter's is {}",
+                 config_.layers.head_dim);
+  const auto& c = config_.layers;
+  auto pool = std::make_unique<PagedDFlashContext>();
+  const size_t n =
+      size_t(blocks) * size_t(block_tokens) * size_t(c.num_key_value_heads) * size_t(c.head_dim);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    pool->k_.emplace_back(n);
+    pool->v_.emplace_back(n);
+  }
+  pool->blocks_ = blocks;
+  pool->block_tokens_ = block_tokens;
+  pool->owner_ = this;
+  return pool;
+}
+
+int64_t DFlashModel::batch_bytes(int max_bucket) const {
+  const auto& c = config_.layers;
+  const int64_t B = config_.block_size, R = int64_t(max_bucket) * B, H = hidden_;
+  const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim,
+                kv_dim = int64_t(c.num_key_value_heads) * c.head_dim, I = c.intermediate_size;
+  // The work rows (x, a, ctx, q, k, v, o, gate, up), the bf16 queries and outputs, the partials,
+  // lm_head's input, ids and positions.
+  const int64_t floats = R * (3 * H + q_dim + 2 * kv_dim + std::max(q_dim, H) + 2 * I) +
+                         paged_attention_partial_floats(max_bucket, int(B), c.num_attention_heads,
+                                                        c.num_key_value_heads, c.head_dim) +
+                         int64_t(max_bucket) * (B - 1) * H;
+  return floats * 4 + R * q_dim * 2 * 2 + R * (4 + 8) + int64_t(max_bucket) * B * 4;
+}
+
+void DFlashModel::reserve_batch(int max_bucket) {
+  FLASHMAP_CHECK(max_bucket >= 1, "reserve_batch: max_bucket must be at least 1, got {}",
+                 max_bucket);
+  if (max_bucket <= batch_) return;
+  const auto& c = config_.layers;
+  const int64_t B = config_.block_size, R = int64_t(max_bucket) * B;
+  const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim;
+  grow(R);  // synchronizes when it grows
+  gpu_.sync();
+  batch_ids_ = DeviceBuffer<int32_t>(size_t(R));
+  qbf_ = DeviceBuffer<uint16_t>(size_t(R * q_dim));
+  abf_ = DeviceBuffer<uint16_t>(size_t(R * q_dim));
+  partial_ = DeviceBuffer<float>(size_t(paged_attention_partial_floats(
+      max_bucket, int(B), c.num_attention_heads, c.num_key_value_heads, c.head_dim)));
+  head_in_ = DeviceBuffer<float>(size_t(int64_t(max_bucket) * (B - 1) * hidden_));
+  // Rows 1 … B − 1 of every block go to lm_head (row 0, the anchor's, is not a proposal).
+  std::vector<int32_t> rows;
+  for (int64_t b = 0; b < max_bucket; ++b)
+    for (int64_t r = 1; r < B; ++r) rows.push_back(int32_t(b * B + r));
+  head_rows_ = DeviceBuffer<int32_t>(gpu_, rows);
+  batch_ = max_bucket;
+}
+
+// extend_context's math for rows of many sequences: gathered from the forward's features, keyed
+// at their own positions, stored at their slots.
+void DFlashModel::commit_paged(PagedDFlashContext& pool, const float* d_features,
+                               const int32_t* d_commit, int64_t n) {
+  FLASHMAP_CHECK(pool.owner_ == this, "commit_paged: the pool belongs to another drafter");
+  FLASHMAP_CHECK(n >= 0, "commit_paged: negative count {}", n);
+  if (n == 0) return;
+  const auto& c = config_.layers;
+  const int64_t kv_dim = int64_t(c.num_key_value_heads) * c.head_dim, F = feature_dim();
+  const cudaStream_t st = gpu_.stream();
+  grow(n);
+  if (ext_rows_.size() < size_t(n * F)) {
+    gpu_.sync();  // queued kernels may still read the old buffer
+    ext_rows_ = DeviceBuffer<float>(size_t(n * F));
+  }
+  const int32_t* slots = d_commit + 2 * n;
+  drafter::gather_rows(d_features, d_commit, n, F, ext_rows_.data(), st);
+  linear(fc_, ext_rows_.data(), n, ctx_.data());
+  rms_norm(ctx_.data(), hidden_norm_.data(), float(c.rms_norm_eps), n, hidden_, ctx_.data(), st);
+  drafter::widen(d_commit + n, n, 0, positions_.data(), st);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    project_kv(layers_[l], ctx_.data(), n, positions_.data());
+    drafter::scatter_rows_bf16(k_.data(), n, kv_dim, slots, pool.k_[l].data(), st);
+    drafter::scatter_rows_bf16(v_.data(), n, kv_dim, slots, pool.v_[l].data(), st);
+  }
+  check(cudaGetLastError(), "DFlash paged commit kernels");
+}
+
+// draft() for every block of the batch: the block's keys and values go to the pool at the block's
+// positions (the plan's row slots), and each block row attends to its context and its whole
+// block through the paged attention (the plan's masks name every block row).
+void DFlashModel::draft_batch(PagedDFlashContext& pool, const int32_t* d_image, int bucket,
+                              const int32_t* d_anchors, float* d_logits) {
+  FLASHMAP_CHECK(pool.owner_ == this, "draft_batch: the pool belongs to another drafter");
+  FLASHMAP_CHECK(bucket >= 1, "draft_batch: bucket must be at least 1, got {}", bucket);
+  FLASHMAP_CHECK(d_image && d_anchors && d_logits, "draft_batch: null device pointer");
+  reserve_batch(bucket);
+  const auto& c = config_.layers;
+  const int B = config_.block_size;
+  const int64_t R = int64_t(bucket) * B, H = hidden_, hd = c.head_dim;
+  const int nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t q_dim = int64_t(nh) * hd, kv_dim = int64_t(nkv) * hd;
+  const float eps = float(c.rms_norm_eps);
+  const cudaStream_t st = gpu_.stream();
+  const StepView view = step_view(d_image, bucket, B, pool.block_tokens_);
+  drafter::block_ids(d_anchors, bucket, B, config_.mask_token_id, batch_ids_.data(), st);
+  embedding(embedding_, Elem::BF16, H, batch_ids_.data(), R, x_.data(), st);
+  drafter::widen(view.row_pos, R, 0, positions_.data(), st);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    rms_norm(x_.data(), L.input_norm.data(), eps, R, H, a_.data(), st);
+    linear(L.q, a_.data(), R, q_.data());
+    rms_norm(q_.data(), L.q_norm.data(), eps, R * nh, hd, q_.data(), st);
+    rope_half(q_.data(), R, nh, int(hd), positions_.data(), c.rope_theta, st);
+    project_kv(L, a_.data(), R, positions_.data());
+    drafter::scatter_rows_bf16(k_.data(), R, kv_dim, view.row_slot, pool.k_[l].data(), st);
+    drafter::scatter_rows_bf16(v_.data(), R, kv_dim, view.row_slot, pool.v_[l].data(), st);
+    f32_to_bf16(q_.data(), R * q_dim, qbf_.data(), st);
+    paged_attention(qbf_.data(), view, nh, nkv, int(hd), pool.k_[l].data(), pool.v_[l].data(),
+                    1.0f / std::sqrt(float(hd)), partial_.data(), abf_.data(), st);
+    ::flashmap::cuda::linear(gpu_, abf_.data(), Elem::BF16, R, q_dim, L.o.w.data(), L.o.out,
+                             nullptr, a_.data(), Elem::F32);
+    add(x_.data(), a_.data(), R * H, st);
+    rms_norm(x_.data(), L.post_norm.data(), eps, R, H, a_.data(), st);
+    linear(L.gate, a_.data(), R, gate_.data());
+    linear(L.up, a_.data(), R, up_.data());
+    swiglu(gate_.data(), up_.data(), R * c.intermediate_size, gate_.data(), st);
+    linear(L.down, gate_.data(), R, a_.data());
+    add(x_.data(), a_.data(), R * H, st);
+  }
+  rms_norm(x_.data(), norm_.data(), eps, R, H, a_.data(), st);
+  const int64_t rows = int64_t(bucket) * (B - 1);
+  drafter::gather_rows(a_.data(), head_rows_.data(), rows, H, head_in_.data(), st);
+  ::flashmap::cuda::linear(gpu_, head_in_.data(), Elem::F32, rows, H, lm_head_, vocab_, nullptr,
+                           d_logits, Elem::F32);
+  check(cudaGetLastError(), "DFlash batched draft kernels");
 }
 
 }  // namespace flashmap::cuda

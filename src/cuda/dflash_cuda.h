@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cuda/device.h"
@@ -43,6 +44,23 @@ class DFlashDeviceContext {
   const DFlashModel* owner_ = nullptr;
 };
 
+// The DFlash context for batched drafts: per layer keys and values [blocks·block_tokens, kv_dim]
+// bf16 in a pool whose slots mirror the target's paged KV cache (position p at the slot of the
+// target's key of position p; the same block tables), made by DFlashModel::new_paged, which it must
+// not outlive. A draft writes its block's keys at the positions after the context; the commits
+// overwrite them.
+class PagedDFlashContext {
+ public:
+  int32_t blocks() const { return blocks_; }
+  int32_t block_tokens() const { return block_tokens_; }
+
+ private:
+  friend class DFlashModel;
+  std::vector<DeviceBuffer<uint16_t>> k_, v_;
+  int32_t blocks_ = 0, block_tokens_ = 0;
+  const DFlashModel* owner_ = nullptr;
+};
+
 class DFlashModel {
  public:
   // Uploads `drafter`'s weights (bf16 matrices, fp32 norms). Throws flashmap::Error for what the
@@ -67,6 +85,24 @@ class DFlashModel {
   // flashmap::DFlashModel::draft for one sequence and a full block: d_logits [B − 1, V] fp32
   // (device, cudaMalloc-aligned) after the anchor, read from d_anchor (device, in [0, V)).
   void draft(DFlashDeviceContext& ctx, const int32_t* d_anchor, float* d_logits);
+
+  // --- Batched drafts over a paged context (what the CUDA backend runs each round) ---
+
+  // Whether the paged attention takes this drafter's heads (head_dim a multiple of 8, <= 128).
+  bool pages() const;
+  int64_t paged_block_bytes(int32_t block_tokens) const;
+  std::unique_ptr<PagedDFlashContext> new_paged(int32_t blocks, int32_t block_tokens) const;
+  // Device bytes the work of a batch of max_bucket blocks takes (reserve_batch).
+  int64_t batch_bytes(int max_bucket) const;
+  void reserve_batch(int max_bucket);
+  // extend_context for the rows of d_features a paged::CommitPlan image d_commit names (n rows).
+  void commit_paged(PagedDFlashContext& pool, const float* d_features, const int32_t* d_commit,
+                    int64_t n);
+  // draft() for `bucket` sequences in one pass: d_image a paged::plan_block image for (bucket, B)
+  // over the pool's tables (each block's keys go to the positions after its context), d_anchors
+  // [bucket]; d_logits [bucket · (B − 1), V] (padding sequences' rows finite and meaningless).
+  void draft_batch(PagedDFlashContext& pool, const int32_t* d_image, int bucket,
+                   const int32_t* d_anchors, float* d_logits);
 
  private:
   struct Linear {
@@ -96,6 +132,12 @@ class DFlashModel {
   DeviceBuffer<float> x_, a_, q_, k_, v_, o_, gate_, up_, ctx_;
   DeviceBuffer<int32_t> block_ids_;
   DeviceBuffer<int64_t> positions_, key_count_;
+  // Batched drafts (reserve_batch): the blocks' ids, bf16 queries and attention outputs, split
+  // partials, the rows that go to lm_head and their input; commits' gathered feature rows.
+  int batch_ = 0;
+  DeviceBuffer<int32_t> batch_ids_, head_rows_;
+  DeviceBuffer<uint16_t> qbf_, abf_;
+  DeviceBuffer<float> partial_, head_in_, ext_rows_;
 };
 
 }  // namespace flashmap::cuda

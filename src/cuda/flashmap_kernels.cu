@@ -93,6 +93,11 @@ __global__ void anchor_slots_kernel(StepView sv, int32_t* out) {
   out[b] = int32_t(int64_t(table[p / bt]) * bt + p % bt);
 }
 
+__global__ void block_ids_kernel(const int32_t* anchors, int64_t n, int B, int32_t mask_id,
+                                 int32_t* out) {
+  FLASHMAP_GRID_STRIDE(i, n) out[i] = i % B == 0 ? anchors[i / B] : mask_id;
+}
+
 __global__ void philox_normal_bf16_kernel(__nv_bfloat16* out, int64_t n, float scale,
                                           uint64_t seed) {
   const int64_t groups = (n + 3) / 4;
@@ -216,6 +221,12 @@ void scatter_rows_bf16(const float* src, int64_t n, int64_t dim, const int32_t* 
 void anchor_slots(const StepView& view, int32_t* out, cudaStream_t stream) {
   if (view.bucket > 0)
     anchor_slots_kernel<<<unsigned((view.bucket + 127) / 128), 128, 0, stream>>>(view, out);
+}
+
+void block_ids(const int32_t* anchors, int bucket, int B, int32_t mask_id, int32_t* out,
+               cudaStream_t stream) {
+  const int64_t n = int64_t(bucket) * B;
+  if (n > 0) block_ids_kernel<<<grid_for(n), 256, 0, stream>>>(anchors, n, B, mask_id, out);
 }
 
 void philox_normal_bf16(uint16_t* out, int64_t n, float scale, uint64_t seed, cudaStream_t stream) {

@@ -67,6 +67,10 @@ void scatter_rows_bf16(const float* src, int64_t n, int64_t dim, const int32_t* 
 // a draft's view), −1 for padding sequences (seq_rows 0).
 void anchor_slots(const StepView& view, int32_t* out, cudaStream_t stream);
 
+// A DFlash block's ids for every sequence: out[b·B] = anchors[b], out[b·B + r] = mask_id (r > 0).
+void block_ids(const int32_t* anchors, int bucket, int B, int32_t mask_id, int32_t* out,
+               cudaStream_t stream);
+
 // out[i] = start + i.
 void iota(int64_t* out, int64_t start, int64_t n, cudaStream_t stream);
 // Single-value writes, stream-ordered (a kernel with the value by argument: no host staging).

@@ -123,4 +123,23 @@ void DFlashDeviceProposer::draft(int lane, const int32_t* d_anchor, uint64_t, ui
   model_.draft(lanes_.at(size_t(lane)), d_anchor, d_logits);
 }
 
+void DFlashDeviceProposer::make_pool(int32_t blocks, int32_t block_tokens, int max_bucket) {
+  FLASHMAP_CHECK(paged_, "make_pool: this proposer drafts per lane");
+  pool_.reset();
+  model_.reserve_batch(max_bucket);
+  pool_ = model_.new_paged(blocks, block_tokens);
+}
+
+void DFlashDeviceProposer::commit_paged(const float* d_features, const int32_t* d_commit,
+                                        int64_t n) {
+  FLASHMAP_ASSERT(pool_);
+  model_.commit_paged(*pool_, d_features, d_commit, n);
+}
+
+void DFlashDeviceProposer::draft_paged(const int32_t* d_image, int bucket, const int32_t* d_anchors,
+                                       const uint64_t*, float* d_logits) {
+  FLASHMAP_ASSERT(pool_);
+  model_.draft_batch(*pool_, d_image, bucket, d_anchors, d_logits);
+}
+
 }  // namespace flashmap::cuda

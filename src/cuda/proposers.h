@@ -49,6 +49,11 @@ class DeviceProposer {
   // (no lanes), commits of many sequences are one pass, and a round's drafts are one pass. The
   // backend makes the pool beside its KV cache, with the same number of blocks.
   virtual bool paged() const { return false; }
+  // 0: a draft's queries follow the anchor and read the context only (paged::plan_draft, the
+  // context its committed tokens and the anchor). B > 0: a draft is a block of B rows from the
+  // anchor on, written to the pool at those positions (paged::plan_block, the context its
+  // committed tokens): the tables must hold B positions past the committed ones.
+  virtual int paged_block() const { return 0; }
   // Bytes of a pool block; of the batch buffers for up to max_bucket sequences.
   virtual int64_t paged_block_bytes(int32_t /*block_tokens*/) const { return 0; }
   virtual int64_t batch_bytes(int /*max_bucket*/) const { return 0; }
@@ -110,7 +115,10 @@ class FlashMapDeviceProposer : public DeviceProposer {
 // the reference's loop does; either way the output is the target's).
 class DFlashDeviceProposer : public DeviceProposer {
  public:
-  explicit DFlashDeviceProposer(DFlashModel& model) : model_(model) {}
+  // paged: batched drafts over a pool of the target's blocks where the drafter's heads allow it
+  // (DFlashModel::pages), else a context slab per lane.
+  explicit DFlashDeviceProposer(DFlashModel& model, bool paged = true)
+      : model_(model), paged_(paged && model.pages()) {}
   int block_size() const override { return model_.block_size() - 1; }
   int64_t vocab() const override { return model_.vocab(); }
   std::span<const int> target_layer_ids() const override;
@@ -123,8 +131,24 @@ class DFlashDeviceProposer : public DeviceProposer {
   void draft(int lane, const int32_t* d_anchor, uint64_t seed, uint64_t counter,
              float* d_logits) override;
 
+  bool paged() const override { return paged_; }
+  int paged_block() const override { return model_.block_size(); }
+  int64_t paged_block_bytes(int32_t block_tokens) const override {
+    return paged_ ? model_.paged_block_bytes(block_tokens) : 0;
+  }
+  int64_t batch_bytes(int max_bucket) const override {
+    return paged_ ? model_.batch_bytes(max_bucket) : 0;
+  }
+  void make_pool(int32_t blocks, int32_t block_tokens, int max_bucket) override;
+  void drop_pool() override { pool_.reset(); }
+  void commit_paged(const float* d_features, const int32_t* d_commit, int64_t n) override;
+  void draft_paged(const int32_t* d_image, int bucket, const int32_t* d_anchors,
+                   const uint64_t* d_rng, float* d_logits) override;
+
  private:
   DFlashModel& model_;
+  bool paged_;
+  std::unique_ptr<PagedDFlashContext> pool_;
   std::vector<DFlashDeviceContext> lanes_;
   std::vector<int> free_;  // removed lanes' ids
 };

@@ -294,7 +294,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
                    options_.draft_tree);
     FLASHMAP_CHECK(info.caps.trees,
                    "--draft-tree {}: {} does not draft trees with this drafter (the CPU backend "
-                   "does with every drafter, CUDA with FlashMap drafters)",
+                   "does with every drafter, CUDA with drafters it batches)",
                    options_.draft_tree, info.device);
     if (tree_auto) {
       // A DFlash drafter has no noise: its draws would all be the same block.

@@ -33,6 +33,8 @@
 #include "models/dflash.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
+#include "paged/block_pool.h"
+#include "paged/draft_plan.h"
 #include "specdec/controls.h"
 #include "specdec/logprobs.h"
 
@@ -633,7 +635,8 @@ namespace {
 // The DFlash drafter on the device (cuda/dflash_cuda.h) against the CPU model it mirrors: the
 // block logits after a prompt's context (NMSE within the whole-model bf16 bound, argmax agreement
 // reported), then in the engine: greedy speculative output equals the device's own target-alone
-// output. On the random fixture drafter and on the trained default one.
+// output, batched over a paged context (the backend's default) and per lane. On the random
+// fixture drafter and on the trained default one.
 TEST_F(CudaEngine, DFlashDraftMatchesCpuAndIsLossless) {
   const std::pair<std::string, std::string> pairs[] = {
       {"tests/fixtures/tiny-a/target", "tests/fixtures/dflash/zlab"},
@@ -676,12 +679,67 @@ TEST_F(CudaEngine, DFlashDraftMatchesCpuAndIsLossless) {
     std::cout << "[ info ] " << draft_dir << ": DFlash block logits NMSE " << e << ", argmax "
               << agree << "/" << B - 1 << "\n";
 
-    DFlashDeviceProposer d(dev);
+    // Batched over a paged context: two sequences (the prompt, and its first P − 2 tokens with
+    // the next prompt token as anchor), their blocks interleaved in one pool, drafted in one
+    // padded batch; each against the CPU drafter on its own context.
+    {
+      constexpr int32_t bt = 16;
+      paged::BlockPool blocks(32, bt);
+      const std::vector<int64_t> contexts = {P, P - 2};
+      const std::vector<int32_t> anchors = {anchor, kPrompt[size_t(P - 2)]};
+      std::vector<int> seqs;
+      std::vector<paged::BlockCopy> copies;
+      for (int64_t c : contexts) seqs.push_back(blocks.open(c + B));
+      for (int64_t at = bt;; at += bt) {  // round-robin growth: the tables interleave
+        bool grew = false;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          const int64_t want_len = std::min(at, contexts[i] + B);
+          if (want_len > blocks.length(seqs[i])) {
+            blocks.grow(seqs[i], want_len, copies);
+            grew = true;
+          }
+        }
+        if (!grew) break;
+      }
+      ASSERT_TRUE(dev.pages());
+      auto pool = dev.new_paged(blocks.num_blocks(), bt);
+      std::vector<paged::CommitSeq> cs;
+      for (size_t i = 0; i < seqs.size(); ++i)
+        cs.push_back({blocks.table(seqs[i]), 0, 0, int(contexts[i])});
+      const auto commit = paged::plan_commit(cs, bt, P);
+      DeviceBuffer<int32_t> commit_image(*ctx, commit.image());
+      dev.commit_paged(*pool, feats.data(), commit_image.data(), commit.n);
+      std::vector<paged::DraftSeq> ds;
+      for (size_t i = 0; i < seqs.size(); ++i) ds.push_back({blocks.table(seqs[i]), contexts[i]});
+      const std::vector<int32_t> buckets = {1, 4};
+      const auto plan = paged::plan_block(ds, int(B), bt, buckets);
+      DeviceBuffer<int32_t> image(*ctx, plan.image());
+      std::vector<int32_t> padded = anchors;
+      padded.resize(size_t(plan.bucket), 0);
+      DeviceBuffer<int32_t> d_anchors(*ctx, padded);
+      DeviceBuffer<float> batch(size_t(plan.bucket) * size_t(B - 1) * size_t(V));
+      dev.draft_batch(*pool, image.data(), plan.bucket, d_anchors.data(), batch.data());
+      const auto all = batch.download(*ctx);
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        ::flashmap::DFlashContext ci = cpu_d.new_context();
+        cpu_d.extend_context(ci, out.features.data(), contexts[i]);
+        std::vector<float> wi(size_t((B - 1) * V));
+        ::flashmap::DFlashModel::Request ri{&ci, anchors[i]};
+        cpu_d.draft({&ri, 1}, int(B), wi.data());
+        const std::vector<float> gi(all.begin() + int64_t(i) * (B - 1) * V,
+                                    all.begin() + int64_t(i + 1) * (B - 1) * V);
+        EXPECT_LE(test::nmse(gi, wi), kLogitsNmse) << draft_dir << " batched sequence " << i;
+      }
+    }
+
     const auto alone = run(target, nullptr, kPrompt, greedy(48));
-    const auto r = run(target, &d, kPrompt, greedy(48));
-    expect_lossless(target, r.ids, alone.ids, draft_dir);
-    std::cout << "[ info ] " << draft_dir << ": DFlash tau on the device " << r.acceptance_length()
-              << "\n";
+    for (const bool paged : {true, false}) {
+      DFlashDeviceProposer d(dev, paged);
+      const auto r = run(target, &d, kPrompt, greedy(48));
+      expect_lossless(target, r.ids, alone.ids, draft_dir);
+      std::cout << "[ info ] " << draft_dir << (paged ? " batched" : " per lane")
+                << ": DFlash tau on the device " << r.acceptance_length() << "\n";
+    }
   }
 }
 
