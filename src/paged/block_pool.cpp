@@ -229,6 +229,14 @@ void BlockPool::truncate(int seq, int64_t length) {
   FLASHMAP_ASSERT(free_blocks() >= reserved_);
 }
 
+void BlockPool::settle(int seq) {
+  Seq& s = at(seq, "settle");
+  reserved_ -= blocks64(s.max_positions) - int64_t(s.table.size());
+  s.max_positions = s.length;
+  update_writer(s);  // a sequence that cannot grow writes no block: fewer copies to promise
+  FLASHMAP_ASSERT(free_blocks() >= reserved_);
+}
+
 void BlockPool::close(int seq) {
   Seq& s = at(seq, "close");
   if (s.writing >= 0) adjust(s.writing, 0, -1);

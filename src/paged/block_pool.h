@@ -59,6 +59,9 @@ class BlockPool {
   // it releases blocks that other sequences still hold, or reopens a shared block for writing, and
   // no unreserved block is left to stand in for them.
   void truncate(int seq, int64_t length);
+  // The sequence will not grow again (kept only to be read or forked from): its max_positions
+  // becomes its length and the blocks promised for its growth go back to the pool.
+  void settle(int seq);
   // Releases the sequence's blocks and its reservation; its id may be reused by a later open/fork.
   void close(int seq);
 

@@ -160,7 +160,7 @@ void fill_copy(const Sim& sim, std::mt19937& rng) {
 
 struct Counts {
   int opened = 0, open_refused = 0, forked = 0, fork_refused = 0, shared_forks = 0;
-  int truncated = 0, truncate_refused = 0, closed = 0;
+  int truncated = 0, truncate_refused = 0, closed = 0, settled = 0;
 };
 
 void random_ops(uint32_t seed, int ops, Counts& n, int64_t& copies) {
@@ -242,6 +242,18 @@ void random_ops(uint32_t seed, int ops, Counts& n, int64_t& copies) {
         ASSERT_TRUE(sim.state() == before) << "a refused truncate changed the pool";
         ++n.truncate_refused;
       }
+    } else if (kind < 90) {
+      // A finished sequence kept to be forked from: it gives back what was promised for its
+      // growth (and, no longer a writer, possibly a copy), and the others can still grow.
+      const int seq = pick();
+      const int64_t growth =
+          sim.pool.blocks_for(sim.pool.max_positions(seq)) - int64_t(sim.pool.table(seq).size());
+      const int64_t reserved = sim.pool.reserved_blocks();
+      sim.pool.settle(seq);
+      ASSERT_EQ(sim.pool.max_positions(seq), sim.pool.length(seq));
+      ASSERT_LE(sim.pool.reserved_blocks(), reserved - growth);
+      ASSERT_GE(sim.pool.reserved_blocks(), reserved - growth - 1);
+      ++n.settled;
     } else {
       sim.close(pick());
       ++n.closed;
@@ -273,12 +285,13 @@ TEST(BlockPool, RandomOperationsAgainstModel) {
   EXPECT_GT(n.truncated, 100);
   EXPECT_GT(n.truncate_refused, 10);
   EXPECT_GT(n.closed, 100);
+  EXPECT_GT(n.settled, 100);
   EXPECT_GT(copies, 100);
   std::printf(
       "opened %d (refused %d), forked %d (refused %d, sharing %d), truncated %d "
-      "(refused %d), closed %d, copies %lld\n",
+      "(refused %d), settled %d, closed %d, copies %lld\n",
       n.opened, n.open_refused, n.forked, n.fork_refused, n.shared_forks, n.truncated,
-      n.truncate_refused, n.closed, static_cast<long long>(copies));
+      n.truncate_refused, n.settled, n.closed, static_cast<long long>(copies));
 }
 
 TEST(BlockPool, FreshPoolAndBlocksFor) {
