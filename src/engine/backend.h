@@ -168,6 +168,9 @@ class Target {
   // with their memory guaranteed until they end; the engine keeps the rest queued. A backend that
   // sizes every sequence alike at start (max_sequences) admits them all.
   virtual size_t admissible(std::span<const int64_t> positions) const { return positions.size(); }
+  // The sequence will not grow again: the prefix cache keeps it only to fork from. A backend that
+  // promised it memory for its growth may take that promise back.
+  virtual void settle(int /*seq*/) {}
 
  protected:
   friend class Slot;

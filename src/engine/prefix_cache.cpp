@@ -20,7 +20,8 @@ PrefixCache::PrefixCache(Backend& backend, size_t budget_bytes, int64_t min_matc
   stats_.budget = budget_;
 }
 
-Slot PrefixCache::lookup(std::span<const int32_t> prompt, bool drafting, int64_t& cached) {
+Slot PrefixCache::lookup(std::span<const int32_t> prompt, bool drafting, int64_t& cached,
+                         int64_t max_positions) {
   cached = 0;
   if (!enabled() || prompt.size() < 2) return {};
   ++stats_.queries;
@@ -37,7 +38,7 @@ Slot PrefixCache::lookup(std::span<const int32_t> prompt, bool drafting, int64_t
     }
   }
   if (best == lru_.end() || int64_t(best_len) < min_match_) return {};
-  Slot slot = backend_.open({drafting, &best->slot, int64_t(best_len)});
+  Slot slot = backend_.open({drafting, &best->slot, int64_t(best_len), max_positions});
   if (!slot) return {};
   lru_.splice(lru_.begin(), lru_, best);
   ++stats_.hits;
@@ -48,6 +49,7 @@ Slot PrefixCache::lookup(std::span<const int32_t> prompt, bool drafting, int64_t
 
 void PrefixCache::insert(std::vector<int32_t> tokens, Slot slot, bool drafting) {
   if (!enabled() || !slot) return;
+  backend_.settle(slot.index());  // kept to fork from: it never grows again
   const Held h = backend_.held(slot.index());
   const int64_t held = std::min<int64_t>(h.positions, int64_t(tokens.size()));
   if (held < min_match_) return;

@@ -32,7 +32,9 @@ class PrefixCache {
   // last prompt token's logits must come from a forward), and for a drafting request only from
   // an entry that has a drafter context; `cached` gets the positions it holds. Null: no usable
   // entry (or the drafter's kind cannot fork).
-  Slot lookup(std::span<const int32_t> prompt, bool drafting, int64_t& cached);
+  // max_positions: what the new sequence may grow to (Open::max_positions).
+  Slot lookup(std::span<const int32_t> prompt, bool drafting, int64_t& cached,
+              int64_t max_positions = 0);
   // Keeps a finished sequence's slot; `tokens` are what its positions hold (the first
   // backend.held(slot).positions of them count). Entries it extends are dropped; an entry it is a
   // prefix of makes it redundant.

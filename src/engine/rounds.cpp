@@ -166,17 +166,17 @@ void RoundLoop::admit_group(std::span<Sequence* const> fresh, std::span<Sequence
     Sequence* s = fresh[i];
     const std::span<const int32_t> prompt = s->params.prompt;
     const bool scored = s->params.prompt_logprobs >= 0;  // alone, fresh: every row is scored
+    // Its most positions: the prompt, then every token it may emit (the last one's KV is never
+    // written, but a round's anchor may be); a copy of another sequence's prefix too.
+    const int64_t most = int64_t(prompt.size()) + s->params.max_tokens + 1;
     if (!sources.empty()) {
       const int64_t n = int64_t(prompt.size()) - 1;
       const Slot& from = sources[i]->slot;
       if (backend_.held(from.index()).positions >= n)
-        s->slot = backend_.open({s->drafting, &from, n});
+        s->slot = backend_.open({s->drafting, &from, n, most});
       s->cached_tokens = s->slot ? n : 0;
     }
-    if (!s->slot && !scored) s->slot = cache_.lookup(prompt, s->drafting, s->cached_tokens);
-    // Its most positions: the prompt, then every token it may emit (the last one's KV is never
-    // written, but a round's anchor may be).
-    const int64_t most = int64_t(prompt.size()) + s->params.max_tokens + 1;
+    if (!s->slot && !scored) s->slot = cache_.lookup(prompt, s->drafting, s->cached_tokens, most);
     if (!s->slot) s->slot = backend_.open({s->drafting, nullptr, 0, most});
     if (cache_.enabled()) s->history.assign(prompt.begin(), prompt.end());
     s->controls = ControlState(s->params.controls, s->params.prompt, s->params.stop_ids,

@@ -9,6 +9,8 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "cpu/backend.h"
 
@@ -49,7 +51,20 @@ class FaultyBackend : public cpu::CpuBackend {
     }
     return n;
   }
+  // Opens from another sequence (copies of a prefix), as asked: the length and max_positions.
+  std::vector<std::pair<int64_t, int64_t>> fork_opens;
+  // A settled sequence promises only what it holds (a paged device gives back its growth).
+  void settle(int seq) override {
+    const int64_t holds = CpuBackend::held(seq).positions;
+    std::lock_guard lk(mutex_);
+    promised_[seq] = holds;
+  }
+  int64_t promised() const { return held_positions(); }
   Slot open_by_need(const Open& o) {
+    if (o.from) {
+      std::lock_guard lk(mutex_);
+      fork_opens.push_back({o.length, o.max_positions});
+    }
     if (budget >= 0) {
       if (o.max_positions > budget - held_positions())
         throw Error("out of KV memory: " + std::to_string(o.max_positions) + " positions asked, " +

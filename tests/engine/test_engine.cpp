@@ -760,6 +760,42 @@ TEST(PrefixCache, CachedPrefixesDecodeAsFreshOnes) {
   EXPECT_LE(st.bytes, st.budget);
 }
 
+// What a paged device needs of the engine: a sequence copied from a cached prefix is opened for
+// all it may grow to (its prompt, max_tokens and one more), and an entry the cache keeps is
+// settled, so it promises only the positions it holds, not its finished request's growth.
+TEST(PrefixCache, CopiesPromiseTheirGrowthAndEntriesOnlyWhatTheyHold) {
+  auto& m = models();
+  auto backend = std::make_unique<test::FaultyBackend>(m.target, &m.drafter);
+  test::FaultyBackend* b = backend.get();
+  b->budget = 1000;
+  Engine engine(std::move(backend),
+                {.max_running = 2, .spec_policy = SpecPolicyKind::Always, .prefix_cache_mb = 64});
+  RequestParams turn1;
+  turn1.prompt = prompt_of(40, 1);
+  turn1.max_tokens = 30;
+  const auto want1 = reference(turn1, true).ids;
+  const auto out1 = wait_all(*engine.submit(turn1));
+  engine.drain();
+  EXPECT_EQ(out1, want1);
+  // The finished request is the cache's entry now: it holds its 40 + 30 − 1 positions at most
+  // (the last token's KV is never written), not the 71 it was opened for.
+  EXPECT_GT(b->promised(), 40);
+  EXPECT_LE(b->promised(), 69);
+  EXPECT_TRUE(b->fork_opens.empty());
+  RequestParams turn2 = turn1;
+  turn2.prompt.insert(turn2.prompt.end(), out1.begin(), out1.end());
+  turn2.prompt.push_back(7);
+  turn2.max_tokens = 12;
+  const auto want2 = reference(turn2, true).ids;
+  auto r = engine.submit(turn2);
+  EXPECT_EQ(wait_all(*r), want2);
+  engine.drain();
+  EXPECT_GE(r->cached_tokens(), 40);
+  ASSERT_EQ(b->fork_opens.size(), 1u);
+  EXPECT_EQ(b->fork_opens[0].first, r->cached_tokens());
+  EXPECT_EQ(b->fork_opens[0].second, int64_t(turn2.prompt.size()) + turn2.max_tokens + 1);
+}
+
 // Under a small budget entries are evicted least recently used first and the memory held stays
 // within it; outputs are unchanged.
 TEST(PrefixCache, EvictsWithinTheBudget) {
