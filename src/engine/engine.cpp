@@ -458,11 +458,12 @@ void Engine::loop() {
   // slot free in stats() too.
   auto retire = [&](Impl::Served& s, bool was_running, const std::string& reason,
                     const std::string& error = {}) {
-    m.loop->retire(s.seq);
+    m.loop->retire(s.seq);  // a finished sequence may enter the prefix cache here
     {
       std::lock_guard lk(m.mutex);
       --m.in_flight;
       if (was_running) --m.running;
+      m.prefix_cache = m.loop->prefix_cache_stats();  // as of the drain() this may end
     }
     m.idle_cv.notify_all();
     s.req->finish(reason, error);
@@ -526,6 +527,10 @@ void Engine::loop() {
           need.push_back(int64_t(q->seq.params.prompt.size()) + q->seq.params.max_tokens + 1);
         }
         fits = m.loop->backend().admissible(need);
+        // The queue's head comes before cached prefixes: when it cannot start, the least recently
+        // used entries give their memory back until it can (or the cache is empty).
+        while (fits == 0 && !need.empty() && m.loop->drop_cached_prefix())
+          fits = m.loop->backend().admissible(need);
         if (fits == 0 && !need.empty() && running.empty()) fits = 1;  // fails at its open
       }
       while (!m.queue.empty() && int(running.size()) < m.max_running) {

@@ -78,11 +78,16 @@ void PrefixCache::insert(std::vector<int32_t> tokens, Slot slot, bool drafting) 
 }
 
 void PrefixCache::evict_to(size_t budget) {
-  while (!lru_.empty() && stats_.bytes > budget) {
-    stats_.bytes -= lru_.back().bytes;
-    lru_.pop_back();
-    ++stats_.evictions;
+  while (stats_.bytes > budget && evict_one()) {
   }
+}
+
+bool PrefixCache::evict_one() {
+  if (lru_.empty()) return false;
+  stats_.bytes -= lru_.back().bytes;
+  lru_.pop_back();
+  ++stats_.evictions;
+  return true;
 }
 
 PrefixCacheStats PrefixCache::stats() const {

@@ -39,6 +39,8 @@ class PrefixCache {
   // backend.held(slot).positions of them count). Entries it extends are dropped; an entry it is a
   // prefix of makes it redundant.
   void insert(std::vector<int32_t> tokens, Slot slot, bool drafting);
+  // Evicts the least recently used entry; false when there is none.
+  bool evict_one();
   PrefixCacheStats stats() const;
 
  private:

@@ -115,6 +115,10 @@ class RoundLoop {
   // A sequence leaves: its slot goes to the prefix cache (unless it failed) or is freed.
   void retire(Sequence& seq);
   PrefixCacheStats prefix_cache_stats() const { return cache_.stats(); }
+  // Drops the least recently used cached prefix, giving its memory back to the backend; false
+  // when the cache is empty. Running sequences come first: admission calls it when the backend
+  // cannot hold the queue's head.
+  bool drop_cached_prefix() { return cache_.evict_one(); }
 
  private:
   // admit() for sequences that prefill together; `sources` (empty, or one per sequence): the

@@ -796,6 +796,42 @@ TEST(PrefixCache, CopiesPromiseTheirGrowthAndEntriesOnlyWhatTheyHold) {
   EXPECT_EQ(b->fork_opens[0].second, int64_t(turn2.prompt.size()) + turn2.max_tokens + 1);
 }
 
+// Cached prefixes hold memory a paged device could give a queued request: when the backend
+// cannot admit the queue's head, entries are dropped (least recently used first) until it can,
+// rather than the request failing for memory that only the cache holds.
+TEST(PrefixCache, GivesItsMemoryToTheQueue) {
+  auto& m = models();
+  auto backend = std::make_unique<test::FaultyBackend>(m.target, &m.drafter);
+  test::FaultyBackend* b = backend.get();
+  b->budget = 200;
+  Engine engine(std::move(backend),
+                {.max_running = 2, .spec_policy = SpecPolicyKind::Always, .prefix_cache_mb = 64});
+  for (int i = 0; i < 2; ++i) {
+    RequestParams p;
+    p.prompt = prompt_of(40, 1 + i);
+    p.max_tokens = 30;
+    const auto want = reference(p, true).ids;
+    EXPECT_EQ(wait_all(*engine.submit(p)), want) << i;
+    engine.drain();
+  }
+  // Two entries of about 69 positions each: 62 of the 200 are left.
+  EXPECT_GT(b->promised(), 130);
+  EXPECT_EQ(engine.stats().prefix_cache.entries, 2u);
+  RequestParams big;
+  big.prompt = prompt_of(100, 9);
+  big.max_tokens = 60;
+  const auto want = reference(big, true).ids;
+  auto r = engine.submit(big);
+  std::string reason;
+  const auto got = wait_all(*r, &reason);
+  engine.drain();
+  EXPECT_EQ(reason, "length");
+  EXPECT_EQ(got, want);
+  const auto st = engine.stats().prefix_cache;
+  EXPECT_GE(st.evictions, 1u);
+  EXPECT_LE(b->most_held, 200);
+}
+
 // Under a small budget entries are evicted least recently used first and the memory held stays
 // within it; outputs are unchanged.
 TEST(PrefixCache, EvictsWithinTheBudget) {
