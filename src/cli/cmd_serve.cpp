@@ -29,6 +29,7 @@ struct ServeArgs {
       .max_running = 8, .max_queue = 64, .spec_max_batch = 4, .prefix_cache_mb = 1024};
   std::string spec_policy;  // empty: adaptive, or batch when only --spec-max-batch is given
   bool spec_max_batch_given = false;
+  bool prefix_cache_given = false;
 };
 
 void run_serve(ServeArgs& a) {
@@ -83,8 +84,8 @@ void run_serve(ServeArgs& a) {
   eo.max_context = a.sched.max_context;
   eo.spec_policy = a.sched.spec_policy;
   eo.spec_max_batch = a.sched.spec_max_batch;
-  // The prefix cache keeps slots of the CPU backend only.
-  eo.prefix_cache_mb = eo.device == "cpu" ? a.sched.prefix_cache_mb : 0;
+  // On a GPU a cached entry holds a sequence lane as well as its KV blocks: opt-in there.
+  eo.prefix_cache_mb = eo.device == "cpu" || a.prefix_cache_given ? a.sched.prefix_cache_mb : 0;
   Engine engine(eo);
   const bool drafter = engine.block_size() > 0;
   server::Server srv(engine, text ? &*text : nullptr, a.server);
@@ -148,9 +149,15 @@ void register_cmd(CLI::App& app) {
   sub->add_option("--max-context", q.max_context,
                   "prompt + max_tokens limit (default: the target's max_position_embeddings)")
       ->check(CLI::Range(int64_t(1), int64_t(INT32_MAX)));
-  sub->add_option("--prefix-cache-mb", q.prefix_cache_mb,
-                  "memory for finished sequences' KV caches, reused by requests that share their "
-                  "prefix (default 1024; 0: off; CPU only)")
+  sub->add_option_function<size_t>(
+         "--prefix-cache-mb",
+         [args](size_t n) {
+           args->sched.prefix_cache_mb = n;
+           args->prefix_cache_given = true;
+         },
+         "memory for finished sequences' KV caches, reused by requests that share their prefix "
+         "(default 1024 on the CPU; on a GPU off unless given, as each entry also holds one of "
+         "its sequence lanes; 0: off)")
       ->check(CLI::Range(size_t(0), size_t(1) << 20));
   sub->add_option("--spec-policy", args->spec_policy,
                   "when rounds speculate: adaptive (measure tokens/s of speculative and plain "

@@ -129,7 +129,9 @@ class CudaBackend : public engine::Backend {
     info_.config = &tc;
     info_.max_positions = capacity_;
     info_.device = ctx_.name();
-    info_.caps = {.fork = false, .prompt_logprobs = false, .trees = paged_};
+    // Copies of a prefix share its KV blocks; a drafting copy shares the drafter's context too,
+    // which only the batched drafter keeps in those blocks.
+    info_.caps = {.fork = !proposer_ || paged_, .prompt_logprobs = false, .trees = paged_};
     info_.block_size = K_;
     size_memory(max_lanes);
   }
@@ -141,11 +143,22 @@ class CudaBackend : public engine::Backend {
   }
 
   engine::Slot open(const engine::Open& o) override {
-    if (o.from) return {};  // no fork: the sequence prefills its whole prompt
     ctx_.make_current();
+    const bool drafting = o.drafting && proposer_;
     const int64_t most = o.max_positions > 0 ? std::min(o.max_positions, capacity_) : capacity_;
     // A block drafter's rows sit past the committed positions: room for them too.
-    const int kv = pool_->open(most + extra_);
+    int kv;
+    if (o.from) {
+      const Lane& f = lane(o.from->index());
+      FLASHMAP_ASSERT(o.length >= 1 && o.length <= f.length && o.length <= most);
+      // A drafting copy reads the source's drafter context from the shared blocks: only the
+      // positions the source committed are there.
+      if (drafting && (!paged_ || !f.drafting || f.committed < o.length)) return {};
+      kv = pool_->fork(f.kv, o.length, most + extra_);
+      if (kv < 0) return {};  // no room for its growth: it opens fresh, or waits
+    } else {
+      kv = pool_->open(most + extra_);
+    }
     FLASHMAP_CHECK(kv >= 0,
                    "out of KV memory on {}: a sequence of up to {} positions needs {} blocks, {} "
                    "are free and {} of them promised to running sequences",
@@ -170,15 +183,17 @@ class CudaBackend : public engine::Backend {
     }
     Lane& l = lanes_[size_t(i)];
     l.open = true;
-    l.drafting = o.drafting && proposer_;
+    l.drafting = drafting;
     l.rng_started = false;
     l.drafts = 0;
-    l.committed = 0;
     l.kv = kv;
-    l.length = 0;
+    l.length = o.from ? o.length : 0;
+    l.committed = o.from && drafting ? o.length : 0;
     l.step_row = -1;
     return engine::Slot(this, i);
   }
+
+  void settle(int seq) override { pool_->settle(lane(seq).kv); }
 
   size_t admissible(std::span<const int64_t> positions) const override {
     int64_t blocks = int64_t(pool_->free_blocks()) - pool_->reserved_blocks();
@@ -209,7 +224,7 @@ class CudaBackend : public engine::Backend {
         const int n = int(chunk.size());
         const bool last = at + chunk.size() == p.tokens.size();
         grow(l, n);
-        FLASHMAP_ASSERT(copies_.empty());  // no forks: a fresh sequence's blocks are its own
+        run_copies();  // a copy's first write may fall in a block it shares
         const paged::StepSeq ss{pool_->table(l.kv), l.length, n, {}};
         const paged::StepPlan plan = paged::plan_step({&ss, 1}, n, kBlockTokens, {&one, 1});
         const std::vector<int32_t> image = plan.image();
@@ -295,8 +310,11 @@ class CudaBackend : public engine::Backend {
         cudaMemcpyAsync(lanes_copies, host + lanes_at,
                         (copies_at - lanes_at + 3 * copies_.size()) * 4, cudaMemcpyHostToDevice, s),
         "cudaMemcpyAsync H2D (lanes, copies)");
-    if (!copies_.empty())
+    if (!copies_.empty()) {
       target_.copy_blocks(*kv_, lanes_copies + plan.bucket, int(copies_.size()));
+      if (paged_) proposer_->copy_blocks(lanes_copies + plan.bucket, int(copies_.size()));
+      copies_.clear();
+    }
     const int64_t M = int64_t(plan.bucket) * R;
     const StepView view = step_view(target_.step_image(0), plan.bucket, R, kBlockTokens);
     gather_step_ids(rounds_.data(), stride_, lanes_copies, view, target_.step_ids(M), s);
@@ -593,17 +611,18 @@ class CudaBackend : public engine::Backend {
   void propose_paged(std::span<const SeqStep> steps) {
     const cudaStream_t st = ctx_.stream();
     const int n = int(steps.size());
+    copies_.clear();
     for (const SeqStep& step : steps) {
       Lane& l = lane(step.seq);
       FLASHMAP_ASSERT(l.drafting && l.committed <= l.length);
-      std::vector<paged::BlockCopy> copies;
       // The anchor's position (a block drafter's: its whole block).
       const int64_t need = l.committed + std::max(extra_, 1);
+      std::vector<paged::BlockCopy> copies;
       pool_->grow(l.kv, std::max(l.length + 1, need), copies);
-      // No forks on this backend: every block of a sequence is its own, nothing to copy.
-      FLASHMAP_ASSERT(copies.empty());
+      copies_.insert(copies_.end(), copies.begin(), copies.end());
       l.tree_nodes = 0;
     }
+    run_copies();
     const std::vector<int> nodes = tree_budgets(steps);
     std::vector<int> draws(size_t(n), 1), first(size_t(n) + 1, 0);
     for (int b = 0; b < n; ++b) {
@@ -880,11 +899,30 @@ class CudaBackend : public engine::Backend {
     return l.drafting ? std::span<const int>(info_.taps) : std::span<const int>{};
   }
   // Room in its KV blocks for n more positions; the pool's copies (a shared block about to be
-  // written; none without forks) run before the next write.
+  // written) run before the next write.
   void grow(Lane& l, int64_t n) {
     std::vector<paged::BlockCopy> copies;
     pool_->grow(l.kv, l.length + n, copies);
     copies_.insert(copies_.end(), copies.begin(), copies.end());
+  }
+  // The pending copies, now, in the target's blocks and the batched drafter's (forward() sends
+  // its own with the step's upload).
+  void run_copies() {
+    if (copies_.empty()) return;
+    std::vector<int32_t> flat;
+    flat.reserve(3 * copies_.size());
+    for (const paged::BlockCopy& c : copies_) flat.insert(flat.end(), {c.src, c.dst, c.tokens});
+    if (copy_ids_.size() < flat.size()) {
+      ctx_.sync();  // an earlier copy may still read the buffer
+      copy_ids_ = DeviceBuffer<int32_t>(std::max(flat.size(), 2 * copy_ids_.size()));
+    }
+    // A pageable source: the call returns once the bytes are staged.
+    check(cudaMemcpyAsync(copy_ids_.data(), flat.data(), flat.size() * 4, cudaMemcpyHostToDevice,
+                          ctx_.stream()),
+          "cudaMemcpyAsync H2D (block copies)");
+    target_.copy_blocks(*kv_, copy_ids_.data(), int(copies_.size()));
+    if (paged_) proposer_->copy_blocks(copy_ids_.data(), int(copies_.size()));
+    copies_.clear();
   }
 
   // One sequence's buffers, all or none (the proposer's lane comes last, so that it is added
@@ -1127,6 +1165,7 @@ class CudaBackend : public engine::Backend {
   std::unique_ptr<paged::BlockPool> pool_;
   std::vector<int32_t> buckets_;
   std::vector<paged::BlockCopy> copies_;
+  DeviceBuffer<int32_t> copy_ids_;     // run_copies' (src, dst, tokens) triples
   DeviceBuffer<int32_t> rounds_;       // [lanes, K + 3] round rows
   HostBuffer<int32_t> host_rounds_;    // their copy on the host
   DeviceBuffer<int32_t> argmax_;       // [bucket · R] of a greedy acceptance

@@ -263,6 +263,16 @@ void DFlashModel::reserve_batch(int max_bucket) {
   batch_ = max_bucket;
 }
 
+void DFlashModel::copy_blocks(PagedDFlashContext& pool, const int32_t* d_copies, int n) const {
+  FLASHMAP_CHECK(pool.owner_ == this, "copy_blocks: the pool belongs to another drafter");
+  if (n <= 0) return;
+  const int64_t kv_dim = int64_t(config_.layers.num_key_value_heads) * config_.layers.head_dim;
+  for (auto* side : {&pool.k_, &pool.v_})
+    for (DeviceBuffer<uint16_t>& b : *side)
+      copy_kv_blocks(b.data(), 1, 0, kv_dim, pool.block_tokens_, d_copies, n, gpu_.stream());
+  check(cudaGetLastError(), "copy_kv_blocks (drafter context)");
+}
+
 // extend_context's math for rows of many sequences: gathered from the forward's features, keyed
 // at their own positions, stored at their slots.
 void DFlashModel::commit_paged(PagedDFlashContext& pool, const float* d_features,

@@ -98,6 +98,8 @@ class DFlashModel {
   // extend_context for the rows of d_features a paged::CommitPlan image d_commit names (n rows).
   void commit_paged(PagedDFlashContext& pool, const float* d_features, const int32_t* d_commit,
                     int64_t n);
+  // paged::BlockPool's copy-on-write in the pool (FlashMapModel::copy_blocks).
+  void copy_blocks(PagedDFlashContext& pool, const int32_t* d_copies, int n) const;
   // draft() for `bucket` sequences in one pass: d_image a paged::plan_block image for (bucket, B)
   // over the pool's tables (each block's keys go to the positions after its context), d_anchors
   // [bucket]; d_logits [bucket · (B − 1), V] (padding sequences' rows finite and meaningless).

@@ -451,6 +451,17 @@ std::unique_ptr<PagedDraftContext> FlashMapModel::new_paged(int32_t blocks, int3
   return pool;
 }
 
+void FlashMapModel::copy_blocks(PagedDraftContext& pool, const int32_t* d_copies, int n) {
+  FLASHMAP_CHECK(pool.owner_ == this, "copy_blocks: the pool belongs to another drafter");
+  if (n <= 0) return;
+  // One launch per layer buffer: the pool's buffers are separate allocations.
+  for (auto* side : {&pool.k_, &pool.v_})
+    for (DeviceBuffer<uint16_t>& b : *side)
+      copy_kv_blocks(b.data(), 1, 0, config_.hidden_size, pool.block_tokens_, d_copies, n,
+                     gpu_.stream());
+  check(cudaGetLastError(), "copy_kv_blocks (drafter context)");
+}
+
 // extend_context's math for rows of many sequences: the rows are gathered from the forward's
 // features, keyed at their own positions and stored at their slots.
 void FlashMapModel::commit_paged(PagedDraftContext& pool, const float* d_features,

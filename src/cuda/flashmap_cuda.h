@@ -180,6 +180,9 @@ class FlashMapModel {
   // enter the pool at their slots, each keyed (RoPE) at its position.
   void commit_paged(PagedDraftContext& pool, const float* d_features, const int32_t* d_commit,
                     int64_t n);
+  // paged::BlockPool's copy-on-write in the pool, as Qwen3Model::copy_blocks does in the
+  // target's (the same block ids): d_copies (src, dst, tokens) triples, n of them, device.
+  void copy_blocks(PagedDraftContext& pool, const int32_t* d_copies, int n);
   // Device bytes reserve_batch(max_bucket, steps) takes.
   int64_t batch_bytes(int max_bucket, int steps) const;
   // Work buffers for batched drafts of up to max_bucket sequences with `steps` jumps (a

@@ -36,6 +36,11 @@ void FlashMapDeviceProposer::commit_paged(const float* d_features, const int32_t
   model_.commit_paged(*pool_, d_features, d_commit, n);
 }
 
+void FlashMapDeviceProposer::copy_blocks(const int32_t* d_copies, int n) {
+  FLASHMAP_ASSERT(pool_);
+  model_.copy_blocks(*pool_, d_copies, n);
+}
+
 void FlashMapDeviceProposer::draft_paged(const int32_t* d_image, int bucket,
                                          const int32_t* d_anchors, const uint64_t* d_rng,
                                          float* d_logits) {
@@ -134,6 +139,11 @@ void DFlashDeviceProposer::commit_paged(const float* d_features, const int32_t* 
                                         int64_t n) {
   FLASHMAP_ASSERT(pool_);
   model_.commit_paged(*pool_, d_features, d_commit, n);
+}
+
+void DFlashDeviceProposer::copy_blocks(const int32_t* d_copies, int n) {
+  FLASHMAP_ASSERT(pool_);
+  model_.copy_blocks(*pool_, d_copies, n);
 }
 
 void DFlashDeviceProposer::draft_paged(const int32_t* d_image, int bucket, const int32_t* d_anchors,

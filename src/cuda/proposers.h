@@ -64,6 +64,9 @@ class DeviceProposer {
   // The rows of d_features that a paged::CommitPlan image d_commit (n rows) names enter the pool.
   virtual void commit_paged(const float* /*d_features*/, const int32_t* /*d_commit*/,
                             int64_t /*n*/) {}
+  // paged::BlockPool's copies-on-write (device (src, dst, tokens) triples) in the pool, run with
+  // the target's before the step that writes the copied blocks.
+  virtual void copy_blocks(const int32_t* /*d_copies*/, int /*n*/) {}
   // Logits [bucket·K, V] of every sequence of a paged::plan_draft image: anchors d_anchors
   // [bucket], noise (seed, counter) pairs d_rng [2·bucket].
   virtual void draft_paged(const int32_t* /*d_image*/, int /*bucket*/, const int32_t* /*d_anchors*/,
@@ -96,6 +99,7 @@ class FlashMapDeviceProposer : public DeviceProposer {
   void make_pool(int32_t blocks, int32_t block_tokens, int max_bucket) override;
   void drop_pool() override { pool_.reset(); }
   void commit_paged(const float* d_features, const int32_t* d_commit, int64_t n) override;
+  void copy_blocks(const int32_t* d_copies, int n) override;
   void draft_paged(const int32_t* d_image, int bucket, const int32_t* d_anchors,
                    const uint64_t* d_rng, float* d_logits) override;
 
@@ -142,6 +146,7 @@ class DFlashDeviceProposer : public DeviceProposer {
   void make_pool(int32_t blocks, int32_t block_tokens, int max_bucket) override;
   void drop_pool() override { pool_.reset(); }
   void commit_paged(const float* d_features, const int32_t* d_commit, int64_t n) override;
+  void copy_blocks(const int32_t* d_copies, int n) override;
   void draft_paged(const int32_t* d_image, int bucket, const int32_t* d_anchors,
                    const uint64_t* d_rng, float* d_logits) override;
 

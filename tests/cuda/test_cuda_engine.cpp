@@ -4,8 +4,8 @@
 // acceptance path; the device's greedy output agrees with the CPU's as far as bf16 logits allow
 // (agreement reported); sampled decoding is reproducible from its seed and, at top_k = 1, is
 // greedy decoding; long prompts prefill in chunks; logit controls, a grammar and logprobs, run
-// on the device, keep speculative output exact and agree with the CPU engine's. Without a usable
-// GPU every test skips.
+// on the device, keep speculative output exact and agree with the CPU engine's; copies of a
+// cached or shared prefix decode as the request alone. Without a usable GPU every test skips.
 #include <flashmap/engine.h>
 #include <gtest/gtest.h>
 
@@ -29,6 +29,7 @@
 #include "cuda/proposers.h"
 #include "cuda/qwen3_cuda.h"
 #include "engine/generate.h"
+#include "engine/rounds.h"
 #include "gpu_test.h"
 #include "models/dflash.h"
 #include "models/flashmap.h"
@@ -562,6 +563,83 @@ TEST_F(CudaEngine, BatchedSequencesEqualEachAlone) {
       expect_lossless(*p.target, prompts[i], got[rep][i], alone[i],
                       fmt::format("batch {} request {}", rep, i));
   EXPECT_GT(speculative_rounds, 0u);
+}
+
+// Copies of a prefix on the device (BlockPool::fork): a later turn that starts from a cached
+// sequence's blocks (its KV and, drafting, the batched drafter's context, copied on write), and
+// requests with one prompt admitted together (copies of the first one's prefill), decode exactly
+// as each alone, with the FlashMap and DFlash drafters and without one.
+TEST_F(CudaEngine, CopiesOfAPrefixDecodeAsAlone) {
+  Pair p(*ctx, kFixtures[0]);
+  ::flashmap::DFlashModel cpu_d("tests/fixtures/dflash/zlab", *p.cpu);
+  DFlashModel dflash(*ctx, cpu_d, p.target->embedding(), p.target->lm_head(),
+                     p.cpu->config().vocab_size, p.cpu->config().hidden_size);
+  FlashMapDeviceProposer fm(*p.draft, 1);
+  DFlashDeviceProposer df(dflash, true);
+  const std::pair<const char*, DeviceProposer*> drafters[] = {
+      {"target alone", nullptr}, {"FlashMap", &fm}, {"DFlash", &df}};
+  // 37 positions: the copy's first write falls inside a shared block.
+  std::vector<int32_t> turn1;
+  for (int i = 0; i < 37; ++i) turn1.push_back(int32_t((i * 131 + 7) % 1000));
+  RequestParams r1;
+  r1.prompt = turn1;
+  r1.max_tokens = 24;
+  RequestParams r3;  // three admitted at once with one prompt: two start from the first's blocks
+  r3.prompt = {11, 22, 33, 44, 55, 66, 77, 88, 99, 100, 200, 300, 400, 500, 600, 700, 800, 900};
+  r3.max_tokens = 30;
+  for (const auto& [name, d] : drafters) {
+    std::vector<int32_t> out1, out2;
+    RequestParams r2 = r1;
+    std::vector<std::vector<int32_t>> got3;
+    {
+      EngineOptions eo;
+      eo.max_running = 4;
+      eo.spec_policy = SpecPolicyKind::Always;
+      eo.prefix_cache_mb = 256;
+      Engine engine(make_backend(*p.target, d, 4096, true), eo);
+      auto q1 = engine.submit(r1);
+      ASSERT_TRUE(wait_end(*q1).finished) << name;
+      out1 = q1->tokens();
+      r2.prompt.insert(r2.prompt.end(), out1.begin(), out1.end());
+      r2.prompt.push_back(5);
+      auto q2 = engine.submit(r2);
+      ASSERT_TRUE(wait_end(*q2).finished) << name;
+      out2 = q2->tokens();
+      EXPECT_GE(q2->cached_tokens(), int64_t(turn1.size())) << name;
+      EXPECT_GE(engine.stats().prefix_cache.hits, 1u) << name;
+    }
+    {
+      // Admitted together (a request's n choices), as the engine's loop admits them.
+      auto b = make_backend(*p.target, d, 4096, true);
+      engine::RoundLoop loop(*b, {.kind = SpecPolicyKind::Always}, 0);
+      std::vector<std::unique_ptr<engine::Sequence>> seqs;
+      std::vector<engine::Sequence*> ptrs;
+      got3.resize(3);
+      for (size_t i = 0; i < got3.size(); ++i) {
+        seqs.push_back(std::make_unique<engine::Sequence>(r3));
+        seqs.back()->sink = [&got3, i](std::span<const int32_t> t, int,
+                                       std::span<const TokenLogprob>) {
+          got3[i].insert(got3[i].end(), t.begin(), t.end());
+        };
+        ptrs.push_back(seqs.back().get());
+      }
+      loop.admit(ptrs);
+      EXPECT_EQ(seqs[1]->cached_tokens, int64_t(r3.prompt.size()) - 1) << name;
+      for (int r = 0; r < 100 && !std::all_of(ptrs.begin(), ptrs.end(),
+                                              [](const engine::Sequence* q) { return q->done; });
+           ++r)
+        loop.round(ptrs);
+    }
+    // The engine thread is gone: the references may run on the target.
+    expect_lossless(*p.target, r1.prompt, out1, run(*p.target, d, r1.prompt, greedy(24)).ids,
+                    fmt::format("{}: first turn", name));
+    expect_lossless(*p.target, r2.prompt, out2, run(*p.target, d, r2.prompt, greedy(24)).ids,
+                    fmt::format("{}: turn from the cache", name));
+    const auto alone3 = run(*p.target, d, r3.prompt, greedy(30)).ids;
+    for (size_t i = 0; i < got3.size(); ++i)
+      expect_lossless(*p.target, r3.prompt, got3[i], alone3,
+                      fmt::format("{}: copy {} of one prompt", name, i));
+  }
 }
 
 // A prompt longer than a prefill chunk (512 tokens) is prefilled piece by piece, its drafter
