@@ -25,6 +25,7 @@
 #include "models/qwen3.h"
 #include "paged/block_pool.h"
 #include "paged/draft_plan.h"
+#include "paged/ledger.h"
 #include "paged/step_plan.h"
 #include "specdec/tree.h"
 
@@ -56,12 +57,10 @@ struct Lane {
   DeviceBuffer<uint64_t> rng;        // {seed, counter} of unseeded sampling
   // The sequence that holds it.
   bool open = false;
-  bool drafting = false;
   bool rng_started = false;
-  uint64_t drafts = 0;    // drafts made (the noise counter)
-  int64_t committed = 0;  // positions its drafter lane holds
-  int kv = -1;            // its paged::BlockPool sequence
-  int64_t length = 0;     // positions in its KV cache
+  uint64_t drafts = 0;  // drafts made (the noise counter)
+  // Its KV length, drafter context length and BlockPool sequence, kept by paged::Ledger.
+  paged::SeqBlocks blocks;
   int64_t step_row = -1;  // its anchor's row in the last step's outputs
   // A draft tree this round (tree_nodes > 0; its tokens and parents are also in its round row):
   // the step's parent rows (the anchor's −1 first), the cache length before the step, and the
@@ -146,24 +145,21 @@ class CudaBackend : public engine::Backend {
     ctx_.make_current();
     const bool drafting = o.drafting && proposer_;
     const int64_t most = o.max_positions > 0 ? std::min(o.max_positions, capacity_) : capacity_;
-    // A block drafter's rows sit past the committed positions: room for them too.
-    int kv;
+    paged::SeqBlocks blocks;
     if (o.from) {
-      const Lane& f = lane(o.from->index());
-      FLASHMAP_ASSERT(o.length >= 1 && o.length <= f.length && o.length <= most);
-      // A drafting copy reads the source's drafter context from the shared blocks: only the
-      // positions the source committed are there.
-      if (drafting && (!paged_ || !f.drafting || f.committed < o.length)) return {};
-      kv = pool_->fork(f.kv, o.length, most + extra_);
-      if (kv < 0) return {};  // no room for its growth: it opens fresh, or waits
+      // A drafting copy takes its context from the shared blocks: only a batched drafter's.
+      if (drafting && !paged_) return {};
+      // No room for its growth, or no context to share: it opens fresh, or waits.
+      if (!ledger_->open(blocks, most, drafting, &lane(o.from->index()).blocks, o.length))
+        return {};
     } else {
-      kv = pool_->open(most + extra_);
+      const bool opened = ledger_->open(blocks, most, drafting);
+      FLASHMAP_CHECK(opened,
+                     "out of KV memory on {}: a sequence of up to {} positions needs {} blocks, {} "
+                     "are free and {} of them promised to running sequences",
+                     info_.device, most, pool_->blocks_for(most + extra_), pool_->free_blocks(),
+                     pool_->reserved_blocks());
     }
-    FLASHMAP_CHECK(kv >= 0,
-                   "out of KV memory on {}: a sequence of up to {} positions needs {} blocks, {} "
-                   "are free and {} of them promised to running sequences",
-                   info_.device, most, pool_->blocks_for(most + extra_), pool_->free_blocks(),
-                   pool_->reserved_blocks());
     int i;
     try {
       if (!free_.empty()) {
@@ -178,35 +174,22 @@ class CudaBackend : public engine::Backend {
         i = int(lanes_.size()) - 1;
       }
     } catch (...) {
-      pool_->close(kv);
+      ledger_->close(blocks);
       throw;
     }
     Lane& l = lanes_[size_t(i)];
     l.open = true;
-    l.drafting = drafting;
     l.rng_started = false;
     l.drafts = 0;
-    l.kv = kv;
-    l.length = o.from ? o.length : 0;
-    l.committed = o.from && drafting ? o.length : 0;
+    l.blocks = blocks;
     l.step_row = -1;
     return engine::Slot(this, i);
   }
 
-  void settle(int seq) override { pool_->settle(lane(seq).kv); }
+  void settle(int seq) override { ledger_->settle(lane(seq).blocks); }
 
   size_t admissible(std::span<const int64_t> positions) const override {
-    int64_t blocks = int64_t(pool_->free_blocks()) - pool_->reserved_blocks();
-    int64_t lanes = int64_t(info_.max_sequences) - open_lanes();
-    size_t n = 0;
-    for (int64_t p : positions) {
-      const int64_t need = pool_->blocks_for(std::min(p, capacity_) + extra_);
-      if (need > blocks || lanes <= 0) break;
-      blocks -= need;
-      --lanes;
-      ++n;
-    }
-    return n;
+    return ledger_->admissible(positions, capacity_, int64_t(info_.max_sequences) - open_lanes());
   }
 
   void prefill(std::span<const engine::Prefill> seqs) override {
@@ -223,9 +206,10 @@ class CudaBackend : public engine::Backend {
         const auto chunk = p.tokens.subspan(at, std::min(kPrefillChunk, p.tokens.size() - at));
         const int n = int(chunk.size());
         const bool last = at + chunk.size() == p.tokens.size();
+        const int64_t from = l.blocks.length;  // the drafter's context ends there too
         grow(l, n);
         run_copies();  // a copy's first write may fall in a block it shares
-        const paged::StepSeq ss{pool_->table(l.kv), l.length, n, {}};
+        const paged::StepSeq ss{pool_->table(l.blocks.kv), from, n, {}};
         const paged::StepPlan plan = paged::plan_step({&ss, 1}, n, kBlockTokens, {&one, 1});
         const std::vector<int32_t> image = plan.image();
         // Pageable sources: each copy returns once staged, so the vectors may go right after.
@@ -238,7 +222,7 @@ class CudaBackend : public engine::Backend {
         const auto out = target_.forward_step(
             *kv_, 1, n, last ? Qwen3Model::Logits::Last : Qwen3Model::Logits::None, taps(l), false,
             n - 1);
-        l.length += n;
+        ledger_->wrote(l.blocks, n, true);
         if (last) {
           check(cudaMemcpyAsync(l.first.data(), out.logits, size_t(V_) * 4,
                                 cudaMemcpyDeviceToDevice, ctx_.stream()),
@@ -246,14 +230,13 @@ class CudaBackend : public engine::Backend {
           mask(l.first.data(), 1);
         }
         // The chunk's features go to the drafter now: the next forward reuses the buffer.
-        if (l.drafting) {
+        if (l.blocks.drafting) {
           if (paged_) {
-            const paged::CommitSeq cs{pool_->table(l.kv), 0, l.committed, n};
+            const paged::CommitSeq cs{pool_->table(l.blocks.kv), 0, from, n};
             commit_paged(paged::plan_commit({&cs, 1}, kBlockTokens, n), out.features);
           } else {
             proposer_->commit(l.draft, out.features, n);
           }
-          l.committed += n;
         }
       }
     }
@@ -268,22 +251,22 @@ class CudaBackend : public engine::Backend {
     bool drafting = false;
     for (const SeqStep& st : steps) {
       Lane& l = lane(st.seq);
-      FLASHMAP_ASSERT(st.room >= 0 && st.room <= K_ && (st.room == 0 || l.drafting));
+      FLASHMAP_ASSERT(st.room >= 0 && st.room <= K_ && (st.room == 0 || l.blocks.drafting));
       if (st.room == 0) l.tree_nodes = 0;
       R = std::max(R, rows_of_step(l, st));
-      drafting = drafting || l.drafting;
+      drafting = drafting || l.blocks.drafting;
     }
     copies_.clear();
     std::vector<paged::StepSeq> seqs;
     seqs.reserve(steps.size());
     for (const SeqStep& st : steps) {
       Lane& l = lane(st.seq);
-      l.step_base = l.length;
+      l.step_base = l.blocks.length;
       grow(l, rows_of_step(l, st));
     }
     for (const SeqStep& st : steps) {
       const Lane& l = lane(st.seq);
-      seqs.push_back({pool_->table(l.kv), l.length, rows_of_step(l, st),
+      seqs.push_back({pool_->table(l.blocks.kv), l.blocks.length, rows_of_step(l, st),
                       l.tree_nodes > 0 ? std::span<const int32_t>(l.step_parents)
                                        : std::span<const int32_t>{}});
     }
@@ -335,7 +318,7 @@ class CudaBackend : public engine::Backend {
     for (size_t b = 0; b < steps.size(); ++b) {
       Lane& l = lane(steps[b].seq);
       l.step_row = int64_t(b) * R;
-      l.length += rows_of_step(l, steps[b]);
+      ledger_->wrote(l.blocks, rows_of_step(l, steps[b]), false);
     }
   }
 
@@ -349,33 +332,31 @@ class CudaBackend : public engine::Backend {
     tree_rows.reserve(seqs.size());
     for (const engine::Commit& c : seqs) {
       Lane& l = lane(c.seq);
-      FLASHMAP_ASSERT(c.length <= l.length);
       if (l.tree_nodes > 0) {
         // The accepted path's keys move to the positions after the anchor (read through the
         // table before the truncate releases the rest), as the CPU's keep_rows does.
         FLASHMAP_ASSERT(c.length == l.step_base + int64_t(l.path.size()) + 1);
         const auto pairs =
-            paged::plan_keep_path(pool_->table(l.kv), l.step_base, l.path, kBlockTokens);
+            paged::plan_keep_path(pool_->table(l.blocks.kv), l.step_base, l.path, kBlockTokens);
         moves.insert(moves.end(), pairs.begin(), pairs.end());
       }
-      pool_->truncate(l.kv, c.length);
-      l.length = c.length;
-      if (l.drafting && c.drafted > 0) {
+      // The step's anchor sat at the first position the drafter lacks: the kept rows follow it.
+      const int64_t position = l.blocks.committed;
+      ledger_->commit(l.blocks, c.length, c.drafted);
+      if (l.blocks.drafting && c.drafted > 0) {
         FLASHMAP_ASSERT(c.drafted <= K_ + 1 && step_features_ && l.step_row >= 0);
-        // The step's anchor sat at the first position the drafter lacks.
-        FLASHMAP_ASSERT(l.committed == c.length - c.drafted);
         if (l.tree_nodes > 0) {
           // The anchor's row and the path's rows, wherever they sat in the step.
           FLASHMAP_ASSERT(paged_ && c.drafted == int64_t(l.path.size()) + 1);
           auto& rows = tree_rows.emplace_back(1, int32_t(l.step_row));
           for (int32_t node : l.path) rows.push_back(int32_t(l.step_row) + 1 + node);
-          commits.push_back({pool_->table(l.kv), l.step_row, l.committed, int(c.drafted), rows});
+          commits.push_back(
+              {pool_->table(l.blocks.kv), l.step_row, position, int(c.drafted), rows});
         } else if (paged_) {
-          commits.push_back({pool_->table(l.kv), l.step_row, l.committed, int(c.drafted)});
+          commits.push_back({pool_->table(l.blocks.kv), l.step_row, position, int(c.drafted)});
         } else {
           proposer_->commit(l.draft, step_features_ + l.step_row * F_, c.drafted);
         }
-        l.committed += c.drafted;
       }
       l.tree_nodes = 0;
     }
@@ -395,10 +376,8 @@ class CudaBackend : public engine::Backend {
 
   engine::Held held(int seq) const override {
     const Lane& l = lanes_.at(size_t(seq));
-    const size_t kv_bytes = size_t(pool_->table(l.kv).size()) * size_t(block_bytes_);
-    engine::Held h{l.length, lane_bytes_ + kv_bytes};
-    if (l.drafting) h.positions = std::min(h.positions, l.committed);
-    return h;
+    const size_t kv_bytes = size_t(pool_->table(l.blocks.kv).size()) * size_t(block_bytes_);
+    return {ledger_->held(l.blocks), lane_bytes_ + kv_bytes};
   }
 
   void propose(std::span<const SeqStep> steps) override {
@@ -407,7 +386,7 @@ class CudaBackend : public engine::Backend {
     const cudaStream_t st = ctx_.stream();
     for (const SeqStep& step : steps) {
       Lane& l = lane(step.seq);
-      FLASHMAP_ASSERT(l.drafting);
+      FLASHMAP_ASSERT(l.blocks.drafting);
       SeqSampler& sm = *step.sampler;
       proposer_->draft(l.draft, round(l) + kRoundAnchor, sm.seed, ++l.drafts,
                        l.draft_logits.data());
@@ -592,10 +571,8 @@ class CudaBackend : public engine::Backend {
  protected:
   void close(int seq) override {
     Lane& l = lanes_.at(size_t(seq));
-    if (l.kv >= 0) pool_->close(l.kv);
-    l.kv = -1;
+    ledger_->close(l.blocks);
     l.open = false;
-    l.drafting = false;
     free_.push_back(seq);
   }
 
@@ -614,12 +591,8 @@ class CudaBackend : public engine::Backend {
     copies_.clear();
     for (const SeqStep& step : steps) {
       Lane& l = lane(step.seq);
-      FLASHMAP_ASSERT(l.drafting && l.committed <= l.length);
       // The anchor's position (a block drafter's: its whole block).
-      const int64_t need = l.committed + std::max(extra_, 1);
-      std::vector<paged::BlockCopy> copies;
-      pool_->grow(l.kv, std::max(l.length + 1, need), copies);
-      copies_.insert(copies_.end(), copies.begin(), copies.end());
+      ledger_->reserve_draft(l.blocks, copies_);
       l.tree_nodes = 0;
     }
     run_copies();
@@ -635,7 +608,7 @@ class CudaBackend : public engine::Backend {
     for (int b = 0; b < n; ++b) {
       const Lane& l = lane(steps[size_t(b)].seq);
       for (int d = 0; d < draws[size_t(b)]; ++d)
-        seqs.push_back({pool_->table(l.kv), l.committed + (extra_ > 0 ? 0 : 1)});
+        seqs.push_back({pool_->table(l.blocks.kv), l.blocks.committed + (extra_ > 0 ? 0 : 1)});
     }
     const paged::StepPlan plan = extra_ > 0
                                      ? paged::plan_block(seqs, extra_, kBlockTokens, buckets_)
@@ -758,7 +731,8 @@ class CudaBackend : public engine::Backend {
       int64_t most = 0;
       if (tree) {
         most = st.tree.budget > 0 ? st.tree.budget : int64_t(kMaxTreePaths) * K_;
-        most = std::min<int64_t>({most, max_nodes_, pool_->max_positions(l.kv) - l.length - 1});
+        most = std::min<int64_t>(
+            {most, max_nodes_, pool_->max_positions(l.blocks.kv) - l.blocks.length - 1});
       }
       if (most < 1) {
         R = std::max<int64_t>(R, st.room + 1);
@@ -896,15 +870,11 @@ class CudaBackend : public engine::Backend {
     return step_logits_ + l.step_row * V_;
   }
   std::span<const int> taps(const Lane& l) const {
-    return l.drafting ? std::span<const int>(info_.taps) : std::span<const int>{};
+    return l.blocks.drafting ? std::span<const int>(info_.taps) : std::span<const int>{};
   }
   // Room in its KV blocks for n more positions; the pool's copies (a shared block about to be
   // written) run before the next write.
-  void grow(Lane& l, int64_t n) {
-    std::vector<paged::BlockCopy> copies;
-    pool_->grow(l.kv, l.length + n, copies);
-    copies_.insert(copies_.end(), copies.begin(), copies.end());
-  }
+  void grow(Lane& l, int64_t n) { ledger_->reserve(l.blocks, n, copies_); }
   // The pending copies, now, in the target's blocks and the batched drafter's (forward() sends
   // its own with the step's upload).
   void run_copies() {
@@ -1040,6 +1010,7 @@ class CudaBackend : public engine::Backend {
     const int64_t most = std::numeric_limits<int32_t>::max() / kBlockTokens;
     kv_ = target_.new_paged(int32_t(std::min(blocks, most)), kBlockTokens);
     pool_ = std::make_unique<paged::BlockPool>(kv_->blocks(), kBlockTokens);
+    ledger_ = std::make_unique<paged::Ledger>(*pool_, extra_);
     if (paged_) proposer_->make_pool(kv_->blocks(), kBlockTokens, n);
   }
 
@@ -1163,6 +1134,7 @@ class CudaBackend : public engine::Backend {
   int64_t block_bytes_ = 0;
   std::unique_ptr<PagedKV> kv_;
   std::unique_ptr<paged::BlockPool> pool_;
+  std::unique_ptr<paged::Ledger> ledger_;  // the sequences' lengths over pool_
   std::vector<int32_t> buckets_;
   std::vector<paged::BlockCopy> copies_;
   DeviceBuffer<int32_t> copy_ids_;     // run_copies' (src, dst, tokens) triples
