@@ -123,6 +123,11 @@ engine::Slot CpuBackend::open(const engine::Open& o) {
   return add(std::move(s));
 }
 
+CpuBackend::Lengths CpuBackend::lengths(int i) const {
+  const Seq& s = seq(i);
+  return {s.cache.length, s.draft ? proposer_->context_length(*s.draft) : 0};
+}
+
 engine::Held CpuBackend::held(int i) const {
   const Seq& s = seq(i);
   engine::Held h{s.cache.length, s.cache.bytes()};

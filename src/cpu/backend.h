@@ -51,6 +51,12 @@ class CpuBackend : public engine::Backend {
   void accept(std::span<const engine::SeqStep> steps, std::span<engine::Accepted> out) override;
 
   const Qwen3Model& target() const { return target_; }
+  // The positions sequence `seq` holds in its KV cache and in its drafter's context (0 when it
+  // does not draft): what a paged device's bookkeeping must agree with (tests/engine).
+  struct Lengths {
+    int64_t kv = 0, context = 0;
+  };
+  Lengths lengths(int seq) const;
 
  protected:
   void close(int seq) override;
