@@ -34,7 +34,7 @@ inline GenerateOptions greedy(int n, const std::string& tree = "off") {
 inline void expect_engine_equals_target_alone_with_either_drafter(EngineOptions o) {
   const Qwen3Model target(kTinyA + "/target");
   const auto alone = generate(target, nullptr, kRepeatingPrompts[2], greedy(40)).ids;
-  for (const std::string draft : {kTinyA + "/draft", std::string("tests/fixtures/dflash/zlab")}) {
+  for (const std::string& draft : {kTinyA + "/draft", std::string("tests/fixtures/dflash/zlab")}) {
     o.target = kTinyA + "/target";
     o.draft = draft;
     o.spec_policy = SpecPolicyKind::Always;
