@@ -4,8 +4,9 @@
 // its own KV and drafter context through its block table in a simulated device memory. The
 // workloads take every path a round has: the FlashMap and DFlash drafters (DFlash's drafts write
 // a whole block past the context), verifies cut short near max_tokens, plain and speculative
-// sequences in one batch, greedy and seeded sampling, draft trees, copies of a cached prefix and
-// of a prompt admitted n times, and admission that waits for, or evicts, held memory.
+// sequences in one batch, rounds that do not speculate, greedy and seeded sampling, draft trees,
+// copies of a cached prefix and of a prompt admitted n times, and admission that waits for, or
+// evicts, held memory.
 #include <flashmap/engine.h>
 #include <gtest/gtest.h>
 
@@ -176,6 +177,33 @@ TEST(PagedMirror, CopiesOfAPrefixReadTheirOwnBlocks) {
     EXPECT_GE(b->copies_opened(), 4) << d.name;
     EXPECT_GT(b->block_copies(), 0) << d.name;
     expect_clean(*b, d.name);
+  }
+}
+
+// Rounds that do not speculate for drafting sequences (the anchor alone, its features still
+// committed) between rounds that do, as the adaptive and batch-size policies choose them.
+TEST(PagedMirror, PlainRoundsBetweenSpeculativeOnes) {
+  for (const Drafter& d : drafters()) {
+    for (const SpecPolicyKind kind : {SpecPolicyKind::Adaptive, SpecPolicyKind::Batch}) {
+      const auto params = mixed();
+      std::vector<std::vector<int32_t>> wants;
+      for (const auto& p : params) wants.push_back(reference(d.proposer, p).ids);
+      auto owned = std::make_unique<PagedMirror>(models().target, d.proposer, d.extra);
+      PagedMirror* b = owned.get();
+      EngineOptions eo;
+      eo.max_running = 4;
+      eo.spec_policy = kind;
+      eo.spec_max_batch = 2;
+      Engine engine(std::move(owned), eo);
+      std::vector<std::shared_ptr<Request>> reqs;
+      for (const auto& p : params) reqs.push_back(engine.submit(p));
+      for (size_t i = 0; i < reqs.size(); ++i)
+        EXPECT_EQ(wait_all(*reqs[i]), wants[i]) << d.name << " request " << i;
+      engine.drain();
+      expect_clean(*b, d.name);
+      const auto st = engine.stats();
+      EXPECT_GT(st.rounds, st.speculative_rounds) << d.name;
+    }
   }
 }
 
