@@ -31,40 +31,30 @@ int64_t bad_block(std::span<const int32_t> table, int64_t from, int64_t to, int3
 int32_t slot_of(std::span<const int32_t> table, int64_t pos, int32_t block_tokens) {
   return int32_t(int64_t(table[size_t(pos / block_tokens)]) * block_tokens + pos % block_tokens);
 }
+
+// Sequence i's table entries [from, to) must be blocks whose slots fit int32.
+void check_blocks(const char* who, size_t i, std::span<const int32_t> table, int64_t from,
+                  int64_t to, int32_t block_tokens) {
+  const int64_t bad = bad_block(table, from, to, block_tokens);
+  FLASHMAP_CHECK(bad < 0,
+                 "{}: sequence {} has block {} at table index {}, outside the int32 slots of "
+                 "block_tokens {}",
+                 who, i, table[size_t(bad)], bad, block_tokens);
+}
+
+size_t widest_table(std::span<const DraftSeq> seqs) {
+  size_t stride = 1;
+  for (const DraftSeq& s : seqs) stride = std::max(stride, s.table.size());
+  return stride;
+}
 }  // namespace
 
 StepPlan plan_draft(std::span<const DraftSeq> seqs, int K, int32_t block_tokens,
                     std::span<const int32_t> buckets) {
-  FLASHMAP_CHECK(K >= 1, "plan_draft: K {} must be at least 1", K);
-  FLASHMAP_CHECK(block_tokens >= 1, "plan_draft: block_tokens {} must be at least 1", block_tokens);
-  FLASHMAP_CHECK(!seqs.empty(), "plan_draft: no sequences");
-  FLASHMAP_CHECK(int64_t(seqs.size()) <= kInt32Max, "plan_draft: {} sequences are too many",
-                 seqs.size());
-  StepPlan p;
-  p.batch = int32_t(seqs.size());
-  p.bucket = bucket_for(p.batch, buckets);
-  FLASHMAP_CHECK(int64_t(p.bucket) * K <= kInt32Max,
-                 "plan_draft: bucket {} x K {} rows do not fit int32 row indices", p.bucket, K);
-  p.R = K;
-  p.mask_words = (K + 31) / 32;
-  p.block_tokens = block_tokens;
-  size_t stride = 1;
-  for (const DraftSeq& s : seqs) stride = std::max(stride, s.table.size());
-  FLASHMAP_CHECK(int64_t(stride) * p.bucket <= kInt32Max,
-                 "plan_draft: tables of {} blocks for {} sequences are too large", stride,
-                 p.bucket);
-  p.table_stride = int32_t(stride);
-
-  const size_t rows = size_t(p.bucket) * size_t(K);
-  p.row_pos.assign(rows, 0);
-  // The draft's queries are not context: nothing is written, and the block rows are invisible so
-  // that each row sees the context alone.
-  p.row_slot.assign(rows, -1);
-  p.row_mask.assign(rows * size_t(p.mask_words), 0);
-  p.seq_base.assign(size_t(p.bucket), 0);
-  p.seq_rows.assign(size_t(p.bucket), 0);
-  p.tables.assign(size_t(p.bucket) * stride, -1);
-
+  const size_t stride = widest_table(seqs);
+  // The draft's queries are not context: nothing is written (row_slot stays −1), and the block
+  // rows are invisible (row_mask stays 0) so that each row sees the context alone.
+  StepPlan p = padded_plan("plan_draft", "K", seqs.size(), K, block_tokens, stride, buckets);
   for (size_t i = 0; i < seqs.size(); ++i) {
     const DraftSeq& s = seqs[i];
     FLASHMAP_CHECK(s.context >= 1 && s.context <= kInt32Max - K,
@@ -74,11 +64,7 @@ StepPlan plan_draft(std::span<const DraftSeq> seqs, int K, int32_t block_tokens,
     FLASHMAP_CHECK(int64_t(s.table.size()) >= blocks,
                    "plan_draft: sequence {} has a table of {} blocks but context {} needs {}", i,
                    s.table.size(), s.context, blocks);
-    const int64_t bad = bad_block(s.table, 0, blocks, block_tokens);
-    FLASHMAP_CHECK(bad < 0,
-                   "plan_draft: sequence {} has block {} at table index {}, outside the int32 "
-                   "slots of block_tokens {}",
-                   i, s.table[size_t(bad)], bad, block_tokens);
+    check_blocks("plan_draft", i, s.table, 0, blocks, block_tokens);
 
     p.seq_base[i] = int32_t(s.context);
     p.seq_rows[i] = K;
@@ -90,32 +76,8 @@ StepPlan plan_draft(std::span<const DraftSeq> seqs, int K, int32_t block_tokens,
 
 StepPlan plan_block(std::span<const DraftSeq> seqs, int B, int32_t block_tokens,
                     std::span<const int32_t> buckets) {
-  FLASHMAP_CHECK(B >= 1, "plan_block: B {} must be at least 1", B);
-  FLASHMAP_CHECK(block_tokens >= 1, "plan_block: block_tokens {} must be at least 1", block_tokens);
-  FLASHMAP_CHECK(!seqs.empty(), "plan_block: no sequences");
-  FLASHMAP_CHECK(int64_t(seqs.size()) <= kInt32Max, "plan_block: {} sequences are too many",
-                 seqs.size());
-  StepPlan p;
-  p.batch = int32_t(seqs.size());
-  p.bucket = bucket_for(p.batch, buckets);
-  FLASHMAP_CHECK(int64_t(p.bucket) * B <= kInt32Max,
-                 "plan_block: bucket {} x B {} rows do not fit int32 row indices", p.bucket, B);
-  p.R = B;
-  p.mask_words = (B + 31) / 32;
-  p.block_tokens = block_tokens;
-  size_t stride = 1;
-  for (const DraftSeq& s : seqs) stride = std::max(stride, s.table.size());
-  FLASHMAP_CHECK(int64_t(stride) * p.bucket <= kInt32Max,
-                 "plan_block: tables of {} blocks for {} sequences are too large", stride,
-                 p.bucket);
-  p.table_stride = int32_t(stride);
-  const size_t rows = size_t(p.bucket) * size_t(B);
-  p.row_pos.assign(rows, 0);
-  p.row_slot.assign(rows, -1);
-  p.row_mask.assign(rows * size_t(p.mask_words), 0);
-  p.seq_base.assign(size_t(p.bucket), 0);
-  p.seq_rows.assign(size_t(p.bucket), 0);
-  p.tables.assign(size_t(p.bucket) * stride, -1);
+  const size_t stride = widest_table(seqs);
+  StepPlan p = padded_plan("plan_block", "B", seqs.size(), B, block_tokens, stride, buckets);
   // Every block row sees the whole block: B bits per row.
   std::vector<uint32_t> all(size_t(p.mask_words), 0);
   for (int j = 0; j < B; ++j) all[size_t(j / 32)] |= 1u << (j % 32);
@@ -129,11 +91,7 @@ StepPlan plan_block(std::span<const DraftSeq> seqs, int B, int32_t block_tokens,
                    "plan_block: sequence {} has a table of {} blocks but context {} and its block "
                    "of {} need {}",
                    i, s.table.size(), s.context, B, blocks);
-    const int64_t bad = bad_block(s.table, 0, blocks, block_tokens);
-    FLASHMAP_CHECK(bad < 0,
-                   "plan_block: sequence {} has block {} at table index {}, outside the int32 "
-                   "slots of block_tokens {}",
-                   i, s.table[size_t(bad)], bad, block_tokens);
+    check_blocks("plan_block", i, s.table, 0, blocks, block_tokens);
     p.seq_base[i] = int32_t(s.context);
     p.seq_rows[i] = B;
     std::copy(s.table.begin(), s.table.end(), p.tables.begin() + int64_t(i * stride));
@@ -208,11 +166,7 @@ CommitPlan plan_commit(std::span<const CommitSeq> seqs, int32_t block_tokens,
                    "plan_commit: sequence {} has a table of {} blocks but position {} + count {} "
                    "need {}",
                    i, s.table.size(), s.position, s.count, blocks);
-    const int64_t bad = bad_block(s.table, s.position / block_tokens, blocks, block_tokens);
-    FLASHMAP_CHECK(bad < 0,
-                   "plan_commit: sequence {} has block {} at table index {}, outside the int32 "
-                   "slots of block_tokens {}",
-                   i, s.table[size_t(bad)], bad, block_tokens);
+    check_blocks("plan_commit", i, s.table, s.position / block_tokens, blocks, block_tokens);
     n += s.count;
     FLASHMAP_CHECK(n <= kInt32Max, "plan_commit: {} rows to commit do not fit int32", n);
   }

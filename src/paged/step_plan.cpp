@@ -80,34 +80,40 @@ std::vector<int32_t> default_buckets(int32_t max_batch) {
   return out;
 }
 
-StepPlan plan_step(std::span<const StepSeq> seqs, int R, int32_t block_tokens,
-                   std::span<const int32_t> buckets) {
-  FLASHMAP_CHECK(R >= 1, "plan_step: R {} must be at least 1", R);
-  FLASHMAP_CHECK(block_tokens >= 1, "plan_step: block_tokens {} must be at least 1", block_tokens);
-  FLASHMAP_CHECK(!seqs.empty(), "plan_step: no sequences");
-  FLASHMAP_CHECK(int64_t(seqs.size()) <= kInt32Max, "plan_step: {} sequences are too many",
-                 seqs.size());
+StepPlan padded_plan(const char* who, const char* rows, size_t batch, int R, int32_t block_tokens,
+                     size_t table_stride, std::span<const int32_t> buckets) {
+  FLASHMAP_CHECK(R >= 1, "{}: {} {} must be at least 1", who, rows, R);
+  FLASHMAP_CHECK(block_tokens >= 1, "{}: block_tokens {} must be at least 1", who, block_tokens);
+  FLASHMAP_CHECK(batch > 0, "{}: no sequences", who);
+  FLASHMAP_CHECK(int64_t(batch) <= kInt32Max, "{}: {} sequences are too many", who, batch);
   StepPlan p;
-  p.batch = int32_t(seqs.size());
+  p.batch = int32_t(batch);
   p.bucket = bucket_for(p.batch, buckets);
   FLASHMAP_CHECK(int64_t(p.bucket) * R <= kInt32Max,
-                 "plan_step: bucket {} x R {} rows do not fit int32 row indices", p.bucket, R);
+                 "{}: bucket {} x {} {} rows do not fit int32 row indices", who, p.bucket, rows, R);
   p.R = R;
   p.mask_words = (R + 31) / 32;
   p.block_tokens = block_tokens;
-  size_t stride = 1;
-  for (const StepSeq& s : seqs) stride = std::max(stride, s.table.size());
-  FLASHMAP_CHECK(int64_t(stride) * p.bucket <= kInt32Max,
-                 "plan_step: tables of {} blocks for {} sequences are too large", stride, p.bucket);
-  p.table_stride = int32_t(stride);
-
-  const size_t rows = size_t(p.bucket) * size_t(R), words = size_t(p.mask_words);
-  p.row_pos.assign(rows, 0);
-  p.row_slot.assign(rows, -1);
+  FLASHMAP_CHECK(int64_t(table_stride) * p.bucket <= kInt32Max,
+                 "{}: tables of {} blocks for {} sequences are too large", who, table_stride,
+                 p.bucket);
+  p.table_stride = int32_t(table_stride);
+  const size_t n = size_t(p.bucket) * size_t(R);
+  p.row_pos.assign(n, 0);
+  p.row_slot.assign(n, -1);
   p.seq_base.assign(size_t(p.bucket), 0);
   p.seq_rows.assign(size_t(p.bucket), 0);
-  p.row_mask.assign(rows * words, 0);
-  p.tables.assign(size_t(p.bucket) * stride, -1);
+  p.row_mask.assign(n * size_t(p.mask_words), 0);
+  p.tables.assign(size_t(p.bucket) * table_stride, -1);
+  return p;
+}
+
+StepPlan plan_step(std::span<const StepSeq> seqs, int R, int32_t block_tokens,
+                   std::span<const int32_t> buckets) {
+  size_t stride = 1;
+  for (const StepSeq& s : seqs) stride = std::max(stride, s.table.size());
+  StepPlan p = padded_plan("plan_step", "R", seqs.size(), R, block_tokens, stride, buckets);
+  const size_t rows = p.row_pos.size(), words = size_t(p.mask_words);
 
   std::vector<int32_t> depth(static_cast<size_t>(R));
   for (size_t i = 0; i < seqs.size(); ++i) {

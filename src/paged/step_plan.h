@@ -69,6 +69,14 @@ struct StepPlan {
 StepPlan plan_step(std::span<const StepSeq> seqs, int R, int32_t block_tokens,
                    std::span<const int32_t> buckets);
 
+// What every plan starts from (plan_step, plan_draft, plan_block): `batch` sequences padded to
+// their bucket, R rows each, tables table_stride entries wide, every array at its padding value
+// (row_slot and tables −1, the rest 0). `who` names the caller and `rows` its row count in the
+// errors: R or block_tokens below 1, no sequences or more than the largest bucket, sizes past
+// int32.
+StepPlan padded_plan(const char* who, const char* rows, size_t batch, int R, int32_t block_tokens,
+                     size_t table_stride, std::span<const int32_t> buckets);
+
 // The smallest bucket >= batch from an ascending list; throws when batch exceeds the largest.
 int32_t bucket_for(int32_t batch, std::span<const int32_t> buckets);
 
