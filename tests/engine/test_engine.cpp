@@ -19,10 +19,13 @@
 #include "faulty_backend.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
+#include "requests.h"
 
 using namespace flashmap;
 using namespace flashmap::engine;
 using flashmap::cpu::CpuBackend;
+using flashmap::engine::test::prompt_of;
+using flashmap::engine::test::wait_all;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
@@ -41,29 +44,6 @@ struct Models {
 Models& models() {
   static Models m;
   return m;
-}
-
-std::vector<int32_t> prompt_of(int len, int salt) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; ++i) p.push_back(int32_t((i * 37 + salt * 101 + 5) % 1024));
-  return p;
-}
-
-std::vector<int32_t> wait_all(Request& r, std::string* reason = nullptr) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (;;) {
-    auto u = r.wait(0, std::chrono::milliseconds(1000));
-    if (std::chrono::steady_clock::now() > deadline) {
-      ADD_FAILURE() << "request " << r.id << " did not finish in 60 s";
-      r.cancel();
-      return u.tokens;
-    }
-    if (u.finished) {
-      if (reason) *reason = u.finish_reason;
-      EXPECT_TRUE(u.error.empty()) << u.error;
-      return u.tokens;
-    }
-  }
 }
 
 // The request's end (finished false if it did not end within 60 s).

@@ -10,7 +10,6 @@
 #include <flashmap/engine.h>
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,10 +20,13 @@
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "paged_mirror.h"
+#include "requests.h"
 
 using namespace flashmap;
 using namespace flashmap::engine;
 using flashmap::engine::test::PagedMirror;
+using flashmap::engine::test::prompt_of;
+using flashmap::engine::test::wait_all;
 
 namespace {
 
@@ -38,28 +40,6 @@ struct Models {
 Models& models() {
   static Models m;
   return m;
-}
-
-std::vector<int32_t> prompt_of(int len, int salt) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; ++i) p.push_back(int32_t((i * 37 + salt * 101 + 5) % 1000));
-  return p;
-}
-
-std::vector<int32_t> wait_all(Request& r) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  for (;;) {
-    auto u = r.wait(0, std::chrono::milliseconds(1000));
-    if (u.finished) {
-      EXPECT_TRUE(u.error.empty()) << u.error;
-      return u.tokens;
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      ADD_FAILURE() << "request " << r.id << " did not finish in 60 s";
-      r.cancel();
-      return u.tokens;
-    }
-  }
 }
 
 GenerateResult reference(const BlockProposer* drafter, const RequestParams& p) {
@@ -102,6 +82,31 @@ std::vector<RequestParams> mixed() {
   return out;
 }
 
+// The references of `params`, computed before an engine runs (one caller of the CPU's thread
+// pool at a time).
+std::vector<std::vector<int32_t>> references(const BlockProposer* drafter,
+                                             const std::vector<RequestParams>& params) {
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& p : params) out.push_back(reference(drafter, p).ids);
+  return out;
+}
+
+// Submits the requests at once; each output must equal its reference (exact) or at least have
+// its max_tokens tokens (a draft tree's sampled rows draw another path of the same law).
+void expect_outputs(Engine& engine, const std::vector<RequestParams>& params,
+                    const std::vector<std::vector<int32_t>>& wants, const std::string& what,
+                    bool exact = true) {
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (const auto& p : params) reqs.push_back(engine.submit(p));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto got = wait_all(*reqs[i]);
+    if (exact)
+      EXPECT_EQ(got, wants[i]) << what << " request " << i;
+    else
+      EXPECT_EQ(got.size(), size_t(params[i].max_tokens)) << what << " request " << i;
+  }
+}
+
 void expect_clean(const PagedMirror& b, const std::string& what) {
   for (const std::string& e : b.errors()) ADD_FAILURE() << what << ": " << e;
 }
@@ -110,8 +115,7 @@ TEST(PagedMirror, MixedBatchesKeepEveryLengthAndBlock) {
   for (const Drafter& d : drafters()) {
     for (const char* tree : {"off", "paths:2+topk:6"}) {
       const auto params = mixed();
-      std::vector<std::vector<int32_t>> wants;
-      for (const auto& p : params) wants.push_back(reference(d.proposer, p).ids);
+      const auto wants = references(d.proposer, params);
       const int margin = std::string(tree) == "off" ? 0 : 64;
       auto owned =
           std::make_unique<PagedMirror>(models().target, d.proposer, d.extra, 4096, 16, 64, margin);
@@ -122,15 +126,7 @@ TEST(PagedMirror, MixedBatchesKeepEveryLengthAndBlock) {
         eo.spec_policy = SpecPolicyKind::Always;
         eo.draft_tree = tree;
         Engine engine(std::move(owned), eo);
-        std::vector<std::shared_ptr<Request>> reqs;
-        for (const auto& p : params) reqs.push_back(engine.submit(p));
-        for (size_t i = 0; i < reqs.size(); ++i) {
-          const auto got = wait_all(*reqs[i]);
-          if (std::string(tree) == "off")
-            EXPECT_EQ(got, wants[i]) << d.name << " request " << i;
-          else
-            EXPECT_EQ(got.size(), size_t(params[i].max_tokens)) << d.name << " request " << i;
-        }
+        expect_outputs(engine, params, wants, d.name, std::string(tree) == "off");
         engine.drain();
         expect_clean(*b, std::string(d.name) + ", trees " + tree);
         EXPECT_EQ(b->pool().free_blocks(), b->pool().num_blocks()) << d.name;
@@ -186,8 +182,7 @@ TEST(PagedMirror, PlainRoundsBetweenSpeculativeOnes) {
   for (const Drafter& d : drafters()) {
     for (const SpecPolicyKind kind : {SpecPolicyKind::Adaptive, SpecPolicyKind::Batch}) {
       const auto params = mixed();
-      std::vector<std::vector<int32_t>> wants;
-      for (const auto& p : params) wants.push_back(reference(d.proposer, p).ids);
+      const auto wants = references(d.proposer, params);
       auto owned = std::make_unique<PagedMirror>(models().target, d.proposer, d.extra);
       PagedMirror* b = owned.get();
       EngineOptions eo;
@@ -195,10 +190,7 @@ TEST(PagedMirror, PlainRoundsBetweenSpeculativeOnes) {
       eo.spec_policy = kind;
       eo.spec_max_batch = 2;
       Engine engine(std::move(owned), eo);
-      std::vector<std::shared_ptr<Request>> reqs;
-      for (const auto& p : params) reqs.push_back(engine.submit(p));
-      for (size_t i = 0; i < reqs.size(); ++i)
-        EXPECT_EQ(wait_all(*reqs[i]), wants[i]) << d.name << " request " << i;
+      expect_outputs(engine, params, wants, d.name);
       engine.drain();
       expect_clean(*b, d.name);
       const auto st = engine.stats();
@@ -226,12 +218,7 @@ TEST(PagedMirror, AdmissionWaitsForBlocksAndEvictsCachedPrefixes) {
       p.max_tokens = 30;
       params.push_back(p);
     }
-    std::vector<std::vector<int32_t>> wants;
-    for (const auto& p : params) wants.push_back(reference(d.proposer, p).ids);
-    std::vector<std::shared_ptr<Request>> reqs;
-    for (const auto& p : params) reqs.push_back(engine.submit(p));
-    for (size_t i = 0; i < reqs.size(); ++i)
-      EXPECT_EQ(wait_all(*reqs[i]), wants[i]) << d.name << " " << i;
+    expect_outputs(engine, params, references(d.proposer, params), d.name);
     engine.drain();
     EXPECT_GE(engine.stats().prefix_cache.evictions, 1u) << d.name;
     expect_clean(*b, d.name);
