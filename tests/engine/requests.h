@@ -1,4 +1,5 @@
-// Helpers the engine tests share: deterministic prompts, and waiting for a request's whole output.
+// Helpers the engine tests share: deterministic prompts, waiting for a request's whole output, and
+// the reference a request's output must equal.
 #pragma once
 
 #include <flashmap/engine.h>
@@ -8,6 +9,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "engine/generate.h"
 
 namespace flashmap::engine::test {
 
@@ -35,6 +38,19 @@ inline std::vector<int32_t> wait_all(Request& r, std::string* reason = nullptr) 
       return u.tokens;
     }
   }
+}
+
+// What an engine's output for `p` must equal: generate() with the request's options, drafting
+// with `drafter` (null: the target alone).
+inline GenerateResult generate_alone(const Qwen3Model& target, const BlockProposer* drafter,
+                                     const RequestParams& p) {
+  GenerateOptions o;
+  o.max_new_tokens = p.max_tokens;
+  o.sampling = p.sampling;
+  o.seed = p.seed;
+  o.seeded = p.seeded;
+  o.stop_ids = p.stop_ids;
+  return generate(target, drafter, p.prompt, o);
 }
 
 }  // namespace flashmap::engine::test

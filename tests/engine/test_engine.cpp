@@ -61,13 +61,7 @@ Request::Update finish_of(Request& r) {
 }
 
 GenerateResult reference(const RequestParams& p, bool with_drafter) {
-  GenerateOptions o;
-  o.max_new_tokens = p.max_tokens;
-  o.sampling = p.sampling;
-  o.seed = p.seed;
-  o.seeded = p.seeded;
-  o.stop_ids = p.stop_ids;
-  return generate(models().target, with_drafter ? &models().drafter : nullptr, p.prompt, o);
+  return test::generate_alone(models().target, with_drafter ? &models().drafter : nullptr, p);
 }
 }  // namespace
 

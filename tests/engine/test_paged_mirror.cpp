@@ -43,13 +43,7 @@ Models& models() {
 }
 
 GenerateResult reference(const BlockProposer* drafter, const RequestParams& p) {
-  GenerateOptions o;
-  o.max_new_tokens = p.max_tokens;
-  o.sampling = p.sampling;
-  o.seed = p.seed;
-  o.seeded = p.seeded;
-  o.stop_ids = p.stop_ids;
-  return generate(models().target, p.speculative ? drafter : nullptr, p.prompt, o);
+  return test::generate_alone(models().target, p.speculative ? drafter : nullptr, p);
 }
 
 struct Drafter {
