@@ -1,9 +1,11 @@
 #include "cuda/backend.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -145,6 +147,10 @@ class CudaBackend : public engine::Backend {
     ctx_.make_current();
     const bool drafting = o.drafting && proposer_;
     const int64_t most = o.max_positions > 0 ? std::min(o.max_positions, capacity_) : capacity_;
+    // A lane first: the pool is sized for max_sequences open sequences (size_memory), so one more
+    // must not reach it.
+    FLASHMAP_CHECK(!free_.empty() || int(lanes_.size()) < info_.max_sequences,
+                   "all {} sequence lanes of {} are taken", info_.max_sequences, info_.device);
     paged::SeqBlocks blocks;
     if (o.from) {
       // A drafting copy takes its context from the shared blocks: only a batched drafter's.
@@ -1000,7 +1006,16 @@ class CudaBackend : public engine::Backend {
     const size_t reserve = std::max<size_t>(size_t(1) << 30, left / 20);
     const int64_t usable =
         int64_t(left) - int64_t(lanes_later) - int64_t(std::min(reserve, left)) - batch_bytes;
-    const int64_t blocks = usable / block_bytes_;
+    // No more blocks than the n sequences the lanes hold can ever use: each is opened (fresh or
+    // as a copy) for at most capacity_ + extra_ positions, and BlockPool keeps its allocated plus
+    // promised blocks within the sum of blocks_for(max_positions) over its open sequences (a block
+    // in r tables is counted r times there, which covers the r − 1 copies it may need). With at
+    // most n open (open() takes a lane first), n times per_seq blocks refuse no admission the
+    // lanes allow; past that, blocks would only be allocated and zeroed for nothing (a small
+    // model would take the whole GPU, and a test that builds many backends its time in memsets).
+    const int64_t per_seq = (capacity_ + extra_ + kBlockTokens - 1) / kBlockTokens;
+    const bool capped = usable / block_bytes_ > int64_t(n) * per_seq;
+    const int64_t blocks = std::min(usable / block_bytes_, int64_t(n) * per_seq);
     const int64_t one = (capacity_ + kBlockTokens - 1) / kBlockTokens;
     FLASHMAP_CHECK(blocks >= std::min<int64_t>(one, 64),
                    "{}: {:.2f} GiB left for the KV cache after the weights and {} sequence lanes "
@@ -1012,6 +1027,17 @@ class CudaBackend : public engine::Backend {
     pool_ = std::make_unique<paged::BlockPool>(kv_->blocks(), kBlockTokens);
     ledger_ = std::make_unique<paged::Ledger>(*pool_, extra_);
     if (paged_) proposer_->make_pool(kv_->blocks(), kBlockTokens, n);
+    // Once per process (a test makes many backends): what the pool takes and what bounded it.
+    static std::once_flag told;
+    std::call_once(told, [&] {
+      const double gib = double(kv_->blocks()) * double(block_bytes_) / double(1 << 30);
+      fmt::print(stderr,
+                 "flashmap: {}: KV pool of {} blocks of {} positions, {:.2f} GiB{}: {} ({} "
+                 "sequences of up to {} positions)\n",
+                 info_.device, kv_->blocks(), kBlockTokens, gib,
+                 paged_ ? " with the drafter's context" : "",
+                 capped ? "all its sequences can use" : "what the free memory holds", n, capacity_);
+    });
   }
 
   void download_rounds() {

@@ -232,12 +232,12 @@ int64_t DFlashModel::batch_bytes(int max_bucket) const {
   const int64_t q_dim = int64_t(c.num_attention_heads) * c.head_dim,
                 kv_dim = int64_t(c.num_key_value_heads) * c.head_dim, I = c.intermediate_size;
   // The work rows (x, a, ctx, q, k, v, o, gate, up), the bf16 queries and outputs, the partials,
-  // lm_head's input, ids and positions.
+  // lm_head's input, ids, write slots and positions.
   const int64_t floats = R * (3 * H + q_dim + 2 * kv_dim + std::max(q_dim, H) + 2 * I) +
                          paged_attention_partial_floats(max_bucket, int(B), c.num_attention_heads,
                                                         c.num_key_value_heads, c.head_dim) +
                          int64_t(max_bucket) * (B - 1) * H;
-  return floats * 4 + R * q_dim * 2 * 2 + R * (4 + 8) + int64_t(max_bucket) * B * 4;
+  return floats * 4 + R * q_dim * 2 * 2 + R * (4 + 4 + 8) + int64_t(max_bucket) * B * 4;
 }
 
 void DFlashModel::reserve_batch(int max_bucket) {
@@ -250,6 +250,7 @@ void DFlashModel::reserve_batch(int max_bucket) {
   grow(R);  // synchronizes when it grows
   gpu_.sync();
   batch_ids_ = DeviceBuffer<int32_t>(size_t(R));
+  write_slots_ = DeviceBuffer<int32_t>(size_t(R));
   qbf_ = DeviceBuffer<uint16_t>(size_t(R * q_dim));
   abf_ = DeviceBuffer<uint16_t>(size_t(R * q_dim));
   partial_ = DeviceBuffer<float>(size_t(paged_attention_partial_floats(
@@ -321,6 +322,9 @@ void DFlashModel::draft_batch(PagedDFlashContext& pool, const int32_t* d_image, 
   drafter::block_ids(d_anchors, bucket, B, config_.mask_token_id, batch_ids_.data(), st);
   embedding(embedding_, Elem::BF16, H, batch_ids_.data(), R, x_.data(), st);
   drafter::widen(view.row_pos, R, 0, positions_.data(), st);
+  // Each slot written by one row only: the draws of one sequence share its block's slots, and
+  // which of their writes would land last is not ordered.
+  drafter::first_writers(view.row_slot, R, write_slots_.data(), st);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     rms_norm(x_.data(), L.input_norm.data(), eps, R, H, a_.data(), st);
@@ -328,8 +332,8 @@ void DFlashModel::draft_batch(PagedDFlashContext& pool, const int32_t* d_image, 
     rms_norm(q_.data(), L.q_norm.data(), eps, R * nh, hd, q_.data(), st);
     rope_half(q_.data(), R, nh, int(hd), positions_.data(), c.rope_theta, st);
     project_kv(L, a_.data(), R, positions_.data());
-    drafter::scatter_rows_bf16(k_.data(), R, kv_dim, view.row_slot, pool.k_[l].data(), st);
-    drafter::scatter_rows_bf16(v_.data(), R, kv_dim, view.row_slot, pool.v_[l].data(), st);
+    drafter::scatter_rows_bf16(k_.data(), R, kv_dim, write_slots_.data(), pool.k_[l].data(), st);
+    drafter::scatter_rows_bf16(v_.data(), R, kv_dim, write_slots_.data(), pool.v_[l].data(), st);
     f32_to_bf16(q_.data(), R * q_dim, qbf_.data(), st);
     paged_attention(qbf_.data(), view, nh, nkv, int(hd), pool.k_[l].data(), pool.v_[l].data(),
                     1.0f / std::sqrt(float(hd)), partial_.data(), abf_.data(), st);

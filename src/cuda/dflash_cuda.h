@@ -103,6 +103,9 @@ class DFlashModel {
   // draft() for `bucket` sequences in one pass: d_image a paged::plan_block image for (bucket, B)
   // over the pool's tables (each block's keys go to the positions after its context), d_anchors
   // [bucket]; d_logits [bucket · (B − 1), V] (padding sequences' rows finite and meaningless).
+  // Blocks whose rows name the same slots (several draws of one sequence: one table, one context)
+  // write them once, from the first such block, and all attend to those keys, so no block depends
+  // on another's rows being the same bits as its own.
   void draft_batch(PagedDFlashContext& pool, const int32_t* d_image, int bucket,
                    const int32_t* d_anchors, float* d_logits);
 
@@ -134,10 +137,11 @@ class DFlashModel {
   DeviceBuffer<float> x_, a_, q_, k_, v_, o_, gate_, up_, ctx_;
   DeviceBuffer<int32_t> block_ids_;
   DeviceBuffer<int64_t> positions_, key_count_;
-  // Batched drafts (reserve_batch): the blocks' ids, bf16 queries and attention outputs, split
-  // partials, the rows that go to lm_head and their input; commits' gathered feature rows.
+  // Batched drafts (reserve_batch): the blocks' ids, the slot each row writes (its plan slot, −1
+  // where an earlier row writes it), bf16 queries and attention outputs, split partials, the rows
+  // that go to lm_head and their input; commits' gathered feature rows.
   int batch_ = 0;
-  DeviceBuffer<int32_t> batch_ids_, head_rows_;
+  DeviceBuffer<int32_t> batch_ids_, write_slots_, head_rows_;
   DeviceBuffer<uint16_t> qbf_, abf_;
   DeviceBuffer<float> partial_, head_in_, ext_rows_;
 };

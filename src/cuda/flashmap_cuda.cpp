@@ -701,11 +701,14 @@ void FlashMapModel::draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int 
   const DeviceDraftContext::GraphKey key{
       steps, int(noise.kind), noise.kind == Noise::Draw ? nullptr : noise.data, d_anchor, d_logits};
   if (ctx.graphs_.replay(key, st, "cudaGraphLaunch (draft)")) return;
-  // Nothing in a draft synchronizes or allocates (see enqueue_draft), so it can be captured on
-  // first use and then launched.
+  // First use of this key: an eager run is this call's draft and loads every kernel and makes
+  // every cuBLASLt plan (heuristic queries, algorithm checks) outside a capture; once it has run,
+  // the capture only records the same launches for the next calls (nothing in a draft
+  // synchronizes or allocates: enqueue_draft), as Qwen3Model's forwards are captured.
+  enqueue_draft(route, d_anchor, steps, noise, d_logits);
+  gpu_.sync();
   ctx.graphs_.add(
       key, st, [&] { enqueue_draft(route, d_anchor, steps, noise, d_logits); }, "(draft)");
-  ctx.graphs_.replay(key, st, "cudaGraphLaunch (draft)");
 }
 
 // --- batched drafts -----------------------------------------------------------------------------
@@ -751,6 +754,7 @@ void FlashMapModel::draft_batch(PagedDraftContext& pool, const int32_t* d_image,
                       drafter::anchor_slots(view, w.anchor_slot.data(), st);
                     },
                     [&](size_t l) {
+                      // One writer per slot (anchor_slots): the draws of one sequence share it.
                       const int64_t D = config_.hidden_size;
                       drafter::scatter_rows_bf16(w.anchor_k.data(), bucket, D, w.anchor_slot.data(),
                                                  pool.k_[l].data(), st);
@@ -775,9 +779,12 @@ void FlashMapModel::draft_batch(PagedDraftContext& pool, const int32_t* d_image,
   }
   const BatchKey key{bucket, steps, &pool, d_image, d_anchors, d_rng, d_logits};
   if (batch_graphs_.replay(key, st, "cudaGraphLaunch (batched draft)")) return;
+  // First use: run eagerly (this call's drafts), wait, then record the graph for the next calls,
+  // as draft() does.
+  enqueue_draft(route, d_anchors, steps, noise, d_logits);
+  gpu_.sync();
   batch_graphs_.add(
       key, st, [&] { enqueue_draft(route, d_anchors, steps, noise, d_logits); }, "(batched draft)");
-  batch_graphs_.replay(key, st, "cudaGraphLaunch (batched draft)");
 }
 
 }  // namespace flashmap::cuda

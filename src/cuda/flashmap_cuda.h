@@ -9,7 +9,8 @@
 //   fm.extend_context(ctx, d_features, n);          // target features of n verified tokens
 //   fm.draft(ctx, d_anchor, steps, noise, d_logits); // [K, V] logits of the block after the anchor
 // Everything is enqueued on the Context's stream; nothing here synchronizes except uploads at
-// construction and the first use of a jump (its time conditioning).
+// construction, the first use of a jump (its time conditioning) and a graph's first use (an eager
+// run, awaited before the capture).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -106,6 +107,8 @@ class FlashMapModel {
   // Eager: the kernels are enqueued one by one. Graph: the draft is captured once per (context,
   // steps, noise kind, noise data, anchor pointer, logits pointer) into a CUDA graph and replayed;
   // the context length, anchor and (seed, counter) are read from device memory on every replay.
+  // A key's first draft runs eagerly (its kernels loaded, its GEMM plans made) and is awaited,
+  // then captured, as Qwen3Model's graphs are.
   enum class Exec { Eager, Graph };
 
   // Uploads `drafter`'s weights (bf16 matrices, fp32 vectors) and its target constants (the
@@ -194,8 +197,12 @@ class FlashMapModel {
   // attends to its seq_base[b] context positions, the anchor's last), d_anchors [bucket] the
   // anchors, d_rng [2·bucket] each draft's Philox (seed, counter) (noise drawn as draft() draws
   // it, so a sequence's draft is the same alone or in a batch up to GEMM rounding); writes
-  // d_logits [bucket·K, V] (padding sequences' rows are finite and meaningless). Graph: one
-  // captured graph per (bucket, steps, buffers), the image, anchors and noise read on replay.
+  // d_logits [bucket·K, V] (padding sequences' rows are finite and meaningless). Entries with the
+  // same anchor slot (the noise draws of one sequence's draft tree: one table, one context) write
+  // the anchor's context row once, from the first of them, and all read that row, as the CPU's
+  // draws over one context share it; no entry's keys depend on another's rows being the same bits.
+  // Graph: one captured graph per (bucket, steps, buffers), the image, anchors and noise read on
+  // replay; its first use runs eagerly, then captures.
   void draft_batch(PagedDraftContext& pool, const int32_t* d_image, int bucket,
                    const int32_t* d_anchors, const uint64_t* d_rng, int steps, float* d_logits,
                    Exec exec = Exec::Eager);

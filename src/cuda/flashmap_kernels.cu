@@ -80,17 +80,33 @@ __global__ void scatter_rows_bf16_kernel(const float* src, int64_t n, int64_t di
   }
 }
 
-__global__ void anchor_slots_kernel(StepView sv, int32_t* out) {
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= sv.bucket) return;
-  if (sv.seq_rows[b] == 0) {
-    out[b] = -1;
-    return;
-  }
+// The anchor slot of sequence b of the view, −1 for a padding sequence.
+__device__ int32_t anchor_slot_of(const StepView& sv, int b) {
+  if (sv.seq_rows[b] == 0) return -1;
   const int64_t p = int64_t(sv.seq_base[b]) - 1;
   const int32_t* table = sv.tables + int64_t(b) * sv.header[paged::StepPlan::kTableStride];
   const int bt = sv.block_tokens;
-  out[b] = int32_t(int64_t(table[p / bt]) * bt + p % bt);
+  return int32_t(int64_t(table[p / bt]) * bt + p % bt);
+}
+
+__global__ void anchor_slots_kernel(StepView sv, int32_t* out) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= sv.bucket) return;
+  const int32_t slot = anchor_slot_of(sv, b);
+  // The first sequence naming a slot writes it; a later one (another draw of the same tree)
+  // reads what that one wrote. At most bucket lookups per sequence.
+  bool first = slot >= 0;
+  for (int e = 0; first && e < b; ++e) first = anchor_slot_of(sv, e) != slot;
+  out[b] = first ? slot : -1;
+}
+
+__global__ void first_writers_kernel(const int32_t* slots, int64_t n, int32_t* out) {
+  FLASHMAP_GRID_STRIDE(i, n) {
+    const int32_t slot = slots[i];
+    bool first = slot >= 0;
+    for (int64_t j = 0; first && j < i; ++j) first = slots[j] != slot;
+    out[i] = first ? slot : -1;
+  }
 }
 
 __global__ void block_ids_kernel(const int32_t* anchors, int64_t n, int B, int32_t mask_id,
@@ -221,6 +237,10 @@ void scatter_rows_bf16(const float* src, int64_t n, int64_t dim, const int32_t* 
 void anchor_slots(const StepView& view, int32_t* out, cudaStream_t stream) {
   if (view.bucket > 0)
     anchor_slots_kernel<<<unsigned((view.bucket + 127) / 128), 128, 0, stream>>>(view, out);
+}
+
+void first_writers(const int32_t* slots, int64_t n, int32_t* out, cudaStream_t stream) {
+  if (n > 0) first_writers_kernel<<<grid_for(n), 256, 0, stream>>>(slots, n, out);
 }
 
 void block_ids(const int32_t* anchors, int bucket, int B, int32_t mask_id, int32_t* out,

@@ -64,8 +64,14 @@ void gather_rows(const float* src, const int32_t* rows, int64_t n, int64_t dim, 
 void scatter_rows_bf16(const float* src, int64_t n, int64_t dim, const int32_t* slots,
                        uint16_t* pool, cudaStream_t stream);
 // out[b] = the pool slot of position seq_base[b] − 1 through sequence b's table (the anchor's, in
-// a draft's view), −1 for padding sequences (seq_rows 0).
+// a draft's view), −1 for padding sequences (seq_rows 0) and for a sequence whose slot an earlier
+// one of the batch already names (the draws of one draft tree): each slot gets one writer, so a
+// scatter through out writes every anchor row once, from its first sequence, whatever order the
+// device runs the writes in.
 void anchor_slots(const StepView& view, int32_t* out, cudaStream_t stream);
+// out[i] = slots[i], or −1 where an earlier entry j < i holds the same slot (or slots[i] < 0): the
+// first writer of each slot (a batch whose rows name one slot several times).
+void first_writers(const int32_t* slots, int64_t n, int32_t* out, cudaStream_t stream);
 
 // A DFlash block's ids for every sequence: out[b·B] = anchors[b], out[b·B + r] = mask_id (r > 0).
 void block_ids(const int32_t* anchors, int bucket, int B, int32_t mask_id, int32_t* out,

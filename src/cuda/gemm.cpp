@@ -1,9 +1,15 @@
 #include "cuda/gemm.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace flashmap::cuda {
 namespace {
@@ -12,11 +18,12 @@ cudaDataType_t lt_type(Elem e) {
   return e == Elem::BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-// One shape's cuBLASLt descriptors and chosen algorithm.
+// One shape's cuBLASLt descriptors, chosen algorithm and the workspace its calls pass.
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;  // bytes given to cublasLtMatmul (0: a null workspace)
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -28,102 +35,199 @@ struct Plan {
   }
 };
 
-std::unique_ptr<Plan> make_plan(Context& ctx, const LtShape& s) {
-  auto p = std::make_unique<Plan>();
-  check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+// B [k, n] and C [m, n] of a shape at n columns (its own n, or another for the invariant pick).
+struct Columns {
+  cublasLtMatrixLayout_t b = nullptr, c = nullptr;
+  Columns(const LtShape& s, int64_t n) {
+    check(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, uint64_t(s.k), uint64_t(n), s.ldb),
+          "layout B");
+    check(cublasLtMatrixLayoutCreate(&c, lt_type(s.c_type), uint64_t(s.m), uint64_t(n), s.ldc),
+          "layout C");
+  }
+  Columns(const Columns&) = delete;
+  Columns& operator=(const Columns&) = delete;
+  ~Columns() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+  }
+};
+
+std::string describe(const LtShape& s) {
+  return fmt::format(
+      "bf16 GEMM m={} n={} k={} (lda {}, ldb {}, ldc {}, transposed A {}, bias {}, "
+      "invariant {})",
+      s.m, s.n, s.k, s.lda, s.ldb, s.ldc, s.trans_a, s.bias, s.invariant);
+}
+
+// The operation's descriptor and A's layout (n plays no part in them).
+void describe_op(const LtShape& s, Plan& p) {
+  check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
   const cublasOperation_t ta = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
-  check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+  check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
         "set TRANSA");
-  check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+  check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
         "set TRANSB");
   if (s.bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+    check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
           "set EPILOGUE");
     const cudaDataType_t bt = CUDA_R_32F;
     check(
-        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)),
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)),
         "set BIAS_DATA_TYPE");
   }
   // A as stored: [k, m] when transposed, else [m, k].
   const uint64_t a_rows = uint64_t(s.trans_a ? s.k : s.m), a_cols = uint64_t(s.trans_a ? s.m : s.k);
-  check(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, a_rows, a_cols, s.lda), "layout A");
-  check(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, uint64_t(s.k), uint64_t(s.n), s.ldb),
-        "layout B");
-  check(cublasLtMatrixLayoutCreate(&p->c, lt_type(s.c_type), uint64_t(s.m), uint64_t(s.n), s.ldc),
-        "layout C");
+  check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, a_rows, a_cols, s.lda), "layout A");
+}
+
+// Up to kLtCandidates algorithms for B and C with layouts b and c, in the heuristic's order, each
+// needing at most `budget` bytes of workspace; the invariant products' without split-K (a split-K
+// algorithm sums partial products in an order that depends on the grid, and so on n).
+std::vector<cublasLtMatmulAlgo_t> candidates(Context& ctx, const LtShape& s, const Plan& p,
+                                             cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                             uint64_t budget) {
   cublasLtMatmulPreference_t pref = nullptr;
   check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
-  const uint64_t ws = ctx.workspace_bytes();
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  // A split-K algorithm sums partial products in an order that depends on the grid, and so on n.
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &budget, sizeof(budget));
   const uint32_t no_split = CUBLASLT_REDUCTION_SCHEME_NONE;
   if (st == CUBLAS_STATUS_SUCCESS && s.invariant)
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                               &no_split, sizeof(no_split));
-  // The invariant algorithm is chosen once per weight shape, at n = kInvariantN.
-  cublasLtMatrixLayout_t b_pick = p->b, c_pick = p->c, b_tmp = nullptr, c_tmp = nullptr;
-  if (st == CUBLAS_STATUS_SUCCESS && s.invariant && s.n != kInvariantN) {
-    check(cublasLtMatrixLayoutCreate(&b_tmp, CUDA_R_16BF, uint64_t(s.k), uint64_t(kInvariantN),
-                                     s.ldb),
-          "layout B (invariant pick)");
-    check(cublasLtMatrixLayoutCreate(&c_tmp, lt_type(s.c_type), uint64_t(s.m),
-                                     uint64_t(kInvariantN), s.ldc),
-          "layout C (invariant pick)");
-    b_pick = b_tmp;
-    c_pick = c_tmp;
-  }
+  cublasLtMatmulHeuristicResult_t heur[kLtCandidates] = {};
+  int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), p->op, p->a, b_pick, c_pick, c_pick, pref, 1,
-                                        &heur, &found);
-  if (b_tmp) cublasLtMatrixLayoutDestroy(b_tmp);
-  if (c_tmp) cublasLtMatrixLayoutDestroy(c_tmp);
+    st = cublasLtMatmulAlgoGetHeuristic(ctx.lt(), p.op, p.a, b, c, c, pref, kLtCandidates, heur,
+                                        &found);
   cublasLtMatmulPreferenceDestroy(pref);
   check(st, "AlgoGetHeuristic");
-  FLASHMAP_CHECK(found > 0,
-                 "cuBLASLt: no algorithm for the bf16 GEMM m={} n={} k={} (lda {}, ldb {}, ldc {}, "
-                 "transposed A {}, bias {}, invariant {})",
-                 s.m, s.n, s.k, s.lda, s.ldb, s.ldc, s.trans_a, s.bias, s.invariant);
-  p->algo = heur.algo;
-  if (s.invariant && s.n != kInvariantN) {
-    // The algorithm must run at this n too, unchanged; a silent fallback would lose the
-    // invariance, so a refusal is an error naming the shape.
-    cublasLtMatmulHeuristicResult_t checked{};
-    const cublasStatus_t ok =
-        cublasLtMatmulAlgoCheck(ctx.lt(), p->op, p->a, p->b, p->c, p->c, &p->algo, &checked);
-    FLASHMAP_CHECK(ok == CUBLAS_STATUS_SUCCESS && checked.workspaceSize <= ws,
-                   "cuBLASLt: the row-invariant algorithm chosen at n={} does not run at n={} "
-                   "(m={} k={}): {}",
-                   kInvariantN, s.n, s.m, s.k, int(ok));
+  std::vector<cublasLtMatmulAlgo_t> out;
+  for (int i = 0; i < found; ++i)
+    if (heur[i].state == CUBLAS_STATUS_SUCCESS) out.push_back(heur[i].algo);
+  return out;
+}
+
+// The workspace `algo` needs for the plan's operation with B and C laid out as b and c; nullopt
+// when cuBLASLt refuses it there.
+std::optional<size_t> runs(Context& ctx, const Plan& p, const cublasLtMatmulAlgo_t& algo,
+                           cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c) {
+  cublasLtMatmulHeuristicResult_t r{};
+  if (cublasLtMatmulAlgoCheck(ctx.lt(), p.op, p.a, b, c, c, &algo, &r) != CUBLAS_STATUS_SUCCESS)
+    return std::nullopt;
+  return r.workspaceSize;
+}
+
+// The plans and the row-invariant picks, per context; made under the lock, used on the context's
+// one stream.
+struct Cache {
+  std::mutex mutex;
+  std::map<std::pair<const Context*, LtShape>, std::unique_ptr<Plan>> plans;
+  // Keyed by the weight shape (n = 0): every n of it runs this algorithm.
+  std::map<std::pair<const Context*, LtShape>, cublasLtMatmulAlgo_t> invariant;
+};
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+// The row-invariant algorithm of s's weight shape, picked on first use (under the cache's lock):
+// candidates at n = kInvariantN, each checked at every n of kInvariantCheckN, none at the n that
+// happens to be asked first, so the pick is the weight shape's whatever that n is.
+cublasLtMatmulAlgo_t invariant_algo(Context& ctx, const LtShape& s, const Plan& p) {
+  LtShape weight = s;
+  weight.n = 0;
+  auto& picks = cache().invariant;
+  if (auto it = picks.find({&ctx, weight}); it != picks.end()) return it->second;
+  const Columns pick_cols(s, kInvariantN);
+  const auto algos = candidates(ctx, s, p, pick_cols.b, pick_cols.c, 0);
+  const int i = pick_candidate(int(algos.size()), kInvariantCheckN, 0, [&](int c, int64_t n) {
+    const Columns at(s, n);
+    return runs(ctx, p, algos[size_t(c)], at.b, at.c);
+  });
+  FLASHMAP_CHECK(i >= 0,
+                 "cuBLASLt: none of {} row-invariant candidates for the {} runs at every n of "
+                 "{{{}}} without split-K and without workspace",
+                 algos.size(), describe(s), fmt::join(kInvariantCheckN, ", "));
+  return picks.emplace(std::make_pair(&ctx, weight), algos[size_t(i)]).first->second;
+}
+
+std::unique_ptr<Plan> make_plan(Context& ctx, const LtShape& s) {
+  auto p = std::make_unique<Plan>();
+  describe_op(s, *p);
+  check(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, uint64_t(s.k), uint64_t(s.n), s.ldb),
+        "layout B");
+  check(cublasLtMatrixLayoutCreate(&p->c, lt_type(s.c_type), uint64_t(s.m), uint64_t(s.n), s.ldc),
+        "layout C");
+  p->workspace = lt_workspace_budget(s, ctx.workspace_bytes());
+  if (s.invariant) {
+    p->algo = invariant_algo(ctx, s, *p);
+    // It must run at this n too, unchanged and without workspace; a fallback to another algorithm
+    // would lose the invariance, so a refusal is an error naming the shape.
+    const auto need = runs(ctx, *p, p->algo, p->b, p->c);
+    FLASHMAP_CHECK(need && *need == 0,
+                   "cuBLASLt: the row-invariant algorithm of the {} (checked at every n of {{{}}}) "
+                   "does not run at n = {}{}",
+                   describe(s), fmt::join(kInvariantCheckN, ", "), s.n,
+                   need ? " without workspace" : "");
+    return p;
   }
+  const auto algos = candidates(ctx, s, *p, p->b, p->c, p->workspace);
+  const int64_t n[] = {s.n};
+  const int i = pick_candidate(int(algos.size()), n, p->workspace, [&](int c, int64_t) {
+    return runs(ctx, *p, algos[size_t(c)], p->b, p->c);
+  });
+  FLASHMAP_CHECK(i >= 0, "cuBLASLt: no algorithm for the {} among {} candidates", describe(s),
+                 algos.size());
+  p->algo = algos[size_t(i)];
   return p;
+}
+
+Plan& plan_of(Context& ctx, const LtShape& shape) {
+  Cache& c = cache();
+  std::lock_guard lk(c.mutex);
+  auto& slot = c.plans[{&ctx, shape}];
+  if (!slot) slot = make_plan(ctx, shape);
+  return *slot;
 }
 
 }  // namespace
 
+int pick_candidate(int candidates, std::span<const int64_t> check_n, size_t budget,
+                   const std::function<std::optional<size_t>(int candidate, int64_t n)>& runs) {
+  for (int i = 0; i < candidates; ++i) {
+    bool ok = true;
+    for (const int64_t n : check_n) {
+      const std::optional<size_t> need = runs(i, n);
+      if (!need || *need > budget) {
+        ok = false;
+        break;
+      }
+    }
+    if (ok) return i;
+  }
+  return -1;
+}
+
+LtPlanInfo lt_plan_info(Context& ctx, const LtShape& shape) {
+  const Plan& p = plan_of(ctx, shape);
+  LtPlanInfo info;
+  info.workspace_bytes = p.workspace;
+  std::copy(std::begin(p.algo.data), std::end(p.algo.data), info.algo.begin());
+  return info;
+}
+
 void lt_matmul(Context& ctx, const LtShape& shape, const uint16_t* A, const uint16_t* B, void* C,
                const float* bias) {
   FLASHMAP_ASSERT((bias != nullptr) == shape.bias && (!shape.bias || shape.c_type == Elem::F32));
-  // Plans per context and shape; made under the lock, used on the context's one stream.
-  static std::mutex mutex;
-  static std::map<std::pair<const Context*, LtShape>, std::unique_ptr<Plan>> plans;
-  Plan* p;
-  {
-    std::lock_guard lk(mutex);
-    auto& slot = plans[{&ctx, shape}];
-    if (!slot) slot = make_plan(ctx, shape);
-    p = slot.get();
-  }
+  Plan& p = plan_of(ctx, shape);
   if (bias)
-    check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+    check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                          sizeof(bias)),
           "set BIAS_POINTER");
   const float alpha = 1.0f, beta = 0.0f;
-  check(cublasLtMatmul(ctx.lt(), p->op, &alpha, A, p->a, B, p->b, &beta, C, p->c, C, p->c, &p->algo,
-                       ctx.workspace(), ctx.workspace_bytes(), ctx.stream()),
+  check(cublasLtMatmul(ctx.lt(), p.op, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo,
+                       p.workspace ? ctx.workspace() : nullptr, p.workspace, ctx.stream()),
         "Matmul");
 }
 

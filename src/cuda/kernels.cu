@@ -311,7 +311,8 @@ __global__ void attention_kernel(const float* q, int n_heads, int n_kv_heads, in
     wgt[w] = sm[w] == -INFINITY ? 0.0f : expf(sm[w] - M);  // a warp that saw no key adds nothing
     L += sl[w] * wgt[w];
   }
-  const float inv = 1.0f / L;
+  // A query without keys gets zeros, as ops::attention gives it (L = 0 would make 0 · ∞ = NaN).
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
   float* o = out + (i * n_heads + h) * head_dim;
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float s = 0;

@@ -275,7 +275,9 @@ __global__ void paged_combine_kernel(const float* pm, const float* pl, const flo
     const float m = pm[first + int64_t(g) * QRmax];
     if (m != -INFINITY) L += pl[first + int64_t(g) * QRmax] * exp2f(m - M);
   }
-  const float inv = 1.0f / L;
+  // A row that sees no key (every slot's m = −inf, L = 0) gets zeros, as ops::attention gives a
+  // query without keys, not 0 · ∞ = NaN.
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0;
     for (int g = 0; g < kSplits; ++g) {

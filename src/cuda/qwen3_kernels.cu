@@ -167,7 +167,9 @@ __global__ void attn_combine_kernel(const float* pm, const float* pl, const floa
   float L = 0;
   for (int s = 0; s < S; ++s)
     if (m[s] != -INFINITY) L += l[s] * expf(m[s] - M);
-  const float inv = 1.0f / L;
+  // A query without keys (every share empty: M = −inf, L = 0) gets zeros, as ops::attention
+  // gives it, not 0 · ∞ = NaN.
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0;
     for (int s = 0; s < S; ++s)

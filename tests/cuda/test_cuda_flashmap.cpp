@@ -522,6 +522,63 @@ TEST_F(CudaFlashMap, BatchedPagedDraftsMatchCpu) {
   }
 }
 
+// The noise draws of one sequence's draft tree: entries of one batch with the same table and
+// context, so the same anchor slot. The anchor's context row is written once (by the first) and
+// every draw reads it, as the CPU's draws over one context do: each draw's rows match the CPU
+// drafter with its own noise.
+TEST_F(CudaFlashMap, DrawsOfOneSequenceShareItsAnchorRow) {
+  Pair p(*gpu, kFixtures[2]);
+  ASSERT_TRUE(p.dev->pages());
+  constexpr int32_t bt = 16;
+  const int64_t len = p.P / 2;
+  paged::BlockPool blocks(16, bt);
+  const int seq = blocks.open(len + 1);
+  std::vector<paged::BlockCopy> copies;
+  blocks.grow(seq, len + 1, copies);
+  auto pool = p.dev->new_paged(blocks.num_blocks(), bt);
+  const paged::CommitSeq cs{blocks.table(seq), 0, 0, int(len)};
+  const paged::CommitPlan commit = paged::plan_commit({&cs, 1}, bt, p.P);
+  DeviceBuffer<int32_t> commit_image(*gpu, commit.image());
+  p.dev->commit_paged(*pool, p.d_features.data(), commit_image.data(), commit.n);
+  const int draws = 3;
+  const std::vector<paged::DraftSeq> ds(size_t(draws), {blocks.table(seq), len + 1});
+  const paged::StepPlan plan = paged::plan_draft(ds, int(p.K), bt, std::vector<int32_t>{1, 2, 4});
+  ASSERT_EQ(plan.bucket, 4);
+  DeviceBuffer<int32_t> image(*gpu, plan.image());
+  std::vector<int32_t> anchors(4, 0);
+  std::vector<uint64_t> rng(8, 0);
+  for (int d = 0; d < draws; ++d) {
+    anchors[size_t(d)] = p.prompt[size_t(len)];
+    rng[size_t(2 * d)] = 91;
+    rng[size_t(2 * d + 1)] = 1 + uint64_t(d);  // the sequence's draft counter, one per draw
+  }
+  DeviceBuffer<int32_t> d_anchors(*gpu, anchors);
+  DeviceBuffer<uint64_t> d_rng(*gpu, rng);
+  DeviceBuffer<float> logits(size_t(4 * p.K * p.V));
+  for (const auto& [steps, grid] : p.cpu->config().jump_grids) {
+    p.dev->draft_batch(*pool, image.data(), plan.bucket, d_anchors.data(), d_rng.data(), steps,
+                       logits.data(), FlashMapModel::Exec::Eager);
+    const auto got = logits.download(*gpu);
+    const bool embed = steps == 1 && p.cpu->has_noise_factor();
+    for (int d = 0; d < draws; ++d) {
+      const int64_t per = p.K * (embed ? p.TH : p.V);
+      DeviceBuffer<float> noise{size_t(per)};
+      drafter::philox_normal(noise.data(), per, nullptr, rng[size_t(2 * d)], rng[size_t(2 * d + 1)],
+                             gpu->stream());
+      const auto host_noise = noise.download(*gpu);
+      DraftContext c = p.cpu->new_context();
+      p.cpu->extend_context(c, p.features.data(), len);
+      using CN = ::flashmap::FlashMapModel::Noise;
+      const auto want = p.cpu_draft(c, anchors[size_t(d)], steps,
+                                    {embed ? CN::Embed : CN::Vocab, host_noise.data(), nullptr});
+      const std::vector<float> rows(got.begin() + int64_t(d) * p.K * p.V,
+                                    got.begin() + int64_t(d + 1) * p.K * p.V);
+      expect_logits_match(rows, want, p.V,
+                          "draw " + std::to_string(d) + ", " + std::to_string(steps) + " step(s)");
+    }
+  }
+}
+
 TEST_F(CudaFlashMap, PagedContextRefusals) {
   Pair a(*gpu, kFixtures[0]);
   EXPECT_FALSE(a.dev->pages());  // head_dim 12

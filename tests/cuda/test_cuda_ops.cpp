@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -14,6 +17,7 @@
 
 #include "../ops/reference_ops.h"
 #include "core/dtype.h"
+#include "core/thread_pool.h"
 #include "cuda/device.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
@@ -75,6 +79,39 @@ TEST(CudaDevice, ClearErrorWithoutUsableGpu) {
       EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
     }
   }
+}
+
+// --- the GEMM plans' choice (host; runs everywhere) -----------------------------------------
+
+// pick_candidate: the first candidate, in the heuristic's order, that runs at every n it is
+// checked at within the budget; a candidate refused at one n, or needing more workspace than the
+// budget there, is passed over, and none left is -1.
+TEST(CudaGemm, PickCandidateIsTheFirstThatRunsAtEveryCheckedN) {
+  // Candidate 0 is refused at n = 1, candidate 1 needs workspace at n = 4096, candidate 2 runs
+  // everywhere without, candidate 3 too (never reached).
+  std::vector<std::pair<int, int64_t>> asked;
+  auto runs = [&](int c, int64_t n) -> std::optional<size_t> {
+    asked.emplace_back(c, n);
+    if (c == 0 && n == 1) return std::nullopt;
+    if (c == 1 && n == 4096) return size_t(1) << 20;
+    return size_t(0);
+  };
+  EXPECT_EQ(pick_candidate(4, kInvariantCheckN, 0, runs), 2);
+  for (const auto& [c, n] : asked) EXPECT_LE(c, 2);
+  // With a workspace budget candidate 1 runs everywhere.
+  EXPECT_EQ(pick_candidate(4, kInvariantCheckN, size_t(32) << 20, runs), 1);
+  EXPECT_EQ(pick_candidate(2, kInvariantCheckN, 0, runs), -1);
+  EXPECT_EQ(pick_candidate(0, kInvariantCheckN, 0, runs), -1);
+  // The row-invariant checks are at fixed n: one row, the heuristic's n, a wide batch.
+  EXPECT_EQ(std::vector<int64_t>(std::begin(kInvariantCheckN), std::end(kInvariantCheckN)),
+            (std::vector<int64_t>{1, kInvariantN, 4096}));
+}
+
+TEST(CudaGemm, RowInvariantProductsGetNoWorkspace) {
+  LtShape s{.trans_a = true, .m = 4096, .n = 17, .k = 4096, .lda = 4096, .ldb = 4096, .ldc = 4096};
+  EXPECT_EQ(lt_workspace_budget(s, size_t(32) << 20), size_t(32) << 20);
+  s.invariant = true;
+  EXPECT_EQ(lt_workspace_budget(s, size_t(32) << 20), 0u);
 }
 
 // --- ops ----------------------------------------------------------------------------------------
@@ -247,6 +284,50 @@ TEST_F(CudaOps, GemmBf16Weights) {
   }
 }
 
+// A row-invariant weight shape runs one algorithm without workspace at every n, whichever n is
+// planned first; its rows are then the same bits alone and in a batch. A shape of its own (no
+// other test plans it), planned first at a wide n, then at one row. The per-shape product keeps
+// the context's workspace.
+TEST_F(CudaOps, RowInvariantGemmPlansUseNoWorkspaceAndOneAlgorithm) {
+  const int64_t K = 136, N = 520;
+  auto shape = [&](int64_t M, bool invariant) {
+    return LtShape{.trans_a = true,
+                   .m = N,
+                   .n = M,
+                   .k = K,
+                   .lda = K,
+                   .ldb = K,
+                   .ldc = N,
+                   .c_type = Elem::F32,
+                   .invariant = invariant};
+  };
+  const LtPlanInfo wide = lt_plan_info(*ctx, shape(200, true));
+  EXPECT_EQ(wide.workspace_bytes, 0u);
+  for (int64_t M : {int64_t(1), int64_t(5), kInvariantN, int64_t(769), int64_t(4096)}) {
+    const LtPlanInfo at = lt_plan_info(*ctx, shape(M, true));
+    EXPECT_EQ(at.workspace_bytes, 0u) << "M=" << M;
+    EXPECT_EQ(at.algo, wide.algo) << "M=" << M << ": another algorithm than at M=200";
+  }
+  EXPECT_EQ(lt_plan_info(*ctx, shape(200, false)).workspace_bytes, ctx->workspace_bytes());
+
+  // The rows of a 200-row product equal each row's product alone, bit for bit.
+  const int64_t M = 200;
+  const auto w = to_bf16(randn(size_t(N * K), 31, 0.05f));
+  const auto x = to_bf16(randn(size_t(M * K), 32));
+  auto dw = up(w);
+  auto dx = up(x);
+  DeviceBuffer<float> all(size_t(M * N)), one{size_t(N)};
+  linear(*ctx, dx.data(), Elem::BF16, M, K, dw.data(), N, nullptr, all.data(), Elem::F32, -1, -1,
+         true);
+  const auto batch = down(all);
+  for (int64_t r : {int64_t(0), int64_t(77), M - 1}) {
+    linear(*ctx, dx.data() + r * K, Elem::BF16, 1, K, dw.data(), N, nullptr, one.data(), Elem::F32,
+           -1, -1, true);
+    const auto alone = down(one);
+    EXPECT_EQ(0, std::memcmp(alone.data(), batch.data() + r * N, size_t(N) * 4)) << "row " << r;
+  }
+}
+
 // One attention case: nq queries, keys per query from key_count, KV in fp32 or bf16.
 void attention_case(CudaOps& t, Context& ctx, int64_t nq, int nh, int nkv, int hd,
                     const std::vector<int64_t>& key_count, Elem kv, double tol,
@@ -315,6 +396,43 @@ TEST_F(CudaOps, AttentionDrafterSelfAndCross) {
                    kF32, "cross f32 " + std::to_string(ctx_len));
     attention_case(*this, *ctx, K, 16, 16, 128, std::vector<int64_t>(size_t(K), ctx_len),
                    Elem::BF16, kBF16, "cross bf16 " + std::to_string(ctx_len));
+  }
+}
+
+// Queries without keys (a key count of 0) get zeros, as ops::attention gives them, never NaN;
+// the rows beside them still match the CPU.
+TEST_F(CudaOps, AttentionRowsWithoutKeysAreZeros) {
+  const int nh = 4, nkv = 2, hd = 64;
+  const std::vector<int64_t> kc = {0, 5, 0, 33, 1, 0};
+  const int64_t nq = int64_t(kc.size()), n_keys = 33;
+  const auto q = randn(size_t(nq * nh * hd), 41);
+  const auto k = randn(size_t(n_keys * nkv * hd), 42);
+  const auto v = randn(size_t(n_keys * nkv * hd), 43);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  std::vector<float> want(q.size());
+  ops::attention(q.data(), nq, nh, nkv, hd, k.data(), v.data(), kc.data(), scale, want.data(),
+                 ThreadPool::global());
+  auto dq = up(q);
+  auto dkc = up(kc);
+  auto dk = up(k), dv = up(v);
+  auto dkb = up(to_bf16(k)), dvb = up(to_bf16(v));
+  for (const Elem kv : {Elem::F32, Elem::BF16}) {
+    const bool bf16 = kv == Elem::BF16;
+    DeviceBuffer<float> out(q.size());
+    attention(dq.data(), nq, nh, nkv, hd, bf16 ? static_cast<const void*>(dkb.data()) : dk.data(),
+              bf16 ? static_cast<const void*>(dvb.data()) : dv.data(), kv, dkc.data(), scale,
+              out.data(), s());
+    const auto got = down(out);
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t e = 0; e < int64_t(nh) * hd; ++e) {
+        const size_t at = size_t(i * nh * hd + e);
+        ASSERT_TRUE(std::isfinite(got[at])) << "query " << i << " bf16 KV " << bf16;
+        if (kc[size_t(i)] == 0) {
+          ASSERT_EQ(want[at], 0.0f) << "the CPU's query " << i;
+          ASSERT_EQ(got[at], 0.0f) << "query " << i << " has no keys, bf16 KV " << bf16;
+        }
+      }
+    EXPECT_LT(nmse(got, want), bf16 ? kBF16 : kF32) << "bf16 KV " << bf16;
   }
 }
 

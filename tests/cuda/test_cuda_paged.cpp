@@ -1,10 +1,11 @@
 // The batched step over a paged KV cache (qwen3_cuda.h forward_step, paged_attention.h): the
 // tensor-core attention against ops::attention (the CPU reference, with its draft-tree KeyMask)
 // over scattered block tables, chains and trees, odd head dims and contexts across the tile,
-// chunk and split edges; a row's bits independent of the rows and sequences beside it (what
-// greedy speculation's exactness on the device rests on); whole steps against the CPU model; the
-// pool's copy-on-write copies; and the engine serving a batch exactly as it serves each request
-// alone. Every test skips without a usable GPU.
+// chunk and split edges, rows that see no key; a row's bits independent of the rows and sequences
+// beside it (what greedy speculation's exactness on the device rests on); whole steps against the
+// CPU model; the pool's copy-on-write copies; a backend's pool sized by what it admits; and the
+// engine serving a batch exactly as it serves each request alone. Every test skips without a
+// usable GPU.
 //
 // Tolerances as in test_cuda_qwen3.cpp: 5e-4 NMSE for one bf16 rounding of an op's output (the
 // attention also rounds its queries and P to bf16 for the tensor cores), 1e-3 for whole-model
@@ -13,18 +14,27 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
 #include "core/thread_pool.h"
+#include "cuda/backend.h"
 #include "cuda/device.h"
+#include "cuda/flashmap_cuda.h"
 #include "cuda/paged_attention.h"
+#include "cuda/proposers.h"
 #include "cuda/qwen3_cuda.h"
 #include "gpu_test.h"
+#include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "ops/ops.h"
 #include "paged/block_pool.h"
@@ -116,7 +126,12 @@ std::vector<float> cpu_attention(const Problem& p) {
         if ((w >> (j % 32)) & 1u) bits[size_t(r * words + j / 64)] |= uint64_t(1) << (j % 64);
       }
     const ops::KeyMask mask{s.base, words, bits.data()};
+    // A row without a cached prefix whose mask shows no row sees no key: a query without keys.
     std::vector<int64_t> counts(size_t(s.rows), n);
+    for (int r = 0; r < s.rows; ++r)
+      if (s.base == 0 && std::all_of(bits.begin() + r * words, bits.begin() + (r + 1) * words,
+                                     [](uint64_t w) { return w == 0; }))
+        counts[size_t(r)] = 0;
     ops::attention(qf.data() + int64_t(b) * R * qd, s.rows, p.nh, p.nkv, p.hd, k.data(), v.data(),
                    counts.data(), 1.0f / std::sqrt(float(p.hd)), out.data() + int64_t(b) * R * qd,
                    ThreadPool::global(), &mask);
@@ -169,6 +184,29 @@ TEST_F(CudaPaged, AttentionMatchesCpuAttention) {
             ASSERT_EQ(got.out[size_t((int64_t(b) * 17 + r) * qd + d)], 0.0f)
                 << "padding row " << r << " of sequence " << b;
     }
+}
+
+// A row that sees no key (no cached prefix, and a mask that hides even its own row) gets zeros, as
+// ops::attention gives a query without keys, never NaN; the rows beside it match the CPU.
+TEST_F(CudaPaged, AttentionRowThatSeesNoKeyIsZeros) {
+  for (const auto& [nh, nkv, hd] : {std::tuple{4, 2, 24}, std::tuple{32, 8, 128}}) {
+    Problem p = make_problem(nh, nkv, hd, {{0, 5}, {40, 12}, {0, 3}}, false, 17, 9);
+    const int R = p.plan.R, words = p.plan.mask_words;
+    const std::pair<int, int> blind[] = {{0, 0}, {0, 3}, {2, 2}};  // (sequence, row)
+    for (const auto& [b, r] : blind)
+      std::fill_n(p.plan.row_mask.begin() + (int64_t(b) * R + r) * words, words, 0u);
+    const auto want = cpu_attention(p);
+    const auto got = device_attention(*ctx, p).out;
+    const int64_t qd = int64_t(nh) * hd;
+    for (const float x : got) ASSERT_TRUE(std::isfinite(x)) << "heads " << nh << "/" << nkv;
+    for (const auto& [b, r] : blind)
+      for (int64_t d = 0; d < qd; ++d) {
+        const size_t at = size_t((int64_t(b) * R + r) * qd + d);
+        ASSERT_EQ(want[at], 0.0f) << "the CPU's row " << r << " of sequence " << b;
+        ASSERT_EQ(got[at], 0.0f) << "row " << r << " of sequence " << b << " sees no key";
+      }
+    EXPECT_LE(nmse(got, want), kBF16) << "heads " << nh << "/" << nkv << " hd " << hd;
+  }
 }
 
 // A long prefill-shaped step (one sequence, 300 rows × a GQA group of 4: three passes of 128
@@ -365,6 +403,41 @@ TEST_F(CudaPaged, StepRowsAreBatchInvariant) {
 
 // --- the engine
 // -----------------------------------------------------------------------------------
+
+// A backend's KV pool holds what its sequences can be admitted to (max_sequences sequences of
+// max_positions, the batched drafter's context beside the keys and values), not all the free
+// memory: a fixture's backend takes a small part of the GPU, and starts fast (the engine tests make
+// dozens). The time one takes is printed and recorded in the test's XML (backend_ms).
+TEST_F(CudaPaged, BackendPoolIsSizedByWhatItAdmits) {
+  const std::string dir = "tests/fixtures/tiny-b";
+  ::flashmap::Qwen3Model cpu(dir + "/target");
+  ::flashmap::FlashMapModel cpu_draft(dir + "/draft", cpu);
+  Qwen3Model target(*ctx, cpu, 1);
+  FlashMapModel draft(*ctx, cpu_draft, target.embedding(), target.lm_head(),
+                      cpu.config().vocab_size, cpu.config().hidden_size);
+  FlashMapDeviceProposer proposer(draft, 1);
+  ASSERT_TRUE(proposer.paged());
+  ctx->sync();
+  const size_t before = ctx->free_bytes();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto backend = make_backend(target, &proposer, 4096);
+  ctx->sync();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const size_t after = ctx->free_bytes();
+  const size_t used = before > after ? before - after : 0;
+  const auto& info = backend->info();
+  const int64_t blocks = int64_t(info.max_sequences) * ((info.max_positions + 15) / 16);
+  const int64_t pool = blocks * (target.paged_block_bytes(16) + proposer.paged_block_bytes(16));
+  std::printf("  backend on %s: %.1f ms, %.1f MiB (pool at most %.1f MiB: %d sequences of %lld)\n",
+              dir.c_str(), ms, double(used) / double(1 << 20), double(pool) / double(1 << 20),
+              info.max_sequences, (long long)info.max_positions);
+  RecordProperty("backend_ms", int(ms));
+  RecordProperty("backend_mib", int(used >> 20));
+  // The lanes' buffers, the step's and the batched draft's work come on top of the pool: well under
+  // 1 GiB at this shape.
+  EXPECT_LE(used, size_t(pool) + (size_t(1) << 30));
+}
 
 // The device backend serving 12 requests at once (one target forward and one batched draft per
 // round for all of them) gives each the tokens it gets alone: greedy and seeded, with the trained

@@ -192,6 +192,47 @@ TEST_F(CudaQwen3Kernels, SplitKvAttentionMatchesCpu) {
   }
 }
 
+// Queries without keys (a key count of 0: every split's share empty) get zeros, as ops::attention
+// gives them, never NaN, at every split count and output type; the rows beside them match the CPU.
+TEST_F(CudaQwen3Kernels, SplitKvAttentionRowsWithoutKeysAreZeros) {
+  const int nh = 8, nkv = 2, hd = 128;
+  const std::vector<int64_t> kc = {0, 7, 0, 300, 1, 0, 64};
+  const int64_t nq = int64_t(kc.size()), n_keys = 300, kv_dim = int64_t(nkv) * hd;
+  const auto q = randn(size_t(nq * nh * hd), 51);
+  const auto kb = to_bf16(randn(size_t(n_keys * kv_dim), 52));
+  const auto vb = to_bf16(randn(size_t(n_keys * kv_dim), 53));
+  const float scale = 1.0f / std::sqrt(float(hd));
+  std::vector<float> want(q.size());
+  ops::attention(q.data(), nq, nh, nkv, hd, widen(kb).data(), widen(vb).data(), kc.data(), scale,
+                 want.data(), pool);
+  auto dq = up(q);
+  auto dk = up(kb), dv = up(vb);
+  auto dkc = up(kc);
+  for (int splits : {attention_splits(nq, nh), 1, 3, 32}) {
+    DeviceBuffer<float> part(size_t(attention_partial_floats(nq, nh, hd, splits)));
+    DeviceBuffer<float> out(q.size());
+    attention_split_kv(dq.data(), nq, nh, nkv, hd, dk.data(), dv.data(), dkc.data(), scale, splits,
+                       part.data(), out.data(), Elem::F32, s());
+    DeviceBuffer<uint16_t> outb(q.size());
+    attention_split_kv(dq.data(), nq, nh, nkv, hd, dk.data(), dv.data(), dkc.data(), scale, splits,
+                       part.data(), outb.data(), Elem::BF16, s());
+    const auto got = down(out), gotb = widen(down(outb));
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t e = 0; e < int64_t(nh) * hd; ++e) {
+        const size_t at = size_t(i * nh * hd + e);
+        ASSERT_TRUE(std::isfinite(got[at]) && std::isfinite(gotb[at]))
+            << "query " << i << " splits " << splits;
+        if (kc[size_t(i)] == 0) {
+          ASSERT_EQ(want[at], 0.0f) << "the CPU's query " << i;
+          ASSERT_EQ(got[at], 0.0f) << "query " << i << " has no keys, splits " << splits;
+          ASSERT_EQ(gotb[at], 0.0f) << "query " << i << " has no keys, splits " << splits;
+        }
+      }
+    EXPECT_LE(nmse(got, want), kF32) << "splits " << splits;
+    EXPECT_LE(nmse(gotb, want), kBF16) << "splits " << splits << " (bf16 out)";
+  }
+}
+
 TEST_F(CudaQwen3Kernels, SwigluBf16) {
   const int64_t rows = 5, inter = 3073;
   const auto gu = randn(size_t(rows * 2 * inter), 21, 2.0f);
