@@ -71,8 +71,8 @@ void RoundLoop::validate(const SequenceParams& p) const {
                                  "positions",
                                  p.prompt.size(), max_context_),
                      "context_length_exceeded");
-  FLASHMAP_CHECK_PARAM(p.max_tokens > 0, "max_tokens", "max_new_tokens must be > 0, got {}",
-                       p.max_tokens);
+  FLASHMAP_CHECK_PARAM(p.max_tokens > 0, "max_tokens",
+                       "the number of new tokens must be > 0, got {}", p.max_tokens);
   for (int32_t s : p.stop_ids)
     FLASHMAP_CHECK_PARAM(s >= 0 && s < V, "stop_token_ids",
                          "stop token {} is outside the vocabulary [0, {})", s, V);
@@ -94,7 +94,7 @@ void RoundLoop::validate(const SequenceParams& p) const {
   const int64_t need = int64_t(p.prompt.size()) + p.max_tokens;
   if (need > max_context_)
     throw ParamError("max_tokens",
-                     fmt::format("prompt ({} tokens) + max_new_tokens ({}) exceeds the context of "
+                     fmt::format("the prompt ({} tokens) + {} new tokens exceed the context of "
                                  "{} positions",
                                  p.prompt.size(), p.max_tokens, max_context_),
                      "context_length_exceeded");

@@ -470,7 +470,7 @@ TEST_F(CudaEngine, BadRequestsAndCapacity) {
   };
   EXPECT_NE(err({}, greedy(5)).find("prompt is empty"), std::string::npos);
   EXPECT_NE(err({1, 5000}, greedy(5)).find("outside the vocabulary"), std::string::npos);
-  EXPECT_NE(err({1}, greedy(0)).find("max_new_tokens must be > 0"), std::string::npos);
+  EXPECT_NE(err({1}, greedy(0)).find("the number of new tokens must be > 0"), std::string::npos);
   // The engine's context is the cache: 6 + 27 = 33 positions is one more than it holds; 6 + 26
   // fits, and blocks shrink near the end (greedy and seeded, speculating to the last position).
   EXPECT_NE(err(kPrompt, greedy(27)).find("exceeds the context of 32 positions"),

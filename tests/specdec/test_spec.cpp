@@ -116,7 +116,7 @@ TEST(Spec, BadRequests) {
   };
   EXPECT_THAT(err({}, greedy(5)), HasSubstr("prompt is empty"));
   EXPECT_THAT(err({1, 5000}, greedy(5)), HasSubstr("outside the vocabulary"));
-  EXPECT_THAT(err({1}, greedy(0)), HasSubstr("max_new_tokens must be > 0"));
+  EXPECT_THAT(err({1}, greedy(0)), HasSubstr("the number of new tokens must be > 0"));
   auto o = greedy(5);
   o.sampling.temperature = -1;
   EXPECT_THAT(err({1}, o), HasSubstr("temperature"));
