@@ -6,7 +6,7 @@
 
 namespace flashmap::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 ApiError::ApiError(int status, std::string message, std::string param, std::string code,
                    std::string type)
@@ -81,6 +81,11 @@ json parse_json_body(const std::string& text) {
     throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), {},
                    "invalid_json");
   }
+}
+
+json parse_json_value(const std::string& text) {
+  if (json_nests_deeper_than(text, kMaxJsonDepth)) return json(json::value_t::discarded);
+  return json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
 }  // namespace flashmap::server

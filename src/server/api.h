@@ -24,11 +24,11 @@ class ApiError : public Error {
 };
 
 // {"error": {"message", "type", "param", "code"}} (param and code null when empty).
-nlohmann::json error_body(const std::string& message, const std::string& type,
-                          const std::string& param = {}, const std::string& code = {});
+nlohmann::ordered_json error_body(const std::string& message, const std::string& type,
+                                  const std::string& param = {}, const std::string& code = {});
 // JSON text for the wire. Strings that came from outside (paths, headers, generated text) may
 // hold invalid UTF-8, on which nlohmann's dump() throws; here such bytes become U+FFFD.
-std::string dump_json(const nlohmann::json& j);
+std::string dump_json(const nlohmann::ordered_json& j);
 
 // The type OpenAI gives a status: invalid_request_error, authentication_error, ...
 std::string error_type_for(int status);
@@ -65,7 +65,10 @@ bool json_nests_deeper_than(std::string_view text, int limit);
 inline constexpr int kMaxJsonDepth = 64;
 // A request body as JSON, after the checks every body passes: UTF-8, nesting, syntax (each a
 // 400 ApiError).
-nlohmann::json parse_json_body(const std::string& text);
+nlohmann::ordered_json parse_json_body(const std::string& text);
+// JSON text found inside a request (tool call arguments given as a string), parsed with the
+// body's nesting bound; a discarded value (is_discarded()) when it is not JSON or nests deeper.
+nlohmann::ordered_json parse_json_value(const std::string& text);
 // Bounds on what a request may ask the engine to check on every token.
 inline constexpr size_t kMaxStopBytes = 512;
 inline constexpr size_t kMaxStopTokenIds = 256;
@@ -108,13 +111,13 @@ struct GenerationRequest {
   int prompt_logprobs = -1;
   // Structured output (constrained decoding): response_format json_object / json_schema, or
   // vLLM's guided_json / guided_regex / guided_choice / structured_outputs. `structure_param`
-  // names the field it came from (for errors); `schema_path` is where the schema sits in the
-  // body (the server re-reads it in key order: nlohmann::json sorts an object's keys).
+  // names the field it came from (for errors); `schema` is the JSON schema, in the client's key
+  // order (a schema's properties are generated in the order it lists them).
   // Tools: tool_choice "required" or a named function, by a schema the server builds from
   // `tools` (vLLM's way: the output is the calls' JSON, turned into tool_calls).
   enum class Structure { None, JsonObject, JsonSchema, Regex, Tools } structure = Structure::None;
   std::string structure_param;
-  std::vector<std::string> schema_path;
+  nlohmann::ordered_json schema;
   std::string regex;
   // JSON output (schemas, json_object, forced tool calls): the extension field
   // flexible_whitespace lets whitespace in at every structural position, up to a cap (the
@@ -123,20 +126,47 @@ struct GenerationRequest {
   enum class ToolChoice { Auto, None, Required, Named } tool_choice = ToolChoice::Auto;
   std::string tool_name;            // Named: the function
   bool parallel_tool_calls = true;  // false: at most one call
+  // The request's own names for the fields the engine's errors name, where they differ:
+  // max_completion_tokens when the request gave it for max_tokens, and the fields of an API
+  // that was translated into a chat request (Responses: max_tokens is max_output_tokens).
+  std::vector<std::pair<std::string, std::string>> field_names;
+  std::string field_name(const std::string& engine_name) const;
 };
+// A request of another API (Responses, Messages) once translated into a chat request.
+struct TranslatedRequest {
+  GenerationRequest g;
+  // The request's fields that its answer repeats (Responses: instructions, tools, metadata...).
+  nlohmann::ordered_json echo = nlohmann::ordered_json::object();
+  // Top-level fields the API neither reads nor knows to refuse (warned about, or refused under
+  // --strict, as for chat).
+  std::vector<std::string> unknown;
+};
+// Parses `chat`, a chat completions body another API's translator made, as
+// parse_generation_request does. `names` maps the chat fields to the other API's own
+// ({"max_tokens", "max_output_tokens"}): an error of the chat parse names the request's field,
+// and so do the engine's errors later (GenerationRequest::field_names).
+GenerationRequest parse_translated_chat(
+    const nlohmann::ordered_json& chat, const std::string& served_model,
+    const std::vector<std::pair<std::string, std::string>>& names);
+// The top-level keys of `body` that are not in `known`.
+std::vector<std::string> fields_not_in(const nlohmann::ordered_json& body,
+                                       std::initializer_list<std::string_view> known);
+
 // Most choices (n, best_of) one request may ask for.
 inline constexpr int kMaxChoices = 16;
 // Most logit_bias entries one request may give (each is applied at every verified row).
 inline constexpr size_t kMaxLogitBias = 1024;
 
 enum class Endpoint { Completions, Chat, Tokenize, Detokenize };
+// The API a generation came through: how its body is read and its answer and errors are shaped.
+enum class Api { Completions, Chat, Responses, Messages };
 
 // Top-level fields of `body` that `endpoint` neither reads nor knows to refuse.
-std::vector<std::string> unknown_fields(const nlohmann::json& body, Endpoint endpoint);
+std::vector<std::string> unknown_fields(const nlohmann::ordered_json& body, Endpoint endpoint);
 // Throws a 400 naming the first known-but-unimplemented field (presence_penalty, logit_bias,
 // response_format, n, logprobs, tool_choice "required", ...) whose value is not its no-op
 // default (presence_penalty 0, n 1, logprobs false, ...).
-void refuse_unsupported(const nlohmann::json& body, Endpoint endpoint);
+void refuse_unsupported(const nlohmann::ordered_json& body, Endpoint endpoint);
 
 // POST /tokenize: {"prompt": str} or {"messages": [...]} (+ add_generation_prompt,
 // chat_template_kwargs, tools), add_special_tokens.
@@ -145,21 +175,22 @@ struct TokenizeRequest {
   nlohmann::ordered_json chat_request;  // when messages are given
   bool add_special_tokens = true;
 };
-TokenizeRequest parse_tokenize_request(const nlohmann::json& body, const std::string& served_model);
+TokenizeRequest parse_tokenize_request(const nlohmann::ordered_json& body,
+                                       const std::string& served_model);
 // POST /detokenize: {"tokens": [ids]}; an id outside [0, vocab_size) is a 400 naming
 // tokens[i].
-std::vector<int32_t> parse_detokenize_request(const nlohmann::json& body,
+std::vector<int32_t> parse_detokenize_request(const nlohmann::ordered_json& body,
                                               const std::string& served_model, int64_t vocab_size);
 
 // A message's `content` given as an array of parts, as one string: the text parts
 // ({"type": "text", "text": ...}) joined with "\n", as vLLM does for templates that take string
 // content. Any other part (image_url, input_audio, file, ...) is a 400 naming
 // `param[j].type`; `param` is e.g. "messages[2].content".
-std::string flatten_content(const nlohmann::json& parts, const std::string& param);
+std::string flatten_content(const nlohmann::ordered_json& parts, const std::string& param);
 
 // Parses and validates a body (already checked to be UTF-8 JSON). `served_model` is the only
 // model name accepted in `model` (absent is fine).
-GenerationRequest parse_generation_request(const nlohmann::json& body, bool chat,
+GenerationRequest parse_generation_request(const nlohmann::ordered_json& body, bool chat,
                                            const std::string& served_model);
 
 }  // namespace flashmap::server

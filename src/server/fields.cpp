@@ -10,7 +10,7 @@
 
 namespace flashmap::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 void bad(const std::string& param, const std::string& message, const std::string& code) {
   throw ApiError(400, message, param, code);
@@ -77,6 +77,37 @@ std::vector<int32_t> get_ids(const json& v, const char* key) {
     ids.push_back(int32_t(x.get<int64_t>()));
   }
   return ids;
+}
+
+std::string field_path(const std::string& where, const char* key) {
+  return where.empty() ? std::string(key) : where + "." + key;
+}
+
+std::optional<std::string> get_string_at(const json& obj, const char* key, const std::string& where,
+                                         bool required) {
+  const std::string p = field_path(where, key);
+  const json* v = field(obj, key);
+  if (!v) {
+    if (required) bad(p, fmt::format("'{}' is required", p), "missing_required_parameter");
+    return std::nullopt;
+  }
+  if (!v->is_string())
+    bad(p, fmt::format("'{}' must be a string, got {}", p, type_name(*v)), "invalid_type");
+  return v->get<std::string>();
+}
+
+std::optional<bool> get_bool_at(const json& obj, const char* key, const std::string& where) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  const std::string p = field_path(where, key);
+  if (!v->is_boolean())
+    bad(p, fmt::format("'{}' must be a boolean, got {}", p, type_name(*v)), "invalid_type");
+  return v->get<bool>();
+}
+
+void check_object_at(const json& v, const std::string& where) {
+  if (!v.is_object())
+    bad(where, fmt::format("'{}' must be an object, got {}", where, type_name(v)), "invalid_type");
 }
 
 namespace {

@@ -9,13 +9,17 @@
 
 namespace flashmap::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 std::string StopMatcher::feed(std::string_view text) {
   if (stopped_) return {};
   pending_.append(text);
   size_t first = std::string::npos;
-  for (const auto& s : stops_) first = std::min(first, pending_.find(s));
+  for (const auto& s : stops_)
+    if (const size_t at = pending_.find(s); at < first) {
+      first = at;
+      matched_ = s;
+    }
   if (first != std::string::npos) {
     stopped_ = true;
     std::string out = pending_.substr(0, first);
@@ -98,18 +102,20 @@ bool blank(std::string_view s) {
   return s.find_first_not_of(" \t\r\n") == std::string_view::npos;
 }
 
-std::string make_call_id() {
+}  // namespace
+
+std::string random_id(std::string_view prefix) {
   static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   thread_local std::mt19937_64 rng{(uint64_t(std::random_device{}()) << 32) ^
                                    std::random_device{}()};
-  std::string id = "call_";
+  std::string id(prefix);
+  id += '_';
   for (int i = 0; i < 24; ++i) id += kChars[rng() % (sizeof(kChars) - 1)];
   return id;
 }
-}  // namespace
 
 std::string tool_call_id() {
-  return make_call_id();
+  return random_id("call");
 }
 
 ToolCalls parse_tool_calls(const std::string& text) {
@@ -133,28 +139,25 @@ ToolCalls parse_tool_calls(const std::string& text) {
     const size_t close = text.find(kToolClose, body);
     if (close == std::string::npos)
       return fail(fmt::format("tool call {} is not closed with </tool_call>", out.calls.size()));
-    json call;
-    try {
-      call = json::parse(text.substr(body, close - body));
-    } catch (const json::exception&) {
+    // The model's text, so bounded like a request's: a value nested deeper than a body may be
+    // would only cost stack in the copies and dumps below.
+    const json call = parse_json_value(text.substr(body, close - body));
+    if (call.is_discarded())
       return fail(fmt::format("tool call {} is not valid JSON", out.calls.size()));
-    }
     if (!call.is_object() || !call.contains("name") || !call["name"].is_string())
       return fail(
           fmt::format("tool call {} is not an object with a string 'name'", out.calls.size()));
     json args = call.value("arguments", json::object());
     if (args.is_string()) {
       // Some models write the arguments as a JSON string; OpenAI's field is one anyway.
-      try {
-        args = json::parse(args.get<std::string>());
-      } catch (const json::exception&) {
+      args = parse_json_value(args.get<std::string>());
+      if (args.is_discarded())
         return fail(fmt::format("tool call {} has arguments that are not JSON", out.calls.size()));
-      }
     }
     if (!args.is_object())
       return fail(
           fmt::format("tool call {} has arguments that are not an object", out.calls.size()));
-    out.calls.push_back({{"id", make_call_id()},
+    out.calls.push_back({{"id", tool_call_id()},
                          {"type", "function"},
                          {"function", {{"name", call["name"]}, {"arguments", dump_json(args)}}}});
     pos = close + kToolClose.size();
@@ -461,7 +464,7 @@ json RequiredCallStreamer::feed(std::string_view text) {
 
 json RequiredCallStreamer::finish() {
   json out = json::array();
-  const auto parsed = nlohmann::ordered_json::parse(all_, nullptr, false);
+  const json parsed = parse_json_value(all_);
   bool ok = !parsed.is_discarded() && parsed.is_array() && !parsed.empty();
   for (size_t k = 0; ok && k < parsed.size(); ++k) {
     const auto& item = parsed[k];

@@ -23,10 +23,12 @@ class StopMatcher {
   // The held-back text, once no more text will come (no stop matched).
   std::string finish();
   bool stopped() const { return stopped_; }
+  // The stop string that matched (the earliest in the text; the first listed on a tie).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
-  std::string pending_;
+  std::string pending_, matched_;
   bool stopped_ = false;
 };
 
@@ -67,7 +69,7 @@ struct ToolCalls {
   std::string content;
   // OpenAI tool_calls: {id: "call_<24 random alphanumerics>", type: "function",
   // function: {name, arguments: the arguments object as a JSON string}}.
-  nlohmann::json calls = nlohmann::json::array();
+  nlohmann::ordered_json calls = nlohmann::ordered_json::array();
   // Non-empty when a block is not a JSON object with a string name and object arguments, or is
   // not closed: then calls is empty and content is the whole text.
   std::string error;
@@ -75,12 +77,14 @@ struct ToolCalls {
 ToolCalls parse_tool_calls(const std::string& text);
 // "call_" + 24 random alphanumerics, as OpenAI writes tool call ids.
 std::string tool_call_id();
+// `prefix` + "_" + 24 random alphanumerics: ids of responses, items, messages, tool uses.
+std::string random_id(std::string_view prefix);
 
 // A forced tool call's output (tool_choice a named function or "required", decoded under the
 // schema of params.h's named_tool_schema / required_tools_schema) as OpenAI tool_calls. `name`:
 // the named function (its output is the arguments object), empty for "required" (an array of
 // {name, parameters}). Empty when the text does not parse (cut short by max_tokens).
-nlohmann::json forced_tool_calls(const std::string& text, const std::string& name);
+nlohmann::ordered_json forced_tool_calls(const std::string& text, const std::string& name);
 
 // Streaming side of parse_tool_calls with the arguments as they come, as vLLM's hermes parser
 // streams them: content passes until a "<tool_call>" may begin; for each block of the shape
@@ -94,7 +98,7 @@ class ToolCallStreamer {
  public:
   struct Out {
     std::string content;
-    nlohmann::json calls = nlohmann::json::array();  // tool_calls deltas
+    nlohmann::ordered_json calls = nlohmann::ordered_json::array();  // tool_calls deltas
   };
   Out feed(std::string_view text);
   Out finish();
@@ -126,8 +130,8 @@ class ToolCallStreamer {
 // sent as calls (all of it when no call was sent).
 class RequiredCallStreamer {
  public:
-  nlohmann::json feed(std::string_view text);  // tool_calls deltas (an array)
-  nlohmann::json finish();
+  nlohmann::ordered_json feed(std::string_view text);  // tool_calls deltas (an array)
+  nlohmann::ordered_json finish();
   size_t calls() const { return size_t(index_ + 1); }
   const std::string& error() const { return error_; }
   std::string unsent() const;

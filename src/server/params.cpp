@@ -11,7 +11,7 @@
 
 namespace flashmap::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 std::string render_chat(const TextCodec& text, const nlohmann::ordered_json& request) {
   const ChatTemplate* chat = nullptr;
@@ -32,7 +32,10 @@ ApiError param_error(const ParamError& e, const GenerationRequest& g) {
     param = "logprobs";
   else if (param == "response_format" && !g.structure_param.empty())
     param = g.structure_param;
-  return ApiError(400, e.what(), std::move(param), e.code);
+  param = g.field_name(param);
+  std::string message = e.what();
+  if (message.find(param) == std::string::npos) message = fmt::format("'{}': {}", param, message);
+  return ApiError(400, std::move(message), std::move(param), e.code);
 }
 
 std::vector<int32_t> ParamsBuilder::prompt(const GenerationRequest& g, bool& opens_think) const {
@@ -53,8 +56,7 @@ std::vector<int32_t> ParamsBuilder::prompt(const GenerationRequest& g, bool& ope
   return text_->encode(*g.prompt_text);
 }
 
-ParamsBuilder::Built ParamsBuilder::build(const GenerationRequest& g,
-                                          const std::string& body) const {
+ParamsBuilder::Built ParamsBuilder::build(const GenerationRequest& g) const {
   Built b;
   RequestParams& p = b.params;
   p.prompt = prompt(g, b.opens_think);
@@ -85,8 +87,7 @@ ParamsBuilder::Built ParamsBuilder::build(const GenerationRequest& g,
   p.speculative = g.speculative;
   p.controls = g.controls;
   p.controls.repetition_penalty = g.repetition_penalty.value_or(opt_.default_repetition_penalty);
-  if (g.structure != GenerationRequest::Structure::None)
-    p.controls.constraint = constraint(g, body);
+  if (g.structure != GenerationRequest::Structure::None) p.controls.constraint = constraint(g);
   p.prompt_logprobs = g.prompt_logprobs;
   // best_of ranks its sequences by their summed logprobs: it needs them even when not returned.
   p.logprobs = g.logprobs >= 0 ? g.logprobs : (g.best_of > g.n ? 0 : -1);
@@ -94,7 +95,7 @@ ParamsBuilder::Built ParamsBuilder::build(const GenerationRequest& g,
 }
 
 std::function<std::unique_ptr<TokenConstraint>()> ParamsBuilder::constraint(
-    const GenerationRequest& g, const std::string& body) const {
+    const GenerationRequest& g) const {
   if (!text_)
     throw ApiError(400, "structured output needs a tokenizer: start the server with --tokenizer",
                    g.structure_param, "tokenizer_required");
@@ -106,18 +107,14 @@ std::function<std::unique_ptr<TokenConstraint>()> ParamsBuilder::constraint(
     if (g.structure == S::JsonObject) {
       grammar = constrain::compile_json_object(json_options);
     } else if (g.structure == S::Tools) {
-      const auto ordered = nlohmann::ordered_json::parse(body);
-      const auto& tools = ordered.at("tools");
+      const json& tools = g.chat_request.at("tools");
       grammar =
           constrain::compile_json_schema(g.tool_choice == GenerationRequest::ToolChoice::Required
                                              ? required_tools_schema(tools, g.parallel_tool_calls)
                                              : named_tool_schema(tools, g.tool_name),
                                          json_options);
     } else if (g.structure == S::JsonSchema) {
-      const auto ordered = nlohmann::ordered_json::parse(body);
-      const nlohmann::ordered_json* node = &ordered;
-      for (const auto& k : g.schema_path) node = &node->at(k);
-      grammar = constrain::compile_json_schema(*node, json_options);
+      grammar = constrain::compile_json_schema(g.schema, json_options);
     } else {
       grammar = constrain::compile_regex(g.regex);
     }
@@ -134,11 +131,10 @@ std::function<std::unique_ptr<TokenConstraint>()> ParamsBuilder::constraint(
 
 namespace {
 
-using ojson = nlohmann::ordered_json;
 // tools[i].function, checked.
-const ojson& tool_function(const ojson& tools, size_t i) {
+const json& tool_function(const json& tools, size_t i) {
   const std::string p = fmt::format("tools[{}]", i);
-  const ojson& t = tools[i];
+  const json& t = tools[i];
   if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
       !t["function"].contains("name") || !t["function"]["name"].is_string())
     bad(p,
@@ -146,30 +142,30 @@ const ojson& tool_function(const ojson& tools, size_t i) {
         "invalid_type");
   return t["function"];
 }
-ojson parameters_of(const ojson& fn) {
+json parameters_of(const json& fn) {
   if (fn.contains("parameters") && !fn["parameters"].is_null()) return fn["parameters"];
-  return ojson{{"type", "object"}};
+  return json{{"type", "object"}};
 }
 }  // namespace
 
-ojson required_tools_schema(const ojson& tools, bool parallel) {
-  ojson any = ojson::array();
+json required_tools_schema(const json& tools, bool parallel) {
+  json any = json::array();
   for (size_t i = 0; i < tools.size(); ++i) {
-    const ojson& fn = tool_function(tools, i);
-    ojson item = {
+    const json& fn = tool_function(tools, i);
+    json item = {
         {"type", "object"},
         {"properties", {{"name", {{"const", fn["name"]}}}, {"parameters", parameters_of(fn)}}},
         {"required", {"name", "parameters"}}};
     any.push_back(std::move(item));
   }
-  ojson schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any}}}};
+  json schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any}}}};
   if (!parallel) schema["maxItems"] = 1;
   return schema;
 }
 
-ojson named_tool_schema(const ojson& tools, const std::string& name) {
+json named_tool_schema(const json& tools, const std::string& name) {
   for (size_t i = 0; i < tools.size(); ++i) {
-    const ojson& fn = tool_function(tools, i);
+    const json& fn = tool_function(tools, i);
     if (fn["name"] == name) return parameters_of(fn);
   }
   bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not in 'tools'", name));

@@ -31,15 +31,18 @@ class ParamsBuilder {
     RequestParams params;
     bool opens_think = false;  // a chat prompt that ends inside an open think block
   };
-  // `body`: the request's text, for a schema in its key order (nlohmann::json sorts keys).
   // Throws ApiError (what needs a tokenizer, a schema the compiler refuses) or the codec's and
   // template's flashmap::Error.
-  Built build(const GenerationRequest& g, const std::string& body) const;
+  Built build(const GenerationRequest& g) const;
+  // The prompt's ids alone (what build() would encode).
+  std::vector<int32_t> prompt_ids(const GenerationRequest& g) const {
+    bool opens_think = false;
+    return prompt(g, opens_think);
+  }
 
  private:
   std::vector<int32_t> prompt(const GenerationRequest& g, bool& opens_think) const;
-  std::function<std::unique_ptr<TokenConstraint>()> constraint(const GenerationRequest& g,
-                                                               const std::string& body) const;
+  std::function<std::unique_ptr<TokenConstraint>()> constraint(const GenerationRequest& g) const;
 
   const Engine& engine_;
   const TextCodec* text_;
@@ -53,8 +56,9 @@ class ParamsBuilder {
 std::string render_chat(const TextCodec& text, const nlohmann::ordered_json& request);
 
 // An engine's ParamError as the request would name the field: the engine speaks of "prompt"
-// (chat: "messages"), "top_logprobs" (completions: "logprobs") and "response_format" (whichever
-// field asked for the structured output).
+// (chat: "messages"), "top_logprobs" (completions: "logprobs"), "response_format" (whichever
+// field asked for the structured output) and "max_tokens" (GenerationRequest::field_names). A
+// message that does not name the field gets "'<field>': " in front.
 ApiError param_error(const ParamError& e, const GenerationRequest& g);
 
 // The JSON schema a tool_choice "required" output follows: an array (1 item without

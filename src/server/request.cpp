@@ -9,7 +9,7 @@
 
 namespace flashmap::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 std::string flatten_content(const json& parts, const std::string& param) {
   std::string text;
@@ -79,13 +79,7 @@ void normalize_tool_calls(json& m, const std::string& p) {
     if (args == fn->end() || args->is_null()) {
       (*fn)["arguments"] = json::object();
     } else if (args->is_string()) {
-      json parsed;
-      try {
-        parsed = json::parse(args->get<std::string>());
-      } catch (const json::exception&) {
-        bad(q + ".function.arguments",
-            fmt::format("'{}.function.arguments' must be a JSON object (as a string)", q));
-      }
+      json parsed = parse_json_value(args->get<std::string>());
       if (!parsed.is_object())
         bad(q + ".function.arguments",
             fmt::format("'{}.function.arguments' must be a JSON object (as a string)", q));
@@ -319,11 +313,11 @@ void parse_structure(const json& body, GenerationRequest& r) {
     r.structure = kind;
     r.structure_param = param;
   };
-  auto schema_at = [&](const json& v, std::vector<std::string> path, const std::string& param) {
+  auto schema_at = [&](const json& v, const std::string& param) {
     if (!v.is_object())
       bad(param, fmt::format("'{}' must be a JSON schema (an object)", param), "invalid_type");
     set(S::JsonSchema, param);
-    r.schema_path = std::move(path);
+    r.schema = v;
   };
   if (const json* rf = field(body, "response_format")) {
     if (!rf->is_object())
@@ -342,14 +336,14 @@ void parse_structure(const json& body, GenerationRequest& r) {
       if (!schema)
         bad("response_format", "'response_format.json_schema.schema' is required",
             "missing_required_parameter");
-      schema_at(*schema, {"response_format", "json_schema", "schema"}, "response_format");
+      schema_at(*schema, "response_format");
     } else if (t != "text") {
       bad("response_format",
           fmt::format("'response_format.type' must be text, json_object or json_schema, got '{}'",
                       t.substr(0, 40)));
     }
   }
-  if (const json* g = field(body, "guided_json")) schema_at(*g, {"guided_json"}, "guided_json");
+  if (const json* g = field(body, "guided_json")) schema_at(*g, "guided_json");
   if (const json* g = field(body, "guided_regex")) {
     if (!g->is_string()) bad("guided_regex", "'guided_regex' must be a string", "invalid_type");
     set(S::Regex, "guided_regex");
@@ -363,8 +357,7 @@ void parse_structure(const json& body, GenerationRequest& r) {
     if (!so->is_object())
       bad("structured_outputs", "'structured_outputs' must be an object", "invalid_type");
     const size_t before = r.structure == S::None ? 0 : 1;
-    if (const json* j = field(*so, "json"))
-      schema_at(*j, {"structured_outputs", "json"}, "structured_outputs");
+    if (const json* j = field(*so, "json")) schema_at(*j, "structured_outputs");
     if (const json* x = field(*so, "regex")) {
       if (!x->is_string())
         bad("structured_outputs", "'structured_outputs.regex' must be a string", "invalid_type");
@@ -410,6 +403,7 @@ void parse_sampling(const json& body, GenerationRequest& r) {
     const char* name =
         field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (*mt <= 0) bad(name, fmt::format("'{}' must be at least 1, got {}", name, *mt));
+    if (name != std::string_view("max_tokens")) r.field_names.emplace_back("max_tokens", name);
     r.max_tokens = int(std::min<int64_t>(*mt, std::numeric_limits<int>::max()));
   }
   if (auto t = get_number(body, "temperature")) {
@@ -501,6 +495,45 @@ GenerationRequest parse_generation_request(const json& body, bool chat,
   parse_structure(body, r);
   if (chat) parse_tool_choice(body, r);
   return r;
+}
+
+GenerationRequest parse_translated_chat(
+    const json& chat, const std::string& served_model,
+    const std::vector<std::pair<std::string, std::string>>& names) {
+  try {
+    GenerationRequest g = parse_generation_request(chat, true, served_model);
+    g.field_names.insert(g.field_names.begin(), names.begin(), names.end());
+    return g;
+  } catch (const ApiError& e) {
+    // The chat field as the request named it, in the param and where the message quotes it.
+    std::string param = e.param, message = e.what();
+    for (const auto& [from, to] : names) {
+      if (param == from || param.starts_with(from + ".") || param.starts_with(from + "["))
+        param = to + param.substr(from.size());
+      const std::string quoted = "'" + from;
+      for (size_t at = message.find(quoted); at != std::string::npos;
+           at = message.find(quoted, at + to.size() + 1)) {
+        const char next = at + quoted.size() < message.size() ? message[at + quoted.size()] : 0;
+        if (next == '\'' || next == '.' || next == '[') message.replace(at + 1, from.size(), to);
+      }
+    }
+    throw ApiError(e.status, std::move(message), std::move(param), e.code, e.type);
+  }
+}
+
+std::vector<std::string> fields_not_in(const json& body,
+                                       std::initializer_list<std::string_view> known) {
+  std::vector<std::string> out;
+  if (!body.is_object()) return out;
+  for (auto it = body.begin(); it != body.end(); ++it)
+    if (std::find(known.begin(), known.end(), it.key()) == known.end()) out.push_back(it.key());
+  return out;
+}
+
+std::string GenerationRequest::field_name(const std::string& engine_name) const {
+  for (const auto& [from, to] : field_names)
+    if (from == engine_name) return to;
+  return engine_name;
 }
 
 SamplingParams GenerationRequest::sampling_over(const SamplingParams& defaults) const {

@@ -8,7 +8,7 @@
 
 namespace flashmap::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 Output::Output(const TextCodec* codec, std::vector<std::string> stops, int min_tokens)
     : stop(std::move(stops)), min_tokens(size_t(std::max(min_tokens, 0))) {
@@ -96,6 +96,14 @@ double Generation::acceptance() const {
   double sum = 0;
   for (const auto& c : choices) sum += c.req->acceptance_length();
   return sum / double(choices.size());
+}
+
+size_t Generation::reasoning_tokens(const Choice& c) const {
+  if (!c.think || !c.think->saw_reasoning() || !text) return 0;
+  const auto close = text->tokenizer().token_to_id("</think>");
+  if (!close) return 0;
+  const auto at = std::find(c.out.ids.begin(), c.out.ids.end(), *close);
+  return at == c.out.ids.end() ? c.out.ids.size() : size_t(at - c.out.ids.begin()) + 1;
 }
 
 std::string Generation::token_text(int32_t id) const {
@@ -202,6 +210,91 @@ json Generation::forced_calls(const std::string& out_text) const {
     log(named ? "warning: forced tool call cut short; returned as content"
               : "warning: required tool calls cut short; returned as content");
   return calls;
+}
+
+namespace {
+
+// tool_choice required / named: the deltas of the constrained output (the content cleared, or
+// the unsent text of calls that did not parse).
+json forced_deltas(Generation& gen, Choice& c, std::string& content, bool ending) {
+  const GenerationRequest& g = gen.g;
+  json calls;
+  if (g.tool_choice == GenerationRequest::ToolChoice::Named) {
+    // A named function streams its arguments as they come.
+    if (!content.empty()) {
+      json call = {{"index", 0}, {"function", {{"arguments", content}}}};
+      if (c.tool_id.empty()) {
+        c.tool_id = tool_call_id();
+        call = {{"index", 0},
+                {"id", c.tool_id},
+                {"type", "function"},
+                {"function", {{"name", g.tool_name}, {"arguments", content}}}};
+      }
+      calls = json::array({call});
+    }
+    content.clear();
+    return calls;
+  }
+  // "required" (a JSON array of calls): each call's name, then its arguments as they come.
+  if (!c.required) c.required = std::make_unique<RequiredCallStreamer>();
+  calls = c.required->feed(content);
+  content.clear();
+  if (ending) {
+    for (auto& d : c.required->finish()) calls.push_back(std::move(d));
+    if (!c.required->error().empty()) {
+      // Cut short (max_tokens): what was not sent as a call comes as content.
+      gen.log(
+          fmt::format("warning: required tool calls returned as content: {}", c.required->error()));
+      content = c.required->unsent();
+    } else if (c.reason == "stop") {
+      c.reason = "tool_calls";
+    }
+  }
+  return calls.empty() ? json() : calls;
+}
+
+// tool_choice auto: <tool_call> blocks in the content as deltas, as they come.
+json auto_deltas(Generation& gen, Choice& c, std::string& content, bool ending) {
+  auto o = c.tools->feed(content);
+  if (ending) {
+    auto tail = c.tools->finish();
+    o.content += tail.content;
+    for (auto& d : tail.calls) o.calls.push_back(std::move(d));
+    if (!c.tools->error().empty())
+      gen.log(fmt::format("warning: tool-call text returned as content: {}", c.tools->error()));
+    if (c.tools->calls() > 0 && c.reason == "stop") c.reason = "tool_calls";
+  }
+  content = std::move(o.content);
+  json kept = json::array();
+  for (auto& d : o.calls)
+    if (gen.g.parallel_tool_calls || d["index"] == 0) kept.push_back(std::move(d));
+  return kept.empty() ? json() : kept;
+}
+
+}  // namespace
+
+ChatDelta chat_delta(Generation& gen, Choice& c, const std::string& piece) {
+  const bool ending = !c.reason.empty();
+  ChatDelta d;
+  if (c.think) {
+    auto split = c.think->feed(piece);
+    if (ending) {
+      auto tail = c.think->finish();
+      split.reasoning += tail.reasoning;
+      split.content += tail.content;
+    }
+    d.reasoning = std::move(split.reasoning);
+    d.content = std::move(split.content);
+  } else {
+    d.content = piece;
+  }
+  if (gen.g.structure == GenerationRequest::Structure::Tools)
+    d.calls = forced_deltas(gen, c, d.content, ending);
+  if (c.tools) {
+    json deltas = auto_deltas(gen, c, d.content, ending);
+    if (!deltas.is_null()) d.calls = std::move(deltas);
+  }
+  return d;
 }
 
 std::optional<std::string> wait_all(Generation& gen) {

@@ -64,7 +64,10 @@ struct Choice {
 // A generation request's state, shared by the handler that queued it and the writer of its
 // answer (the JSON body, or the event stream that outlives the handler).
 struct Generation {
+  Api api = Api::Completions;
   GenerationRequest g;
+  // Responses and Messages: the request's fields their answers repeat (TranslatedRequest::echo).
+  nlohmann::ordered_json request_echo;
   const TextCodec* text = nullptr;
   std::string rid, path;  // for log lines
   std::string id;         // the response's id: chatcmpl-N / cmpl-N
@@ -79,30 +82,46 @@ struct Generation {
   bool want_logprobs() const { return g.logprobs >= 0; }
   void cancel_all();
   size_t completion_tokens() const;
-  nlohmann::json usage() const;  // OpenAI's usage object
-  double acceptance() const;     // the choices' mean acceptance length
+  nlohmann::ordered_json usage() const;  // OpenAI's usage object
+  double acceptance() const;             // the choices' mean acceptance length
+  // Tokens of a chat choice's output inside its think block (through the token that closes it).
+  size_t reasoning_tokens(const Choice& c) const;
 
   // A token as logprobs show it: its text (special tokens included; without a tokenizer,
   // "token_id:N" as vLLM writes it).
   std::string token_text(int32_t id) const;
   // OpenAI's logprobs object: chat {"content": [{token, logprob, bytes, top_logprobs}]};
   // completions {tokens, token_logprobs, top_logprobs, text_offset} (offsets from `offset`).
-  nlohmann::json logprobs_json(std::span<const TokenLogprob> lps, size_t offset) const;
+  nlohmann::ordered_json logprobs_json(std::span<const TokenLogprob> lps, size_t offset) const;
   // Completions with echo + logprobs: the prompt's tokens before the output's in `lp` (the first
   // has no logprob: null, as OpenAI answers), offsets from 0.
-  void prepend_prompt(nlohmann::json& lp, const Request& r) const;
+  void prepend_prompt(nlohmann::ordered_json& lp, const Request& r) const;
   // vLLM's prompt_logprobs: null for the first token, then per token {"<id>": {logprob, rank,
   // decoded_token}} for the token and its alternatives.
-  nlohmann::json prompt_logprobs_json(const Request& r) const;
+  nlohmann::ordered_json prompt_logprobs_json(const Request& r) const;
   // tool_choice required / named: the constrained output as OpenAI tool_calls (empty when it
   // does not parse: cut by max_tokens; logged, and the text is returned as content).
-  nlohmann::json forced_calls(const std::string& text) const;
+  nlohmann::ordered_json forced_calls(const std::string& text) const;
 };
+
+// A chat choice's new text as the client sees it: the reasoning (inside <think>...</think>)
+// split off, tool calls parsed (tool_choice auto: <tool_call> blocks in the content; required or
+// a named function: the constrained output) and given as OpenAI tool_calls deltas, the first
+// delta of a call carrying its index, id, type and name, the next ones pieces of its arguments.
+// The choice's last piece (`c.reason` set) releases what was held back and may turn
+// `c.reason` "stop" into "tool_calls". Every chat-shaped answer is made of these: OpenAI's chat
+// chunks, and the Responses and Messages APIs' items and blocks, streamed or not (a whole answer
+// is its text as one last piece).
+struct ChatDelta {
+  std::string reasoning, content;
+  nlohmann::ordered_json calls;  // null when none
+};
+ChatDelta chat_delta(Generation& gen, Choice& c, const std::string& piece);
 
 // Waits for every choice to end (a non-streaming answer). Returns the engine's message when a
 // sequence failed (every request is then cancelled), else nullopt.
 std::optional<std::string> wait_all(Generation& gen);
 // The whole answer: chat.completion or text_completion, with best_of's choice of sequences.
-nlohmann::json response_body(Generation& gen);
+nlohmann::ordered_json response_body(Generation& gen);
 
 }  // namespace flashmap::server

@@ -11,14 +11,16 @@
 
 #include "server/api.h"
 #include "server/http_front.h"
+#include "server/messages.h"
 #include "server/metrics.h"
 #include "server/params.h"
 #include "server/response.h"
+#include "server/responses.h"
 #include "server/sse.h"
 
 namespace flashmap::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -32,12 +34,19 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
+// The Messages API's paths answer errors in Anthropic's shape, every other in OpenAI's.
+bool anthropic_path(const std::string& path) {
+  return path == "/v1/messages" || path.starts_with("/v1/messages/");
+}
+
 void send_error(httplib::Response& res, int status, const std::string& message,
                 const std::string& param = {}, const std::string& code = {},
-                const std::string& type = {}) {
+                const std::string& type = {}, bool anthropic = false) {
   res.status = status;
   res.set_content(
-      dump_json(error_body(message, type.empty() ? error_type_for(status) : type, param, code)),
+      dump_json(anthropic ? anthropic_error_body(status, message)
+                          : error_body(message, type.empty() ? error_type_for(status) : type, param,
+                                       code)),
       "application/json");
 }
 
@@ -101,15 +110,22 @@ struct Server::Impl {
     std::fprintf(stderr, "%s\n", line.c_str());
     std::fflush(stderr);
   }
-  void check_unknown(const json& body, Endpoint e, const std::string& path);
+  void check_unknown(const std::vector<std::string>& unknown, const std::string& path);
+  void check_unknown(const json& body, Endpoint e, const std::string& path) {
+    check_unknown(unknown_fields(body, e), path);
+  }
 
   void routes();
   void guard_routes();
   void tokenize(const httplib::Request& hreq, httplib::Response& res);
   void detokenize(const httplib::Request& hreq, httplib::Response& res);
-  // POST /v1/completions and /v1/chat/completions: queue (start), then answer at once (respond)
-  // or as events (stream).
-  void generation(const httplib::Request& hreq, httplib::Response& res, bool chat);
+  // POST /v1/messages/count_tokens: the prompt's length, as /v1/messages would count it.
+  void count_tokens(const httplib::Request& hreq, httplib::Response& res);
+  // POST /v1/completions, /v1/chat/completions, /v1/responses and /v1/messages: queue (start),
+  // then answer at once (respond) or as events (stream).
+  void generation(const httplib::Request& hreq, httplib::Response& res, Api api);
+  // The body read as `gen.api` reads it (gen.g, and the fields the answer repeats).
+  void parse(Generation& gen, const json& body);
   bool start(Generation& gen, const httplib::Request& hreq, httplib::Response& res);
   void respond(const std::shared_ptr<Generation>& gen, httplib::Response& res);
   void stream(const std::shared_ptr<Generation>& gen, httplib::Response& res);
@@ -122,8 +138,7 @@ struct Server::Impl {
 };
 
 // Unknown fields: a 400 under --strict, else one warning line per field name (ever).
-void Server::Impl::check_unknown(const json& body, Endpoint e, const std::string& path) {
-  const auto unknown = unknown_fields(body, e);
+void Server::Impl::check_unknown(const std::vector<std::string>& unknown, const std::string& path) {
   if (unknown.empty()) return;
   if (opt.strict)
     throw ApiError(400,
@@ -141,7 +156,7 @@ void Server::Impl::check_unknown(const json& body, Endpoint e, const std::string
 void Server::Impl::fail(const Generation& gen, httplib::Response& res, int status,
                         const std::string& message, const std::string& param,
                         const std::string& code, const std::string& type) {
-  send_error(res, status, message, param, code, type);
+  send_error(res, status, message, param, code, type, gen.api == Api::Messages);
   metrics.request_done(gen.path, status);
   log(fmt::format("{} POST {} {} error: {}", gen.rid, gen.path, status, message));
 }
@@ -165,9 +180,10 @@ void Server::Impl::log_end(const Generation& gen, int status, bool stream) {
                   ms_between(r.submitted, Clock::now()), gen.acceptance()));
 }
 
-void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& res, bool chat) {
+void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& res, Api api) {
   auto gen = std::make_shared<Generation>();
-  gen->g.chat = chat;
+  gen->api = api;
+  gen->g.chat = api != Api::Completions;
   gen->text = text;
   gen->rid = fmt::format("req-{}", next_rid++);
   gen->path = hreq.path;
@@ -181,6 +197,21 @@ void Server::Impl::generation(const httplib::Request& hreq, httplib::Response& r
     respond(gen, res);
 }
 
+void Server::Impl::parse(Generation& gen, const json& body) {
+  if (gen.api == Api::Completions || gen.api == Api::Chat) {
+    const bool chat = gen.api == Api::Chat;
+    gen.g = parse_generation_request(body, chat, opt.model_name);
+    check_unknown(body, chat ? Endpoint::Chat : Endpoint::Completions, gen.path);
+    return;
+  }
+  TranslatedRequest t = gen.api == Api::Responses
+                            ? parse_responses_request(body, opt.model_name)
+                            : parse_messages_request(body, opt.model_name, /*count_tokens=*/false);
+  check_unknown(t.unknown, gen.path);
+  gen.g = std::move(t.g);
+  gen.request_echo = std::move(t.echo);
+}
+
 // Parses and queues the request: one engine request per sequence (n, or best_of of them), each
 // with its own seed stream. False when it was refused (the error is sent).
 bool Server::Impl::start(Generation& gen, const httplib::Request& hreq, httplib::Response& res) {
@@ -190,10 +221,8 @@ bool Server::Impl::start(Generation& gen, const httplib::Request& hreq, httplib:
       fail(gen, res, 503, "the server is shutting down");
       return false;
     }
-    const json body = parse_json_body(hreq.body);
-    gen.g = parse_generation_request(body, chat, opt.model_name);
-    check_unknown(body, chat ? Endpoint::Chat : Endpoint::Completions, gen.path);
-    const auto built = params.build(gen.g, hreq.body);
+    parse(gen, parse_json_body(hreq.body));
+    const auto built = params.build(gen.g);
     std::vector<RequestParams> each;
     for (int i = 0; i < gen.g.best_of; ++i) {
       RequestParams p = built.params;
@@ -217,7 +246,10 @@ bool Server::Impl::start(Generation& gen, const httplib::Request& hreq, httplib:
       gen.choices.push_back(std::move(c));
     }
     const Request& first = *gen.choices.front().req;
-    gen.id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", first.id);
+    gen.id = gen.api == Api::Responses ? random_id("resp")
+             : gen.api == Api::Messages
+                 ? random_id("msg")
+                 : fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", first.id);
     gen.created = unix_now();
     if (g.echo)
       gen.echo = g.prompt_text ? *g.prompt_text
@@ -255,7 +287,10 @@ void Server::Impl::respond(const std::shared_ptr<Generation>& gen, httplib::Resp
     return fail(*gen, res, 500, fmt::format("generation failed: {}", e.what()), {}, {},
                 "server_error");
   }
-  res.set_content(dump_json(response_body(*gen)), "application/json");
+  const json body = gen->api == Api::Responses  ? responses_body(*gen)
+                    : gen->api == Api::Messages ? messages_body(*gen)
+                                                : response_body(*gen);
+  res.set_content(dump_json(body), "application/json");
   log_end(*gen, 200, false);
 }
 
@@ -265,8 +300,11 @@ void Server::Impl::stream(const std::shared_ptr<Generation>& gen, httplib::Respo
   // Released by the provider's releaser, which httplib calls however the response ends.
   auto guard = std::make_shared<ActiveGuard>(active);
   res.set_header("Cache-Control", "no-cache");
+  auto format = gen->api == Api::Responses  ? responses_events(gen)
+                : gen->api == Api::Messages ? messages_events(gen)
+                                            : openai_chunks(gen);
   auto events = std::make_shared<EventStream>(
-      gen, [this, g = gen.get()](int status) { log_end(*g, status, true); });
+      gen, std::move(format), [this, g = gen.get()](int status) { log_end(*g, status, true); });
   res.set_chunked_content_provider(
       "text/event-stream", [events](size_t, httplib::DataSink& sink) { return events->pump(sink); },
       [events, guard](bool success) {
@@ -319,6 +357,22 @@ void Server::Impl::detokenize(const httplib::Request& hreq, httplib::Response& r
   }
 }
 
+void Server::Impl::count_tokens(const httplib::Request& hreq, httplib::Response& res) {
+  try {
+    if (!text)
+      throw ApiError(400, "counting tokens needs a tokenizer: start the server with --tokenizer");
+    const json body = parse_json_body(hreq.body);
+    TranslatedRequest t = parse_messages_request(body, opt.model_name, /*count_tokens=*/true);
+    check_unknown(t.unknown, hreq.path);
+    const size_t n = params.prompt_ids(t.g).size();
+    res.set_content(dump_json(json{{"input_tokens", n}}), "application/json");
+  } catch (const ApiError& e) {
+    send_error(res, e.status, e.what(), e.param, e.code, e.type, true);
+  } catch (const Error& e) {
+    send_error(res, 400, e.what(), {}, {}, {}, true);
+  }
+}
+
 // What every request passes through: the API key, error and exception answers, the access log.
 void Server::Impl::guard_routes() {
   http.set_payload_max_length(opt.max_body_bytes);
@@ -326,10 +380,12 @@ void Server::Impl::guard_routes() {
     const bool guarded =
         req.path.rfind("/v1/", 0) == 0 || req.path == "/tokenize" || req.path == "/detokenize";
     if (opt.api_key.empty() || !guarded) return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + opt.api_key)
+    // OpenAI's clients send the key as a bearer token, Anthropic's as x-api-key.
+    if (req.get_header_value("Authorization") == "Bearer " + opt.api_key ||
+        req.get_header_value("x-api-key") == opt.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, 401, "invalid or missing API key (Authorization: Bearer ...)", {},
-               "invalid_api_key");
+    send_error(res, 401, "invalid or missing API key (Authorization: Bearer ..., or x-api-key)", {},
+               "invalid_api_key", {}, anthropic_path(req.path));
     return httplib::Server::HandlerResponse::Handled;
   });
   http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
@@ -337,44 +393,47 @@ void Server::Impl::guard_routes() {
     // httplib calls this outside its exception guard: it must not throw.
     try {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      const bool anthropic = anthropic_path(req.path);
       if (res.status == 404)
         send_error(
             res, 404,
             fmt::format("unknown endpoint: {} {}", printable(req.method), printable(req.path)), {},
-            "unknown_url");
+            "unknown_url", {}, anthropic);
       else if (res.status == 413)
         send_error(res, 413, fmt::format("the request body exceeds {} bytes", opt.max_body_bytes),
-                   {}, "request_too_large");
+                   {}, "request_too_large", {}, anthropic);
       else
-        send_error(res, res.status, fmt::format("HTTP error {}", res.status));
+        send_error(res, res.status, fmt::format("HTTP error {}", res.status), {}, {}, {},
+                   anthropic);
       return httplib::Server::HandlerResponse::Handled;
     } catch (...) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
   }));
-  http.set_exception_handler(
-      [this](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown";
-        try {
-          std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        log(fmt::format("- {} {} 500 internal error: {}", printable(req.method),
-                        printable(req.path), printable(what, 500)));
-        send_error(res, 500, "internal server error", {}, {}, "server_error");
-      });
+  http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res,
+                                    std::exception_ptr ep) {
+    std::string what = "unknown";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    log(fmt::format("- {} {} 500 internal error: {}", printable(req.method), printable(req.path),
+                    printable(what, 500)));
+    send_error(res, 500, "internal server error", {}, {}, "server_error", anthropic_path(req.path));
+  });
   http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     // Generations log and count themselves when they end (streams end after this call).
     if (req.method == "POST" &&
-        (req.path == "/v1/completions" || req.path == "/v1/chat/completions"))
+        (req.path == "/v1/completions" || req.path == "/v1/chat/completions" ||
+         req.path == "/v1/responses" || req.path == "/v1/messages"))
       return;
     const bool known = req.path == "/health" || req.path == "/metrics" ||
                        req.path == "/v1/models" || req.path == "/tokenize" ||
-                       req.path == "/detokenize" || req.path == "/server_info" ||
-                       req.path == "/get_server_info" || req.path == "/model_info" ||
-                       req.path == "/get_model_info";
+                       req.path == "/detokenize" || req.path == "/v1/messages/count_tokens" ||
+                       req.path == "/server_info" || req.path == "/get_server_info" ||
+                       req.path == "/model_info" || req.path == "/get_model_info";
     const bool model = req.path.rfind("/v1/models/", 0) == 0;
     metrics.request_done(known ? req.path : model ? "/v1/models/{id}" : "other", res.status);
     if (req.path != "/metrics" && req.path != "/health")
@@ -440,12 +499,16 @@ void Server::Impl::routes() {
     res.set_content(metrics.render(sched.stats()) + render_front_metrics(http.stats()),
                     "text/plain; version=0.0.4");
   });
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    generation(req, res, false);
-  });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    generation(req, res, true);
-  });
+  for (const auto& [path, api] :
+       {std::pair{"/v1/completions", Api::Completions},
+        std::pair{"/v1/chat/completions", Api::Chat}, std::pair{"/v1/responses", Api::Responses},
+        std::pair{"/v1/messages", Api::Messages}})
+    http.Post(path, [this, api](const httplib::Request& req, httplib::Response& res) {
+      generation(req, res, api);
+    });
+  http.Post(
+      "/v1/messages/count_tokens",
+      [this](const httplib::Request& req, httplib::Response& res) { count_tokens(req, res); });
 }
 
 Server::Server(Engine& engine, const TextCodec* text, ServerOptions options)

@@ -84,12 +84,13 @@ def trimmed_tokenizer(src_dir, dst_dir, keep):
 class Server:
     """A server for one test: started, then always stopped."""
 
-    def __init__(self, *extra, target=None):
+    def __init__(self, *extra, target=None, draft=True):
+        """`target`: another target folder; `draft` False: no drafter (else the fixture's)."""
         import re
         import subprocess
+        pair = ["--draft", e2e.FIXTURE + "/draft"] if draft else ["--no-draft"]
         args = [e2e.FLASHMAP, "serve", "--port", "0",
-                "--target", target or e2e.FIXTURE + "/target", "--draft", e2e.FIXTURE + "/draft",
-                *extra]
+                "--target", target or e2e.FIXTURE + "/target", *pair, *extra]
         self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, errors="replace")
         deadline = time.time() + 60
         lines = []
@@ -302,6 +303,157 @@ class HostileRequests(unittest.TestCase):
             self.assertEqual(status, 200)
             self.assertEqual(resp["count"], len(resp["tokens"]))
             srv.alive_and_correct(self)
+        finally:
+            srv.stop(self)
+            shutil.rmtree(tmp)
+
+    def test_responses_and_messages_bodies(self):
+        # Every field and item type of /v1/responses, /v1/messages and count_tokens given
+        # hostile values (wrong types, huge arrays and numbers, invalid UTF-8, unknown item
+        # types, results for unknown calls, empty content): a 400 in the API's own error shape
+        # (or an answer, where the value is valid), never a crash or a hang.
+        from text_model import official_tokenizer, write_text_model
+        tmp = tempfile.mkdtemp()
+        write_text_model(os.path.join(tmp, "model"))
+        official_tokenizer(os.path.join(tmp, "tok"))
+        srv = Server("--tokenizer", os.path.join(tmp, "tok"), "--max-running", "4",
+                     target=os.path.join(tmp, "model"), draft=False)
+        try:
+            p = srv.port
+            tool = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}}}
+            responses = {
+                "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                          {"type": "function_call", "call_id": "c", "name": "f",
+                           "arguments": '{"a": "x"}'},
+                          {"type": "function_call_output", "call_id": "c", "output": "ok"},
+                          {"type": "reasoning", "summary": [{"type": "summary_text",
+                                                             "text": "t"}]}],
+                "instructions": "x", "max_output_tokens": 2,
+                "tools": [{"type": "function", "name": "f", "parameters": tool}],
+                "tool_choice": "auto", "text": {"format": {"type": "text"}},
+                "reasoning": {"effort": "low"}, "metadata": {"k": "v"}, "store": False,
+                "include": [], "parallel_tool_calls": True, "temperature": 0, "top_p": 1,
+                "truncation": "disabled", "user": "u", "top_logprobs": 0,
+            }
+            messages = {
+                "max_tokens": 2, "system": [{"type": "text", "text": "s"}],
+                "messages": [{"role": "user", "content": "hi"},
+                             {"role": "assistant", "content": [
+                                 {"type": "thinking", "thinking": "t", "signature": ""},
+                                 {"type": "tool_use", "id": "t1", "name": "f",
+                                  "input": {"a": "x"}}]},
+                             {"role": "user", "content": [
+                                 {"type": "tool_result", "tool_use_id": "t1", "content": "ok"},
+                                 {"type": "text", "text": "go"}]}],
+                "tools": [{"name": "f", "description": "d", "input_schema": tool}],
+                "tool_choice": {"type": "auto"}, "stop_sequences": ["zz"],
+                "thinking": {"type": "disabled"}, "metadata": {"user_id": "u"},
+                "temperature": 0, "top_p": 1, "top_k": 5,
+            }
+            hostile = [None, 0, -1, 2 ** 64, 1e300, "", "x" * 5000, [], [1] * 2000, {},
+                       {"a": [{}]}, True, "\ud800", [{"type": "nope"}], [None], [""]]
+
+            def check(path, body, anthropic):
+                status, payload = e2e.request(p, "POST", path, body, timeout=30)
+                self.assertIn(status, (200, 400), (path, body, payload[:300]))
+                if status == 200:
+                    return
+                err = json.loads(payload)
+                if anthropic:
+                    self.assertEqual(err["type"], "error", err)
+                    self.assertEqual(err["error"]["type"], "invalid_request_error", err)
+                    self.assertTrue(err["error"]["message"])
+                else:
+                    self.assertEqual(err["error"]["type"], "invalid_request_error", err)
+                    self.assertTrue(err["error"]["message"])
+
+            def mutations(base):
+                """The base with one field (top level, or of one item or block) replaced."""
+                for key in base:
+                    for v in hostile:
+                        yield dict(base, **{key: v})
+                for list_key in ("input", "messages"):
+                    for i, item in enumerate(base.get(list_key, [])):
+                        for key in item:
+                            for v in hostile:
+                                items = json.loads(json.dumps(base[list_key]))
+                                items[i][key] = v
+                                yield dict(base, **{list_key: items})
+                        for j, block in enumerate(item.get("content") or []):
+                            if not isinstance(block, dict):
+                                continue
+                            for key in block:
+                                for v in hostile[:12]:
+                                    items = json.loads(json.dumps(base[list_key]))
+                                    items[i]["content"][j][key] = v
+                                    yield dict(base, **{list_key: items})
+
+            n = 0
+            for path, base, anthropic in (("/v1/responses", responses, False),
+                                          ("/v1/messages", messages, True),
+                                          ("/v1/messages/count_tokens", messages, True)):
+                self.assertEqual(e2e.request(p, "POST", path, base, timeout=30)[0], 200)
+                for body in mutations(base):
+                    check(path, body, anthropic)
+                    n += 1
+            self.assertGreater(n, 1000)
+            # Whole bodies: invalid UTF-8, deep nesting, huge arrays, unknown items, results
+            # for calls never made, empty content, arguments nested past the body's bound.
+            big_input = [{"role": "user", "content": "x"}] * 60000
+            cases = [
+                ("/v1/responses", {"input": big_input, "max_output_tokens": 1}, "input"),
+                ("/v1/responses", {"input": [{"type": "message", "role": "user",
+                                              "content": [{"type": "input_text", "text": "a"}]
+                                              * 100000}], "max_output_tokens": 1}, "input"),
+                ("/v1/responses", {"input": [{"type": "custom_tool_call"}]}, "input[0].type"),
+                ("/v1/responses", {"input": [{"type": "function_call_output", "call_id": "x",
+                                              "output": "y"}]}, "input[0].call_id"),
+                ("/v1/responses", {"input": [{"type": "function_call", "call_id": "c",
+                                              "name": "f", "arguments": "[" * 100000}]},
+                 "input[0].arguments"),
+                ("/v1/responses", {"input": "x", "tools": [{"type": "function", "name": "f"}]
+                                   * 50000, "tool_choice": "required"}, None),
+                ("/v1/messages", {"max_tokens": 1, "messages": [
+                    {"role": "user", "content": "x"}] * 60000}, "messages"),
+                ("/v1/messages", {"max_tokens": 1, "messages": [
+                    {"role": "user", "content": []}]}, "messages[0].content"),
+                ("/v1/messages", {"max_tokens": 1, "messages": [
+                    {"role": "user", "content": [{"type": "tool_result",
+                                                  "tool_use_id": "nope"}]}]},
+                 "messages[0].content[0].tool_use_id"),
+                ("/v1/messages", {"max_tokens": 1, "messages": [
+                    {"role": "user", "content": [{"type": "mystery"}]}]},
+                 "messages[0].content[0].type"),
+                ("/v1/messages", {"max_tokens": 2 ** 40, "messages": [
+                    {"role": "user", "content": "x"}]}, "max_tokens"),
+                ("/v1/messages/count_tokens", {"messages": [
+                    {"role": "user", "content": "ab " * 900000}]}, None),
+            ]
+            for path, body, param in cases:
+                with self.subTest(path=path, param=param):
+                    t0 = time.time()
+                    status, payload = e2e.request(p, "POST", path, body, timeout=60)
+                    self.assertLess(time.time() - t0, 30)
+                    if param is None:
+                        self.assertIn(status, (200, 400), payload[:300])
+                        continue
+                    self.assertEqual(status, 400, payload[:300])
+                    err = json.loads(payload)
+                    if path.startswith("/v1/messages"):
+                        self.assertEqual(err["type"], "error")
+                    else:
+                        self.assertEqual(err["error"]["param"], param, err)
+            for path in ("/v1/responses", "/v1/messages", "/v1/messages/count_tokens"):
+                status, payload = e2e.request(p, "POST", path, raw=b'{"input": "a\xc0\xaf"}')
+                self.assertEqual(status, 400)
+                status, payload = e2e.request(p, "POST", path, raw=b"[" * 100000)
+                self.assertEqual(status, 400)
+                if path.startswith("/v1/messages"):
+                    self.assertEqual(json.loads(payload)["type"], "error")
+            srv.alive_and_correct(self)
+            status, body = e2e.post(p, {"input": "hi", "max_output_tokens": 3},
+                                    path="/v1/responses", timeout=30)
+            self.assertEqual(status, 200, body)
         finally:
             srv.stop(self)
             shutil.rmtree(tmp)

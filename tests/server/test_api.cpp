@@ -14,7 +14,7 @@
 
 using namespace flashmap::server;
 using flashmap::SamplingParams;
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 TEST(StopMatcher, HoldsBackPossibleStartsAndCutsAcrossPieces) {
   StopMatcher m({"</end>", "STOP"});
@@ -227,7 +227,7 @@ TEST(ParseRequest, SamplingControlsAndChoices) {
   EXPECT_EQ(error_of(completion(R"("prompt_logprobs":-1)"), false), E(400, "prompt_logprobs"));
 }
 
-// response_format and vLLM's guided_* / structured_outputs: the kind, where the schema is, the
+// response_format and vLLM's guided_* / structured_outputs: the kind, the schema in key order, the
 // regex (guided_choice escaped); one at a time; malformed values name the field.
 TEST(ParseRequest, StructuredOutput) {
   using S = GenerationRequest::Structure;
@@ -240,16 +240,20 @@ TEST(ParseRequest, StructuredOutput) {
   auto r = parse(R"("response_format":{"type":"json_schema","json_schema":{"name":"n",
                     "schema":{"type":"object"}}})");
   EXPECT_EQ(r.structure, S::JsonSchema);
-  EXPECT_EQ(r.schema_path, (std::vector<std::string>{"response_format", "json_schema", "schema"}));
-  EXPECT_EQ(parse(R"("guided_json":{"type":"integer"})").schema_path,
-            std::vector<std::string>{"guided_json"});
+  EXPECT_EQ(r.schema, json({{"type", "object"}}));
+  // The schema keeps the client's key order (its properties are generated in that order).
+  EXPECT_EQ(parse(R"("guided_json":{"type":"object","properties":{"z":{},"a":{}}})")
+                .schema["properties"]
+                .begin()
+                .key(),
+            "z");
   r = parse(R"("guided_regex":"[0-9]+")");
   EXPECT_EQ(r.structure, S::Regex);
   EXPECT_EQ(r.regex, "[0-9]+");
   EXPECT_EQ(parse(R"j("guided_choice":["a.b","c(d)"])j").regex, R"re((a\.b)|(c\(d\)))re");
   EXPECT_EQ(parse(R"("structured_outputs":{"choice":["x"]})").regex, "(x)");
-  EXPECT_EQ(parse(R"("structured_outputs":{"json":{"type":"object"}})").schema_path,
-            (std::vector<std::string>{"structured_outputs", "json"}));
+  EXPECT_EQ(parse(R"("structured_outputs":{"json":{"type":"integer"}})").schema,
+            json({{"type", "integer"}}));
   auto completion = [](const std::string& extra) {
     return json::parse(R"({"prompt":"x",)" + extra + "}");
   };
@@ -374,8 +378,9 @@ TEST(UnknownFields, ReportedPerEndpoint) {
   using V = std::vector<std::string>;
   auto b = json::parse(R"({"prompt":"x","max_tokens":3,"frobnicate":1,"messages":[],"user":"u"})");
   EXPECT_EQ(unknown_fields(b, Endpoint::Completions), (V{"frobnicate", "messages"}));
-  EXPECT_EQ(unknown_fields(b, Endpoint::Chat), (V{"frobnicate", "prompt"}));
-  EXPECT_EQ(unknown_fields(b, Endpoint::Tokenize), (V{"frobnicate", "max_tokens", "user"}));
+  // In the request's order.
+  EXPECT_EQ(unknown_fields(b, Endpoint::Chat), (V{"prompt", "frobnicate"}));
+  EXPECT_EQ(unknown_fields(b, Endpoint::Tokenize), (V{"max_tokens", "frobnicate", "user"}));
   EXPECT_EQ(
       unknown_fields(json::parse(R"({"tokens":[1],"model":"m","x":0})"), Endpoint::Detokenize),
       V{"x"});
@@ -738,7 +743,7 @@ TEST(ToolCalls, RequiredStreamerSendsNameThenArgumentsAndAgreesWithTheParse) {
                            std::string(R"( "parameters": )").size());
   EXPECT_GT(arg_deltas, 20);
   // Cut short (max_tokens) or not calls: an error, the unsent text, and no non-streamed calls.
-  for (const std::string bad : {std::string(R"([{"name": "f", "parameters": {"x": 1)"),
+  for (const std::string& bad : {std::string(R"([{"name": "f", "parameters": {"x": 1)"),
                                 std::string(R"([{"name": "f", "parameters": {"x": 1}}, {"na)"),
                                 std::string(R"({"name": "f"})"), std::string("[]")}) {
     SCOPED_TRACE(bad);
@@ -892,5 +897,11 @@ TEST(EngineErrors, NameTheRequestField) {
   EXPECT_EQ(a.param, "max_tokens");
   EXPECT_EQ(a.code, "context_length_exceeded");
   EXPECT_EQ(a.type, "invalid_request_error");
-  EXPECT_STREQ(a.what(), "exceeds the context");
+  // A message that does not name the field gets it in front, as the request spells it.
+  EXPECT_STREQ(a.what(), "'max_tokens': exceeds the context");
+  GenerationRequest newer = chat;
+  newer.field_names = {{"max_tokens", "max_completion_tokens"}};
+  EXPECT_EQ(param_error(context, newer).param, "max_completion_tokens");
+  EXPECT_STREQ(param_error(context, newer).what(), "'max_completion_tokens': exceeds the context");
+  EXPECT_STREQ(param_error(top, chat).what(), "top_logprobs must be in [0, 20], got 21");
 }
