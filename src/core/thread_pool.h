@@ -37,20 +37,33 @@ class ThreadPool {
 
  private:
   void worker_loop(int index);
+  // Claims and runs parts of the current job until none is left.
+  void run_parts();
   void keep_error(std::exception_ptr e);
 
   std::vector<std::thread> workers_;
   // A forward pass calls parallel_for a few hundred times, back to back, for tens of
-  // microseconds each; a futex wake-up per call costs about as much. So workers and the caller
-  // spin on the atomics below for up to ~200 µs before sleeping on the condition
-  // variables, which only an idle pool reaches.
-  std::mutex mutex_;
-  std::condition_variable start_cv_, done_cv_;
+  // microseconds each, so waiting threads first spin on the atomics below (pause instructions
+  // only: a thread that yields its core to another process may not get it back for a time
+  // slice), then park (a condition variable), which wakes a thread with a fresh claim on it.
+  //
+  // A job is cut into parts (a few per thread) that whoever runs claims in order, so a thread
+  // that another process keeps off its core delays only the part it holds, not a share fixed in
+  // advance. `state_` is the job's generation (high bits), whether workers may join it, and how
+  // many have joined: the caller writes the next job only once every joined worker has left, so
+  // a worker that joined reads a stable job.
+  static constexpr uint64_t kOpen = uint64_t(1) << 15, kJoined = kOpen - 1, kGeneration = 1 << 16;
+  std::atomic<uint64_t> state_{0};
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
-  int64_t job_n_ = 0, job_chunk_ = 0;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
-  bool stop_ = false;
+  int64_t job_n_ = 0, job_chunk_ = 0, job_parts_ = 0;
+  std::atomic<int64_t> next_part_{0}, parts_done_{0};
+  std::atomic<int> sleepers_{0};            // workers parked for the next generation
+  std::atomic<bool> caller_parked_{false};  // the caller parked for the last part
+  std::mutex park_mutex_;
+  std::condition_variable workers_cv_, caller_cv_;
+  std::atomic<bool> stop_{false};
+  std::mutex caller_mutex_;  // one parallel_for at a time
+  std::mutex error_mutex_;
   std::exception_ptr error_;  // the first exception of the running parallel_for
 };
 

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <future>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -98,8 +100,9 @@ TEST(ThreadPool, DestroysWhileWorkersSpinOrSleep) {
   // The destructor must wake workers that spin (right after a call) or sleep (after a gap) and
   // join them; a call made just before it must have done all its work.
   finishes_within(std::chrono::seconds(60), [] {
-    for (int i = 0; i < 50; ++i) {
-      ThreadPool pool(4);
+    // Many pools: some are destroyed before their workers have even started.
+    for (int i = 0; i < 400; ++i) {
+      ThreadPool pool(2 + i % 3);
       if (i % 2) {
         std::atomic<int64_t> visited{0};
         pool.parallel_for(8, 1, [&](int64_t b, int64_t e) { visited.fetch_add(e - b); });
@@ -107,6 +110,41 @@ TEST(ThreadPool, DestroysWhileWorkersSpinOrSleep) {
       }
       if (i % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(500));
     }
+  });
+}
+
+// Parts go to whoever runs: while one thread is held up in a part (here asleep; on a shared core,
+// kept off it by another process), the others take every remaining part instead of waiting for a
+// share fixed in advance.
+TEST(ThreadPool, AHeldUpThreadHoldsBackOnlyItsPart) {
+  ThreadPool pool(3);
+  std::mutex m;
+  std::map<int64_t, std::thread::id> ran;
+  pool.parallel_for(12, 1, [&](int64_t b, int64_t e) {
+    if (b == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::lock_guard lk(m);
+    for (int64_t i = b; i < e; ++i) ran[i] = std::this_thread::get_id();
+  });
+  ASSERT_EQ(ran.size(), 12u);
+  for (int64_t i = 1; i < 12; ++i) EXPECT_NE(ran[i], ran[0]) << "part " << i;
+}
+
+// One loop at a time: callers on two threads take turns, each loop whole.
+TEST(ThreadPool, CallersFromTwoThreadsTakeTurns) {
+  ThreadPool pool(3);
+  auto caller = [&](int salt) {
+    for (int round = 0; round < 200; ++round) {
+      std::vector<std::atomic<int>> hits(97);
+      pool.parallel_for(97, 2, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[size_t(i)].fetch_add(1 + salt);
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1 + salt);
+    }
+  };
+  finishes_within(std::chrono::seconds(60), [&] {
+    std::thread other(caller, 1);
+    caller(0);
+    other.join();
   });
 }
 
