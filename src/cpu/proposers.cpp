@@ -16,13 +16,18 @@ namespace {
 void pick_block(const BlockProposer::Seq& s, float* lg, int64_t K, int64_t V) {
   Proposal& out = *s.out;
   out.tokens.resize(size_t(K));
+  out.confidence.resize(size_t(K));
   out.one_hot = false;
   const SeqSampler& sp = *s.sampler;
   std::vector<float> q;
   std::function<int32_t(int, const float*)> pick;
   if (sp.params.greedy()) {
     out.probs.clear();
-    pick = [&](int, const float* row) { return argmax(row, V); };
+    pick = [&](int k, const float* row) {
+      const int32_t t = argmax(row, V);
+      out.confidence[size_t(k)] = top_probability(row, V, row[t]);
+      return t;
+    };
   } else if (sp.keyed()) {
     // The same keyed noise the target's draws at these positions use: the coupling that
     // makes a draft equal to the target's token as often as q and p agree.
@@ -30,14 +35,18 @@ void pick_block(const BlockProposer::Seq& s, float* lg, int64_t K, int64_t V) {
     q.resize(size_t(V));
     pick = [&](int k, const float* row) {
       filtered_probs(row, V, sp.params, q.data());
-      return sample_keyed(q, sp.seed, s.position + k);
+      const int32_t t = sample_keyed(q, sp.seed, s.position + k);
+      out.confidence[size_t(k)] = q[size_t(t)];
+      return t;
     };
   } else {
     out.probs.resize(size_t(K * V));
     pick = [&](int k, const float* row) {
       float* qk = out.probs.data() + int64_t(k) * V;
       filtered_probs(row, V, sp.params, qk);
-      return sample({qk, size_t(V)}, s.sampler->rng);
+      const int32_t t = sample({qk, size_t(V)}, s.sampler->rng);
+      out.confidence[size_t(k)] = qk[t];
+      return t;
     };
   }
   if (s.controls && s.controls->constrained()) {
@@ -63,7 +72,7 @@ void pick_tree(const BlockProposer::Seq& s, float* logits, int draws, int64_t K,
   // topk:B alone is pure best-first expansion (no path inserted first).
   for (int j = 0; j < (s.tree.paths > 0 ? draws : 0); ++j) {
     pick_block(one, logits + int64_t(j) * K * V, K, V);
-    if (!trie.insert_path(block.tokens, depth, max_nodes)) break;
+    if (!trie.insert_path(block.tokens, depth, max_nodes, block.confidence)) break;
   }
   if (s.tree.budget > 0) {
     std::vector<std::vector<float>> lp;
@@ -72,6 +81,7 @@ void pick_tree(const BlockProposer::Seq& s, float* logits, int draws, int64_t K,
   }
   s.out->tokens = std::move(trie.tokens);
   s.out->parents = std::move(trie.parents);
+  s.out->confidence = std::move(trie.confidence);
   s.out->probs.clear();
 }
 }  // namespace
@@ -224,16 +234,23 @@ void NgramProposer::propose(std::span<const Seq> batch) const {
     const int paths = !s.tree.active() ? 1 : s.tree.paths > 0 ? s.tree.paths : kMaxTreePaths;
     const int max_nodes =
         s.tree.budget > 0 ? s.tree.budget : std::min(kMaxTreeNodes, paths * depth);
-    auto found = index.continuations(s.anchor, depth, paths);
+    std::vector<int> match;
+    auto found = index.continuations(s.anchor, depth, paths, &match);
+    // A longer match is likelier to continue as before: m / (m + 1) for each of its tokens.
+    auto confidence = [&](size_t i) {
+      return std::vector<float>(found[i].size(), float(match[i]) / float(match[i] + 1));
+    };
     if (found.size() <= 1) {
+      out.confidence = found.empty() ? std::vector<float>{} : confidence(0);
       out.tokens = found.empty() ? std::vector<int32_t>{} : std::move(found[0]);
       continue;
     }
     DraftTrie trie;
-    for (const auto& c : found)
-      if (!trie.insert_path(c, depth, max_nodes)) break;
+    for (size_t i = 0; i < found.size(); ++i)
+      if (!trie.insert_path(found[i], depth, max_nodes, confidence(i))) break;
     out.tokens = std::move(trie.tokens);
     out.parents = std::move(trie.parents);
+    out.confidence = std::move(trie.confidence);
   }
 }
 
@@ -269,6 +286,7 @@ void ScriptedProposer::propose(std::span<const Seq> batch) const {
       if (k >= corrupt_from_) tok = int32_t((tok + 1 + k) % vocab_);  // surely not the script's
       out.tokens[size_t(k)] = tok;
     }
+    out.confidence.assign(out.tokens.size(), 1.0f);
     out.probs.clear();
     out.parents.clear();
     out.one_hot = false;  // its q is the dense one-hot rows below
@@ -289,6 +307,7 @@ void ScriptedProposer::propose(std::span<const Seq> batch) const {
       }
       out.tokens = std::move(trie.tokens);
       out.parents = std::move(trie.parents);
+      out.confidence = std::move(trie.confidence);
       continue;
     }
     if (!s.sampler->params.greedy() && !s.sampler->keyed()) {

@@ -47,6 +47,10 @@ struct HybridContext {
 struct Proposal {
   std::vector<int32_t> tokens;  // [K] (or fewer: the rest of the room is not drafted), or a tree
   std::vector<float> probs;     // [K, V] filtered q for rejection sampling; empty otherwise
+  // The drafter's confidence in each token: its probability under the distribution it was drawn
+  // from (argmax: the softmax's; sampled: q's), given the tokens before it on its path; prompt
+  // lookup: m / (m + 1) for a match of m tokens. What engine/draft_cut.h weighs.
+  std::vector<float> confidence;
   // The drafts are a function of the context (no draw): q is one-hot on each token, so that
   // rejection sampling is sample-and-match (accept with p(x), else a draw from p without x) and
   // needs no probs.

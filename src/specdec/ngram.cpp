@@ -101,8 +101,10 @@ size_t NgramIndex::bytes() const {
 }
 
 std::vector<std::vector<int32_t>> NgramIndex::continuations(int32_t anchor, int length,
-                                                            int max_candidates) const {
+                                                            int max_candidates,
+                                                            std::vector<int>* match) const {
   std::vector<std::vector<int32_t>> out;
+  if (match) match->clear();
   if (length <= 0 || max_candidates <= 0) return out;
   const int64_t L = size();  // the anchor's index in tokens() + [anchor]
   auto at = [&](int64_t i) { return i < L ? tokens_[size_t(i)] : anchor; };
@@ -125,6 +127,7 @@ std::vector<std::vector<int32_t>> NgramIndex::continuations(int32_t anchor, int 
         for (int j = 0; j < length; ++j) cand[size_t(j)] = at(p + 1 + j % period);
         if (std::find(out.begin(), out.end(), cand) == out.end()) {
           out.push_back(cand);
+          if (match) match->push_back(n);
           if (int(out.size()) == max_candidates) return out;
         }
       }

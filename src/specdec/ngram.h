@@ -54,8 +54,9 @@ class NgramIndex {
   // shorter n-grams, each at most kMaxChain occurrences back. A continuation that reaches the
   // sequence's end repeats the period it matched (LZ77's overlapping copy: a run of one token
   // continues the run). None when no n-gram of min_n tokens or more occurred before.
-  std::vector<std::vector<int32_t>> continuations(int32_t anchor, int length,
-                                                  int max_candidates) const;
+  // `match`, when given, gets each continuation's n-gram length.
+  std::vector<std::vector<int32_t>> continuations(int32_t anchor, int length, int max_candidates,
+                                                  std::vector<int>* match = nullptr) const;
 
  private:
   int level(int n) const { return n - min_n_; }

@@ -101,4 +101,38 @@ int32_t SeqSampler::pick(const float* logits, int64_t V, int64_t position) {
   return keyed() ? sample_keyed(scratch, seed, position) : sample(scratch, rng);
 }
 
+namespace {
+// e^x for x <= 0: x = n ln 2 + r with |r| <= ln 2 / 2 (Cody-Waite), e^r by Cephes' expf
+// polynomial, 2^n into the exponent; below −87.3 (where e^x is subnormal) it gives e^−87.3,
+// negligible beside the top term's 1. No calls and no branches, so a loop of it vectorizes.
+inline float exp_nonpositive(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = (int32_t(n) + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &e, sizeof(scale));
+  return p * scale;
+}
+}  // namespace
+
+float top_probability(const float* x, int64_t n, float top) {
+  constexpr int kLanes = 16;
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += exp_nonpositive(x[i + j] - top);
+  double sum = 0;
+  for (; i < n; ++i) sum += exp_nonpositive(x[i] - top);
+  for (float a : acc) sum += a;
+  return sum > 0 ? float(1.0 / sum) : 0.0f;
+}
+
 }  // namespace flashmap

@@ -64,13 +64,14 @@ std::vector<float> log_softmax_row(const float* x, int64_t V) {
   return out;
 }
 
-int DraftTrie::insert(int parent, int32_t token) {
+int DraftTrie::insert(int parent, int32_t token, float conf) {
   auto& kids = children_[size_t(parent + 1)];
   if (auto it = kids.find(token); it != kids.end()) return it->second;
   const int id = nodes();
   kids.emplace(token, id);
   tokens.push_back(token);
   parents.push_back(parent);
+  confidence.push_back(conf);
   children_.emplace_back();
   return id;
 }
@@ -81,12 +82,15 @@ int DraftTrie::child(int parent, int32_t token) const {
   return it == kids.end() ? -1 : it->second;
 }
 
-bool DraftTrie::insert_path(std::span<const int32_t> block, int depth, int max_nodes) {
+bool DraftTrie::insert_path(std::span<const int32_t> block, int depth, int max_nodes,
+                            std::span<const float> conf) {
   int node = -1;
   for (int k = 0; k < depth && k < int(block.size()); ++k) {
     const int next = child(node, block[size_t(k)]);
     if (next < 0 && nodes() >= max_nodes) return false;
-    node = next >= 0 ? next : insert(node, block[size_t(k)]);
+    node = next >= 0
+               ? next
+               : insert(node, block[size_t(k)], size_t(k) < conf.size() ? conf[size_t(k)] : 1);
   }
   return true;
 }
@@ -130,7 +134,8 @@ void DraftTrie::expand_ranked(const std::vector<std::vector<std::pair<int32_t, f
     heap.pop();
     const auto& slot = ranked[size_t(c.depth)];
     const int32_t tok = slot[size_t(c.rank)].first;
-    const int node = insert(c.parent, tok);  // may exist already (a path put it there)
+    // May exist already (a path put it there, with its own confidence).
+    const int node = insert(c.parent, tok, float(std::exp(double(slot[size_t(c.rank)].second))));
     if (c.rank + 1 < int64_t(slot.size()))
       heap.push({c.parent_score + slot[size_t(c.rank + 1)].second, c.parent_score, c.parent,
                  c.depth, c.rank + 1});

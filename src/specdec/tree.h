@@ -36,12 +36,17 @@ inline constexpr int kMaxTreeNodes = 256;
 class DraftTrie {
  public:
   std::vector<int32_t> tokens, parents;  // per node
+  // Per node: the drafter's probability of its token given its parent (the first candidate's
+  // that made it): what a round weighs to verify fewer nodes (engine/draft_cut.h).
+  std::vector<float> confidence;
   int nodes() const { return int(tokens.size()); }
-  // The child of `parent` (−1: the anchor) holding `token`, made if new.
-  int insert(int parent, int32_t token);
-  // A candidate block's first `depth` tokens as a path from the anchor; stops early (returning
-  // false) when the trie would pass `max_nodes`.
-  bool insert_path(std::span<const int32_t> block, int depth, int max_nodes);
+  // The child of `parent` (−1: the anchor) holding `token`, made if new (with `conf`).
+  int insert(int parent, int32_t token, float conf = 1.0f);
+  // A candidate block's first `depth` tokens as a path from the anchor (each new node with its
+  // slot's confidence, when given); stops early (returning false) when the trie would pass
+  // `max_nodes`.
+  bool insert_path(std::span<const int32_t> block, int depth, int max_nodes,
+                   std::span<const float> conf = {});
   // Best-first top-k expansion (DDTree): candidates are prefixes scored by their summed
   // log-probability under the per-slot distributions `log_probs` [depth][V] (slots independent
   // given the noise), added in order of score until the trie holds `max_nodes` nodes.
