@@ -47,6 +47,14 @@ struct EngineOptions {
   // speculative round's tree (or none) chosen by measured tokens/s (src/engine/tree_policy.h).
   // CPU backend; sequences with logit controls or logprobs draft single blocks.
   std::string draft_tree = "off";
+  // How many of a speculative round's drafts are verified (src/engine/draft_cut.h): "auto" (under
+  // the adaptive spec_policy, the drafts whose expected tokens pay for their verify rows, by the
+  // verify cost measured per row count and the drafter's confidence calibrated on the outcomes;
+  // under the other policies every draft, as the reference's loop), "on" (the measured cut
+  // under any policy), "off" (every draft), or "random:SEED" (a random share of each round's
+  // drafts, for tests of its losslessness). Lossless in every mode. CPU backend (elsewhere every
+  // draft is verified).
+  std::string draft_cut = "auto";
   // draft = "ngram": the last n tokens, n from ngram_max down to ngram_min (1 <= min <= max <=
   // 32), are looked up in the prompt and the generated text, and what followed the longest match
   // is a block of up to ngram_block (1..64) drafts. CPU backend.

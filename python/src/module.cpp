@@ -324,7 +324,8 @@ class PyEngine {
            std::optional<int> threads, std::optional<int> steps, const std::string& draft_tree,
            std::optional<int> ngram_min, std::optional<int> ngram_max,
            std::optional<int> ngram_block, int hybrid_ngram, int draft_window,
-           const std::string& weights, const std::string& compute_mode) {
+           const std::string& weights, const std::string& compute_mode,
+           const std::string& draft_cut) {
     std::error_code ec;
     if (std::filesystem::exists(std::filesystem::path(target) / "tokenizer.json", ec))
       tokenizer_ = std::make_shared<PyTokenizer>(target);
@@ -334,6 +335,7 @@ class PyEngine {
     o.device = device;
     o.steps = steps.value_or(0);
     o.draft_tree = draft_tree;  // checked by the engine (one-line errors)
+    o.draft_cut = draft_cut;    // "auto" verifies every draft here (the Always policy): "on" cuts
     // draft_dir "ngram": the n-gram drafter; None: its defaults (ranges checked by the engine).
     o.ngram_min = ngram_min.value_or(o.ngram_min);
     o.ngram_max = ngram_max.value_or(o.ngram_max);
@@ -498,11 +500,12 @@ NB_MODULE(_core, m) {
       .def(nb::init<const std::string&, std::optional<std::string>, const std::string&,
                     std::optional<int>, std::optional<int>, const std::string&, std::optional<int>,
                     std::optional<int>, std::optional<int>, int, int, const std::string&,
-                    const std::string&>(),
+                    const std::string&, const std::string&>(),
            "target_dir"_a, "draft_dir"_a = nb::none(), "device"_a = "cpu", "threads"_a = nb::none(),
            "steps"_a = nb::none(), "draft_tree"_a = "off", "ngram_min"_a = nb::none(),
            "ngram_max"_a = nb::none(), "ngram_block"_a = nb::none(), "hybrid_ngram"_a = 0,
-           "draft_window"_a = 0, "weights"_a = "native", "compute"_a = "fp32")
+           "draft_window"_a = 0, "weights"_a = "native", "compute"_a = "fp32",
+           "draft_cut"_a = "auto")
       .def(
           "generate",
           [](PyEngine& e, nb::handle input_ids, int max_new_tokens, double temperature, int top_k,

@@ -20,6 +20,7 @@ struct BenchArgs {
   std::string prompt_file;  // JSON Lines of text, chat or id prompts instead of random ones
   std::vector<std::string> vs_drafts;  // more drafters timed beside --draft in the same run
   std::vector<std::string> trees;      // draft-tree shapes timed for each drafter row
+  std::vector<std::string> cuts;       // draft cuts (EngineOptions::draft_cut) timed for each
   float temperature = 0.0f;
   bool no_sweep = false;
   int reps = 3, max_new_tokens = 128, prompts = 4, context = 512, block = 16, prefill = 32;

@@ -276,52 +276,62 @@ void run_bench(BenchArgs& a) {
                  r["verify_ms_per_round"].get<double>(), r["accept_ms_per_round"].get<double>());
     };
     row("target alone", alone);
+    std::vector<std::string> cuts = a.cuts;
+    if (cuts.empty()) cuts.push_back(a.model.draft_cut);
     for (size_t d = 0; d < drafts.size(); ++d)
-      for (const std::string& tree : trees) {
-        // With several drafters (trees) the rows and JSON keys carry the drafter's index (the
-        // first is --draft, then each --vs-draft in order) and the tree's shape.
-        std::string tag = drafts.size() > 1 ? fmt::format(" [{}]", d) : "";
-        std::string key = drafts.size() > 1 ? fmt::format("draft{}_", d) : "";
-        if (tree != "off") {
-          tag += ", tree " + tree;
-          key += "tree_" + tree + "_";
+      for (const std::string& tree : trees)
+        for (const std::string& cut : cuts) {
+          // With several drafters (trees) the rows and JSON keys carry the drafter's index (the
+          // first is --draft, then each --vs-draft in order) and the tree's shape.
+          std::string tag = drafts.size() > 1 ? fmt::format(" [{}]", d) : "";
+          std::string key = drafts.size() > 1 ? fmt::format("draft{}_", d) : "";
+          if (tree != "off") {
+            tag += ", tree " + tree;
+            key += "tree_" + tree + "_";
+          }
+          // The rounds run under the Always policy, where "auto" verifies every draft.
+          if (cut != "auto" && cut != "off") {
+            tag += ", cut " + cut;
+            key += "cut_" + cut + "_";
+          }
+          const bool ngram = drafts[d] == "ngram";
+          // --hybrid-ngram N: each trained drafter's rows, then the same with hybrid rounds.
+          std::vector<int> hybrids{0};
+          if (!ngram && a.model.hybrid_ngram > 0) hybrids.push_back(a.model.hybrid_ngram);
+          for (const int h : hybrids) {
+            EngineOptions so = other_than_ngram(eo);
+            if (ngram) {
+              so = eo;
+              so.hybrid_ngram = 0;
+              so.draft_window = 0;
+            } else if (h > 0) {
+              so.hybrid_ngram = h;
+              so.ngram_max = eo.ngram_max;
+            }
+            so.draft = drafts[d];
+            so.draft_tree = tree;
+            so.draft_cut = cut;
+            const std::string htag = h > 0 ? fmt::format(", hybrid {}", h) : "";
+            const std::string hkey = h > 0 ? fmt::format("hybrid{}_", h) : "";
+            if (!flashmap_configs[d]) {
+              so.steps = 0;
+              Engine engine(so);
+              const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
+              out[key + hkey + (ngram ? "ngram" : "dflash")] = r;
+              row((ngram ? "n-gram" : "DFlash") + tag + htag, r);
+              continue;
+            }
+            for (const auto& [steps, grid] : flashmap_configs[d]->jump_grids) {
+              if (a.model.steps > 0 && steps != a.model.steps) continue;
+              so.steps = steps;
+              Engine engine(so);
+              const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
+              out[fmt::format("{}{}flashmap_steps{}", key, hkey, steps)] = r;
+              row(fmt::format("FlashMap, {} step{}{}{}", steps, steps > 1 ? "s" : "", tag, htag),
+                  r);
+            }
+          }
         }
-        const bool ngram = drafts[d] == "ngram";
-        // --hybrid-ngram N: each trained drafter's rows, then the same with hybrid rounds.
-        std::vector<int> hybrids{0};
-        if (!ngram && a.model.hybrid_ngram > 0) hybrids.push_back(a.model.hybrid_ngram);
-        for (const int h : hybrids) {
-          EngineOptions so = other_than_ngram(eo);
-          if (ngram) {
-            so = eo;
-            so.hybrid_ngram = 0;
-            so.draft_window = 0;
-          } else if (h > 0) {
-            so.hybrid_ngram = h;
-            so.ngram_max = eo.ngram_max;
-          }
-          so.draft = drafts[d];
-          so.draft_tree = tree;
-          const std::string htag = h > 0 ? fmt::format(", hybrid {}", h) : "";
-          const std::string hkey = h > 0 ? fmt::format("hybrid{}_", h) : "";
-          if (!flashmap_configs[d]) {
-            so.steps = 0;
-            Engine engine(so);
-            const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
-            out[key + hkey + (ngram ? "ngram" : "dflash")] = r;
-            row((ngram ? "n-gram" : "DFlash") + tag + htag, r);
-            continue;
-          }
-          for (const auto& [steps, grid] : flashmap_configs[d]->jump_grids) {
-            if (a.model.steps > 0 && steps != a.model.steps) continue;
-            so.steps = steps;
-            Engine engine(so);
-            const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
-            out[fmt::format("{}{}flashmap_steps{}", key, hkey, steps)] = r;
-            row(fmt::format("FlashMap, {} step{}{}{}", steps, steps > 1 ? "s" : "", tag, htag), r);
-          }
-        }
-      }
   }
   write_json(out, a.json_out);
 }
@@ -364,6 +374,11 @@ void register_cmd(CLI::App& app) {
   sub->add_option("--draft-trees", args->trees,
                   "draft-tree shapes to time for each drafter, comma-separated (off, paths:N, "
                   "topk:B, paths:N+topk:B; default: --draft-tree's)")
+      ->delimiter(',')
+      ->excludes(shape);
+  sub->add_option("--draft-cuts", args->cuts,
+                  "draft cuts to time for each drafter, comma-separated (off, on; default: "
+                  "--draft-cut's; the rounds always speculate, so auto is off)")
       ->delimiter(',')
       ->excludes(shape);
   sub->add_option("--temperature", args->temperature,

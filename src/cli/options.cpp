@@ -117,6 +117,11 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
                  "topk:B (top-k expansion to B nodes), paths:N+topk:B, or auto (each round's "
                  "tree or none by measured tokens/s)")
       ->check(non_empty());
+  app.add_option("--draft-cut", m.draft_cut,
+                 "how many of a round's drafts are verified (CPU): auto (default: under the "
+                 "adaptive speculation policy, those whose expected tokens pay for their rows, "
+                 "measured; else all), on (measured, under any policy) or off (all)")
+      ->check(non_empty());
   // Ranges and --ngram-min <= --ngram-max are checked by the engine (one message for the CLI and
   // Python alike).
   app.add_option("--ngram-min", m.ngram_min,
@@ -144,6 +149,7 @@ EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
   o.weights = weights;
   o.compute = compute;
   o.draft_tree = draft_tree;
+  o.draft_cut = draft_cut;
   o.ngram_min = ngram_min;
   o.ngram_max = ngram_max;
   o.ngram_block = ngram_block;

@@ -26,6 +26,7 @@ struct ModelOptions {
   std::string weights = "native";
   std::string compute = "fp32";
   std::string draft_tree = "off";
+  std::string draft_cut = "auto";
   int ngram_min = 1, ngram_max = 4, ngram_block = 8;  // --draft ngram (EngineOptions::ngram_*)
   int hybrid_ngram = 0;                               // EngineOptions::hybrid_ngram
   int draft_window = 0;                               // EngineOptions::draft_window

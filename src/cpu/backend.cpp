@@ -11,6 +11,29 @@ namespace flashmap::cpu {
 using engine::Accepted;
 using engine::SeqStep;
 
+namespace {
+// A draft tree cut to the nodes `keep` (ascending, each one's parent among them), renumbered in
+// the same order: a smaller tree of the same drafts, which the forward and the walk take as they
+// would a tree drafted so.
+void keep_nodes(Proposal& p, std::span<const int32_t> keep) {
+  std::vector<int32_t> index(p.tokens.size(), -1);
+  std::vector<int32_t> tokens, parents;
+  std::vector<float> confidence;
+  for (int32_t n : keep) {
+    FLASHMAP_ASSERT(n >= 0 && size_t(n) < p.tokens.size());
+    const int32_t parent = p.parents[size_t(n)];
+    FLASHMAP_ASSERT(parent < 0 || index[size_t(parent)] >= 0);
+    index[size_t(n)] = int32_t(tokens.size());
+    tokens.push_back(p.tokens[size_t(n)]);
+    parents.push_back(parent < 0 ? -1 : index[size_t(parent)]);
+    if (size_t(n) < p.confidence.size()) confidence.push_back(p.confidence[size_t(n)]);
+  }
+  p.tokens = std::move(tokens);
+  p.parents = std::move(parents);
+  p.confidence = std::move(confidence);
+}
+}  // namespace
+
 struct CpuBackend::Owned {
   std::unique_ptr<Qwen3Model> target;
   std::unique_ptr<FlashMapModel> draft;
@@ -206,6 +229,7 @@ void CpuBackend::forward(std::span<const SeqStep> steps) {
     s.fed.assign(1, s.anchor);
     s.fed_parents.clear();
     if (st.room > 0 && !s.proposal.parents.empty()) {
+      if (!st.keep.empty()) keep_nodes(s.proposal, st.keep);
       // The tree's nodes follow the anchor's row: node i is row i + 1, the anchor row 0.
       s.fed.insert(s.fed.end(), s.proposal.tokens.begin(), s.proposal.tokens.end());
       s.fed_parents.push_back(-1);
@@ -230,6 +254,12 @@ void CpuBackend::commit(std::span<const engine::Commit> seqs) {
     s.cache.truncate(c.length);
     take_features(s, c.drafted);
   }
+}
+
+engine::DraftsView CpuBackend::drafts(int seq_index) const {
+  const Proposal& p = seq(seq_index).proposal;
+  if (p.confidence.size() != p.tokens.size()) return {};
+  return {true, p.tokens, p.parents, p.confidence, p.source == Proposal::Source::Lookup};
 }
 
 void CpuBackend::propose(std::span<const SeqStep> steps) {

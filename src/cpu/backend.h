@@ -46,6 +46,7 @@ class CpuBackend : public engine::Backend {
   engine::Held held(int seq) const override;
 
   void propose(std::span<const engine::SeqStep> steps) override;
+  engine::DraftsView drafts(int seq) const override;
 
   void pick(std::span<const engine::SeqStep> steps, std::span<engine::Accepted> out) override;
   void accept(std::span<const engine::SeqStep> steps, std::span<engine::Accepted> out) override;

@@ -124,6 +124,21 @@ struct SeqStep {
   TreeShape tree = {};
   // Capabilities::lookup_choice: false: the drafter drafts even where prompt lookup matches.
   bool lookup = true;
+  // A draft tree's nodes to verify (ascending, each node's parent among them; empty: all). A
+  // block's drafts to verify are its first `room`.
+  std::span<const int32_t> keep;
+};
+
+// What a proposer drafted for one sequence, as the round loop reads it to choose how many drafts
+// to verify (engine/draft_cut.h): each draft's token, its parent (−1: the anchor; empty for a
+// block, whose draft k follows draft k − 1) and the drafter's confidence in it (its probability
+// of the token given the drafts before it). Valid until the next forward(); empty where a
+// backend does not report it (its rounds verify every draft).
+struct DraftsView {
+  bool reported = false;  // false: the backend does not report its drafts
+  std::span<const int32_t> tokens, parents;
+  std::span<const float> confidence;
+  bool lookup = false;  // drafted by prompt lookup
 };
 
 // pick()'s or accept()'s outcome for one sequence, on the host: `accepted` drafts then the
@@ -188,6 +203,11 @@ class Proposer {
   // (argmax, keyed by position, or from the filtered q kept for rejection sampling); they stay
   // in the backend for forward().
   virtual void propose(std::span<const SeqStep> steps) = 0;
+  // After propose(): what sequence `seq` drafted (empty: not reported).
+  virtual DraftsView drafts(int seq) const {
+    (void)seq;
+    return {};
+  }
 };
 
 class Verifier {

@@ -4,6 +4,7 @@
 // and finished or cancelled ones leave (their slots freed).
 #include <flashmap/engine.h>
 
+#include <charconv>
 #include <deque>
 #include <map>
 #include <thread>
@@ -286,6 +287,24 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
                                 .explore_max = options_.explore_max},
       options_.max_context, options_.clock, options_.prefix_cache_mb << 20);
   if (info.has_drafter()) impl_->acceptance_hist.assign(size_t(info.block_size) + 2, 0);
+  {
+    const std::string& cut = options_.draft_cut;
+    const bool random = cut.starts_with("random:");
+    uint64_t seed = 0;
+    if (random) {
+      const std::string digits = cut.substr(7);
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), seed);
+      FLASHMAP_CHECK(ec == std::errc() && end == digits.data() + digits.size() && seed > 0,
+                     "--draft-cut {}: random:SEED needs a seed > 0", cut);
+    } else {
+      FLASHMAP_CHECK(cut == "auto" || cut == "on" || cut == "off",
+                     "--draft-cut must be auto, on, off or random:SEED, got '{}'", cut);
+    }
+    const bool measured =
+        cut == "on" || (cut == "auto" && options_.spec_policy == SpecPolicyKind::Adaptive);
+    if (info.has_drafter() && (measured || random))
+      impl_->loop->set_draft_cut(engine::DraftCut(seed));
+  }
   const bool tree_auto = options_.draft_tree == "auto";
   const TreeShape tree =
       tree_auto ? TreeShape{1, 0} : TreeShape::parse(options_.draft_tree, "--draft-tree");

@@ -11,6 +11,7 @@ GenerateResult generate(const Qwen3Model& target, const BlockProposer* proposer,
   EngineOptions eo;
   eo.spec_policy = SpecPolicyKind::Always;
   eo.draft_tree = opt.draft_tree;
+  eo.draft_cut = opt.draft_cut;
   Engine engine(std::make_unique<cpu::CpuBackend>(target, proposer), eo);
   return engine.generate(opt.request(prompt), opt.on_tokens);
 }

@@ -26,6 +26,7 @@ struct GenerateOptions {
   int logprobs = -1;               // RequestParams::logprobs
   int prompt_logprobs = -1;        // RequestParams::prompt_logprobs
   std::string draft_tree = "off";  // EngineOptions::draft_tree
+  std::string draft_cut = "off";   // EngineOptions::draft_cut (off: the reference's rounds)
   // Called with the tokens each round commits (after stop-token truncation and the
   // max_new_tokens cut), as they are accepted.
   std::function<void(std::span<const int32_t>)> on_tokens;

@@ -38,7 +38,15 @@ void Sequence::restart() {
 }
 
 SeqStep RoundLoop::step(Sequence& s, int64_t position, int room, TreeShape tree) {
-  return {s.slot.index(), position, room, &s.sampler, &s.controls, s.params.logprobs, tree};
+  SeqStep st;
+  st.seq = s.slot.index();
+  st.position = position;
+  st.room = room;
+  st.sampler = &s.sampler;
+  st.controls = &s.controls;
+  st.logprobs = s.params.logprobs;
+  st.tree = tree;
+  return st;
 }
 
 RoundLoop::RoundLoop(Backend& backend, SpecPolicyOptions policy, int64_t max_context,
@@ -245,6 +253,10 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
   }
   if (!drafts.empty()) backend_.propose(drafts);
   if (drafts.empty()) report.lookup_choice = -1;  // nothing drafted: no measure of the choice
+  // Verify only the drafts worth their rows (draft_cut.h).
+  std::optional<Cut> cut;
+  if (cut_ && !drafts.empty()) cut = cut_drafts(steps);
+  for (size_t i = 0; i < active.size(); ++i) active[i]->room = steps[i].room;
   const double draft_ms = ms_since(t0);
 
   // Verify: anchor + block of every sequence in one forward.
@@ -288,11 +300,92 @@ RoundReport RoundLoop::round(std::span<Sequence* const> running) {
     s->times.accept_ms += accept_ms;
   }
   const double seconds = clock_() - t_round;
+  if (cut_) {
+    // The verify forward's time by its rows, and the rest of a round that drafted.
+    int64_t rows = 0;
+    for (const Accepted& r : results) rows += 1 + r.drafted;
+    cut_->observe_time(int(rows), verify_ms / 1e3,
+                       drafts.empty() ? -1 : (draft_ms + accept_ms) / 1e3);
+    if (cut) observe_cut(*cut, steps, results);
+  }
   if (report.any_draft) policy_.observe(batch, report.decision, seconds, round_tokens);
   if (tree_choice >= 0) tree_policy_->observe(batch, tree_choice, seconds, round_tokens);
   if (report.lookup_choice >= 0)
     lookup_policy_->observe(batch, report.lookup_choice, seconds, round_tokens);
   return report;
+}
+
+std::optional<RoundLoop::Cut> RoundLoop::cut_drafts(std::span<SeqStep> steps) {
+  const size_t n = steps.size();
+  Cut c;
+  c.drafting.assign(n, 0);
+  c.tree.assign(n, 0);
+  c.drafts.resize(n);
+  c.tokens.resize(n);
+  c.parents.resize(n);
+  c.kept.resize(n);
+  c.confidence.resize(n);
+  int plain = 0;
+  std::vector<DraftCut::Drafts> views;
+  std::vector<size_t> at;
+  for (size_t i = 0; i < n; ++i) {
+    const SeqStep& st = steps[i];
+    if (st.room <= 0) {
+      ++plain;
+      continue;
+    }
+    const DraftsView v = backend_.drafts(st.seq);
+    if (!v.reported) return std::nullopt;  // every draft, as without the cut
+    c.drafting[i] = 1;
+    c.tree[i] = !v.parents.empty();
+    // A block's drafts past the room are never verified (DFlash's short blocks, the end).
+    const size_t m = c.tree[i] ? v.tokens.size() : std::min(v.tokens.size(), size_t(st.room));
+    c.tokens[i].assign(v.tokens.begin(), v.tokens.begin() + int64_t(m));
+    c.confidence[i].assign(v.confidence.begin(), v.confidence.begin() + int64_t(m));
+    if (c.tree[i])
+      c.parents[i].assign(v.parents.begin(), v.parents.end());
+    else
+      for (size_t k = 0; k < m; ++k) c.parents[i].push_back(int32_t(k) - 1);
+    c.drafts[i] = {c.confidence[i], c.parents[i], v.lookup};
+    views.push_back(c.drafts[i]);
+    at.push_back(i);
+  }
+  if (views.empty()) return std::nullopt;
+  auto keep = cut_->decide(views, plain);
+  for (size_t j = 0; j < at.size(); ++j) {
+    const size_t i = at[j];
+    c.kept[i] = std::move(keep[j]);
+    SeqStep& st = steps[i];
+    if (!c.tree[i] || c.kept[i].empty())
+      st.room = int(c.kept[i].size());  // a block's kept drafts are its first
+    else if (c.kept[i].size() < c.tokens[i].size())
+      st.keep = c.kept[i];
+  }
+  return c;
+}
+
+void RoundLoop::observe_cut(const Cut& c, std::span<const SeqStep> steps,
+                            std::span<const Accepted> results) {
+  (void)steps;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!c.drafting[i]) continue;
+    const Accepted& r = results[i];
+    // The accepted drafts as indices of the drafted tree (a block: 0, 1, ...).
+    std::vector<int32_t> path;
+    int32_t node = -1;
+    for (int a = 0; a < r.accepted; ++a) {
+      int32_t next = -1;
+      for (int32_t j : c.kept[i])
+        if (c.parents[i][size_t(j)] == node && c.tokens[i][size_t(j)] == r.tokens[size_t(a)]) {
+          next = j;
+          break;
+        }
+      if (next < 0) break;
+      path.push_back(next);
+      node = next;
+    }
+    cut_->observe_outcome(c.drafts[i], c.kept[i], path);
+  }
 }
 
 void RoundLoop::run(Sequence& seq, const std::atomic<bool>* cancel) {

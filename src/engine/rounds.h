@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/draft_cut.h"
 #include "engine/prefix_cache.h"
 #include "engine/spec_policy.h"
 #include "engine/tree_policy.h"
@@ -95,6 +96,10 @@ class RoundLoop {
                          policy_.options().explore_max, policy_.options().alpha);
   }
   const TreePolicy* tree_policy() const { return tree_policy_ ? &*tree_policy_ : nullptr; }
+  // Speculative rounds verify only the drafts that pay (draft_cut.h) where the backend reports
+  // its drafts; off by default (every draft, as the reference's loop).
+  void set_draft_cut(std::optional<DraftCut> cut) { cut_ = std::move(cut); }
+  const DraftCut* draft_cut() const { return cut_ ? &*cut_ : nullptr; }
   // Hybrid rounds under the adaptive policy: whether a speculative round lets prompt lookup
   // replace the drafter where it matches (choice 0) or runs the drafter alone (1), by measured
   // tokens/s. Null where the backend has no such choice or the policy is not adaptive (then
@@ -131,12 +136,24 @@ class RoundLoop {
             std::span<const TokenLogprob> logprobs);
   // The sequence's part in a step: its slot, anchor position, room, sampler, controls, logprobs.
   SeqStep step(Sequence& s, int64_t position, int room, TreeShape tree = {});
+  // What the cut keeps of each step's drafts (cut_ set, the drafts reported): chains get a
+  // smaller room, trees the nodes to keep (in `kept`, which must outlive the forward).
+  struct Cut {
+    std::vector<uint8_t> drafting, tree;                      // per step
+    std::vector<DraftCut::Drafts> drafts;                     // per step, over the vectors below
+    std::vector<std::vector<int32_t>> tokens, parents, kept;  // per step
+    std::vector<std::vector<float>> confidence;               // per step
+  };
+  std::optional<Cut> cut_drafts(std::span<SeqStep> steps);
+  void observe_cut(const Cut& cut, std::span<const SeqStep> steps,
+                   std::span<const Accepted> results);
 
   Backend& backend_;
   SpecPolicy policy_;
   TreeShape tree_;
   std::optional<TreePolicy> tree_policy_;
   std::optional<MeasuredChoice> lookup_policy_;
+  std::optional<DraftCut> cut_;
   int64_t max_context_;
   std::function<double()> clock_;
   PrefixCache cache_;

@@ -390,8 +390,15 @@ TEST(Engine, ADeviceFaultFailsEveryHeldRequestAndRefusesNewOnes) {
     RequestParams p;
     p.prompt = prompt_of(6, i);
     p.max_tokens = 40;
-    reqs.push_back(engine.submit(p));
+    // The engine thread runs while these are submitted: once it has failed, a submission is
+    // refused (503) instead of held.
+    try {
+      reqs.push_back(engine.submit(p));
+    } catch (const AdmissionError& e) {
+      EXPECT_EQ(e.status, 503) << e.what();
+    }
   }
+  ASSERT_FALSE(reqs.empty());
   for (auto& r : reqs) {
     const Request::Update u = finish_of(*r);
     ASSERT_TRUE(u.finished) << "request " << r->id << " hangs after the fault";
@@ -539,7 +546,10 @@ TEST(AdaptivePolicy, WrongDrafterConvergesToTargetAlone) {
   ScriptedProposer wrong(4, m.target.config().vocab_size, want, 0);
   FakeClock clock;
   BilledDrafter drafter(wrong, clock);
-  Engine sched(on_cpu(m.target, &drafter), {.max_running = 4, .clock = clock.fn()});
+  // Every draft verified: this is about when rounds speculate (draft_cut.h, which decides on
+  // real times, has its own tests).
+  Engine sched(on_cpu(m.target, &drafter),
+               {.draft_cut = "off", .max_running = 4, .clock = clock.fn()});
   auto r = sched.submit(p);
   EXPECT_EQ(wait_all(*r), want);
   const auto st = sched.stats();
@@ -566,7 +576,8 @@ TEST(AdaptivePolicy, RightDrafterConvergesToSpeculation) {
   ScriptedProposer right(4, m.target.config().vocab_size, want, 4);
   FakeClock clock;
   BilledDrafter drafter(right, clock);
-  Engine sched(on_cpu(m.target, &drafter), {.max_running = 4, .clock = clock.fn()});
+  Engine sched(on_cpu(m.target, &drafter),
+               {.draft_cut = "off", .max_running = 4, .clock = clock.fn()});
   auto r = sched.submit(p);
   EXPECT_EQ(wait_all(*r), want);
   EXPECT_GT(r->acceptance_length(), 4.0);

@@ -93,6 +93,18 @@ def test_draft_tree_greedy_equals_target_alone(engines, tree):
     e.close()
 
 
+def test_draft_cut_greedy_equals_target_alone(engines):
+    # Rounds that verify only the drafts that pay (EngineOptions::draft_cut "on") are lossless.
+    from flashmap_engine import Engine
+    pair = PAIRS["default"]
+    alone = engines("default", False)
+    for cut in ("on", "random:3"):
+        e = Engine(str(pair / "target"), str(pair / "draft"), draft_cut=cut)
+        for prompt in prompts(e.vocab_size, n=2, seed=5):
+            assert (e.generate(prompt, 40, seed=1).ids.tolist()
+                    == alone.generate(prompt, 40, seed=1).ids.tolist())
+
+
 def test_bad_draft_tree_is_an_error():
     from flashmap_engine import Engine, Error
     pair = PAIRS["default"]

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "cpu/proposers.h"
@@ -49,7 +50,9 @@ inline std::vector<double> exact_two_tokens(const Qwen3Model& target,
 // accepted in more than `min_accept` of the runs so that the accept path is exercised.
 inline void expect_joint_two(const Qwen3Model& target, const BlockProposer& d,
                              const std::vector<int32_t>& prompt, const SamplingParams& sp,
-                             double min_accept, int n = 40000) {
+                             double min_accept, int n = 40000,
+                             const std::string& draft_cut = "off") {
+  // draft_cut "random": each run's rounds verify a random share of their drafts (its own seed).
   const int64_t V = target.config().vocab_size;
   const auto exact = exact_two_tokens(target, prompt, sp);
   for (bool seeded : {false, true}) {
@@ -58,9 +61,12 @@ inline void expect_joint_two(const Qwen3Model& target, const BlockProposer& d,
     o.max_new_tokens = 3;
     o.sampling = sp;
     o.seeded = seeded;
+    o.draft_cut = draft_cut;
     double accepted = 0;
     for (int i = 0; i < n; ++i) {
       o.seed = uint64_t(i) * 7919 + 1;
+      // A random cut draws from a seed of its own per run (each run is a new engine).
+      if (draft_cut == "random") o.draft_cut = "random:" + std::to_string(i + 1);
       const auto r = generate(target, &d, prompt, o);
       counts[size_t(r.ids[0] * V + r.ids[1])] += 1;
       accepted += r.accepted_at[0] > 0;
@@ -135,18 +141,21 @@ inline std::vector<double> exact_three_tokens(const Qwen3Model& target,
 inline void expect_tree_joint_three(const Qwen3Model& target, const BlockProposer& d,
                                     const std::vector<int32_t>& prompt, const SamplingParams& sp,
                                     const std::vector<double>& exact, const std::string& shape,
-                                    double min_descend, int n = 30000) {
+                                    double min_descend, int n = 30000,
+                                    const std::string& draft_cut = "off") {
   const int64_t V = target.config().vocab_size;
   for (bool seeded : {false, true}) {
     std::vector<double> counts(exact.size(), 0.0);
     GenerateOptions o;
     o.max_new_tokens = 4;
     o.draft_tree = shape;
+    o.draft_cut = draft_cut;
     o.sampling = sp;
     o.seeded = seeded;
     double descended = 0;
     for (int i = 0; i < n; ++i) {
       o.seed = uint64_t(i) * 7919 + 1;
+      if (draft_cut == "random") o.draft_cut = "random:" + std::to_string(i + 1);
       const auto r = generate(target, &d, prompt, o);
       ASSERT_EQ(r.ids.size(), 4u);
       counts[size_t((r.ids[0] * V + r.ids[1]) * (V + 1) + r.ids[2])] += 1;
