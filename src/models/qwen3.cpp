@@ -80,8 +80,27 @@ Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int6
   return w;
 }
 
+namespace {
+// `parts` as one packed matrix stacked along the rows (when they all are packed and every part
+// but the last fills its panels); each part then gives its packed copy up.
+Weight stacked(std::initializer_list<Weight*> parts) {
+  std::vector<const ops::PackedWeight*> packed;
+  Weight w;
+  for (Weight* p : parts) {
+    if (!p->packed || (p != *std::prev(parts.end()) && p->rows % ops::kPanel != 0)) return {};
+    packed.push_back(p->packed.get());
+    w.rows += p->rows;
+  }
+  w.dtype = (*parts.begin())->dtype;
+  w.cols = (*parts.begin())->cols;
+  w.packed = ops::stack_rows(packed);
+  for (Weight* p : parts) p->packed.reset();
+  return w;
+}
+}  // namespace
+
 Qwen3Layer load_qwen3_layer(Checkpoint& ckpt, const std::string& p, const Qwen3Config& c,
-                            ops::WeightFormat format, ThreadPool& pool) {
+                            ops::WeightFormat format, ThreadPool& pool, bool stack) {
   const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
   const int64_t q_dim = int64_t(c.num_attention_heads) * hd;
   const int64_t kv_dim = int64_t(c.num_key_value_heads) * hd;
@@ -101,6 +120,10 @@ Qwen3Layer load_qwen3_layer(Checkpoint& ckpt, const std::string& p, const Qwen3C
   l.gate = mat("mlp.gate_proj.weight", I, H);
   l.up = mat("mlp.up_proj.weight", I, H);
   l.down = mat("mlp.down_proj.weight", H, I);
+  if (stack) {
+    l.qkv = stacked({&l.q, &l.k, &l.v});
+    l.gate_up = stacked({&l.gate, &l.up});
+  }
   return l;
 }
 
@@ -111,7 +134,7 @@ Weight Qwen3Model::linear_weight(const std::string& name, int64_t rows, int64_t 
 int64_t Qwen3Model::packed_bytes() const {
   int64_t n = lm_head_.packed ? lm_head_.packed->bytes() : 0;
   for (const auto& l : layers_)
-    for (const Weight* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
+    for (const Weight* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.qkv, &l.gate_up})
       n += w->packed ? w->packed->bytes() : 0;
   return n;
 }
@@ -132,8 +155,9 @@ void Qwen3Model::load_weights() {
   }
   final_norm_ = vec("model.norm.weight", H);
   for (int i = 0; i < c.num_hidden_layers; ++i)
-    layers_.push_back(
-        load_qwen3_layer(*ckpt_, fmt::format("model.layers.{}.", i), c, format_, *pool_));
+    layers_.push_back(load_qwen3_layer(*ckpt_, fmt::format("model.layers.{}.", i), c, format_,
+                                       *pool_,
+                                       /*stack=*/true));
 }
 
 int64_t Qwen3Model::weight_bytes() const {
@@ -240,7 +264,9 @@ void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
       q(static_cast<size_t>(T * q_dim)), k(static_cast<size_t>(T * kv_dim)),
       v(static_cast<size_t>(T * kv_dim)), attn(static_cast<size_t>(T * q_dim)),
       gate(static_cast<size_t>(T * I)), up(static_cast<size_t>(T * I)),
-      tmp(static_cast<size_t>(T * H));
+      tmp(static_cast<size_t>(T * H)), stacked_out;
+  if (layers_.front().qkv.packed || layers_.front().gate_up.packed)
+    stacked_out.resize(static_cast<size_t>(T * std::max(q_dim + 2 * kv_dim, 2 * I)));
   {
     int64_t r = 0;
     for (const auto& s : batch)
@@ -272,9 +298,21 @@ void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     ops::rms_norm(x.data(), L.input_norm.data(), eps, T, H, h.data());
-    ops::linear(h.data(), T, L.q, nullptr, q.data(), *pool_);
-    ops::linear(h.data(), T, L.k, nullptr, k.data(), *pool_);
-    ops::linear(h.data(), T, L.v, nullptr, v.data(), *pool_);
+    if (L.qkv.packed) {
+      // One product for q, k and v (the same outputs, bit for bit), then each to its own rows.
+      const int64_t qkv_dim = q_dim + 2 * kv_dim;
+      ops::linear(h.data(), T, L.qkv, nullptr, stacked_out.data(), *pool_);
+      for (int64_t r = 0; r < T; ++r) {
+        const float* row = stacked_out.data() + r * qkv_dim;
+        std::copy_n(row, q_dim, q.data() + r * q_dim);
+        std::copy_n(row + q_dim, kv_dim, k.data() + r * kv_dim);
+        std::copy_n(row + q_dim + kv_dim, kv_dim, v.data() + r * kv_dim);
+      }
+    } else {
+      ops::linear(h.data(), T, L.q, nullptr, q.data(), *pool_);
+      ops::linear(h.data(), T, L.k, nullptr, k.data(), *pool_);
+      ops::linear(h.data(), T, L.v, nullptr, v.data(), *pool_);
+    }
     // q_norm / k_norm are per-head RMSNorms over head_dim, before RoPE (modeling_qwen3.py).
     ops::rms_norm(q.data(), L.q_norm.data(), eps, T * nh, hd, q.data());
     ops::rms_norm(k.data(), L.k_norm.data(), eps, T * nkv, hd, k.data());
@@ -299,11 +337,20 @@ void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
     ops::linear(attn.data(), T, L.o, nullptr, tmp.data(), *pool_);
     for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
     ops::rms_norm(x.data(), L.post_norm.data(), eps, T, H, h.data());
-    ops::linear(h.data(), T, L.gate, nullptr, gate.data(), *pool_);
-    ops::linear(h.data(), T, L.up, nullptr, up.data(), *pool_);
-    for (int64_t i = 0; i < T * I; ++i)
-      gate[static_cast<size_t>(i)] =
-          ops::silu(gate[static_cast<size_t>(i)]) * up[static_cast<size_t>(i)];
+    if (L.gate_up.packed) {
+      ops::linear(h.data(), T, L.gate_up, nullptr, stacked_out.data(), *pool_);
+      for (int64_t r = 0; r < T; ++r) {
+        const float* g = stacked_out.data() + r * 2 * I;
+        float* out_row = gate.data() + r * I;
+        for (int64_t i = 0; i < I; ++i) out_row[i] = ops::silu(g[i]) * g[I + i];
+      }
+    } else {
+      ops::linear(h.data(), T, L.gate, nullptr, gate.data(), *pool_);
+      ops::linear(h.data(), T, L.up, nullptr, up.data(), *pool_);
+      for (int64_t i = 0; i < T * I; ++i)
+        gate[static_cast<size_t>(i)] =
+            ops::silu(gate[static_cast<size_t>(i)]) * up[static_cast<size_t>(i)];
+    }
     ops::linear(gate.data(), T, L.down, nullptr, tmp.data(), *pool_);
     for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
     for (size_t t = 0; t < taps.size(); ++t)

@@ -24,9 +24,12 @@ Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int6
 struct Qwen3Layer {
   std::vector<float> input_norm, post_norm, q_norm, k_norm;
   Weight q, k, v, o, gate, up, down;
+  // When stacked (load_qwen3_layer's `stack`): q, k and v as one matrix, gate and up as another,
+  // each one product over the layer's normed input; their parts then hold no packed copy.
+  Weight qkv, gate_up;
 };
 Qwen3Layer load_qwen3_layer(Checkpoint& ckpt, const std::string& prefix, const Qwen3Config& c,
-                            ops::WeightFormat format, ThreadPool& pool);
+                            ops::WeightFormat format, ThreadPool& pool, bool stack = false);
 
 // One sequence's keys and values, per layer [position, kv_heads * head_dim], fp32.
 struct KVCache {

@@ -211,6 +211,32 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
   return P;
 }
 
+std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* const> parts) {
+  FLASHMAP_ASSERT(!parts.empty());
+  const PackedWeight& first = *parts[0];
+  auto P = std::make_shared<PackedWeight>();
+  P->dtype = first.dtype;
+  P->q8 = first.q8;
+  P->bf16_dot = first.bf16_dot;
+  P->cols = first.cols;
+  P->panel_bytes = first.panel_bytes;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const PackedWeight& w = *parts[i];
+    FLASHMAP_ASSERT(w.dtype == first.dtype && w.q8 == first.q8 && w.bf16_dot == first.bf16_dot &&
+                    w.cols == first.cols && w.panel_bytes == first.panel_bytes);
+    FLASHMAP_ASSERT(i + 1 == parts.size() || w.rows % kPanel == 0);
+    P->rows += w.rows;
+    P->panels += w.panels;
+  }
+  P->data = {alloc_panels(P->bytes()), std::free};
+  uint8_t* at = P->data.get();
+  for (const PackedWeight* w : parts) {
+    std::memcpy(at, w->data.get(), size_t(w->bytes()));
+    at += w->bytes();
+  }
+  return P;
+}
+
 // --- instruction sets -------------------------------------------------------------------------
 
 const char* isa_name(Isa isa) {

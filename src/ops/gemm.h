@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "core/dtype.h"
@@ -65,6 +66,12 @@ struct PackedWeight {
 // weight needs K divisible by 32).
 std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
                                          const std::string& what, ThreadPool& pool);
+
+// Matrices packed alike (same format and input size), stacked along their output rows: one
+// product instead of several over the same input (a layer's q, k and v; its gate and up). Every
+// part but the last fills its panels (rows a multiple of kPanel). Each output is computed as in
+// its own matrix, bit for bit.
+std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* const> parts);
 
 // The instruction sets the kernel is compiled for; the best one the CPU has is picked at run
 // time (FLASHMAP_ISA=generic|avx2|avx512|avx512-vnni|avx512-bf16 caps it), so a binary built for
