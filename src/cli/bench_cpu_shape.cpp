@@ -247,7 +247,7 @@ json time_drafter(const FlashMapModel& draft, const Qwen3Config& tc, const Bench
     // Every jump after the first also reads its state through the embedding (softmax · E).
     const double macs =
         K * (n * draft_macs_per_row(c, V) + (n - 1) * double(V) * c.target_hidden_size);
-    const double ms = ms_of([&] { draft_once(n); }, a.reps);
+    const double ms = ms_of([&, n = n] { draft_once(n); }, a.reps);
     const double gflops = 2 * macs / (ms * 1e-3) / 1e9;
     steps[std::to_string(n)] = {
         {"ms", ms}, {"gflops", gflops}, {"fraction_of_fma_peak", gflops / fma_gflops}};

@@ -93,7 +93,7 @@ void run_serve(ServeArgs& a) {
   std::thread signals([&] {
     while (!g_stop_requested && !srv.stopped())
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (srv.stopped()) return;  // it stopped itself (a device fault)
+    if (srv.stopped()) return;  // it stopped itself (a device fault, changed model files)
     std::cerr << "flashmap serve: stopping: finishing running requests\n";
     srv.stop();
   });
@@ -116,9 +116,10 @@ void run_serve(ServeArgs& a) {
   std::cerr.flush();
   srv.serve();
   signals.join();
-  // Exit non-zero after a device fault, so that a supervisor or router restarts the server.
+  // Exit non-zero after a device fault or a change of the model's files under it, so that a
+  // supervisor or router restarts the server.
   const std::string fault = srv.fault();
-  FLASHMAP_CHECK(fault.empty(), "serve stopped: the device failed: {}", fault);
+  FLASHMAP_CHECK(fault.empty(), "serve stopped: {}", fault);
   std::cerr << "flashmap serve: stopped\n";
 }
 

@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -30,6 +30,54 @@ ConvertSource parse_convert_source(const std::string& name) {
   if (name == "specforge") return ConvertSource::SpecForge;
   throw Error(
       fmt::format("--from: unknown source '{}' (expected auto, speculators or specforge)", name));
+}
+
+FlashMapConfig speculators_flashmap_config(const json& j, const std::string& path,
+                                           json* release) {
+  const auto has = [&](const json& o, const char* key) {
+    return o.contains(key) && !o[key].is_null();
+  };
+  FLASHMAP_CHECK(j.is_object(), "{}: not a JSON object", path);
+  FLASHMAP_CHECK(has(j, "transformer_layer_config") && j["transformer_layer_config"].is_object(),
+                 "{}: missing object field 'transformer_layer_config'", path);
+  json cfg = j["transformer_layer_config"];
+  for (const char* key :
+       {"architectures", "block_size", "target_layer_ids", "target_hidden_size", "target_model"})
+    FLASHMAP_CHECK(!cfg.contains(key),
+                   "{}: field 'transformer_layer_config.{}' belongs at the top level "
+                   "(aux_hidden_state_layer_ids, block_size, target_hidden_size, "
+                   "speculators_config.verifier)",
+                   path, key);
+  FLASHMAP_CHECK(has(j, "aux_hidden_state_layer_ids") && j["aux_hidden_state_layer_ids"].is_array(),
+                 "{}: missing list field 'aux_hidden_state_layer_ids'", path);
+  json ids = json::array();
+  for (auto& v : j["aux_hidden_state_layer_ids"]) {
+    FLASHMAP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 1024,
+                   "{}: field 'aux_hidden_state_layer_ids' has a bad entry {} (expected a layer "
+                   "id in [1, 1024]; 0 would be the embedding output)",
+                   path, v.dump());
+    ids.push_back(v.get<int64_t>() - 1);
+  }
+  cfg["architectures"] =
+      has(j, "architectures") ? j["architectures"] : json::array({"FlashMapDraftModel"});
+  if (has(j, "block_size")) cfg["block_size"] = j["block_size"];
+  cfg["target_layer_ids"] = ids;
+  if (has(j, "target_hidden_size")) cfg["target_hidden_size"] = j["target_hidden_size"];
+  if (j.contains("speculators_config") && j["speculators_config"].is_object()) {
+    const json& sc = j["speculators_config"];
+    if (sc.contains("verifier") && sc["verifier"].is_object() &&
+        has(sc["verifier"], "name_or_path"))
+      cfg["target_model"] = sc["verifier"]["name_or_path"];
+  }
+  const FlashMapConfig c =
+      FlashMapConfig::from_json_text(cfg.dump(), path + " (as a FlashMap release config)");
+  if (has(j, "draft_vocab_size"))
+    FLASHMAP_CHECK(j["draft_vocab_size"] == c.vocab_size,
+                   "{}: field 'draft_vocab_size' is {}, not vocab_size {}: FlashMap drafters have "
+                   "no reduced vocabulary",
+                   path, j["draft_vocab_size"].dump(), c.vocab_size);
+  if (release) *release = std::move(cfg);
+  return c;
 }
 
 namespace {
@@ -247,44 +295,8 @@ Output from_speculators_dflash(const ConvertOptions& o, const json& j, const std
 // speculators-style FlashMap (our definition, docs/DFLASH.md "Conversion") -> FlashMap release.
 Output from_speculators_flashmap(const ConvertOptions& o, const json& j, const std::string& path,
                                  const Checkpoint& ckpt, ConvertResult& r) {
-  FLASHMAP_CHECK(has(j, "transformer_layer_config") && j["transformer_layer_config"].is_object(),
-                 "{}: missing object field 'transformer_layer_config'", path);
-  json cfg = j["transformer_layer_config"];
-  for (const char* key :
-       {"architectures", "block_size", "target_layer_ids", "target_hidden_size", "target_model"})
-    FLASHMAP_CHECK(!cfg.contains(key),
-                   "{}: field 'transformer_layer_config.{}' belongs at the top level "
-                   "(aux_hidden_state_layer_ids, block_size, target_hidden_size, "
-                   "speculators_config.verifier)",
-                   path, key);
-  FLASHMAP_CHECK(has(j, "aux_hidden_state_layer_ids") && j["aux_hidden_state_layer_ids"].is_array(),
-                 "{}: missing list field 'aux_hidden_state_layer_ids'", path);
-  json ids = json::array();
-  for (auto& v : j["aux_hidden_state_layer_ids"]) {
-    FLASHMAP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 1024,
-                   "{}: field 'aux_hidden_state_layer_ids' has a bad entry {} (expected a layer "
-                   "id in [1, 1024]; 0 would be the embedding output)",
-                   path, v.dump());
-    ids.push_back(v.get<int64_t>() - 1);
-  }
-  cfg["architectures"] =
-      has(j, "architectures") ? j["architectures"] : json::array({"FlashMapDraftModel"});
-  if (has(j, "block_size")) cfg["block_size"] = j["block_size"];
-  cfg["target_layer_ids"] = ids;
-  if (has(j, "target_hidden_size")) cfg["target_hidden_size"] = j["target_hidden_size"];
-  if (j.contains("speculators_config") && j["speculators_config"].is_object()) {
-    const json& sc = j["speculators_config"];
-    if (sc.contains("verifier") && sc["verifier"].is_object() &&
-        has(sc["verifier"], "name_or_path"))
-      cfg["target_model"] = sc["verifier"]["name_or_path"];
-  }
-  const FlashMapConfig c =
-      FlashMapConfig::from_json_text(cfg.dump(), path + " (as a FlashMap release config)");
-  if (has(j, "draft_vocab_size"))
-    FLASHMAP_CHECK(j["draft_vocab_size"] == c.vocab_size,
-                   "{}: field 'draft_vocab_size' is {}, not vocab_size {}: FlashMap drafters have "
-                   "no reduced vocabulary",
-                   path, j["draft_vocab_size"].dump(), c.vocab_size);
+  json cfg;
+  const FlashMapConfig c = speculators_flashmap_config(j, path, &cfg);
   if (const auto target = find_target(o, j)) {
     check_flashmap_target(c, *target, path, "aux_hidden_state_layer_ids", 1);
     r.target = target->dir;
@@ -353,22 +365,15 @@ Output from_specforge_flashmap(const ConvertOptions& o, const json& j, const std
   return out;
 }
 
-// Writes `out` into a new folder beside `dir` and renames it into place; an existing `dir`
-// (allowed by the caller) is swapped out atomically where the kernel can, then removed.
-void write_folder(const fs::path& dir, const Output& out) {
+// Writes `fill`'s files into a new folder beside `dir` and renames it into place; an existing
+// `dir` (allowed by the caller) is swapped out atomically where the kernel can, then removed.
+void write_folder(const fs::path& dir, const std::function<void(const std::string&)>& fill) {
   std::string tmpl = dir.string() + ".tmp-XXXXXX";
   FLASHMAP_CHECK(::mkdtemp(tmpl.data()) != nullptr, "{}: cannot create a folder beside it ({})",
                  dir.string(), std::strerror(errno));
   const fs::path tmp = tmpl;
   try {
-    {
-      const auto path = (tmp / "config.json").string();
-      std::ofstream f(path);
-      f << out.config.dump(2) << "\n";
-      f.flush();
-      FLASHMAP_CHECK(f.good(), "{}: write failed", path);
-    }
-    write_safetensors((tmp / "model.safetensors").string(), out.tensors, {{"format", "pt"}});
+    fill(tmp.string());
     std::error_code ec;
     if (fs::symlink_status(dir, ec).type() == fs::file_type::not_found) {
       fs::rename(tmp, dir);
@@ -392,6 +397,11 @@ void write_folder(const fs::path& dir, const Output& out) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
     throw Error(fmt::format("{}: {}", dir.string(), e.what()));
+  } catch (const Error& e) {
+    // A full disk or a file size limit while writing: the folder beside it goes, OUT stays.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw Error(fmt::format("{}: nothing was written: {}", dir.string(), e.what()));
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
@@ -399,35 +409,60 @@ void write_folder(const fs::path& dir, const Output& out) {
   }
 }
 
-}  // namespace
+void write_text_file(const std::string& path, const std::string& text) {
+  AtomicFile f(path);
+  f.write(text);
+  f.commit();
+}
 
-ConvertResult convert_checkpoint(const ConvertOptions& o) {
-  FLASHMAP_CHECK(!o.in.empty() && !o.out.empty(), "convert needs IN and OUT folders");
+void write_folder(const fs::path& dir, const Output& out) {
+  write_folder(dir, [&](const std::string& tmp) {
+    write_text_file((fs::path(tmp) / "config.json").string(), out.config.dump(2) + "\n");
+    write_safetensors((fs::path(tmp) / "model.safetensors").string(), out.tensors,
+                      {{"format", "pt"}});
+  });
+}
+
+// OUT as a folder name, checked: where it goes exists, and replacing it (with `force`) would not
+// delete IN.
+fs::path checked_output(const std::string& in, const std::string& out_name, bool force) {
   std::error_code ec;
-  FLASHMAP_CHECK(fs::is_directory(o.in, ec), "{}: not a folder", o.in);
   // "OUT/" names OUT; mkdtemp and rename need the name without the slash.
-  fs::path out = fs::path(o.out).lexically_normal();
+  fs::path out = fs::path(out_name).lexically_normal();
   if (!out.has_filename()) out = out.parent_path();
   FLASHMAP_CHECK(!out.empty() && out.filename() != "." && out.filename() != "..",
-                 "{}: not a usable output folder name", o.out);
-  const auto in_abs = fs::weakly_canonical(fs::absolute(o.in), ec);
+                 "{}: not a usable output folder name", out_name);
+  const auto in_abs = fs::weakly_canonical(fs::absolute(in), ec);
   const auto out_abs = fs::weakly_canonical(fs::absolute(out), ec);
   const auto st = fs::symlink_status(out, ec).type();
   if (st != fs::file_type::not_found) {
-    FLASHMAP_CHECK(!fs::equivalent(o.in, out, ec), "{}: IN and OUT are the same folder", o.out);
+    FLASHMAP_CHECK(!fs::equivalent(in, out, ec), "{}: IN and OUT are the same folder", out_name);
     FLASHMAP_CHECK(st == fs::file_type::directory,
-                   "{}: exists and is not a folder; not replaced (even with --force)", o.out);
-    FLASHMAP_CHECK(o.force, "{}: exists; pass --force to replace it", o.out);
+                   "{}: exists and is not a folder; not replaced (even with --force)", out_name);
+    FLASHMAP_CHECK(force, "{}: exists; pass --force to replace it", out_name);
     // Replacing OUT would delete IN with it.
     const auto rel = in_abs.lexically_relative(out_abs);
-    FLASHMAP_CHECK(rel.empty() || *rel.begin() == "..", "{}: holds IN ({}); not replaced", o.out,
-                   o.in);
+    FLASHMAP_CHECK(rel.empty() || *rel.begin() == "..", "{}: holds IN ({}); not replaced",
+                   out_name, in);
   }
-  {
-    const auto parent = out_abs.parent_path();
-    FLASHMAP_CHECK(fs::is_directory(parent, ec), "{}: the folder it goes in ({}) does not exist",
-                   o.out, parent.string());
-  }
+  const auto parent = out_abs.parent_path();
+  FLASHMAP_CHECK(fs::is_directory(parent, ec), "{}: the folder it goes in ({}) does not exist",
+                 out_name, parent.string());
+  return out;
+}
+
+}  // namespace
+
+void write_output_folder(const std::string& in, const std::string& out, bool force,
+                         const std::function<void(const std::string&)>& fill) {
+  write_folder(checked_output(in, out, force), fill);
+}
+
+ConvertResult convert_checkpoint(const ConvertOptions& o) {
+  FLASHMAP_CHECK(!o.in.empty() && !o.out.empty(), "convert needs IN and OUT");
+  std::error_code ec;
+  FLASHMAP_CHECK(fs::is_directory(o.in, ec), "{}: not a folder", o.in);
+  const fs::path out = checked_output(o.in, o.out, o.force);  // before anything is read
 
   const std::string path = (fs::path(o.in) / "config.json").string();
   json j = read_config(path);

@@ -14,8 +14,12 @@
 // place, and an existing OUT is replaced only with `force`.
 #pragma once
 
+#include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
+
+#include "io/hf_config.h"
 
 namespace flashmap {
 
@@ -41,6 +45,18 @@ struct ConvertResult {
 
 // "auto", "speculators", "specforge"; flashmap::Error otherwise.
 ConvertSource parse_convert_source(const std::string& name);
+
+// A speculators FlashMap config.json (speculators_model_type "flashmap") read as the FlashMap
+// release config it converts to, every field checked; `release`, when given, gets that config's
+// JSON. Throws flashmap::Error naming `path` and the field.
+FlashMapConfig speculators_flashmap_config(const nlohmann::json& j, const std::string& path,
+                                           nlohmann::json* release = nullptr);
+
+// Writes the folder `out` whole or not at all: `fill` writes its files into a new folder beside
+// it, which then takes its place. `out` is checked first: the folder it goes in exists, and an
+// existing `out` is replaced only with `force` and only when that would not delete `in`.
+void write_output_folder(const std::string& in, const std::string& out, bool force,
+                         const std::function<void(const std::string&)>& fill);
 
 // Converts o.in to o.out; throws flashmap::Error naming the file and the field or tensor at
 // fault (OUT is left as it was).

@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "core/check.h"
@@ -113,6 +115,63 @@ std::string read_input_file(const std::string& path, size_t max_bytes) {
   }
   ::close(fd);
   return out;
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  // O_EXCL on a name of this process's own: two writers of the same file (two threads, two
+  // processes) never share a temporary file. Mode 0666 less the umask, as a plain create gives.
+  static std::atomic<uint64_t> counter{0};
+  for (int attempt = 0; fd_ < 0; ++attempt) {
+    tmp_ = fmt::format("{}.tmp-{}-{}", path_, ::getpid(), counter++);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ < 0 && (errno != EEXIST || attempt > 100)) {
+      const int e = errno;
+      tmp_.clear();
+      throw Error(fmt::format("{}: cannot write ({})", path_, std::strerror(e)));
+    }
+  }
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::fail(const char* what) {
+  const int e = errno;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+  tmp_.clear();
+  throw Error(fmt::format("{}: {} ({})", path_, what, std::strerror(e)));
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  FLASHMAP_CHECK(fd_ >= 0, "{}: write after the file was finished", path_);
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) fail("cannot write");
+    if (w == 0) {
+      errno = ENOSPC;
+      fail("cannot write");
+    }
+    p += w;
+    n -= size_t(w);
+  }
+}
+
+void AtomicFile::commit() {
+  FLASHMAP_CHECK(fd_ >= 0, "{}: the file was already finished", path_);
+  // fsync before the rename: otherwise a crash soon after can leave an empty or partial file
+  // under the final name on file systems that delay writing the data (ext4, xfs).
+  if (::fsync(fd_) != 0) fail("cannot write");
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("cannot write");
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename the finished file into place");
+  tmp_.clear();
 }
 
 }  // namespace flashmap

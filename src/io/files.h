@@ -38,4 +38,27 @@ std::string read_regular_file(const std::string& path, size_t max_bytes);
 // /dev/stdin), read to its end; more than `max_bytes` is refused, and so is a directory.
 std::string read_input_file(const std::string& path, size_t max_bytes);
 
+// A file written whole or not at all: the bytes go to a new temporary file beside `path`
+// ("PATH.tmp-..."), which commit() flushes to the disk and renames to `path`. A failure on the
+// way (a read-only folder, a full disk, a file size limit) throws flashmap::Error naming `path`
+// and the system's reason ("PATH: cannot write (No space left on device)") and removes the
+// temporary file, so that `path` holds either what it held before or the complete new file,
+// never part of one. Destroyed without commit(): the temporary file is removed.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, size_t n);
+  void write(std::string_view s) { write(s.data(), s.size()); }
+  void commit();
+
+ private:
+  void fail(const char* what);  // removes the temporary file and throws
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
 }  // namespace flashmap

@@ -194,6 +194,10 @@ Qwen3Config Qwen3Config::from_file(const std::string& path) {
   return qwen3_from_json(read_json(path), path);
 }
 
+Qwen3Config Qwen3Config::from_json_text(const std::string& text, const std::string& path) {
+  return qwen3_from_json(parse_config_json(text, path), path);
+}
+
 // A list of layer indices (z-lab target_layer_ids, speculators aux_hidden_state_layer_ids).
 static std::vector<int> layer_ids(const json& ids, const std::string& path, const char* field) {
   FLASHMAP_CHECK(ids.is_array() && !ids.empty() && ids.size() <= size_t(kMaxLayers),
@@ -225,7 +229,11 @@ bool DFlashConfig::is_dflash(const std::string& dir) {
 }
 
 DFlashConfig DFlashConfig::from_file(const std::string& path) {
-  const json j = read_json(path);
+  return from_json_text(read_regular_file(path, kMaxConfigFileBytes), path);
+}
+
+DFlashConfig DFlashConfig::from_json_text(const std::string& text, const std::string& path) {
+  const json j = parse_config_json(text, path);
   Fields f{j, path};
   DFlashConfig c;
   c.path = path;
@@ -288,14 +296,23 @@ DFlashConfig DFlashConfig::from_file(const std::string& path) {
     const Fields& src = pick("target_layer_ids");
     c.target_layer_ids = layer_ids(src.j["target_layer_ids"], src.path, "target_layer_ids");
   } else {
-    // build_target_layer_ids (dflash/model.py:25-34).
+    // build_target_layer_ids (dflash/model.py:25-34): Python's round(), which rounds halves to
+    // even (std::nearbyint in the default rounding mode; std::lround would round them up).
     const int n = f.integer("num_target_layers", 1, kMaxLayers), k = c.layers.num_hidden_layers;
     if (k == 1) {
       c.target_layer_ids = {n / 2};
     } else {
       for (int i = 0; i < k; ++i)
-        c.target_layer_ids.push_back(int(std::lround(1.0 + i * double(n - 4) / double(k - 1))));
+        c.target_layer_ids.push_back(int(std::nearbyint(1.0 + i * double(n - 4) / double(k - 1))));
     }
+    // Fewer than 4 target layers make the formula's later ids negative (Python would read them
+    // from the end); the engine taps layers by index.
+    for (int id : c.target_layer_ids)
+      FLASHMAP_CHECK(id >= 0,
+                     "{}: field 'num_target_layers' = {} gives the target layer id {} for {} "
+                     "drafter layers (the default ids need at least 4 target layers): give "
+                     "target_layer_ids",
+                     path, n, id, k);
   }
   c.input_embedding_scale = pick("input_embedding_scale").number_or("input_embedding_scale", 1.0);
   c.output_multiplier = pick("output_multiplier").number_or("output_multiplier", 1.0);
@@ -437,7 +454,13 @@ GenerationConfig GenerationConfig::from_dir(const std::string& dir) {
   std::error_code ec;  // a FIFO or a dangling link is present, and refused by read_json
   if (std::filesystem::symlink_status(path, ec).type() == std::filesystem::file_type::not_found)
     return g;
-  const json j = read_json(path);
+  return from_json_text(read_regular_file(path, kMaxConfigFileBytes), path);
+}
+
+GenerationConfig GenerationConfig::from_json_text(const std::string& text,
+                                                  const std::string& path) {
+  GenerationConfig g;
+  const json j = parse_config_json(text, path);
   if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
     const auto& e = j["eos_token_id"];
     // A token id in [0, 2^31): get<int>() would wrap larger ones into other ids.

@@ -32,6 +32,8 @@ struct Qwen3Config {
   std::string name_or_path;
 
   static Qwen3Config from_file(const std::string& path);
+  // The same from the text of a config (`path` names it in errors).
+  static Qwen3Config from_json_text(const std::string& text, const std::string& path);
 };
 
 // FlashMapConfig of flashmap==0.1.0 (configuration_flashmap.py), with the same defaults.
@@ -95,6 +97,7 @@ struct DFlashConfig {
   void check_target(const Qwen3Config& target, const std::string& target_dir) const;
 
   static DFlashConfig from_file(const std::string& path);
+  static DFlashConfig from_json_text(const std::string& text, const std::string& path);
   // Whether config.json in `dir` describes a DFlash drafter (either format).
   static bool is_dflash(const std::string& dir);
 };
@@ -110,6 +113,8 @@ struct GenerationConfig {
   std::optional<double> repetition_penalty;  // (0, 10]; read whatever do_sample says
   // Missing file -> empty config.
   static GenerationConfig from_dir(const std::string& dir);
+  // The text of a generation_config.json (`path` names it in errors).
+  static GenerationConfig from_json_text(const std::string& text, const std::string& path);
 };
 
 // A Qwen3 shape by name for benchmarks with random weights: "qwen3-8b" (Qwen/Qwen3-8B's

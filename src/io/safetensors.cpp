@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "io/files.h"
+#include "io/mapped_file.h"
 
 namespace flashmap {
 
@@ -44,6 +45,7 @@ std::vector<float> TensorView::to_f32() const {
       out[i] = dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
     }
   }
+  if (source) source->check_unchanged();  // what was read came from the file as it was mapped
   return out;
 }
 
@@ -61,6 +63,7 @@ std::vector<int64_t> TensorView::to_i64() const {
       out[i] = v;
     }
   }
+  if (source) source->check_unchanged();
   return out;
 }
 
@@ -82,105 +85,130 @@ static DType parse_dtype(const std::string& s, const std::string& file, const st
 // size.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
+namespace {
+
+// Reads exactly n bytes at `offset`; false when the file ends first.
+bool pread_all(int fd, void* out, size_t n, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(out);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, off_t(offset));
+    if (r < 0 && errno == EINTR) continue;
+    FLASHMAP_CHECK(r >= 0, "{}: read failed ({})", path, std::strerror(errno));
+    if (r == 0) return false;
+    p += r;
+    n -= size_t(r);
+    offset += uint64_t(r);
+  }
+  return true;
+}
+
+}  // namespace
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const int fd = open_regular_file(path);  // a FIFO or device here would block or never end
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    throw Error(fmt::format("{}: cannot stat ({})", path, std::strerror(errno)));
-  }
-  size_ = size_t(st.st_size);
-  if (size_ < 8) {
-    ::close(fd);
-    throw Error(
-        fmt::format("{}: not a safetensors file ({} bytes, shorter than the 8-byte "
-                    "header length)",
-                    path, size_));
-  }
-  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  FLASHMAP_CHECK(map_ != MAP_FAILED, "{}: mmap failed ({})", path, std::strerror(errno));
+  // The header is read into memory and checked against the file's size before anything is
+  // mapped; only the tensors' bytes are read through the mapping (MappedFile guards them).
+  json header;
+  uint64_t header_len = 0, size = 0;
   try {
-    const auto* bytes = static_cast<const uint8_t*>(map_);
-    uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
-    FLASHMAP_CHECK(header_len <= size_ - 8,
+    struct stat st {};
+    FLASHMAP_CHECK(::fstat(fd, &st) == 0, "{}: cannot stat ({})", path, std::strerror(errno));
+    size = uint64_t(st.st_size);
+    FLASHMAP_CHECK(size >= 8,
+                   "{}: not a safetensors file ({} bytes, shorter than the 8-byte header length)",
+                   path, size);
+    uint8_t len[8];
+    FLASHMAP_CHECK(pread_all(fd, len, 8, 0, path), "{}: the file shrank while it was read", path);
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len[i];
+    FLASHMAP_CHECK(header_len <= size - 8,
                    "{}: header length {} runs past the end of the file ({} bytes): truncated or "
                    "not a safetensors file",
-                   path, header_len, size_);
+                   path, header_len, size);
     FLASHMAP_CHECK(header_len <= kMaxHeaderBytes,
                    "{}: header length {} is over the safetensors limit of {} bytes", path,
                    header_len, kMaxHeaderBytes);
-    check_json_depth(std::string_view(reinterpret_cast<const char*>(bytes) + 8, header_len),
-                     path + ": header");
-    json header;
-    try {
-      header = json::parse(bytes + 8, bytes + 8 + header_len);
-    } catch (const json::exception& e) {
-      throw Error(fmt::format("{}: header is not valid JSON ({})", path, e.what()));
-    }
-    FLASHMAP_CHECK(header.is_object(), "{}: header is not a JSON object", path);
-    const uint8_t* data = bytes + 8 + header_len;
-    const uint64_t data_len = size_ - 8 - header_len;
-    std::vector<std::pair<uint64_t, uint64_t>> ranges;
-    for (auto& [name, info] : header.items()) {
-      if (name == "__metadata__") {
-        if (info.is_object())
-          for (auto& [k, v] : info.items())
-            if (v.is_string()) metadata_[k] = v.get<std::string>();
-        continue;
-      }
-      FLASHMAP_CHECK(info.is_object() && info.contains("dtype") && info.contains("shape") &&
-                         info.contains("data_offsets"),
-                     "{}: tensor '{}' needs dtype, shape and data_offsets in the header", path,
-                     name);
-      FLASHMAP_CHECK(info["dtype"].is_string(), "{}: tensor '{}': dtype is not a string", path,
-                     name);
-      TensorView t;
-      t.name = name;
-      t.file = path;
-      t.dtype = parse_dtype(info["dtype"].get<std::string>(), path, name);
-      FLASHMAP_CHECK(info["shape"].is_array(), "{}: tensor '{}': shape is not an array", path,
-                     name);
-      uint64_t numel = 1;
-      for (auto& d : info["shape"]) {
-        FLASHMAP_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-                       "{}: tensor '{}': shape has a bad dimension {}", path, name, d.dump());
-        const uint64_t v = d.get<uint64_t>();
-        FLASHMAP_CHECK(v == 0 || numel <= (uint64_t(1) << 48) / v,
-                       "{}: tensor '{}': shape is too large", path, name);
-        numel *= v;
-        t.shape.push_back(int64_t(v));
-      }
-      auto& off = info["data_offsets"];
-      FLASHMAP_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
-                         off[1].is_number_unsigned(),
-                     "{}: tensor '{}': data_offsets must be two non-negative integers", path, name);
-      const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-      FLASHMAP_CHECK(begin <= end && end <= data_len,
-                     "{}: tensor '{}': data_offsets [{}, {}] lie outside the data ({} bytes)", path,
-                     name, begin, end, data_len);
-      FLASHMAP_CHECK(end - begin == numel * dtype_size(t.dtype),
-                     "{}: tensor '{}': {} bytes for shape {} of {} (expected {})", path, name,
-                     end - begin, shape_str(t.shape), dtype_name(t.dtype),
-                     numel * dtype_size(t.dtype));
-      t.data = data + begin;
-      ranges.emplace_back(begin, end);
-      tensors_.emplace(name, std::move(t));
-    }
-    std::sort(ranges.begin(), ranges.end());
-    for (size_t i = 1; i < ranges.size(); ++i)
-      FLASHMAP_CHECK(ranges[i].first >= ranges[i - 1].second,
-                     "{}: tensors overlap in the data (bytes {}..{} and {}..{})", path,
-                     ranges[i - 1].first, ranges[i - 1].second, ranges[i].first, ranges[i].second);
+    std::string text(size_t(header_len), '\0');
+    FLASHMAP_CHECK(pread_all(fd, text.data(), text.size(), 8, path),
+                   "{}: the file shrank while it was read", path);
+    header = parse_header(text, path);
   } catch (...) {
-    ::munmap(map_, size_);
+    ::close(fd);
     throw;
   }
+  map_ = std::make_unique<MappedFile>(fd, size_t(size), path);  // owns fd, even when it throws
+  index_header(header, map_->data() + 8 + header_len, size - 8 - header_len);
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ && map_ != MAP_FAILED) ::munmap(map_, size_);
+json SafetensorsFile::parse_header(std::string_view text, const std::string& path) {
+  check_json_depth(text, path + ": header");
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{}: header is not valid JSON ({})", path, e.what()));
+  }
+  FLASHMAP_CHECK(header.is_object(), "{}: header is not a JSON object", path);
+  return header;
+}
+
+void SafetensorsFile::index_header(const json& header, const uint8_t* data, uint64_t data_len) {
+  const std::string& path = path_;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      if (info.is_object())
+        for (auto& [k, v] : info.items())
+          if (v.is_string()) metadata_[k] = v.get<std::string>();
+      continue;
+    }
+    FLASHMAP_CHECK(info.is_object() && info.contains("dtype") && info.contains("shape") &&
+                       info.contains("data_offsets"),
+                   "{}: tensor '{}' needs dtype, shape and data_offsets in the header", path, name);
+    FLASHMAP_CHECK(info["dtype"].is_string(), "{}: tensor '{}': dtype is not a string", path,
+                   name);
+    TensorView t;
+    t.name = name;
+    t.file = path;
+    t.source = this;
+    t.dtype = parse_dtype(info["dtype"].get<std::string>(), path, name);
+    FLASHMAP_CHECK(info["shape"].is_array(), "{}: tensor '{}': shape is not an array", path, name);
+    uint64_t numel = 1;
+    for (auto& d : info["shape"]) {
+      FLASHMAP_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+                     "{}: tensor '{}': shape has a bad dimension {}", path, name, d.dump());
+      const uint64_t v = d.get<uint64_t>();
+      FLASHMAP_CHECK(v == 0 || numel <= (uint64_t(1) << 48) / v,
+                     "{}: tensor '{}': shape is too large", path, name);
+      numel *= v;
+      t.shape.push_back(int64_t(v));
+    }
+    auto& off = info["data_offsets"];
+    FLASHMAP_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                       off[1].is_number_unsigned(),
+                   "{}: tensor '{}': data_offsets must be two non-negative integers", path, name);
+    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    FLASHMAP_CHECK(begin <= end && end <= data_len,
+                   "{}: tensor '{}': data_offsets [{}, {}] lie outside the data ({} bytes)", path,
+                   name, begin, end, data_len);
+    FLASHMAP_CHECK(end - begin == numel * dtype_size(t.dtype),
+                   "{}: tensor '{}': {} bytes for shape {} of {} (expected {})", path, name,
+                   end - begin, shape_str(t.shape), dtype_name(t.dtype),
+                   numel * dtype_size(t.dtype));
+    t.data = data + begin;
+    ranges.emplace_back(begin, end);
+    tensors_.emplace(name, std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    FLASHMAP_CHECK(ranges[i].first >= ranges[i - 1].second,
+                   "{}: tensors overlap in the data (bytes {}..{} and {}..{})", path,
+                   ranges[i - 1].first, ranges[i - 1].second, ranges[i].first, ranges[i].second);
+}
+
+SafetensorsFile::~SafetensorsFile() = default;
+
+void SafetensorsFile::check_unchanged() const {
+  if (map_) map_->check_unchanged();
 }
 
 const TensorView& SafetensorsFile::get(const std::string& name) const {
@@ -227,16 +255,15 @@ void write_blobs(const std::string& path, std::vector<Blob> blobs,
   }
   std::string h = header.dump();
   while (h.size() % 8) h.push_back(' ');
-  std::ofstream out(path, std::ios::binary);
-  FLASHMAP_CHECK(out.good(), "{}: cannot write", path);
+  // Whole or not at all: a full disk or a read-only folder leaves no partial file under `path`.
+  AtomicFile out(path);
   uint64_t n = h.size();
   char len[8];
   for (int i = 0; i < 8; ++i) len[i] = char((n >> (8 * i)) & 0xff);
   out.write(len, 8);
-  out.write(h.data(), std::streamsize(h.size()));
-  for (auto& b : blobs) out.write(static_cast<const char*>(b.data), std::streamsize(b.nbytes));
-  out.flush();
-  FLASHMAP_CHECK(out.good(), "{}: write failed", path);
+  out.write(h);
+  for (auto& b : blobs) out.write(b.data, b.nbytes);
+  out.commit();
 }
 }  // namespace
 
@@ -314,7 +341,7 @@ std::unique_ptr<Checkpoint> Checkpoint::from_tensors(std::vector<TensorData> ten
   c->owned_ = std::move(tensors);
   c->owned_views_.reserve(c->owned_.size());
   for (auto& t : c->owned_) {
-    c->owned_views_.push_back(TensorView{t.name, t.dtype, t.shape, t.bytes.data(), label});
+    c->owned_views_.push_back(TensorView{t.name, t.dtype, t.shape, t.bytes.data(), label, nullptr});
     FLASHMAP_ASSERT(c->owned_views_.back().nbytes() == t.bytes.size());
   }
   for (auto& v : c->owned_views_) c->index_[v.name] = &v;
@@ -324,6 +351,9 @@ std::unique_ptr<Checkpoint> Checkpoint::from_tensors(std::vector<TensorData> ten
 const TensorView& Checkpoint::get(const std::string& name) const {
   auto it = index_.find(name);
   FLASHMAP_CHECK(it != index_.end(), "{}: missing tensor '{}'", dir_, name);
+  // A tensor is looked up before it is read: a file that shrank or was rewritten since it was
+  // opened fails the load here rather than being read.
+  if (it->second->source) it->second->source->check_unchanged();
   return *it->second;
 }
 
@@ -344,10 +374,9 @@ std::vector<std::string> Checkpoint::names() const {
 }
 
 bool SafetensorsFile::drop_pages(const void* p, size_t n) const {
-  const auto* b = static_cast<const uint8_t*>(map_);
-  const auto* q = static_cast<const uint8_t*>(p);
-  if (q < b || q + n > b + size_) return false;
+  if (!map_ || !map_->contains(p, n)) return false;
   // Whole pages inside the range only: its neighbours may still be in use.
+  const auto* q = static_cast<const uint8_t*>(p);
   const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
   const uintptr_t lo = (uintptr_t(q) + page - 1) / page * page, hi = uintptr_t(q + n) / page * page;
   if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
@@ -355,8 +384,12 @@ bool SafetensorsFile::drop_pages(const void* p, size_t n) const {
 }
 
 void Checkpoint::drop_pages(const TensorView& t) {
-  for (const auto& f : files_)
-    if (f->drop_pages(t.data, t.nbytes())) return;
+  for (const auto& f : files_) {
+    if (!f->drop_pages(t.data, t.nbytes())) continue;
+    // Called once a tensor has been read (packed): a file that changed meanwhile gave it zeros.
+    f->check_unchanged();
+    return;
+  }
   for (size_t i = 0; i < owned_views_.size(); ++i)
     if (&owned_views_[i] == &t) {
       std::vector<uint8_t>().swap(owned_[i].bytes);

@@ -1,17 +1,26 @@
 // safetensors files: an 8-byte little-endian header length N, N bytes of JSON describing each
 // tensor (dtype, shape, data_offsets relative to the end of the header), then the data.
-// Files are memory-mapped; tensors are views into the mapping, never copies.
+// The header is read and checked against the file's size; the data is memory-mapped, and tensors
+// are views into the mapping, never copies. A file that shrinks or is rewritten while mapped does
+// not kill the process (io/mapped_file.h): reads past its new end see zeros, and the next
+// Checkpoint::get, TensorView::to_f32 / to_i64 or Checkpoint::drop_pages throws an Error naming
+// the file, so that a load fails instead.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
 
 namespace flashmap {
+
+class MappedFile;
+class SafetensorsFile;
 
 struct TensorView {
   std::string name;
@@ -19,6 +28,7 @@ struct TensorView {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   std::string file;  // where it came from, for error messages
+  const SafetensorsFile* source = nullptr;  // the mapped file holding `data`, if any
 
   int64_t numel() const;
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
@@ -48,11 +58,18 @@ class SafetensorsFile {
   // touched again): once a weight is packed into its own memory, its file pages need not stay
   // resident. False when the range is not in this file.
   bool drop_pages(const void* p, size_t n) const;
+  // Throws flashmap::Error naming the file when it shrank or was modified since it was opened
+  // (MappedFile::check_unchanged).
+  void check_unchanged() const;
+
+  // The header's JSON, checked for depth and syntax (errors name `path`).
+  static nlohmann::json parse_header(std::string_view text, const std::string& path);
 
  private:
+  void index_header(const nlohmann::json& header, const uint8_t* data, uint64_t data_len);
+
   std::string path_;
-  void* map_ = nullptr;
-  size_t size_ = 0;
+  std::unique_ptr<MappedFile> map_;
   std::map<std::string, TensorView> tensors_;
   std::map<std::string, std::string> metadata_;
 };

@@ -10,7 +10,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/check.h"
 #include "core/dtype.h"
+#include "io/files.h"
 
 namespace flashmap::noise_cache {
 
@@ -101,7 +103,6 @@ void store(const std::string& dir, uint64_t key, int64_t hidden, int64_t vocab,
            const std::vector<float>& factor) {
   if (dir.empty()) return;
   const std::string file = path(dir, key, hidden);
-  const std::string tmp = fmt::format("{}.{}.tmp", file, getpid());
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   Header h{};
@@ -110,23 +111,17 @@ void store(const std::string& dir, uint64_t key, int64_t hidden, int64_t vocab,
   h.hidden = uint64_t(hidden);
   h.vocab = uint64_t(vocab);
   const uint64_t sum = XXH3_64bits(factor.data(), factor.size() * sizeof(float));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(&h), sizeof(h));
-    out.write(reinterpret_cast<const char*>(factor.data()),
-              std::streamsize(factor.size() * sizeof(float)));
-    out.write(reinterpret_cast<const char*>(&sum), sizeof(sum));
-    out.close();
-    if (!out) {
-      std::filesystem::remove(tmp, ec);
-      fmt::print(stderr, "flashmap: warning: could not write the noise-factor cache {}\n", file);
-      return;
-    }
-  }
-  std::filesystem::rename(tmp, file, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    fmt::print(stderr, "flashmap: warning: could not write the noise-factor cache {}\n", file);
+  // Through a temporary file and a rename: a full disk or a read-only folder leaves no partial
+  // file under the cache's name, only this warning.
+  try {
+    AtomicFile out(file);
+    out.write(&h, sizeof(h));
+    out.write(factor.data(), factor.size() * sizeof(float));
+    out.write(&sum, sizeof(sum));
+    out.commit();
+  } catch (const Error& e) {
+    fmt::print(stderr, "flashmap: warning: could not write the noise-factor cache: {}\n",
+               e.what());
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <string_view>
 
 #include "core/check.h"
 
@@ -236,7 +237,8 @@ void HttpFront::close_conn(Conn& c) {
   --stats_.open;
 }
 
-void HttpFront::refuse(Conn& c, int status, const std::string& message, const std::string& code) {
+void HttpFront::answer_and_shut(Conn& c, int status, const std::string& message,
+                                const std::string& code) {
   const std::string body = opt_.error_body ? opt_.error_body(status, message, code) : message;
   const std::string head = fmt::format(
       "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
@@ -245,42 +247,39 @@ void HttpFront::refuse(Conn& c, int status, const std::string& message, const st
   // Best effort: a client that does not read gets its connection closed all the same.
   const std::string all = head + body;
   [[maybe_unused]] auto n = ::send(c.fd, all.data(), all.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-  // Half-close and let the client read the answer before the socket goes (closing with unread
-  // request bytes would reset the connection and could discard the answer).
   ::shutdown(c.fd, SHUT_WR);
+}
+
+void HttpFront::refuse(Conn& c, int status, const std::string& message, const std::string& code) {
+  answer_and_shut(c, status, message, code);
+  // Let the client read the answer before the socket goes (closing with unread request bytes
+  // would reset the connection and could discard the answer).
   char sink[4096];
   for (int i = 0; i < 16 && ::recv(c.fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
   }
   close_conn(c);
 }
 
-bool HttpFront::frame(Conn& c) {
-  const size_t end = c.buf.find("\r\n\r\n");
-  if (end == std::string::npos) {
-    if (c.buf.size() > opt_.max_head_bytes) {
-      {
-        std::lock_guard lk(mutex_);
-        ++stats_.refused_head;
-      }
-      refuse(c, 431, fmt::format("the request head exceeds {} bytes", opt_.max_head_bytes),
-             "request_head_too_large");
-      return false;
-    }
-    return true;
-  }
-  const size_t head_len = end + 4;
-  std::string_view head(c.buf.data(), end);
-  std::optional<uint64_t> length;
-  bool expect_continue = false;
-  size_t expect_at = 0, expect_len = 0;
-  auto malformed = [&](int status, const std::string& msg, const std::string& code) {
-    {
-      std::lock_guard lk(mutex_);
-      ++stats_.refused_malformed;
-    }
-    refuse(c, status, msg, code);
-    return false;
+Framing frame_request(std::string_view buf, size_t max_head_bytes, size_t max_body_bytes) {
+  Framing f;
+  auto refuse = [&](int status, std::string message, std::string code) {
+    f.kind = Framing::Kind::Refuse;
+    f.status = status;
+    f.message = std::move(message);
+    f.code = std::move(code);
+    return f;
   };
+  // The head runs through its blank line. It is over the limit when it ends past it, or when
+  // as many bytes came without its end (which could now end one byte later at the earliest):
+  // the same answer however the bytes were split into reads.
+  const size_t end = buf.find("\r\n\r\n");
+  if (end == std::string_view::npos ? buf.size() >= max_head_bytes : end + 4 > max_head_bytes)
+    return refuse(431, fmt::format("the request head exceeds {} bytes", max_head_bytes),
+                  "request_head_too_large");
+  if (end == std::string_view::npos) return f;
+  f.head_bytes = end + 4;
+  const std::string_view head = buf.substr(0, end);
+  std::optional<uint64_t> length;
   size_t at = head.find("\r\n");  // skip the request line
   while (at != std::string_view::npos && at < head.size()) {
     const size_t start = at + 2;
@@ -299,43 +298,71 @@ bool HttpFront::frame(Conn& c) {
         if (digits)
           for (char ch : value) v = v * 10 + uint64_t(ch - '0');
         if (!digits || (length && *length != v))
-          return malformed(400, "the request has an invalid Content-Length", "invalid_request");
+          return refuse(400, "the request has an invalid Content-Length", "invalid_request");
         length = v;
       } else if (iequals(name, "transfer-encoding")) {
-        return malformed(411, "chunked request bodies are not supported: send a Content-Length",
-                         "length_required");
+        return refuse(411, "chunked request bodies are not supported: send a Content-Length",
+                      "length_required");
       } else if (iequals(name, "expect") && iequals(value, "100-continue")) {
-        expect_continue = true;
-        expect_at = start;
-        expect_len = stop + 2 - start;
+        f.expect_continue = true;
+        f.expect_at = start;
+        f.expect_len = stop + 2 - start;
       }
     }
     at = stop;
   }
-  if (length && *length > opt_.max_body_bytes) {
+  f.body_bytes = length.value_or(0);
+  if (f.body_bytes > max_body_bytes)
+    return refuse(413,
+                  fmt::format("the request body ({} bytes declared) exceeds {} bytes",
+                              f.body_bytes, max_body_bytes),
+                  "request_too_large");
+  f.kind = Framing::Kind::Complete;
+  return f;
+}
+
+bool HttpFront::frame(Conn& c) {
+  const Framing f = frame_request(c.buf, opt_.max_head_bytes, opt_.max_body_bytes);
+  if (f.kind == Framing::Kind::Incomplete) return true;
+  if (f.kind == Framing::Kind::Refuse) {
     {
       std::lock_guard lk(mutex_);
-      ++stats_.refused_body;
+      ++(f.status == 431   ? stats_.refused_head
+         : f.status == 413 ? stats_.refused_body
+                           : stats_.refused_malformed);
     }
-    refuse(c, 413,
-           fmt::format("the request body ({} bytes declared) exceeds {} bytes", *length,
-                       opt_.max_body_bytes),
-           "request_too_large");
+    // A client that sends its whole body before reading (most do, without Expect) would find
+    // the connection reset under it if it closed now: the 413 goes first, then the body is read
+    // and dropped. One that waits for 100 Continue sends nothing more.
+    const uint64_t arrived = c.buf.size() - std::min(c.buf.size(), f.head_bytes);
+    if (f.status == 413 && !f.expect_continue && f.body_bytes - arrived <= opt_.max_discard_bytes) {
+      answer_and_shut(c, f.status, f.message, f.code);
+      c.draining = true;
+      c.discard = f.body_bytes - std::min(f.body_bytes, arrived);
+      c.buf.clear();
+      c.deadline = Clock::now() + opt_.request_timeout;
+      if (c.discard == 0) {
+        close_conn(c);
+        return false;
+      }
+      return true;
+    }
+    refuse(c, f.status, f.message, f.code);
     return false;
   }
-  size_t head_size = head_len;
-  if (expect_continue) {
+  size_t head_size = f.head_bytes;
+  if (f.expect_continue) {
     // The client waits for this before sending the body; the header goes so that httplib does
     // not answer it a second time.
-    c.buf.erase(expect_at, expect_len);
-    head_size -= expect_len;
-    if (length.value_or(0) > 0 && c.buf.size() < head_size + *length) {
+    c.buf.erase(f.expect_at, f.expect_len);
+    head_size -= f.expect_len;
+    if (f.body_bytes > 0 && c.buf.size() < head_size + f.body_bytes) {
       static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
       [[maybe_unused]] auto n =
           ::send(c.fd, kContinue, sizeof(kContinue) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
     }
   }
-  c.need = head_size + size_t(length.value_or(0));
+  c.need = head_size + size_t(f.body_bytes);
   return true;
 }
 
@@ -352,6 +379,15 @@ bool HttpFront::read_some(Conn& c) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
       close_conn(c);
       return false;
+    }
+    if (c.draining) {
+      // The rest of a refused body: dropped; the connection closes once all of it came.
+      c.discard -= std::min<uint64_t>(c.discard, uint64_t(n));
+      if (c.discard == 0) {
+        close_conn(c);
+        return false;
+      }
+      continue;
     }
     if (!c.started) {
       c.started = true;
@@ -393,7 +429,7 @@ void HttpFront::poll_loop() {
           }
           // A kept-alive connection between requests just closes (an answer would be read as
           // the reply to its next request); a request in progress hears why.
-          if (oldest->started)
+          if (oldest->started && !oldest->draining)
             refuse(*oldest, 503, "connection dropped: the server is at its connection limit",
                    "too_many_connections");
           else
@@ -448,11 +484,11 @@ void HttpFront::poll_loop() {
         continue;
       }
       if (now >= c.deadline && !(c.need > 0 && c.buf.size() >= c.need)) {
-        {
+        if (!c.draining) {  // a drained connection was answered already
           std::lock_guard lk(mutex_);
           ++(c.started ? stats_.timed_out_request : stats_.timed_out_idle);
         }
-        if (c.started)
+        if (c.started && !c.draining)
           refuse(
               c, 408,
               fmt::format("the request did not arrive within {} ms", opt_.request_timeout.count()),

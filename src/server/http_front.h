@@ -8,8 +8,10 @@
 // fully arrived, and is handed to httplib from memory. What is bounded, each with a clear answer:
 //   - the wait for a kept-alive connection's next request (idle_timeout, then closed),
 //   - the time from a request's first byte to its last (request_timeout, then 408),
-//   - the head's size (max_head_bytes, 431) and the declared body's (max_body_bytes, 413 at once,
-//     before any of it is read); chunked request bodies are refused (411),
+//   - the head's size (max_head_bytes, 431) and the declared body's (max_body_bytes: 413 at once,
+//     before any of it is read; the body that follows is then read and thrown away, up to
+//     max_discard_bytes, so that a client that sends its whole body before reading gets the 413
+//     rather than a reset connection); chunked request bodies are refused (411),
 //   - the connections held (max_connections): a new client evicts the longest-waiting incomplete
 //     request, so slow clients cannot lock new ones out; with none to evict, the new one gets 503,
 //   - each write of a response (write_timeout), so a client that stops reading is dropped.
@@ -26,6 +28,7 @@
 #include <list>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -34,6 +37,9 @@ namespace flashmap::server {
 struct FrontOptions {
   int workers = 16;  // threads that run complete requests (a streaming response holds one)
   size_t max_body_bytes = 4u << 20;
+  // After a 413, the declared body is read and discarded when it is at most this long (within
+  // request_timeout); a longer one is not waited for (the connection closes at once).
+  size_t max_discard_bytes = 64u << 20;
   size_t max_head_bytes = 64u << 10;
   std::chrono::milliseconds idle_timeout{5000};
   std::chrono::milliseconds request_timeout{10000};
@@ -58,6 +64,24 @@ struct FrontStats {
   int open = 0;                    // connections held now
 };
 
+// What the bytes a connection has sent so far say about its next request: the head's framing
+// checks, without a socket (the front's poll thread, and the fuzzing harness, use it).
+struct Framing {
+  enum class Kind { Incomplete, Complete, Refuse };
+  Kind kind = Kind::Incomplete;
+  // Refuse: the answer (400, 411, 413 or 431), its message and error code.
+  int status = 0;
+  std::string message, code;
+  // Complete, and a 413: the head's length (through its blank line) and the declared body's.
+  size_t head_bytes = 0;
+  uint64_t body_bytes = 0;
+  // "Expect: 100-continue": where that header line is in the head (offset and length with its
+  // CRLF), to be answered by the front and removed before httplib reads the head.
+  bool expect_continue = false;
+  size_t expect_at = 0, expect_len = 0;
+};
+Framing frame_request(std::string_view buf, size_t max_head_bytes, size_t max_body_bytes);
+
 class HttpFront : public httplib::Server {
  public:
   explicit HttpFront(FrontOptions options);
@@ -81,6 +105,10 @@ class HttpFront : public httplib::Server {
     TimePoint deadline;
     bool started = false;  // the current request's first byte has arrived
     int served = 0;
+    // Answered (413) and half-closed: the rest of its declared body is read and dropped, then
+    // the connection closes.
+    bool draining = false;
+    uint64_t discard = 0;
   };
   // httplib's accept loop calls this (through an inline task queue) for every new socket.
   bool process_and_close_socket(socket_t sock) override;
@@ -90,8 +118,11 @@ class HttpFront : public httplib::Server {
   void admit(Conn c);  // under mutex_
   // Reads what is there; returns false when the connection is finished with (closed here).
   bool read_some(Conn& c);
-  // Parses the head once complete; false when the request was refused (closed here).
+  // Parses the head once complete; false when the request was refused and closed here (a 413
+  // whose body is then drained keeps its connection: true, c.draining).
   bool frame(Conn& c);
+  // Sends the answer and half-closes; the caller reads what is left of the request, or closes.
+  void answer_and_shut(Conn& c, int status, const std::string& message, const std::string& code);
   void refuse(Conn& c, int status, const std::string& message, const std::string& code);
   void close_conn(Conn& c);
   void serve_one(Conn c);

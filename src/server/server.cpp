@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "io/mapped_file.h"
 #include "server/api.h"
 #include "server/http_front.h"
 #include "server/messages.h"
@@ -96,6 +97,14 @@ struct Server::Impl {
   std::atomic<bool> draining{false};
   std::atomic<bool> stopped{false}, listening{false};
   std::mutex stop_mutex;
+  // Why the weights read from the model's files are no longer the ones loaded (a file
+  // truncated or rewritten in place while mapped); empty while they are.
+  mutable std::mutex files_mutex;
+  std::string files_changed;
+  std::string files_change() const {
+    std::lock_guard lk(files_mutex);
+    return files_changed;
+  }
   std::atomic<int> active{0};  // generation handlers still writing
   std::mutex log_mutex;
   std::mutex warn_mutex;
@@ -219,6 +228,10 @@ bool Server::Impl::start(Generation& gen, const httplib::Request& hreq, httplib:
   try {
     if (draining) {
       fail(gen, res, 503, "the server is shutting down");
+      return false;
+    }
+    if (const auto why = files_change(); !why.empty()) {
+      fail(gen, res, 503, "the model's files changed on disk since they were loaded: " + why);
       return false;
     }
     parse(gen, parse_json_body(hreq.body));
@@ -448,6 +461,10 @@ void Server::Impl::routes() {
       return send_error(res, 503,
                         fmt::format("the device failed: {}", printable(sched.stats().fault, 500)),
                         {}, {}, "server_error");
+    if (const auto why = files_change(); !why.empty())
+      return send_error(res, 503,
+                        "the model's files changed on disk since they were loaded: " + why, {},
+                        {}, "server_error");
     if (draining) return send_error(res, 503, "the server is shutting down");
     res.set_content(R"({"status":"ok"})", "application/json");
   });
@@ -503,7 +520,7 @@ void Server::Impl::routes() {
        {std::pair{"/v1/completions", Api::Completions},
         std::pair{"/v1/chat/completions", Api::Chat}, std::pair{"/v1/responses", Api::Responses},
         std::pair{"/v1/messages", Api::Messages}})
-    http.Post(path, [this, api](const httplib::Request& req, httplib::Response& res) {
+    http.Post(path, [this, api = api](const httplib::Request& req, httplib::Response& res) {
       generation(req, res, api);
     });
   http.Post(
@@ -535,14 +552,29 @@ void Server::serve() {
   s.listening = true;
   // A device fault ends serving: the engine has failed what it held and takes nothing more, so
   // the process should exit (non-zero, see fault()) for a supervisor or router to restart it.
+  // So does a weights file that changed under the server: rows read from it from then on (the
+  // embedding's stay mapped) are not the model that was loaded (io/mapped_file.h).
   std::thread watch([this, &s] {
-    while (s.listening && !s.stopped) {
+    for (int tick = 0; s.listening && !s.stopped; ++tick) {
       if (!s.sched.healthy()) {
         s.log(fmt::format("flashmap serve: the device failed, stopping: {}",
                           printable(s.sched.stats().fault, 500)));
         std::this_thread::sleep_for(std::chrono::milliseconds(s.opt.fault_stop_delay_ms));
         stop();
         break;
+      }
+      if (tick % 20 == 0) {  // about once a second: an fstat per mapped file
+        if (std::string why = changed_mapped_file(); !why.empty()) {
+          {
+            std::lock_guard lk(s.files_mutex);
+            s.files_changed = why;
+          }
+          s.log(fmt::format("flashmap serve: the model's files changed on disk, stopping: {}",
+                            printable(why, 500)));
+          std::this_thread::sleep_for(std::chrono::milliseconds(s.opt.fault_stop_delay_ms));
+          stop();
+          break;
+        }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -572,7 +604,10 @@ bool Server::stopped() const {
 }
 
 std::string Server::fault() const {
-  return impl_->sched.healthy() ? std::string() : impl_->sched.stats().fault;
+  if (!impl_->sched.healthy()) return "the device failed: " + impl_->sched.stats().fault;
+  if (auto why = impl_->files_change(); !why.empty())
+    return "the model's files changed on disk since they were loaded: " + why;
+  return {};
 }
 
 }  // namespace flashmap::server

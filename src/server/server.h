@@ -53,15 +53,17 @@ class Server {
   ~Server();
   // Binds the socket; returns the port (the chosen one for port 0). Throws flashmap::Error.
   int bind();
-  // Serves until stop(), or until the engine reports a device fault (Engine::healthy()): then
-  // it stops by itself, every held request having failed with the fault's message, and
-  // fault() says why. Call after bind().
+  // Serves until stop(), or until the engine reports a device fault (Engine::healthy()), or a
+  // mapped weights file changes on disk (truncated or rewritten in place): then it stops by
+  // itself, /health answering 503 for fault_stop_delay_ms first, and fault() says why. Call after
+  // bind().
   void serve();
   // Graceful stop: new requests get 503, running ones finish, then serve() returns. Any thread,
   // any number of times.
   void stop();
   bool stopped() const;
-  // The device fault that stopped serving; empty when none did.
+  // What stopped serving by itself ("the device failed: ...", "the model's files changed on disk
+  // since they were loaded: ..."); empty when nothing did.
   std::string fault() const;
 
  private:

@@ -442,8 +442,8 @@ std::string ChatTemplate::render_impl(const nlohmann::ordered_json& request) con
         k == "continue_final_message" || k == "chat_template" || k == "sanitize_control_tokens" ||
         is_tokenizer_option(k))
       continue;
-    auto existing =
-        std::find_if(vars.begin(), vars.end(), [&](const auto& p) { return p.first == k; });
+    auto existing = std::find_if(vars.begin(), vars.end(),
+                                 [&key = k](const auto& p) { return p.first == key; });
     Value value = jinja::from_json(v);
     if (existing != vars.end())
       existing->second = std::move(value);

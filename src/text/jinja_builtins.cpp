@@ -764,6 +764,7 @@ Value g_namespace(Context&, CallArgs& args) {
   merge_dict_args(ns->attrs, args, "namespace");
   for (const auto& [k, v] : ns->attrs.items)
     if (k.is_string()) NamespaceObject::check_name(k.str());
+  track_namespace(ns);
   return Value::object(std::move(ns));
 }
 

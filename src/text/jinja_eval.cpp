@@ -782,7 +782,10 @@ Value ConcatExpr::eval(Context& ctx) const {
 Value CompareExpr::eval(Context& ctx) const {
   tick();
   Value l = first->eval(ctx);
-  for (const auto& [op, e] : ops) {
+  for (const auto& item : ops) {
+    // Not a structured binding: clang before 16 cannot capture one in the lambda below.
+    const auto op = item.first;
+    const auto& e = item.second;
     Value r = e->eval(ctx);
     bool ok = [&] {
       switch (op) {
@@ -885,9 +888,10 @@ Flow PrintStmt::exec(Context& ctx) const {
 }
 
 Flow IfStmt::exec(Context& ctx) const {
-  for (const auto& [test, body] : branches) {
+  for (const auto& branch : branches) {
+    const auto& test = branch.first;  // (clang before 16 cannot capture a structured binding)
     bool go = at_line(test->line, [&] { return truthy(test->eval(ctx)); });
-    if (go) return exec_body(body, ctx);
+    if (go) return exec_body(branch.second, ctx);
   }
   return exec_body(otherwise, ctx);
 }

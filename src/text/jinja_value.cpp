@@ -33,6 +33,8 @@ struct RenderState {
   int64_t iterations = 0;
   size_t work = 0;  // since the clock was last read
   Clock::time_point deadline;
+  std::vector<std::weak_ptr<Object>> namespaces;  // made by this render (track_namespace)
+  size_t prune_at = 1024;                         // when to drop the expired ones
 };
 thread_local RenderState t_render;
 thread_local bool t_active = false;
@@ -90,7 +92,26 @@ RenderScope::RenderScope() {
 }
 
 RenderScope::~RenderScope() {
-  if (owner_) t_active = false;
+  if (!owner_) return;
+  t_active = false;
+  // The render's variables and scopes are gone: a namespace still alive is held by a cycle.
+  // Emptying it breaks the cycle; its values are destroyed as any (deep ones iteratively).
+  std::vector<Value> released;
+  for (auto& weak : t_render.namespaces)
+    if (auto ns = weak.lock()) ns->release_values(released);
+  released.clear();
+  t_render.namespaces = {};
+}
+
+void track_namespace(const std::shared_ptr<Object>& ns) {
+  if (!t_active) return;
+  auto& all = t_render.namespaces;
+  all.push_back(ns);
+  if (all.size() >= t_render.prune_at) {
+    // A template making namespaces in a loop keeps few alive: the list stays near that size.
+    std::erase_if(all, [](const std::weak_ptr<Object>& w) { return w.expired(); });
+    t_render.prune_at = std::max<size_t>(1024, 2 * all.size());
+  }
 }
 
 void check_string_size(size_t bytes, const char* what) {

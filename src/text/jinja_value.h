@@ -15,6 +15,7 @@
 namespace flashmap::jinja {
 
 class Value;
+class Object;
 struct Context;
 struct CallArgs;
 
@@ -68,6 +69,13 @@ class RenderScope {
   bool owner_ = false;
 };
 
+// Namespaces are the one mutable value a template has, so every reference cycle a template can
+// make runs through one (`{% set ns.me = ns %}`, or two namespaces holding each other). Held by
+// shared pointers, a cycle would outlive the render: memory lost on every render of such a
+// template, which a request may carry. The render that made a namespace (the outermost
+// RenderScope) empties it when it ends, when nothing else can reach it any more.
+void track_namespace(const std::shared_ptr<Object>& ns);
+
 // Raises "<what> of N bytes exceeds the limit of 64 MiB per value" when a result would be larger
 // than limits::kMaxStringBytes; builtins call it before building results whose size a template
 // chooses (widths, repeat counts, indents).
@@ -105,7 +113,7 @@ class Dict {
   const Value* find(const Value& key) const;
   void set(Value key, Value value);  // overwrites in place, like d[k] = v
   bool erase(std::string_view key);
-  size_t size() const { return items.size(); }
+  size_t size() const;  // defined below Value: clang instantiates pair<Value, Value> here
 };
 
 // Reference-typed values (namespace(), macros, the loop variable, builtin functions).
@@ -277,6 +285,10 @@ std::string pretty_repr(const Value& v);  // pprint.pformat without line wrappin
 
 // The items of an iterable as Python's iter() yields them: dict keys, string characters, list
 // items. Undefined iterates as empty, as jinja2's Undefined does.
+inline size_t Dict::size() const {
+  return items.size();
+}
+
 ValueList iterate(const Value& v);
 size_t py_len(const Value& v);  // len(v), TypeError when v has no len()
 

@@ -1009,9 +1009,12 @@ void Tokenizer::Impl::bpe_merge(std::string_view word, Scratch& sc) const {
     if (best_rank == UINT32_MAX) break;
     syms[best] = merged[best];
     // Drop symbol best+1 and pair best; the pairs on either side of the new symbol change.
-    std::memmove(&syms[best + 1], &syms[best + 2], (len - best - 2) * sizeof(int32_t));
-    std::memmove(&rank[best], &rank[best + 1], (len - best - 2) * sizeof(uint32_t));
-    std::memmove(&merged[best], &merged[best + 1], (len - best - 2) * sizeof(int32_t));
+    // Pointers by data() + i: at the last pair, best + 2 is one past the end, which operator[]
+    // may not name (even for a move of nothing).
+    const size_t tail = len - best - 2;
+    std::memmove(syms.data() + best + 1, syms.data() + best + 2, tail * sizeof(int32_t));
+    std::memmove(rank.data() + best, rank.data() + best + 1, tail * sizeof(uint32_t));
+    std::memmove(merged.data() + best, merged.data() + best + 1, tail * sizeof(int32_t));
     --len;
     if (best + 1 < len) lookup(best);
     if (best > 0) lookup(best - 1);

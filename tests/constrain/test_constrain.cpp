@@ -662,7 +662,7 @@ TEST(ConstrainSchema, UnsupportedConstructsAreNamed) {
       {R"({"type":"string","pattern":"(a)\\1"})", "'\\1'"},
   };
   for (const auto& [schema, what] : cases) {
-    const std::string msg = error_of([&] { compile_json_schema(json::parse(schema)); });
+    const std::string msg = error_of([&s = schema] { compile_json_schema(json::parse(s)); });
     EXPECT_THAT(msg, HasSubstr(what)) << schema;
     EXPECT_THAT(msg, HasSubstr("unsupported")) << schema;
   }

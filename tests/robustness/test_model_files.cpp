@@ -289,6 +289,29 @@ TEST(ModelFiles, TokenizerIdsAreBounded) {
                 "': JSON nested deeper than 64 levels");
 }
 
+// z-lab's default tap ids, build_target_layer_ids(N, k) = round(1 + i (N - 4) / (k - 1)): with
+// fewer than 4 target layers they were negative and indexed before the target's layer table.
+TEST(ModelFiles, DFlashDefaultLayerIdsAreInTheTarget) {
+  json c = json::parse(std::ifstream("tests/fixtures/dflash/zlab/config.json"));
+  c["dflash_config"].erase("target_layer_ids");
+  c["num_hidden_layers"] = 3;
+  c.erase("layer_types");
+  auto ids = [&](int target_layers) {
+    c["num_target_layers"] = target_layers;
+    return DFlashConfig::from_json_text(c.dump(), "config.json").target_layer_ids;
+  };
+  // Python's round() takes halves to even: 1 + 31 / 2 = 16.5 is 16 (std::lround gave 17).
+  EXPECT_EQ(ids(35), (std::vector<int>{1, 16, 32}));
+  EXPECT_EQ(ids(36), (std::vector<int>{1, 17, 33}));
+  EXPECT_EQ(ids(4), (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(ids(3), (std::vector<int>{1, 0, 0}));
+  EXPECT_EQ(error_of([&] { ids(2); }),
+            "config.json: field 'num_target_layers' = 2 gives the target layer id -1 for 3 "
+            "drafter layers (the default ids need at least 4 target layers): give "
+            "target_layer_ids");
+  EXPECT_THAT(error_of([&] { ids(1); }), HasSubstr("gives the target layer id -2"));
+}
+
 TEST(ModelFiles, EmbeddingNoiseNeedsAVocabularyAsLargeAsTheHiddenSize) {
   // The Gram matrix EᵀE is H x H whatever V is: with V < H it is singular, and allocating it for
   // a tiny embedding file with a huge hidden size is refused before it happens.

@@ -7,8 +7,9 @@ Each test attacks a server started for it and then checks that the server is sti
 answers a normal request correctly: invalid UTF-8 in the path and headers, padding ids sampled
 at a high temperature (streaming and not), slowloris (dripping sockets, bounded in number and
 time), generation up to the end of the context with speculation forced, large declared bodies,
-and seeded sampling reproduced under a concurrent load. Every loop here is bounded in count and
-time, and every server is stopped at the end.
+seeded sampling reproduced under a concurrent load, a whole oversized body, and model files that
+are removed or truncated under a running server. Every loop here is bounded in count and time,
+and every server is stopped at the end.
 """
 
 import json
@@ -522,6 +523,102 @@ class HostileRequests(unittest.TestCase):
             srv.alive_and_correct(self)
         finally:
             srv.stop(self)
+
+    def test_a_whole_oversized_body_still_reads_the_413(self):
+        # Clients (curl, requests, the OpenAI SDK) send the whole body before reading. The 413
+        # goes out when the head arrives and the body is read and dropped, so the client reads
+        # the answer instead of finding the connection reset (EPIPE / ECONNRESET) mid-send.
+        srv = Server("--max-body-bytes", "1000000")
+        try:
+            body = b'{"prompt": "' + b"x" * (5 * 1000 * 1000) + b'"}'
+            for _ in range(3):
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+                try:
+                    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                              b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                              % len(body) + body)
+                    answer = b""
+                    while True:
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            break
+                        answer += chunk
+                finally:
+                    s.close()
+                self.assertEqual(status_of(answer), 413, answer[:200])
+                self.assertEqual(json_of(answer)["error"]["code"], "request_too_large")
+            # A body far over what the front drains (64 MiB) is still answered at once.
+            answer = raw_exchange(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                  b"Content-Length: 100000000000\r\n\r\n{")
+            self.assertEqual(status_of(answer), 413, answer[:200])
+            srv.alive_and_correct(self)
+        finally:
+            srv.stop(self)
+
+    def test_model_folder_removed_while_serving(self):
+        # The weights are mapped, the tokenizer and template read at start: a folder deleted (or
+        # moved) under a running server takes nothing from it.
+        tmp = tempfile.mkdtemp()
+        try:
+            target = os.path.join(tmp, "target")
+            shutil.copytree(e2e.FIXTURE + "/target", target)
+            srv = Server(target=target, draft=False)
+            try:
+                shutil.rmtree(tmp)
+                for i in range(3):
+                    srv.alive_and_correct(self)
+                    status, body = e2e.post(srv.port, {"prompt": [1, 2, i], "max_tokens": 8,
+                                                       "temperature": 1.0, "seed": i})
+                    self.assertEqual(status, 200, body)
+                time.sleep(1.5)  # the server's check of its files runs about once a second
+                srv.alive_and_correct(self)
+            finally:
+                srv.stop(self)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def test_weights_truncated_while_serving(self):
+        # A weights file truncated in place under a running server (`cp` over it truncates
+        # first): reads past its new end were a SIGBUS that killed the server without a word.
+        # Now /health turns 503 naming the file, and serve exits non-zero for a supervisor.
+        tmp = tempfile.mkdtemp()
+        try:
+            target = os.path.join(tmp, "target")
+            shutil.copytree(e2e.FIXTURE + "/target", target)
+            srv = Server(target=target, draft=False)
+            try:
+                srv.alive_and_correct(self)
+                weights = os.path.join(target, "model.safetensors")
+                with open(weights, "r+b") as f:
+                    f.truncate(4096)
+                # The embedding is read from the mapping: a request now reads the missing pages.
+                status, body = e2e.post(srv.port, {"prompt": [1, 2, 3], "max_tokens": 4},
+                                        timeout=30)
+                self.assertIn(status, (200, 503), body)
+                # /health says why for a second (while a router notices), then serve exits 1.
+                deadline = time.time() + 10
+                while time.time() < deadline and srv.proc.poll() is None:
+                    try:
+                        status, text = e2e.request(srv.port, "GET", "/health", timeout=5)
+                    except OSError:
+                        break
+                    if status == 503:
+                        self.assertIn("model.safetensors: the file shrank while it was in use",
+                                      text.decode())
+                        break
+                    time.sleep(0.1)
+                self.assertEqual(srv.proc.wait(timeout=30), 1)
+                time.sleep(0.2)  # the rest of stderr
+                log = "".join(srv.log)
+                self.assertIn("flashmap serve: the model's files changed on disk, stopping: " +
+                              weights + ": the file shrank while it was in use", log)
+                self.assertIn("serve stopped: the model's files changed on disk since they were "
+                              "loaded", log)
+                self.assertNotIn("internal error", log)
+            finally:
+                srv.stop()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def test_slowloris_does_not_starve_other_clients(self):
         # 100 sockets, each sending its request one byte every 0.5 s; normal requests meanwhile

@@ -327,7 +327,7 @@ TEST(TokenizerErrors, InvalidUtf8NamesTheByteOffset) {
       {"<|im_start|>\x80", 12},
   };
   for (const auto& [text, offset] : cases) {
-    const std::string msg = error_of([&] { t.encode(text); });
+    const std::string msg = error_of([&, &text = text] { t.encode(text); });
     EXPECT_THAT(msg, HasSubstr("invalid UTF-8")) << preview(text);
     EXPECT_THAT(msg, HasSubstr(fmt::format("offset {}", offset))) << msg;
   }
