@@ -43,6 +43,7 @@ fi
 options() {
   case $1 in
     safetensors) echo "65536 20 json" ;;
+    gguf) echo "65536 20 -" ;;
     shard_index|config) echo "16384 20 json" ;;
     tokenizer_json) echo "262144 30 json" ;;
     tokenizer_codec) echo "4096 20 -" ;;

@@ -24,6 +24,15 @@ void run_convert(const ConvertCli& c) {
   o.target = c.target;
   o.force = c.force;
   const ConvertResult r = convert_checkpoint(o);
+  if (r.source == "gguf") {
+    std::cout << "converted GGUF " << r.kind << " target " << c.in << " -> " << c.out << ": "
+              << r.tensors << " tensors (" << r.dequantized.size()
+              << " dequantized to F32, the rest copied byte for byte)";
+    std::cout << (r.tokenizer ? "; tokenizer from its metadata" : "; no tokenizer in it");
+    if (r.chat_template) std::cout << ", with its chat template";
+    std::cout << "\n";
+    return;
+  }
   std::cout << "converted " << r.source << " " << r.kind << " drafter " << c.in << " -> " << c.out
             << ": " << r.tensors << " tensors copied byte for byte";
   if (r.target.empty())
@@ -37,7 +46,9 @@ void run_convert(const ConvertCli& c) {
 void register_convert(CLI::App& app) {
   auto opts = std::make_shared<ConvertCli>();
   CLI::App* cmd = app.add_subcommand(
-      "convert", "Convert a drafter checkpoint to the release format (z-lab DFlash, FlashMap)");
+      "convert",
+      "Convert a drafter checkpoint to the release format (z-lab DFlash, FlashMap), or a Qwen3 "
+      "GGUF target to a Hugging Face folder");
   cmd->footer(
       "speculators DFlash (full vocabulary) -> z-lab DFlash release (target_layer_ids = "
       "aux_hidden_state_layer_ids - 1); a reduced vocabulary (d2t/t2d) is refused: run such "
@@ -47,6 +58,9 @@ void register_convert(CLI::App& app) {
       "project's own definition (docs/DFLASH.md, Conversion), not a published layout.\n"
       "auto: speculators when config.json has speculators_model_type; a folder already in a "
       "release format is an error (nothing to convert).\n"
+      "GGUF: a Qwen3 GGUF target (IN a .gguf file, the first of a split one) -> a Hugging "
+      "Face folder: config, generation config, tokenizer and chat template from its metadata; "
+      "F32/F16/BF16 tensors copied, quantized ones dequantized to F32 as ggml does.\n"
       "Tensors are copied byte for byte; OUT is never overwritten without --force.");
   cmd->add_option("--from", opts->from, "source format: auto (default), speculators, specforge")
       ->check(CLI::IsMember({"auto", "speculators", "specforge"}));
@@ -55,8 +69,8 @@ void register_convert(CLI::App& app) {
                   "verifier that is a local folder)")
       ->check(non_empty());
   cmd->add_flag("--force", opts->force, "replace OUT if it exists");
-  cmd->add_option("IN", opts->in, "drafter folder to convert")->required()->check(non_empty());
-  cmd->add_option("OUT", opts->out, "new release folder")->required()->check(non_empty());
+  cmd->add_option("IN", opts->in, "drafter folder, or Qwen3 GGUF file, to convert")->required()->check(non_empty());
+  cmd->add_option("OUT", opts->out, "new folder")->required()->check(non_empty());
   cmd->callback([opts] { run_convert(*opts); });
 }
 

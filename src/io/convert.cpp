@@ -16,6 +16,7 @@
 #include "io/config_json.h"
 #include "io/draft_vocab.h"
 #include "io/files.h"
+#include "io/gguf_convert.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 
@@ -461,7 +462,20 @@ void write_output_folder(const std::string& in, const std::string& out, bool for
 ConvertResult convert_checkpoint(const ConvertOptions& o) {
   FLASHMAP_CHECK(!o.in.empty() && !o.out.empty(), "convert needs IN and OUT");
   std::error_code ec;
-  FLASHMAP_CHECK(fs::is_directory(o.in, ec), "{}: not a folder", o.in);
+  if (fs::is_regular_file(o.in, ec) && is_gguf_file(o.in)) {
+    FLASHMAP_CHECK(o.from == ConvertSource::Auto,
+                   "{}: a GGUF file converts with --from auto (the default)", o.in);
+    const GgufConvertResult g = convert_gguf(o.in, o.out, o.force);
+    ConvertResult r;
+    r.source = "gguf";
+    r.kind = "Qwen3";
+    r.tensors = g.tensors;
+    r.dequantized = g.dequantized;
+    r.tokenizer = g.tokenizer;
+    r.chat_template = g.chat_template;
+    return r;
+  }
+  FLASHMAP_CHECK(fs::is_directory(o.in, ec), "{}: not a folder (nor a GGUF file)", o.in);
   const fs::path out = checked_output(o.in, o.out, o.force);  // before anything is read
 
   const std::string path = (fs::path(o.in) / "config.json").string();

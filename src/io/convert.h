@@ -1,5 +1,6 @@
 // `flashmap convert`: drafter checkpoints of training tools to the release formats this engine
-// and the reference packages load (docs/DFLASH.md, "Conversion").
+// and the reference packages load (docs/DFLASH.md, "Conversion"), and Qwen3 GGUF targets to
+// Hugging Face folders (io/gguf_convert.h).
 //
 //   speculators DFlash (speculators_model_type "dflash", full vocabulary)
 //       -> z-lab DFlash release (dflash==0.1.0 DFlashDraftModel): the drafter's Qwen3 config with
@@ -41,6 +42,9 @@ struct ConvertResult {
   std::string target;                // the target checked against; empty when none was found
   size_t tensors = 0;                // tensors copied
   std::vector<std::string> dropped;  // "name (why)" for tensors the release format has no use for
+  // A GGUF target (io/gguf_convert.h): tensors dequantized to F32, and what its metadata gave.
+  std::vector<std::string> dequantized;
+  bool tokenizer = false, chat_template = false;
 };
 
 // "auto", "speculators", "specforge"; flashmap::Error otherwise.
@@ -58,7 +62,7 @@ FlashMapConfig speculators_flashmap_config(const nlohmann::json& j, const std::s
 void write_output_folder(const std::string& in, const std::string& out, bool force,
                          const std::function<void(const std::string&)>& fill);
 
-// Converts o.in to o.out; throws flashmap::Error naming the file and the field or tensor at
+// Converts o.in (a drafter folder, or a Qwen3 GGUF file: io/gguf_convert.h) to o.out; throws flashmap::Error naming the file and the field or tensor at
 // fault (OUT is left as it was).
 ConvertResult convert_checkpoint(const ConvertOptions& o);
 

@@ -278,6 +278,43 @@ DICTS = {
 }
 
 
+def gguf_bytes(kvs, tensors, alignment=32):
+    """kvs: [(key, type code, packed value bytes)]; tensors: [(name, dims, ggml type, raw bytes)]
+    -> a GGUF v3 file."""
+    def gstr(t):
+        b = t.encode()
+        return struct.pack("<Q", len(b)) + b
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+    for key, code, value in kvs:
+        out += gstr(key) + struct.pack("<I", code) + value
+    offset = 0
+    for name, dims, gtype, raw in tensors:
+        out += gstr(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", gtype, offset)
+        offset += -(-len(raw) // alignment) * alignment
+    out += b"\0" * (-len(out) % alignment)
+    for _, _, _, raw in tensors:
+        out += raw + b"\0" * (-len(raw) % alignment)
+    return out
+
+
+def gguf_seeds():
+    put("gguf", read("tests/fixtures/gguf/quants.gguf", "rb"))
+    arch = ("general.architecture", 8, struct.pack("<Q", 5) + b"qwen3")
+    nested = struct.pack("<IQ", 9, 2) + struct.pack("<IQ", 4, 2) + struct.pack("<II", 1, 2) + \
+        struct.pack("<IQ", 8, 1) + struct.pack("<Q", 1) + b"a"
+    put("gguf", gguf_bytes([arch, ("qwen3.block_count", 4, struct.pack("<I", 2)),
+                            ("qwen3.rope.freq_base", 6, struct.pack("<f", 1e6)),
+                            ("tokenizer.ggml.tokens", 9, nested), ("flag", 7, b"\1")],
+                           [("token_embd.weight", [8, 2], 0, struct.pack("<16f", *range(16))),
+                            ("blk.0.attn_q.weight", [32, 1], 8,
+                             struct.pack("<e", 0.5) + bytes(range(32))),
+                            ("output_norm.weight", [8], 1, struct.pack("<8e", *([1.0] * 8)))]))
+    put("gguf", gguf_bytes([("general.alignment", 4, struct.pack("<I", 64))],
+                           [("t", [4], 30, b"\x80\x3f" * 4)], alignment=64))
+    put("gguf", gguf_bytes([], []))
+
+
 def dicts():
     d = os.path.join(ROOT, "tests", "fuzz", "dict")
     os.makedirs(d, exist_ok=True)
@@ -289,6 +326,7 @@ def dicts():
 
 if __name__ == "__main__":
     safetensors_seeds()
+    gguf_seeds()
     shard_index_seeds()
     config_seeds()
     tokenizer_seeds()

@@ -1,0 +1,575 @@
+#include "io/gguf.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "io/files.h"
+#include "io/mapped_file.h"
+
+namespace flashmap {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
+
+// GGUF's metadata value types.
+enum : uint32_t {
+  kU8 = 0,
+  kI8,
+  kU16,
+  kI16,
+  kU32,
+  kI32,
+  kF32,
+  kBool,
+  kString,
+  kArray,
+  kU64,
+  kI64,
+  kF64,
+};
+
+// The least bytes an element of each value type takes (a string: its 8-byte length).
+uint64_t min_size(uint32_t type) {
+  switch (type) {
+    case kU8:
+    case kI8:
+    case kBool:
+      return 1;
+    case kU16:
+    case kI16:
+      return 2;
+    case kU32:
+    case kI32:
+    case kF32:
+      return 4;
+    case kU64:
+    case kI64:
+    case kF64:
+    case kString:
+      return 8;
+    case kArray:
+      return 12;
+    default:
+      return 0;
+  }
+}
+
+// Reads from a mapped file, every read checked against its size first.
+struct Reader {
+  const uint8_t* p;
+  uint64_t size, pos = 0;
+  const std::string& path;
+
+  void need(uint64_t n, const std::string& what) const {
+    FLASHMAP_CHECK(n <= size - pos,
+                   "{}: {} ({} bytes at offset {}) runs past the end of the file ({} bytes): "
+                   "truncated or not a GGUF file",
+                   path, what, n, pos, size);
+  }
+  template <typename T>
+  T get(const std::string& what) {
+    need(sizeof(T), what);
+    T v;
+    std::memcpy(&v, p + pos, sizeof(T));
+    pos += sizeof(T);
+    return v;
+  }
+  std::string str(const std::string& what) {
+    const uint64_t n = get<uint64_t>(what + "'s length");
+    need(n, what);
+    std::string s(reinterpret_cast<const char*>(p + pos), size_t(n));
+    pos += n;
+    return s;
+  }
+};
+
+GgufValue read_value(Reader& r, uint32_t type, const std::string& what, int depth) {
+  GgufValue v;
+  v.type = type;
+  switch (type) {
+    case kU8:
+      v.v = uint64_t(r.get<uint8_t>(what));
+      break;
+    case kI8:
+      v.v = int64_t(r.get<int8_t>(what));
+      break;
+    case kU16:
+      v.v = uint64_t(r.get<uint16_t>(what));
+      break;
+    case kI16:
+      v.v = int64_t(r.get<int16_t>(what));
+      break;
+    case kU32:
+      v.v = uint64_t(r.get<uint32_t>(what));
+      break;
+    case kI32:
+      v.v = int64_t(r.get<int32_t>(what));
+      break;
+    case kU64:
+      v.v = r.get<uint64_t>(what);
+      break;
+    case kI64:
+      v.v = r.get<int64_t>(what);
+      break;
+    case kF32:
+      v.v = double(r.get<float>(what));
+      break;
+    case kF64:
+      v.v = r.get<double>(what);
+      break;
+    case kBool: {
+      const uint8_t b = r.get<uint8_t>(what);
+      FLASHMAP_CHECK(b <= 1, "{}: {} is a bool of value {}", r.path, what, b);
+      v.v = b != 0;
+      break;
+    }
+    case kString:
+      v.v = r.str(what);
+      break;
+    case kArray: {
+      FLASHMAP_CHECK(depth < GgufFile::kMaxArrayDepth, "{}: {} nests arrays deeper than {}", r.path,
+                     what, GgufFile::kMaxArrayDepth);
+      const uint32_t elem = r.get<uint32_t>(what + "'s element type");
+      FLASHMAP_CHECK(min_size(elem) > 0, "{}: {} holds elements of unknown type {}", r.path, what,
+                     elem);
+      const uint64_t n = r.get<uint64_t>(what + "'s length");
+      // Every element takes at least min_size bytes: a count the rest of the file cannot hold
+      // is refused before anything is allocated.
+      FLASHMAP_CHECK(n <= (r.size - r.pos) / min_size(elem),
+                     "{}: {} claims {} elements, more than the rest of the file holds", r.path,
+                     what, n);
+      std::vector<GgufValue> items;
+      items.reserve(size_t(n));
+      for (uint64_t i = 0; i < n; ++i)
+        items.push_back(read_value(r, elem, fmt::format("{}[{}]", what, i), depth + 1));
+      v.v = std::move(items);
+      break;
+    }
+    default:
+      FLASHMAP_CHECK(false, "{}: {} has unknown value type {}", r.path, what, type);
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string ggml_type_name(uint32_t type) {
+  switch (GgmlType(type)) {
+    case GgmlType::F32:
+      return "F32";
+    case GgmlType::F16:
+      return "F16";
+    case GgmlType::BF16:
+      return "BF16";
+    case GgmlType::Q4_0:
+      return "Q4_0";
+    case GgmlType::Q4_1:
+      return "Q4_1";
+    case GgmlType::Q5_0:
+      return "Q5_0";
+    case GgmlType::Q5_1:
+      return "Q5_1";
+    case GgmlType::Q8_0:
+      return "Q8_0";
+    case GgmlType::Q4_K:
+      return "Q4_K";
+    case GgmlType::Q5_K:
+      return "Q5_K";
+    case GgmlType::Q6_K:
+      return "Q6_K";
+  }
+  return fmt::format("type {}", type);
+}
+
+bool ggml_type_known(uint32_t type) {
+  return ggml_type_name(type).rfind("type ", 0) != 0;
+}
+
+int64_t ggml_block_elems(GgmlType type) {
+  switch (type) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+      return 1;
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q8_0:
+      return 32;
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+      return 256;
+  }
+  return 0;
+}
+
+int64_t ggml_block_bytes(GgmlType type) {
+  switch (type) {
+    case GgmlType::F32:
+      return 4;
+    case GgmlType::F16:
+    case GgmlType::BF16:
+      return 2;
+    case GgmlType::Q4_0:
+      return 18;
+    case GgmlType::Q4_1:
+      return 20;
+    case GgmlType::Q5_0:
+      return 22;
+    case GgmlType::Q5_1:
+      return 24;
+    case GgmlType::Q8_0:
+      return 34;
+    case GgmlType::Q4_K:
+      return 144;
+    case GgmlType::Q5_K:
+      return 176;
+    case GgmlType::Q6_K:
+      return 210;
+  }
+  return 0;
+}
+
+namespace {
+
+float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// A K-quant block's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4).
+void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+}  // namespace
+
+void dequantize_row(GgmlType type, const uint8_t* src, float* y, int64_t n) {
+  const int64_t QK = ggml_block_elems(type), bytes = ggml_block_bytes(type);
+  FLASHMAP_ASSERT(QK > 0 && n % QK == 0);
+  const int64_t blocks = n / QK;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* x = src + b * bytes;
+    switch (type) {
+      case GgmlType::F32:
+        std::memcpy(y, x, 4);
+        break;
+      case GgmlType::F16:
+        *y = half(x);
+        break;
+      case GgmlType::BF16: {
+        uint16_t h;
+        std::memcpy(&h, x, 2);
+        *y = bf16_to_f32(h);
+        break;
+      }
+      case GgmlType::Q8_0: {
+        const float d = half(x);
+        for (int j = 0; j < 32; ++j) y[j] = float(int8_t(x[2 + j])) * d;
+        break;
+      }
+      case GgmlType::Q4_0: {
+        const float d = half(x);
+        const uint8_t* qs = x + 2;
+        for (int j = 0; j < 16; ++j) {
+          y[j] = float(int(qs[j] & 0x0F) - 8) * d;
+          y[j + 16] = float(int(qs[j] >> 4) - 8) * d;
+        }
+        break;
+      }
+      case GgmlType::Q4_1: {
+        const float d = half(x), m = half(x + 2);
+        const uint8_t* qs = x + 4;
+        for (int j = 0; j < 16; ++j) {
+          y[j] = float(qs[j] & 0x0F) * d + m;
+          y[j + 16] = float(qs[j] >> 4) * d + m;
+        }
+        break;
+      }
+      case GgmlType::Q5_0: {
+        const float d = half(x);
+        uint32_t qh;
+        std::memcpy(&qh, x + 2, 4);
+        const uint8_t* qs = x + 6;
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t xh0 = uint8_t(((qh >> j) << 4) & 0x10);
+          const uint8_t xh1 = uint8_t((qh >> (j + 12)) & 0x10);
+          y[j] = float(int((qs[j] & 0x0F) | xh0) - 16) * d;
+          y[j + 16] = float(int((qs[j] >> 4) | xh1) - 16) * d;
+        }
+        break;
+      }
+      case GgmlType::Q5_1: {
+        const float d = half(x), m = half(x + 2);
+        uint32_t qh;
+        std::memcpy(&qh, x + 4, 4);
+        const uint8_t* qs = x + 8;
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t xh0 = uint8_t(((qh >> j) << 4) & 0x10);
+          const uint8_t xh1 = uint8_t((qh >> (j + 12)) & 0x10);
+          y[j] = float((qs[j] & 0x0F) | xh0) * d + m;
+          y[j + 16] = float((qs[j] >> 4) | xh1) * d + m;
+        }
+        break;
+      }
+      case GgmlType::Q4_K: {
+        const float d = half(x), dmin = half(x + 2);
+        const uint8_t* scales = x + 4;
+        const uint8_t* q = x + 16;
+        float* out = y;
+        for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
+          uint8_t sc, m;
+          scale_min_k4(is, scales, sc, m);
+          const float d1 = d * sc, m1 = dmin * m;
+          scale_min_k4(is + 1, scales, sc, m);
+          const float d2 = d * sc, m2 = dmin * m;
+          for (int l = 0; l < 32; ++l) *out++ = d1 * float(q[l] & 0xF) - m1;
+          for (int l = 0; l < 32; ++l) *out++ = d2 * float(q[l] >> 4) - m2;
+          q += 32;
+        }
+        break;
+      }
+      case GgmlType::Q5_K: {
+        const float d = half(x), dmin = half(x + 2);
+        const uint8_t* scales = x + 4;
+        const uint8_t* qh = x + 16;
+        const uint8_t* ql = x + 48;
+        float* out = y;
+        uint8_t u1 = 1, u2 = 2;
+        for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
+          uint8_t sc, m;
+          scale_min_k4(is, scales, sc, m);
+          const float d1 = d * sc, m1 = dmin * m;
+          scale_min_k4(is + 1, scales, sc, m);
+          const float d2 = d * sc, m2 = dmin * m;
+          for (int l = 0; l < 32; ++l)
+            *out++ = d1 * float((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+          for (int l = 0; l < 32; ++l)
+            *out++ = d2 * float((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+          ql += 32;
+          u1 = uint8_t(u1 << 2);
+          u2 = uint8_t(u2 << 2);
+        }
+        break;
+      }
+      case GgmlType::Q6_K: {
+        const uint8_t* ql = x;
+        const uint8_t* qh = x + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(x + 192);
+        const float d = half(x + 208);
+        float* out = y;
+        for (int n128 = 0; n128 < 256; n128 += 128) {
+          for (int l = 0; l < 32; ++l) {
+            const int is = l / 16;
+            const int q1 = int((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int q2 = int((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int q3 = int((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int q4 = int((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            out[l] = d * float(sc[is + 0]) * float(q1);
+            out[l + 32] = d * float(sc[is + 2]) * float(q2);
+            out[l + 64] = d * float(sc[is + 4]) * float(q3);
+            out[l + 96] = d * float(sc[is + 6]) * float(q4);
+          }
+          out += 128;
+          ql += 64;
+          qh += 32;
+          sc += 8;
+        }
+        break;
+      }
+    }
+    y += QK;
+  }
+}
+
+int64_t GgufTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+GgufFile::GgufFile(const std::string& path) : path_(path) {
+  read_one(path, true);
+  // A split model: NAME-00001-of-0000N.gguf names its N − 1 siblings.
+  const auto count = integer("split.count");
+  if (!count || *count <= 1) return;
+  FLASHMAP_CHECK(*count <= kMaxSplits, "{}: split.count is {}, more than {}", path, *count,
+                 kMaxSplits);
+  static const std::regex kSplit(R"((.*)-(\d{5})-of-(\d{5})\.gguf)");
+  std::smatch m;
+  FLASHMAP_CHECK(std::regex_match(path, m, kSplit) && std::stoll(m[2].str()) == 1 &&
+                     std::stoll(m[3].str()) == *count,
+                 "{}: split.count is {}, but the name is not NAME-00001-of-{:05d}.gguf", path,
+                 *count, *count);
+  for (int64_t i = 2; i <= *count; ++i)
+    read_one(fmt::format("{}-{:05d}-of-{:05d}.gguf", m[1].str(), i, *count), false);
+}
+
+GgufFile::~GgufFile() = default;
+
+void GgufFile::read_one(const std::string& path, bool first) {
+  const int fd = open_regular_file(path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    FLASHMAP_CHECK(false, "{}: cannot stat ({})", path, std::strerror(errno));
+  }
+  const uint64_t size = uint64_t(st.st_size);
+  if (size < 24) {
+    ::close(fd);
+    FLASHMAP_CHECK(false, "{}: not a GGUF file ({} bytes, shorter than its header)", path, size);
+  }
+  auto map = std::make_unique<MappedFile>(fd, size_t(size), path);  // owns fd
+  Reader r{map->data(), size, 0, path};
+  FLASHMAP_CHECK(r.get<uint32_t>("magic") == kMagic, "{}: not a GGUF file (no GGUF magic)", path);
+  const uint32_t version = r.get<uint32_t>("version");
+  FLASHMAP_CHECK(version == 2 || version == 3,
+                 "{}: GGUF version {} (this engine reads versions 2 and 3)", path, version);
+  const uint64_t n_tensors = r.get<uint64_t>("tensor_count");
+  const uint64_t n_kv = r.get<uint64_t>("metadata_kv_count");
+  // A tensor's entry takes at least 8 + 4 + 8 + 4 + 8 bytes, a key/value at least 8 + 4 + 1.
+  FLASHMAP_CHECK(n_tensors <= kMaxTensors && n_tensors <= size / 32,
+                 "{}: tensor_count {} is more than the file can hold", path, n_tensors);
+  FLASHMAP_CHECK(n_kv <= kMaxMetadata && n_kv <= size / 13,
+                 "{}: metadata_kv_count {} is more than the file can hold", path, n_kv);
+  for (uint64_t i = 0; i < n_kv; ++i) {
+    const std::string key = r.str(fmt::format("metadata key {}", i));
+    const uint32_t type = r.get<uint32_t>(fmt::format("metadata '{}''s type", key));
+    GgufValue v = read_value(r, type, fmt::format("metadata '{}'", key), 0);
+    FLASHMAP_CHECK(!first || metadata_.count(key) == 0, "{}: metadata key '{}' appears twice", path,
+                   key);
+    if (first) metadata_.emplace(key, std::move(v));
+  }
+  uint64_t alignment = 32;
+  if (auto it = metadata_.find("general.alignment"); first && it != metadata_.end()) {
+    const auto* a = std::get_if<uint64_t>(&it->second.v);
+    FLASHMAP_CHECK(a && *a >= 1 && *a <= 65536 && (*a & (*a - 1)) == 0,
+                   "{}: general.alignment must be a power of two up to 65536", path);
+    alignment = *a;
+  }
+  struct Entry {
+    GgufTensor t;
+    uint64_t offset;
+  };
+  std::vector<Entry> entries;
+  entries.reserve(size_t(n_tensors));
+  for (uint64_t i = 0; i < n_tensors; ++i) {
+    Entry e;
+    e.t.name = r.str(fmt::format("tensor {}'s name", i));
+    const std::string what = fmt::format("tensor '{}'", e.t.name);
+    const uint32_t n_dims = r.get<uint32_t>(what + "'s n_dims");
+    FLASHMAP_CHECK(n_dims >= 1 && n_dims <= uint32_t(kMaxDims), "{}: {} has {} dimensions", path,
+                   what, n_dims);
+    int64_t numel = 1;
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      const uint64_t dim = r.get<uint64_t>(what + "'s dimensions");
+      FLASHMAP_CHECK(
+          dim >= 1 && dim <= (uint64_t(1) << 40) && uint64_t(numel) <= (uint64_t(1) << 48) / dim,
+          "{}: {} has dimension {} = {}, or more than 2^48 elements", path, what, d, dim);
+      e.t.dims.push_back(int64_t(dim));
+      numel *= int64_t(dim);
+    }
+    const uint32_t type = r.get<uint32_t>(what + "'s type");
+    FLASHMAP_CHECK(ggml_type_known(type),
+                   "{}: {} has {}, which this engine does not read (F32, F16, BF16, Q4_0, Q4_1, "
+                   "Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)",
+                   path, what, ggml_type_name(type));
+    e.t.type = GgmlType(type);
+    const int64_t qk = ggml_block_elems(e.t.type);
+    FLASHMAP_CHECK(e.t.dims[0] % qk == 0,
+                   "{}: {} is {} with rows of {} elements, not a multiple of its {}-element blocks",
+                   path, what, ggml_type_name(type), e.t.dims[0], qk);
+    e.t.bytes = uint64_t(numel / qk) * uint64_t(ggml_block_bytes(e.t.type));
+    e.offset = r.get<uint64_t>(what + "'s offset");
+    FLASHMAP_CHECK(e.offset % alignment == 0, "{}: {}'s offset {} is not aligned to {}", path, what,
+                   e.offset, alignment);
+    e.t.file = path;
+    entries.push_back(std::move(e));
+  }
+  const uint64_t data_start = (r.pos + alignment - 1) / alignment * alignment;
+  FLASHMAP_CHECK(data_start <= size || entries.empty(),
+                 "{}: the tensor data would start past the end of the file", path);
+  const uint64_t data_len = data_start <= size ? size - data_start : 0;
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.offset < b.offset; });
+  uint64_t end = 0;
+  for (auto& e : entries) {
+    FLASHMAP_CHECK(e.offset <= data_len && e.t.bytes <= data_len - e.offset,
+                   "{}: tensor '{}' ({} bytes at offset {}) runs past the end of the data ({} "
+                   "bytes): truncated",
+                   path, e.t.name, e.t.bytes, e.offset, data_len);
+    FLASHMAP_CHECK(e.offset >= end, "{}: tensor '{}' overlaps the tensor before it", path,
+                   e.t.name);
+    end = e.offset + e.t.bytes;
+    e.t.data = map->data() + data_start + e.offset;
+    e.t.file_offset = data_start + e.offset;
+    FLASHMAP_CHECK(tensors_.count(e.t.name) == 0, "{}: tensor '{}' appears twice", path, e.t.name);
+    std::string name = e.t.name;
+    tensors_.emplace(std::move(name), std::move(e.t));
+  }
+  maps_.push_back(std::move(map));
+}
+
+const GgufTensor& GgufFile::tensor(const std::string& name) const {
+  auto it = tensors_.find(name);
+  FLASHMAP_CHECK(it != tensors_.end(), "{}: no tensor '{}'", path_, name);
+  return it->second;
+}
+
+std::optional<std::string> GgufFile::string(const std::string& key) const {
+  auto it = metadata_.find(key);
+  if (it == metadata_.end()) return std::nullopt;
+  const auto* s = std::get_if<std::string>(&it->second.v);
+  FLASHMAP_CHECK(s, "{}: metadata '{}' is not a string", path_, key);
+  return *s;
+}
+
+std::optional<int64_t> GgufFile::integer(const std::string& key) const {
+  auto it = metadata_.find(key);
+  if (it == metadata_.end()) return std::nullopt;
+  if (const auto* i = std::get_if<int64_t>(&it->second.v)) return *i;
+  const auto* u = std::get_if<uint64_t>(&it->second.v);
+  FLASHMAP_CHECK(u && *u <= uint64_t(INT64_MAX), "{}: metadata '{}' is not an integer", path_, key);
+  return int64_t(*u);
+}
+
+std::optional<double> GgufFile::number(const std::string& key) const {
+  auto it = metadata_.find(key);
+  if (it == metadata_.end()) return std::nullopt;
+  if (const auto* d = std::get_if<double>(&it->second.v)) return *d;
+  return double(*integer(key));
+}
+
+const std::vector<GgufValue>* GgufFile::array(const std::string& key) const {
+  auto it = metadata_.find(key);
+  if (it == metadata_.end()) return nullptr;
+  const auto* a = std::get_if<std::vector<GgufValue>>(&it->second.v);
+  FLASHMAP_CHECK(a, "{}: metadata '{}' is not an array", path_, key);
+  return a;
+}
+
+void GgufFile::check_unchanged() const {
+  for (const auto& m : maps_) m->check_unchanged();
+}
+
+}  // namespace flashmap
