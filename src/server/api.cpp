@@ -68,6 +68,41 @@ bool json_nests_deeper_than(std::string_view text, int limit) {
   return false;
 }
 
+namespace {
+
+// Parses `text` keeping key order, refusing an object with more than kMaxJsonObjectMembers
+// members before it is built (the error names the request field it is in).
+json parse_ordered(const std::string& text, bool allow_exceptions) {
+  std::vector<size_t> members;  // per open object, innermost last
+  std::string field;            // the top-level member being read
+  auto bound = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        members.push_back(0);
+        break;
+      case json::parse_event_t::object_end:
+        if (!members.empty()) members.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (members.size() == 1 && parsed.is_string()) field = parsed.get<std::string>();
+        if (!members.empty() && ++members.back() > kMaxJsonObjectMembers) {
+          const bool top = members.size() == 1;
+          throw ApiError(400,
+                         fmt::format("{} has more than {} members", top ? "the request body" : field,
+                                     kMaxJsonObjectMembers),
+                         top ? std::string() : field);
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  return json::parse(text, bound, allow_exceptions);
+}
+
+}  // namespace
+
 json parse_json_body(const std::string& text) {
   if (!utf8::valid(text)) throw ApiError(400, "the request body is not valid UTF-8");
   if (json_nests_deeper_than(text, kMaxJsonDepth))
@@ -76,7 +111,7 @@ json parse_json_body(const std::string& text) {
                                kMaxJsonDepth),
                    {}, "invalid_json");
   try {
-    return json::parse(text);
+    return parse_ordered(text, true);
   } catch (const json::parse_error& e) {
     throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), {},
                    "invalid_json");
@@ -85,7 +120,11 @@ json parse_json_body(const std::string& text) {
 
 json parse_json_value(const std::string& text) {
   if (json_nests_deeper_than(text, kMaxJsonDepth)) return json(json::value_t::discarded);
-  return json::parse(text, nullptr, /*allow_exceptions=*/false);
+  try {
+    return parse_ordered(text, /*allow_exceptions=*/false);
+  } catch (const ApiError&) {
+    return json(json::value_t::discarded);  // as for any other text that is not a value here
+  }
 }
 
 }  // namespace flashmap::server

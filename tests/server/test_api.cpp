@@ -50,6 +50,39 @@ TEST(JsonBody, RefusesMalformedUtf8BeforeParsing) {
   }
 }
 
+// Objects keep the client's key order, at a cost quadratic in their members: a body's objects
+// are bounded, and the one over the bound is named before it is built.
+TEST(JsonBody, BoundsTheMembersOfEachObject) {
+  auto object = [](size_t n) {
+    std::string s = "{";
+    for (size_t i = 0; i < n; ++i) s += fmt::format("{}\"{}\": {}", i ? "," : "", i, i);
+    return s + "}";
+  };
+  const std::string at = object(kMaxJsonObjectMembers), over = object(kMaxJsonObjectMembers + 1);
+  EXPECT_EQ(parse_json_body(fmt::format(R"({{"prompt": [1], "logit_bias": {}}})", at))
+                ["logit_bias"]
+                    .size(),
+            kMaxJsonObjectMembers);
+  auto refusal = [](const std::string& body) -> std::pair<std::string, std::string> {
+    try {
+      parse_json_body(body);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      return {e.what(), e.param};
+    }
+    return {"accepted", ""};
+  };
+  EXPECT_EQ(refusal(fmt::format(R"({{"prompt": [1], "logit_bias": {}}})", over)),
+            std::pair(fmt::format("logit_bias has more than {} members", kMaxJsonObjectMembers),
+                      std::string("logit_bias")));
+  EXPECT_EQ(refusal(fmt::format(R"({{"tools": [{{"function": {}}}]}})", over)).second, "tools");
+  EXPECT_EQ(refusal(over).first,
+            fmt::format("the request body has more than {} members", kMaxJsonObjectMembers));
+  // JSON inside a request (tool call arguments as a string): not a value, as other bad text.
+  EXPECT_TRUE(parse_json_value(over).is_discarded());
+  EXPECT_EQ(parse_json_value(at).size(), kMaxJsonObjectMembers);
+}
+
 TEST(ParseRequest, FieldsAndErrors) {
   auto r = parse_generation_request(
       json::parse(R"({"model":"m","prompt":[1,2],"max_tokens":5,"temperature":0.5,"top_k":-1,
