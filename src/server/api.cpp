@@ -112,7 +112,7 @@ json parse_json_body(const std::string& text) {
                    {}, "invalid_json");
   try {
     return parse_ordered(text, true);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number past double's range
     throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), {},
                    "invalid_json");
   }
@@ -122,8 +122,10 @@ json parse_json_value(const std::string& text) {
   if (json_nests_deeper_than(text, kMaxJsonDepth)) return json(json::value_t::discarded);
   try {
     return parse_ordered(text, /*allow_exceptions=*/false);
-  } catch (const ApiError&) {
-    return json(json::value_t::discarded);  // as for any other text that is not a value here
+  } catch (const Error&) {  // over the member bound: as for any other text that is not a value
+    return json(json::value_t::discarded);
+  } catch (const json::exception&) {
+    return json(json::value_t::discarded);
   }
 }
 

@@ -52,6 +52,19 @@ TEST(JsonBody, RefusesMalformedUtf8BeforeParsing) {
 
 // Objects keep the client's key order, at a cost quadratic in their members: a body's objects
 // are bounded, and the one over the bound is named before it is built.
+TEST(JsonBody, NumbersPastTheRangeOfADoubleAreInvalidJson) {
+  for (const char* body : {R"({"temperature": 1e400})", R"({"seed": -1e3082})", "[81e308]"}) {
+    try {
+      parse_json_body(body);
+      ADD_FAILURE() << "accepted " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(parse_json_value(R"({"x": 1e400})").is_discarded());
+}
+
 TEST(JsonBody, BoundsTheMembersOfEachObject) {
   auto object = [](size_t n) {
     std::string s = "{";
