@@ -2,6 +2,7 @@
 // decoding (src/engine, src/server).
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -18,7 +19,10 @@
 namespace flashmap::cli {
 namespace {
 
-volatile sig_atomic_t g_stop_requested = 0;
+// Set by the signal handler, read by the watcher thread: a lock-free atomic is safe in a handler
+// and, unlike a volatile sig_atomic_t, also between threads (the signal may land on any thread).
+std::atomic<bool> g_stop_requested{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
 
 struct ServeArgs {
   ModelOptions model;
@@ -36,7 +40,7 @@ void run_serve(ServeArgs& a) {
   // The handler only raises a flag (any thread may take the signal, and little is
   // async-signal-safe); a watcher thread does the graceful stop.
   struct sigaction sa {};
-  sa.sa_handler = [](int) { g_stop_requested = 1; };
+  sa.sa_handler = [](int) { g_stop_requested.store(true, std::memory_order_relaxed); };
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
@@ -91,7 +95,7 @@ void run_serve(ServeArgs& a) {
   server::Server srv(engine, text ? &*text : nullptr, a.server);
   const int port = srv.bind();
   std::thread signals([&] {
-    while (!g_stop_requested && !srv.stopped())
+    while (!g_stop_requested.load(std::memory_order_relaxed) && !srv.stopped())
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (srv.stopped()) return;  // it stopped itself (a device fault, changed model files)
     std::cerr << "flashmap serve: stopping: finishing running requests\n";

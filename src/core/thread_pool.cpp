@@ -182,6 +182,9 @@ void ThreadPool::worker_loop(int) {
   // destructor's included).
   uint64_t seen = 0;
   for (;;) {
+    // The destructor's generation may have been taken for a job's (it leaves the last job open):
+    // the worker that joined it sees stop_ here rather than waiting for a generation to come.
+    if (stop_.load(std::memory_order_acquire)) return;
     // Wait for a generation this worker has not worked on.
     auto fresh = [&] { return state_.load(std::memory_order_acquire) / kGeneration != seen; };
     if (!spin_until(fresh)) {
