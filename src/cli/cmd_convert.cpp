@@ -69,7 +69,9 @@ void register_convert(CLI::App& app) {
                   "verifier that is a local folder)")
       ->check(non_empty());
   cmd->add_flag("--force", opts->force, "replace OUT if it exists");
-  cmd->add_option("IN", opts->in, "drafter folder, or Qwen3 GGUF file, to convert")->required()->check(non_empty());
+  cmd->add_option("IN", opts->in, "drafter folder, or Qwen3 GGUF file, to convert")
+      ->required()
+      ->check(non_empty());
   cmd->add_option("OUT", opts->out, "new folder")->required()->check(non_empty());
   cmd->callback([opts] { run_convert(*opts); });
 }

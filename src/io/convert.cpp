@@ -33,8 +33,7 @@ ConvertSource parse_convert_source(const std::string& name) {
       fmt::format("--from: unknown source '{}' (expected auto, speculators or specforge)", name));
 }
 
-FlashMapConfig speculators_flashmap_config(const json& j, const std::string& path,
-                                           json* release) {
+FlashMapConfig speculators_flashmap_config(const json& j, const std::string& path, json* release) {
   const auto has = [&](const json& o, const char* key) {
     return o.contains(key) && !o[key].is_null();
   };
@@ -443,8 +442,8 @@ fs::path checked_output(const std::string& in, const std::string& out_name, bool
     FLASHMAP_CHECK(force, "{}: exists; pass --force to replace it", out_name);
     // Replacing OUT would delete IN with it.
     const auto rel = in_abs.lexically_relative(out_abs);
-    FLASHMAP_CHECK(rel.empty() || *rel.begin() == "..", "{}: holds IN ({}); not replaced",
-                   out_name, in);
+    FLASHMAP_CHECK(rel.empty() || *rel.begin() == "..", "{}: holds IN ({}); not replaced", out_name,
+                   in);
   }
   const auto parent = out_abs.parent_path();
   FLASHMAP_CHECK(fs::is_directory(parent, ec), "{}: the folder it goes in ({}) does not exist",

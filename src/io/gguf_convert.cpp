@@ -24,16 +24,11 @@ namespace {
 // llama.cpp's names for a Qwen3 layer's tensors (gguf-py's tensor map, MODEL_ARCH.QWEN3) and
 // transformers' Qwen3ForCausalLM names for them.
 constexpr std::pair<const char*, const char*> kLayerNames[] = {
-    {"attn_norm", "input_layernorm"},
-    {"attn_q", "self_attn.q_proj"},
-    {"attn_k", "self_attn.k_proj"},
-    {"attn_v", "self_attn.v_proj"},
-    {"attn_output", "self_attn.o_proj"},
-    {"attn_q_norm", "self_attn.q_norm"},
-    {"attn_k_norm", "self_attn.k_norm"},
-    {"ffn_norm", "post_attention_layernorm"},
-    {"ffn_gate", "mlp.gate_proj"},
-    {"ffn_up", "mlp.up_proj"},
+    {"attn_norm", "input_layernorm"},    {"attn_q", "self_attn.q_proj"},
+    {"attn_k", "self_attn.k_proj"},      {"attn_v", "self_attn.v_proj"},
+    {"attn_output", "self_attn.o_proj"}, {"attn_q_norm", "self_attn.q_norm"},
+    {"attn_k_norm", "self_attn.k_norm"}, {"ffn_norm", "post_attention_layernorm"},
+    {"ffn_gate", "mlp.gate_proj"},       {"ffn_up", "mlp.up_proj"},
     {"ffn_down", "mlp.down_proj"},
 };
 
@@ -124,9 +119,10 @@ json qwen3_config(const GgufFile& f, int64_t vocab, bool tied) {
   // llama.cpp's default when the file gives none.
   c["rope_theta"] = metadata_float(f, a + "rope.freq_base").value_or(10000.0);
   if (const auto t = f.string(a + "rope.scaling.type"); t && *t != "none")
-    throw Error(fmt::format("{}: metadata 'qwen3.rope.scaling.type' = \"{}\": RoPE scaling is not "
-                            "converted (a Qwen3 GGUF without it converts)",
-                            f.path(), utf8_string(f, "metadata 'qwen3.rope.scaling.type'", *t)));
+    throw Error(
+        fmt::format("{}: metadata 'qwen3.rope.scaling.type' = \"{}\": RoPE scaling is not "
+                    "converted (a Qwen3 GGUF without it converts)",
+                    f.path(), utf8_string(f, "metadata 'qwen3.rope.scaling.type'", *t)));
   c["hidden_act"] = "silu";
   c["attention_bias"] = false;
   c["tie_word_embeddings"] = tied;
@@ -240,8 +236,8 @@ std::optional<Tokenizer> tokenizer_files(const GgufFile& f, int64_t vocab) {
                      {"rstrip", false},
                      {"normalized", false},
                      {"special", type == 3}});
-    decoder[std::to_string(id)] = {{"content", s},   {"lstrip", false},
-                                   {"normalized", false}, {"rstrip", false},
+    decoder[std::to_string(id)] = {{"content", s},         {"lstrip", false},
+                                   {"normalized", false},  {"rstrip", false},
                                    {"single_word", false}, {"special", type == 3}};
     if (type == 3) specials.push_back(s);
   }

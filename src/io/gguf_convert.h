@@ -17,10 +17,10 @@
 namespace flashmap {
 
 struct GgufConvertResult {
-  size_t tensors = 0;                // tensors written
+  size_t tensors = 0;                    // tensors written
   std::vector<std::string> dequantized;  // "name (Q4_K)" for each tensor turned into F32
-  bool tokenizer = false;            // tokenizer.json written from the GGUF's vocabulary
-  bool chat_template = false;        // tokenizer_config.json carries the GGUF's chat template
+  bool tokenizer = false;                // tokenizer.json written from the GGUF's vocabulary
+  bool chat_template = false;            // tokenizer_config.json carries the GGUF's chat template
 };
 
 // Whether `path` is a file that starts with the GGUF magic.

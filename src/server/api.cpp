@@ -88,8 +88,8 @@ json parse_ordered(const std::string& text, bool allow_exceptions) {
         if (!members.empty() && ++members.back() > kMaxJsonObjectMembers) {
           const bool top = members.size() == 1;
           throw ApiError(400,
-                         fmt::format("{} has more than {} members", top ? "the request body" : field,
-                                     kMaxJsonObjectMembers),
+                         fmt::format("{} has more than {} members",
+                                     top ? "the request body" : field, kMaxJsonObjectMembers),
                          top ? std::string() : field);
         }
         break;

@@ -50,7 +50,9 @@ struct TempDir {
   }
 };
 
-json read_json(const fs::path& p) { return json::parse(std::ifstream(p)); }
+json read_json(const fs::path& p) {
+  return json::parse(std::ifstream(p));
+}
 
 }  // namespace
 
@@ -135,7 +137,8 @@ TEST(GgufConvert, AQ4KMTargetDequantizesAsTheGgufPackageAndKeepsItsTokenizer) {
   const Tokenizer want = Tokenizer::from_dir(src), have = Tokenizer::from_dir(out);
   for (const std::string text :
        {"Tell me a fortune", "  leading spaces,\ttabs\n\nand newlines  ", "It's 42, isn't it?",
-        "ünïcödé — 東京 🙂 and <|endoftext|> inside", "x<|endoftext|><|endoftext|>y", ""}) {
+        "ünïcödé — 東京 🙂 and <|endoftext|> inside", "x<|endoftext|><|endoftext|>y",
+        ""}) {
     SCOPED_TRACE(text);
     const auto ids = want.encode(text);
     EXPECT_EQ(have.encode(text), ids);
@@ -163,7 +166,8 @@ TEST(GgufConvert, WhatDoesNotConvertIsRefusedNamingTheField) {
   // A file that is not GGUF.
   o.in = "tests/fixtures/tiny-a/target/config.json";
   o.from = ConvertSource::Auto;
-  EXPECT_THAT(error_of([&] { convert_checkpoint(o); }), HasSubstr("not a folder (nor a GGUF file)"));
+  EXPECT_THAT(error_of([&] { convert_checkpoint(o); }),
+              HasSubstr("not a folder (nor a GGUF file)"));
   EXPECT_FALSE(fs::exists(out));
   EXPECT_FALSE(is_gguf_file("tests/fixtures/tiny-a/target/config.json"));
   EXPECT_TRUE(is_gguf_file(kDir + "/qwen3-q4km.gguf"));

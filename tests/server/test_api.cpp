@@ -72,9 +72,8 @@ TEST(JsonBody, BoundsTheMembersOfEachObject) {
     return s + "}";
   };
   const std::string at = object(kMaxJsonObjectMembers), over = object(kMaxJsonObjectMembers + 1);
-  EXPECT_EQ(parse_json_body(fmt::format(R"({{"prompt": [1], "logit_bias": {}}})", at))
-                ["logit_bias"]
-                    .size(),
+  EXPECT_EQ(parse_json_body(fmt::format(R"({{"prompt": [1], "logit_bias": {}}})", at))["logit_bias"]
+                .size(),
             kMaxJsonObjectMembers);
   auto refusal = [](const std::string& body) -> std::pair<std::string, std::string> {
     try {
@@ -790,8 +789,8 @@ TEST(ToolCalls, RequiredStreamerSendsNameThenArgumentsAndAgreesWithTheParse) {
   EXPECT_GT(arg_deltas, 20);
   // Cut short (max_tokens) or not calls: an error, the unsent text, and no non-streamed calls.
   for (const std::string& bad : {std::string(R"([{"name": "f", "parameters": {"x": 1)"),
-                                std::string(R"([{"name": "f", "parameters": {"x": 1}}, {"na)"),
-                                std::string(R"({"name": "f"})"), std::string("[]")}) {
+                                 std::string(R"([{"name": "f", "parameters": {"x": 1}}, {"na)"),
+                                 std::string(R"({"name": "f"})"), std::string("[]")}) {
     SCOPED_TRACE(bad);
     RequiredCallStreamer b;
     const json sent = b.feed(bad);
