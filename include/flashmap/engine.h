@@ -45,7 +45,8 @@ struct EngineOptions {
   // Draft trees: "off", "paths:N" (N noise draws), "topk:B" (best-first top-k expansion to B
   // nodes) or "paths:N+topk:B", verified in one pass by sample-and-match; "auto": each
   // speculative round's tree (or none) chosen by measured tokens/s (src/engine/tree_policy.h).
-  // CPU backend; sequences with logit controls or logprobs draft single blocks.
+  // CPU backend, and CUDA with a batched FlashMap drafter; sequences with logit controls or
+  // logprobs draft single blocks.
   std::string draft_tree = "off";
   // How many of a speculative round's drafts are verified (src/engine/draft_cut.h): "auto" (under
   // the adaptive spec_policy, the drafts whose expected tokens pay for their verify rows, by the
@@ -91,7 +92,8 @@ struct EngineOptions {
   SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;
   int explore_min = 16, explore_max = 256;
   // The prefix cache's budget in MiB (src/engine/prefix_cache.h; 0: off): finished sequences keep
-  // their KV cache and drafter context for requests that share their prefix. CPU backend only.
+  // their KV cache and drafter context for requests that share their prefix. CPU backend, and
+  // CUDA (copies share the prefix's KV blocks; each cached entry also holds a sequence lane).
   size_t prefix_cache_mb = 0;
   // Seconds on a monotonic clock for timing rounds; null: steady_clock (tests inject one).
   std::function<double()> clock = nullptr;

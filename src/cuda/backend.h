@@ -10,8 +10,9 @@
 // buffers, generator state) are a lane of the backend's table, Slot::index() its row; a closed
 // sequence's lane is the next one's, so the CUDA graphs captured for it stay valid.
 //
-// Capabilities: no fork (each sequence prefills its whole prompt), no prompt logprobs, no draft
-// trees.
+// Capabilities: forks (the prefix cache and n choices: copies of a prefix share its KV blocks,
+// copied on write) without a drafter or with a batched one, draft trees with a batched FlashMap
+// drafter, no prompt logprobs (backend.cpp's describe()).
 #pragma once
 
 #include <cstdint>

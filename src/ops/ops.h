@@ -1,7 +1,7 @@
 // CPU fp32 kernels: the reference every other backend is checked against.
 // Each row of an op's output is computed by the same code in the same order whatever the number
 // of rows or threads, so a 17-token verify pass gives bit-identical logits to 17 single-token
-// steps (ARCHITECTURE.md, "batch-invariant").
+// steps (docs/ARCHITECTURE.md, "batch-invariant").
 #pragma once
 
 #include <cstdint>

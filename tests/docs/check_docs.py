@@ -3,7 +3,7 @@
 
     python3 tests/docs/check_docs.py BUILD/flashmap
 
-Over README.md, ARCHITECTURE.md, docs/*.md and bench/*.md:
+Over README.md, docs/*.md, bench/*.md and src/*/README.md:
 
 * every option of a command synopsis (a code block whose first line is `flashmap <cmd> ...`)
   exists in `flashmap <cmd> --help`, and a value the synopsis shows as the default
@@ -28,7 +28,7 @@ PATH_ROOTS = ("src/", "tests/", "docs/", "scripts/", "bench/", "tools/", "includ
 
 
 def doc_files():
-    files = ["README.md", "ARCHITECTURE.md"]
+    files = ["README.md"]
     files += sorted(glob.glob("docs/*.md", root_dir=ROOT))
     files += sorted(glob.glob("bench/*.md", root_dir=ROOT))
     files += sorted(glob.glob("src/*/README.md", root_dir=ROOT))

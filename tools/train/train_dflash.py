@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """DFlash drafter training on the same data as the FlashMap drafter, export to the z-lab release
 format (the `dflash==0.1.0` package's DFlashDraftModel), for the FlashMap-vs-DFlash comparison
-(README.md, Measured).
+(docs/MEASURED.md).
 
     python3 tools/train/train_drafter.py gen --target T --out D/data.pt ...   (the same data file)
     python3 tools/train/train_dflash.py train  --target T --data D/data.pt --ckpt D/dflash.ckpt --steps 6500
