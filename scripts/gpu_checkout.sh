@@ -29,6 +29,7 @@ cd "$ROOT"
 
 # Large tracked files no device stage reads (tests/cuda, bench/bench_server.py, the flashmap
 # binary on models/default and tests/fixtures), and the default target, which the payload brings.
+# A name ending in / is a folder.
 SLIM=(
   models/default/target/model.safetensors
   tests/data/qwen3-tokenizer/tokenizer.json
@@ -36,6 +37,8 @@ SLIM=(
   tests/data/tokenizer_corpus.jsonl
   tests/data/utf8_cases.json
   tests/data/chat/jinja_cases.json
+  tests/fuzz/corpus/
+  tests/fixtures/gguf/
 )
 CAP=$((64 << 20))
 # What CI holds the transfer to: the cap less room for the tree to grow between device runs.
@@ -53,7 +56,7 @@ travel_files() {
   local f skip
   git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
     skip=0
-    for s in "${SLIM[@]}"; do [[ "$f" == "$s" ]] && skip=1; done
+    for s in "${SLIM[@]}"; do [[ "$f" == "$s" || ("$s" == */ && "$f" == "$s"*) ]] && skip=1; done
     ((skip)) || { [[ -f "$f" ]] && printf '%s\0' "$f"; }
   done
 }
@@ -81,7 +84,7 @@ case "$cmd" in
       git ls-files --error-unmatch -- "$f" >/dev/null 2>&1 || die "$f is not tracked: nothing to slim"
       git diff --cached --quiet -- "$f" || die "$f has staged changes: commit or unstage them first"
     done
-    git rm -q --cached -- "${SLIM[@]}"
+    git rm -q -r --cached -- "${SLIM[@]}"
     mkdir -p "$(dirname "$EXCLUDE")"
     { echo "$BEGIN"; for f in "${SLIM[@]}"; do echo "/$f"; done; echo "$END"; } >>"$EXCLUDE"
     status "$payload"
