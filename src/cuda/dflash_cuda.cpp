@@ -106,6 +106,39 @@ void DFlashModel::project_kv(const Layer& L, const float* x, int64_t rows,
   linear(L.v, x, rows, v_.data());
 }
 
+// The drafter's decoder layers (src/models/qwen3.cpp qwen3_layers, the CPU definition) over the
+// `rows` block rows in x_ at positions_, then the final norm into a_. Both drafts run them; they
+// differ only in where a layer's keys and values go and how the block attends (`attend`, after
+// q_, k_ and v_ hold the layer's normed and rotated queries, keys and values).
+void DFlashModel::run_layers(int64_t rows, const Attend& attend) {
+  const auto& c = config_.layers;
+  const int64_t H = hidden_, hd = c.head_dim;
+  const int nh = c.num_attention_heads;
+  const float eps = float(c.rms_norm_eps);
+  const cudaStream_t st = gpu_.stream();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    rms_norm(x_.data(), L.input_norm.data(), eps, rows, H, a_.data(), st);
+    linear(L.q, a_.data(), rows, q_.data());
+    rms_norm(q_.data(), L.q_norm.data(), eps, rows * nh, hd, q_.data(), st);
+    rope_half(q_.data(), rows, nh, int(hd), positions_.data(), c.rope_theta, st);
+    project_kv(L, a_.data(), rows, positions_.data());
+    const Attended o = attend(l);
+    // The o projection reads the attention's output as it was written (fp32 rows are rounded to
+    // bf16 by linear, bf16 ones go in as they are).
+    ::flashmap::cuda::linear(gpu_, o.out, o.type, rows, L.o.in, L.o.w.data(), L.o.out, nullptr,
+                             a_.data(), Elem::F32);
+    add(x_.data(), a_.data(), rows * H, st);
+    rms_norm(x_.data(), L.post_norm.data(), eps, rows, H, a_.data(), st);
+    linear(L.gate, a_.data(), rows, gate_.data());
+    linear(L.up, a_.data(), rows, up_.data());
+    swiglu(gate_.data(), up_.data(), rows * c.intermediate_size, gate_.data(), st);
+    linear(L.down, gate_.data(), rows, a_.data());
+    add(x_.data(), a_.data(), rows * H, st);
+  }
+  rms_norm(x_.data(), norm_.data(), eps, rows, H, a_.data(), st);
+}
+
 // flashmap::DFlashModel::extend_context: ctx = hidden_norm(fc(features)), then each layer's keys
 // and values of it at the context positions, computed once per position.
 void DFlashModel::extend_context(DFlashDeviceContext& ctx, const float* d_features, int64_t n) {
@@ -146,7 +179,6 @@ void DFlashModel::draft(DFlashDeviceContext& ctx, const int32_t* d_anchor, float
   const int64_t B = config_.block_size, H = hidden_, hd = c.head_dim;
   const int nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t kv_dim = nkv * hd, C = ctx.length_;
-  const float eps = float(c.rms_norm_eps);
   const cudaStream_t st = gpu_.stream();
   grow(B);
   check(cudaMemcpyAsync(block_ids_.data(), d_anchor, sizeof(int32_t), cudaMemcpyDeviceToDevice, st),
@@ -159,13 +191,8 @@ void DFlashModel::draft(DFlashDeviceContext& ctx, const int32_t* d_anchor, float
                         cudaMemcpyHostToDevice, st),
         "cudaMemcpyAsync (DFlash key counts)");
   const size_t bytes = size_t(B * kv_dim) * sizeof(float);
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
-    rms_norm(x_.data(), L.input_norm.data(), eps, B, H, a_.data(), st);
-    linear(L.q, a_.data(), B, q_.data());
-    rms_norm(q_.data(), L.q_norm.data(), eps, B * nh, hd, q_.data(), st);
-    rope_half(q_.data(), B, nh, int(hd), positions_.data(), c.rope_theta, st);
-    project_kv(L, a_.data(), B, positions_.data());
+  run_layers(B, [&](size_t l) {
+    // The block's keys and values after the context's, where the attention reads them.
     check(cudaMemcpyAsync(ctx.k_[l].data() + C * kv_dim, k_.data(), bytes, cudaMemcpyDeviceToDevice,
                           st),
           "cudaMemcpyAsync (DFlash block keys)");
@@ -174,16 +201,8 @@ void DFlashModel::draft(DFlashDeviceContext& ctx, const int32_t* d_anchor, float
           "cudaMemcpyAsync (DFlash block values)");
     attention(q_.data(), B, nh, nkv, int(hd), ctx.k_[l].data(), ctx.v_[l].data(), Elem::F32,
               key_count_.data(), 1.0f / std::sqrt(float(hd)), o_.data(), st);
-    linear(L.o, o_.data(), B, a_.data());
-    add(x_.data(), a_.data(), B * H, st);
-    rms_norm(x_.data(), L.post_norm.data(), eps, B, H, a_.data(), st);
-    linear(L.gate, a_.data(), B, gate_.data());
-    linear(L.up, a_.data(), B, up_.data());
-    swiglu(gate_.data(), up_.data(), B * c.intermediate_size, gate_.data(), st);
-    linear(L.down, gate_.data(), B, a_.data());
-    add(x_.data(), a_.data(), B * H, st);
-  }
-  rms_norm(x_.data(), norm_.data(), eps, B, H, a_.data(), st);
+    return Attended{o_.data(), Elem::F32};
+  });
   // Row 0 (the anchor's) is not a proposal.
   ::flashmap::cuda::linear(gpu_, a_.data() + H, Elem::F32, B - 1, H, lm_head_, vocab_, nullptr,
                            d_logits, Elem::F32);
@@ -316,7 +335,6 @@ void DFlashModel::draft_batch(PagedDFlashContext& pool, const int32_t* d_image, 
   const int64_t R = int64_t(bucket) * B, H = hidden_, hd = c.head_dim;
   const int nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t q_dim = int64_t(nh) * hd, kv_dim = int64_t(nkv) * hd;
-  const float eps = float(c.rms_norm_eps);
   const cudaStream_t st = gpu_.stream();
   const StepView view = step_view(d_image, bucket, B, pool.block_tokens_);
   drafter::block_ids(d_anchors, bucket, B, config_.mask_token_id, batch_ids_.data(), st);
@@ -325,29 +343,14 @@ void DFlashModel::draft_batch(PagedDFlashContext& pool, const int32_t* d_image, 
   // Each slot written by one row only: the draws of one sequence share its block's slots, and
   // which of their writes would land last is not ordered.
   drafter::first_writers(view.row_slot, R, write_slots_.data(), st);
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
-    rms_norm(x_.data(), L.input_norm.data(), eps, R, H, a_.data(), st);
-    linear(L.q, a_.data(), R, q_.data());
-    rms_norm(q_.data(), L.q_norm.data(), eps, R * nh, hd, q_.data(), st);
-    rope_half(q_.data(), R, nh, int(hd), positions_.data(), c.rope_theta, st);
-    project_kv(L, a_.data(), R, positions_.data());
+  run_layers(R, [&](size_t l) {
     drafter::scatter_rows_bf16(k_.data(), R, kv_dim, write_slots_.data(), pool.k_[l].data(), st);
     drafter::scatter_rows_bf16(v_.data(), R, kv_dim, write_slots_.data(), pool.v_[l].data(), st);
     f32_to_bf16(q_.data(), R * q_dim, qbf_.data(), st);
     paged_attention(qbf_.data(), view, nh, nkv, int(hd), pool.k_[l].data(), pool.v_[l].data(),
                     1.0f / std::sqrt(float(hd)), partial_.data(), abf_.data(), st);
-    ::flashmap::cuda::linear(gpu_, abf_.data(), Elem::BF16, R, q_dim, L.o.w.data(), L.o.out,
-                             nullptr, a_.data(), Elem::F32);
-    add(x_.data(), a_.data(), R * H, st);
-    rms_norm(x_.data(), L.post_norm.data(), eps, R, H, a_.data(), st);
-    linear(L.gate, a_.data(), R, gate_.data());
-    linear(L.up, a_.data(), R, up_.data());
-    swiglu(gate_.data(), up_.data(), R * c.intermediate_size, gate_.data(), st);
-    linear(L.down, gate_.data(), R, a_.data());
-    add(x_.data(), a_.data(), R * H, st);
-  }
-  rms_norm(x_.data(), norm_.data(), eps, R, H, a_.data(), st);
+    return Attended{abf_.data(), Elem::BF16};
+  });
   const int64_t rows = int64_t(bucket) * (B - 1);
   drafter::gather_rows(a_.data(), head_rows_.data(), rows, H, head_in_.data(), st);
   ::flashmap::cuda::linear(gpu_, head_in_.data(), Elem::F32, rows, H, lm_head_, vocab_, nullptr,

@@ -15,10 +15,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/kernels.h"
 #include "io/hf_config.h"
 
 namespace flashmap {
@@ -122,6 +124,15 @@ class DFlashModel {
   // keys = rope(k_norm(k_proj(x))), values = v_proj(x) at `positions`, into k_/v_ work rows.
   void project_kv(const Layer& L, const float* x, int64_t rows, const int64_t* positions);
   void grow(int64_t rows);
+  // A layer's attention output as the o projection reads it: fp32 or bf16 rows [rows, q_dim].
+  struct Attended {
+    const void* out;
+    Elem type;
+  };
+  // Layer l's part that differs between the drafts: store the keys and values in k_/v_ where the
+  // draft's context keeps them, attend with the queries in q_.
+  using Attend = std::function<Attended(size_t layer)>;
+  void run_layers(int64_t rows, const Attend& attend);
 
   Context& gpu_;
   DFlashConfig config_;

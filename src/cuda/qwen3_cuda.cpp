@@ -140,38 +140,44 @@ Qwen3Model::Qwen3Model(Context& ctx, const ::flashmap::Qwen3Model& model, int64_
   sampled_vocab_ = model.sampled_vocab();
   allocate_weights();
   const auto& c = config_;
-  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
+  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size, V = c.vocab_size;
   const int64_t q_dim = c.num_attention_heads * hd, kv_dim = c.num_key_value_heads * hd;
-  const Checkpoint& ck = model.checkpoint();
-  // Rows [row0, row0 + rows) of a device matrix with `cols` columns from checkpoint tensor `name`.
-  auto put = [&](uint16_t* dst, int64_t row0, const Weight& w) {
+  FLASHMAP_CHECK(int64_t(model.layers().size()) == c.num_hidden_layers &&
+                     int64_t(model.final_norm().size()) == H,
+                 "Qwen3Model: the CPU model holds {} layers and a final norm of {}; its config "
+                 "says {} and {}",
+                 model.layers().size(), model.final_norm().size(), c.num_hidden_layers, H);
+  // Rows [row0, row0 + rows) of a device matrix with `cols` columns. The CPU layers' matrices
+  // keep the checkpoint's views beside their packed copies, so these are the file's bits.
+  auto put = [&](uint16_t* dst, int64_t row0, const Weight& w, int64_t rows, int64_t cols) {
+    FLASHMAP_CHECK(w.rows == rows && w.cols == cols,
+                   "Qwen3Model: a [{}, {}] matrix where the device expects [{}, {}]", w.rows,
+                   w.cols, rows, cols);
     const auto b = to_bf16(w);
     upload(ctx_, dst + row0 * w.cols, b.data(), b.size() * 2);
   };
-  auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
-    return Weight::of(ck.get(name, {rows, cols}));
-  };
-  auto vec = [&](float* dst, const std::string& name, int64_t n) {
-    const auto v = ck.get(name, {n}).to_f32();
+  auto vec = [&](float* dst, const std::vector<float>& v, int64_t n) {
+    FLASHMAP_CHECK(int64_t(v.size()) == n, "Qwen3Model: a norm of {} values, expected {}", v.size(),
+                   n);
     upload(ctx_, dst, v.data(), v.size() * 4);
   };
-  put(embed_, 0, model.embedding());
-  if (!c.tie_word_embeddings) put(lm_head_, 0, model.lm_head());
-  vec(final_norm_, "model.norm.weight", H);
+  put(embed_, 0, model.embedding(), V, H);
+  if (!c.tie_word_embeddings) put(lm_head_, 0, model.lm_head(), V, H);
+  vec(final_norm_, model.final_norm(), H);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
+    const Qwen3Layer& W = model.layers()[size_t(l)];
     const Layer& L = layers_[size_t(l)];
-    vec(L.input_norm, p + "input_layernorm.weight", H);
-    vec(L.post_norm, p + "post_attention_layernorm.weight", H);
-    vec(L.q_norm, p + "self_attn.q_norm.weight", hd);
-    vec(L.k_norm, p + "self_attn.k_norm.weight", hd);
-    put(L.qkv, 0, mat(p + "self_attn.q_proj.weight", q_dim, H));
-    put(L.qkv, q_dim, mat(p + "self_attn.k_proj.weight", kv_dim, H));
-    put(L.qkv, q_dim + kv_dim, mat(p + "self_attn.v_proj.weight", kv_dim, H));
-    put(L.o, 0, mat(p + "self_attn.o_proj.weight", H, q_dim));
-    put(L.gate_up, 0, mat(p + "mlp.gate_proj.weight", I, H));
-    put(L.gate_up, I, mat(p + "mlp.up_proj.weight", I, H));
-    put(L.down, 0, mat(p + "mlp.down_proj.weight", H, I));
+    vec(L.input_norm, W.input_norm, H);
+    vec(L.post_norm, W.post_norm, H);
+    vec(L.q_norm, W.q_norm, hd);
+    vec(L.k_norm, W.k_norm, hd);
+    put(L.qkv, 0, W.q, q_dim, H);
+    put(L.qkv, q_dim, W.k, kv_dim, H);
+    put(L.qkv, q_dim + kv_dim, W.v, kv_dim, H);
+    put(L.o, 0, W.o, H, q_dim);
+    put(L.gate_up, 0, W.gate, I, H);
+    put(L.gate_up, I, W.up, I, H);
+    put(L.down, 0, W.down, H, I);
   }
 }
 

@@ -9,6 +9,12 @@ namespace flashmap::cuda {
 
 std::vector<uint16_t> to_bf16(const Weight& w) {
   const size_t n = size_t(w.rows * w.cols);
+  // A matrix held in memory gives its bytes up once packed for the CPU (Checkpoint::drop_pages);
+  // a mapped one reads them again from its file.
+  FLASHMAP_CHECK(w.data || n == 0,
+                 "a [{}, {}] weight has no host bytes left to upload (packed for the CPU from a "
+                 "checkpoint held in memory)",
+                 w.rows, w.cols);
   std::vector<uint16_t> out(n);
   switch (w.dtype) {
     case DType::BF16:

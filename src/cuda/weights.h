@@ -9,7 +9,8 @@
 namespace flashmap::cuda {
 
 // A weight matrix as bf16 bits: bf16 copied, f32 and f16 rounded to nearest even (what torch's
-// .to(torch.bfloat16) gives). Throws flashmap::Error for a dtype that is not a float.
+// .to(torch.bfloat16) gives). Throws flashmap::Error for a dtype that is not a float, or when the
+// matrix has no host bytes (a CPU model's in-memory weight gave them up for its packed copy).
 std::vector<uint16_t> to_bf16(const Weight& w);
 
 }  // namespace flashmap::cuda

@@ -147,7 +147,7 @@ void DFlashModel::draft(std::span<const Request> batch, int block, float* logits
   FLASHMAP_CHECK(block >= 2 && block <= config_.block_size,
                  "draft: block of {} tokens, expected 2..{}", block, config_.block_size);
   const auto& c = config_.layers;
-  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
+  const int64_t H = c.hidden_size, hd = c.head_dim;
   const int nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t q_dim = nh * hd, kv_dim = nkv * hd, B = block;
   const int64_t T = int64_t(batch.size()) * B;
@@ -171,45 +171,26 @@ void DFlashModel::draft(std::span<const Request> batch, int block, float* logits
     }
   }
 
-  std::vector<float> h(static_cast<size_t>(T * H)), q(static_cast<size_t>(T * q_dim)),
-      k(static_cast<size_t>(T * kv_dim)), v(static_cast<size_t>(T * kv_dim)),
-      attn(static_cast<size_t>(T * q_dim)), gate(static_cast<size_t>(T * I)),
-      up(static_cast<size_t>(T * I)), tmp(static_cast<size_t>(T * H));
   std::vector<int64_t> key_count(static_cast<size_t>(B));
-  for (size_t l = 0; l < w_.layers.size(); ++l) {
-    const Layer& L = w_.layers[l];
-    ops::rms_norm(x.data(), L.input_norm.data(), eps, T, H, h.data());
-    ops::linear(h.data(), T, L.q, nullptr, q.data(), *pool_);
-    ops::linear(h.data(), T, L.k, nullptr, k.data(), *pool_);
-    ops::linear(h.data(), T, L.v, nullptr, v.data(), *pool_);
-    ops::rms_norm(q.data(), L.q_norm.data(), eps, T * nh, hd, q.data());
-    ops::rms_norm(k.data(), L.k_norm.data(), eps, T * nkv, hd, k.data());
-    ops::rope_half(q.data(), T, nh, int(hd), positions.data(), c.rope_theta);
-    ops::rope_half(k.data(), T, nkv, int(hd), positions.data(), c.rope_theta);
+  auto attend = [&](int l, const float* q, const float* k, const float* v, float* attn) {
     for (size_t b = 0; b < batch.size(); ++b) {
       DFlashContext& ctx = *batch[b].ctx;
       const int64_t r0 = int64_t(b) * B, C = ctx.length;
+      float* kc = ctx.k[size_t(l)].data();
+      float* vc = ctx.v[size_t(l)].data();
       // The block's keys/values go into the scratch past the context (never kept: the reference
       // crops them, :243-250).
-      std::copy_n(k.data() + r0 * kv_dim, B * kv_dim, ctx.k[l].data() + C * kv_dim);
-      std::copy_n(v.data() + r0 * kv_dim, B * kv_dim, ctx.v[l].data() + C * kv_dim);
+      std::copy_n(k + r0 * kv_dim, B * kv_dim, kc + C * kv_dim);
+      std::copy_n(v + r0 * kv_dim, B * kv_dim, vc + C * kv_dim);
       // Keys [first, C + B): a window keeps the suffix of the context rows and the whole block.
       const int64_t first = draft_window_ > 0 ? std::max<int64_t>(0, C - draft_window_) : 0;
       std::fill(key_count.begin(), key_count.end(), C + B - first);
-      ops::attention(q.data() + r0 * q_dim, B, nh, nkv, int(hd), ctx.k[l].data() + first * kv_dim,
-                     ctx.v[l].data() + first * kv_dim, key_count.data(),
-                     1.0f / std::sqrt(float(hd)), attn.data() + r0 * q_dim, *pool_);
+      ops::attention(q + r0 * q_dim, B, nh, nkv, int(hd), kc + first * kv_dim, vc + first * kv_dim,
+                     key_count.data(), 1.0f / std::sqrt(float(hd)), attn + r0 * q_dim, *pool_);
     }
-    ops::linear(attn.data(), T, L.o, nullptr, tmp.data(), *pool_);
-    for (int64_t i = 0; i < T * H; ++i) x[size_t(i)] += tmp[size_t(i)];
-    ops::rms_norm(x.data(), L.post_norm.data(), eps, T, H, h.data());
-    ops::linear(h.data(), T, L.gate, nullptr, gate.data(), *pool_);
-    ops::linear(h.data(), T, L.up, nullptr, up.data(), *pool_);
-    for (int64_t i = 0; i < T * I; ++i)
-      gate[size_t(i)] = ops::silu(gate[size_t(i)]) * up[size_t(i)];
-    ops::linear(gate.data(), T, L.down, nullptr, tmp.data(), *pool_);
-    for (int64_t i = 0; i < T * H; ++i) x[size_t(i)] += tmp[size_t(i)];
-  }
+  };
+  qwen3_layers(w_.layers, c, x.data(), T, positions.data(), attend, nullptr, *pool_);
+  std::vector<float> h(static_cast<size_t>(T * H));
   ops::rms_norm(x.data(), w_.norm.data(), eps, T, H, h.data());
   if (hidden) std::copy(h.begin(), h.end(), hidden);
   // Row 0 (the anchor's) is not a proposal: rows 1..B-1 of each block.

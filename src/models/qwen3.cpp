@@ -197,13 +197,75 @@ void Qwen3Model::mask_padding(float* logits, int64_t rows) const {
               -std::numeric_limits<float>::infinity());
 }
 
-void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
-                         std::span<const int> taps, Output& out) const {
-  const auto& c = config_;
+void qwen3_layers(std::span<const Qwen3Layer> layers, const Qwen3Config& c, float* x, int64_t T,
+                  const int64_t* positions, const Qwen3Attention& attend,
+                  const std::function<void(int layer, const float* x)>& after, ThreadPool& pool) {
   const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
   const int nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
   const float eps = float(c.rms_norm_eps);
+  auto buffer = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
+  std::vector<float> h = buffer(T * H), q = buffer(T * q_dim), k = buffer(T * kv_dim),
+                     v = buffer(T * kv_dim), attn = buffer(T * q_dim), gate = buffer(T * I),
+                     up = buffer(T * I), tmp = buffer(T * H), stacked_out;
+  if (!layers.empty() && (layers.front().qkv.packed || layers.front().gate_up.packed))
+    stacked_out = buffer(T * std::max(q_dim + 2 * kv_dim, 2 * I));
+  auto add_to_x = [&] {
+    for (int64_t i = 0; i < T * H; ++i) x[i] += tmp[static_cast<size_t>(i)];
+  };
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const Qwen3Layer& L = layers[l];
+    ops::rms_norm(x, L.input_norm.data(), eps, T, H, h.data());
+    if (L.qkv.packed) {
+      // One product for q, k and v (the same outputs, bit for bit), then each to its own rows.
+      const int64_t qkv_dim = q_dim + 2 * kv_dim;
+      ops::linear(h.data(), T, L.qkv, nullptr, stacked_out.data(), pool);
+      for (int64_t r = 0; r < T; ++r) {
+        const float* row = stacked_out.data() + r * qkv_dim;
+        std::copy_n(row, q_dim, q.data() + r * q_dim);
+        std::copy_n(row + q_dim, kv_dim, k.data() + r * kv_dim);
+        std::copy_n(row + q_dim + kv_dim, kv_dim, v.data() + r * kv_dim);
+      }
+    } else {
+      ops::linear(h.data(), T, L.q, nullptr, q.data(), pool);
+      ops::linear(h.data(), T, L.k, nullptr, k.data(), pool);
+      ops::linear(h.data(), T, L.v, nullptr, v.data(), pool);
+    }
+    // q_norm / k_norm are per-head RMSNorms over head_dim, before RoPE (modeling_qwen3.py).
+    ops::rms_norm(q.data(), L.q_norm.data(), eps, T * nh, hd, q.data());
+    ops::rms_norm(k.data(), L.k_norm.data(), eps, T * nkv, hd, k.data());
+    ops::rope_half(q.data(), T, nh, int(hd), positions, c.rope_theta);
+    ops::rope_half(k.data(), T, nkv, int(hd), positions, c.rope_theta);
+    attend(int(l), q.data(), k.data(), v.data(), attn.data());
+    ops::linear(attn.data(), T, L.o, nullptr, tmp.data(), pool);
+    add_to_x();
+    ops::rms_norm(x, L.post_norm.data(), eps, T, H, h.data());
+    if (L.gate_up.packed) {
+      ops::linear(h.data(), T, L.gate_up, nullptr, stacked_out.data(), pool);
+      for (int64_t r = 0; r < T; ++r) {
+        const float* g = stacked_out.data() + r * 2 * I;
+        float* out_row = gate.data() + r * I;
+        for (int64_t i = 0; i < I; ++i) out_row[i] = ops::silu(g[i]) * g[I + i];
+      }
+    } else {
+      ops::linear(h.data(), T, L.gate, nullptr, gate.data(), pool);
+      ops::linear(h.data(), T, L.up, nullptr, up.data(), pool);
+      for (int64_t i = 0; i < T * I; ++i)
+        gate[static_cast<size_t>(i)] =
+            ops::silu(gate[static_cast<size_t>(i)]) * up[static_cast<size_t>(i)];
+    }
+    ops::linear(gate.data(), T, L.down, nullptr, tmp.data(), pool);
+    add_to_x();
+    if (after) after(int(l), x);
+  }
+}
+
+void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
+                         std::span<const int> taps, Output& out) const {
+  const auto& c = config_;
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  const int nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
 
   int64_t T = 0;
   for (const auto& s : batch) {
@@ -260,13 +322,7 @@ void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
         bits[static_cast<size_t>(i * words + a / 64)] |= uint64_t(1) << (a % 64);
   }
 
-  std::vector<float> x(static_cast<size_t>(T * H)), h(static_cast<size_t>(T * H)),
-      q(static_cast<size_t>(T * q_dim)), k(static_cast<size_t>(T * kv_dim)),
-      v(static_cast<size_t>(T * kv_dim)), attn(static_cast<size_t>(T * q_dim)),
-      gate(static_cast<size_t>(T * I)), up(static_cast<size_t>(T * I)),
-      tmp(static_cast<size_t>(T * H)), stacked_out;
-  if (layers_.front().qkv.packed || layers_.front().gate_up.packed)
-    stacked_out.resize(static_cast<size_t>(T * std::max(q_dim + 2 * kv_dim, 2 * I)));
+  std::vector<float> x(static_cast<size_t>(T * H));
   {
     int64_t r = 0;
     for (const auto& s : batch)
@@ -294,70 +350,32 @@ void Qwen3Model::forward(std::span<const SeqInput> batch, Logits logits_mode,
     }
   }
 
+  // Each sequence's rows append their keys and values to its cache, then attend causally over
+  // it (a tree: to the cache and their ancestors).
   std::vector<int64_t> key_count(static_cast<size_t>(T));
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const Layer& L = layers_[static_cast<size_t>(l)];
-    ops::rms_norm(x.data(), L.input_norm.data(), eps, T, H, h.data());
-    if (L.qkv.packed) {
-      // One product for q, k and v (the same outputs, bit for bit), then each to its own rows.
-      const int64_t qkv_dim = q_dim + 2 * kv_dim;
-      ops::linear(h.data(), T, L.qkv, nullptr, stacked_out.data(), *pool_);
-      for (int64_t r = 0; r < T; ++r) {
-        const float* row = stacked_out.data() + r * qkv_dim;
-        std::copy_n(row, q_dim, q.data() + r * q_dim);
-        std::copy_n(row + q_dim, kv_dim, k.data() + r * kv_dim);
-        std::copy_n(row + q_dim + kv_dim, kv_dim, v.data() + r * kv_dim);
-      }
-    } else {
-      ops::linear(h.data(), T, L.q, nullptr, q.data(), *pool_);
-      ops::linear(h.data(), T, L.k, nullptr, k.data(), *pool_);
-      ops::linear(h.data(), T, L.v, nullptr, v.data(), *pool_);
-    }
-    // q_norm / k_norm are per-head RMSNorms over head_dim, before RoPE (modeling_qwen3.py).
-    ops::rms_norm(q.data(), L.q_norm.data(), eps, T * nh, hd, q.data());
-    ops::rms_norm(k.data(), L.k_norm.data(), eps, T * nkv, hd, k.data());
-    ops::rope_half(q.data(), T, nh, int(hd), positions.data(), c.rope_theta);
-    ops::rope_half(k.data(), T, nkv, int(hd), positions.data(), c.rope_theta);
+  auto attend = [&](int l, const float* q, const float* k, const float* v, float* attn) {
     for (size_t b = 0; b < batch.size(); ++b) {
       const auto& s = batch[b];
       const int64_t n = int64_t(s.tokens.size()), r0 = starts[b], p0 = s.cache->length;
-      std::copy_n(k.data() + r0 * kv_dim, n * kv_dim,
-                  s.cache->k[static_cast<size_t>(l)].data() + p0 * kv_dim);
-      std::copy_n(v.data() + r0 * kv_dim, n * kv_dim,
-                  s.cache->v[static_cast<size_t>(l)].data() + p0 * kv_dim);
+      float* kc = s.cache->k[static_cast<size_t>(l)].data();
+      float* vc = s.cache->v[static_cast<size_t>(l)].data();
+      std::copy_n(k + r0 * kv_dim, n * kv_dim, kc + p0 * kv_dim);
+      std::copy_n(v + r0 * kv_dim, n * kv_dim, vc + p0 * kv_dim);
       for (int64_t i = 0; i < n; ++i)
         key_count[static_cast<size_t>(r0 + i)] = p0 + i + 1;  // causal (a tree's: masked)
       const ops::KeyMask tree{p0, (n + 63) / 64, tree_bits[b].data()};
-      ops::attention(q.data() + r0 * q_dim, n, nh, nkv, int(hd),
-                     s.cache->k[static_cast<size_t>(l)].data(),
-                     s.cache->v[static_cast<size_t>(l)].data(), key_count.data() + r0,
-                     1.0f / std::sqrt(float(hd)), attn.data() + r0 * q_dim, *pool_,
+      ops::attention(q + r0 * q_dim, n, nh, nkv, int(hd), kc, vc, key_count.data() + r0,
+                     1.0f / std::sqrt(float(hd)), attn + r0 * q_dim, *pool_,
                      s.parents.empty() ? nullptr : &tree);
     }
-    ops::linear(attn.data(), T, L.o, nullptr, tmp.data(), *pool_);
-    for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
-    ops::rms_norm(x.data(), L.post_norm.data(), eps, T, H, h.data());
-    if (L.gate_up.packed) {
-      ops::linear(h.data(), T, L.gate_up, nullptr, stacked_out.data(), *pool_);
-      for (int64_t r = 0; r < T; ++r) {
-        const float* g = stacked_out.data() + r * 2 * I;
-        float* out_row = gate.data() + r * I;
-        for (int64_t i = 0; i < I; ++i) out_row[i] = ops::silu(g[i]) * g[I + i];
-      }
-    } else {
-      ops::linear(h.data(), T, L.gate, nullptr, gate.data(), *pool_);
-      ops::linear(h.data(), T, L.up, nullptr, up.data(), *pool_);
-      for (int64_t i = 0; i < T * I; ++i)
-        gate[static_cast<size_t>(i)] =
-            ops::silu(gate[static_cast<size_t>(i)]) * up[static_cast<size_t>(i)];
-    }
-    ops::linear(gate.data(), T, L.down, nullptr, tmp.data(), *pool_);
-    for (int64_t i = 0; i < T * H; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
+  };
+  auto tap = [&](int l, const float* xs) {
     for (size_t t = 0; t < taps.size(); ++t)
       if (taps[t] == l)
         for (int64_t r = 0; r < T; ++r)
-          std::copy_n(x.data() + r * H, H, out.features.data() + r * F + int64_t(t) * H);
-  }
+          std::copy_n(xs + r * H, H, out.features.data() + r * F + int64_t(t) * H);
+  };
+  qwen3_layers(layers_, c, x.data(), T, positions.data(), attend, tap, *pool_);
   for (const auto& s : batch) s.cache->length += int64_t(s.tokens.size());
 
   const int64_t V = c.vocab_size;

@@ -1,6 +1,7 @@
 // The Qwen3 target (transformers' Qwen3ForCausalLM) on CPU in fp32, weights in their file dtype.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -30,6 +31,20 @@ struct Qwen3Layer {
 };
 Qwen3Layer load_qwen3_layer(Checkpoint& ckpt, const std::string& prefix, const Qwen3Config& c,
                             ops::WeightFormat format, ThreadPool& pool, bool stack = false);
+
+// What a Qwen3 layer stack leaves to its model: layer `layer`'s attention for the rows' queries
+// q [T, heads * head_dim] and keys and values k, v [T, kv_heads * head_dim] (normed, rotated),
+// written to attn [T, heads * head_dim]. The target attends causally over its KV cache (or a
+// draft tree), a DFlash drafter without a mask over [context; block].
+using Qwen3Attention =
+    std::function<void(int layer, const float* q, const float* k, const float* v, float* attn)>;
+
+// Qwen3 decoder layers (transformers' Qwen3DecoderLayer) over x [T, hidden] in place, the rows at
+// `positions`; after each layer, `after(layer, x)` when set (the target's hidden-state taps). The
+// one CPU definition of the layer: the target and the DFlash drafter both run it.
+void qwen3_layers(std::span<const Qwen3Layer> layers, const Qwen3Config& c, float* x, int64_t T,
+                  const int64_t* positions, const Qwen3Attention& attend,
+                  const std::function<void(int layer, const float* x)>& after, ThreadPool& pool);
 
 // One sequence's keys and values, per layer [position, kv_heads * head_dim], fp32.
 struct KVCache {
@@ -68,8 +83,11 @@ class Qwen3Model {
   ops::WeightFormat weight_format() const { return format_; }
   // Bytes of packed weights the CPU kernels stream (0 when unpacked).
   int64_t packed_bytes() const;
-  // The weights as loaded (the CUDA backend uploads them from here by their checkpoint names).
+  // The weights as loaded.
   const Checkpoint& checkpoint() const { return *ckpt_; }
+  // The decoder layers and the final norm, as loaded (the CUDA backend uploads from here).
+  std::span<const Qwen3Layer> layers() const { return layers_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
 
   KVCache new_cache() const;
 
