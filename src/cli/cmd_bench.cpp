@@ -12,98 +12,44 @@
 //   flashmap bench --device cuda --shape qwen3-8b
 //                                          the same on the GPU (CUDA builds): random device
 //                                          weights, HBM bandwidth, decode and verify with graphs
+// The benches themselves are in src/bench (flashmap_bench); this file parses their options.
 #include <flashmap/engine.h>
-#include <fmt/ranges.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
-#include <thread>
+#include <string>
+#include <vector>
 
-#include "cli/bench.h"
+#include "bench/cpu_shape.h"
+#include "bench/device_shape.h"
+#include "bench/pair.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/text_io.h"
 #include "core/check.h"
-#include "core/rng.h"
 #include "core/thread_pool.h"
-#include "cpu/backend.h"
-#include "engine/device_bench.h"
-#include "engine/generate.h"
 #include "io/hf_config.h"
-#include "models/flashmap.h"
-#include "models/qwen3.h"
-#include "specdec/tree.h"
 
 namespace flashmap::cli {
 
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
-double ms_of(const std::function<void()>& f, int reps) {
-  f();  // warm-up
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = Clock::now();
-    f();
-    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];  // median
-}
-
-// Per-round phase times and tokens/s of one decoding configuration over the prompts, through
-// an engine (a batch of one per prompt).
-json run_decode(Engine& engine, const std::vector<std::vector<int32_t>>& prompts, int max_new,
-                int reps, float temperature) {
-  double tokens = 0, rounds = 0, total = 0, draft = 0, verify = 0, accept = 0, prefill = 0;
-  std::vector<int> lengths;
-  for (int r = 0; r < reps; ++r)
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      RequestParams p;
-      p.prompt = prompts[i];
-      p.max_tokens = max_new;
-      p.seed = uint64_t(i);
-      p.sampling.temperature = temperature;  // unseeded: rejection sampling / sample-and-match
-      const auto res = engine.generate(p);
-      tokens += double(res.ids.size());
-      rounds += res.rounds;
-      total += res.times.total_ms;
-      draft += res.times.draft_ms;
-      verify += res.times.verify_ms;
-      accept += res.times.accept_ms;
-      prefill += res.times.prefill_ms;
-      lengths.insert(lengths.end(), res.acceptance_lengths.begin(), res.acceptance_lengths.end());
-    }
-  double tau = 0;
-  for (int a : lengths) tau += a;
-  tau /= std::max<size_t>(lengths.size(), 1);
-  const double loop = total - draft - verify - prefill;
-  return {{"tokens_per_s", 1000.0 * tokens / total},
-          {"tau", tau},
-          {"round_ms", (total - prefill) / std::max(rounds, 1.0)},
-          {"draft_ms_per_round", draft / std::max(rounds, 1.0)},
-          {"verify_ms_per_round", verify / std::max(rounds, 1.0)},
-          {"accept_ms_per_round", accept / std::max(rounds, 1.0)},
-          {"loop_overhead_pct", 100.0 * loop / std::max(total - prefill, 1e-9)},
-          {"tokens", tokens},
-          {"rounds", rounds}};
-}
-
-void write_json(const json& out, const std::string& path) {
-  if (path.empty()) return;
-  std::ofstream f(path);
-  FLASHMAP_CHECK(f.good(), "--json: cannot write {}", path);
-  f << out.dump(2) << "\n";
-}
-
 namespace {
+
+// The options of `flashmap bench`; run_bench hands each bench its own part of them.
+struct BenchArgs {
+  ModelOptions model;
+  std::string shape, draft_shape, json_out;
+  std::string prompt_file;  // JSON Lines of text, chat or id prompts instead of random ones
+  std::vector<std::string> vs_drafts;  // more drafters timed beside --draft in the same run
+  std::vector<std::string> trees;      // draft-tree shapes timed for each drafter row
+  std::vector<std::string> cuts;       // draft cuts (EngineOptions::draft_cut) timed for each
+  float temperature = 0.0f;
+  bool no_sweep = false;
+  int reps = 3, max_new_tokens = 128, prompts = 4, context = 512, block = 16, prefill = 32;
+};
 
 // --prompt-file: JSON Lines, one prompt per line, each an object with one of "prompt" (text,
 // encoded as is), "chat" (one user message through the chat template, thinking off) or
@@ -172,168 +118,56 @@ void run_bench(BenchArgs& a) {
                    "--shape with a drafter runs on the CPU only (drop --device {})",
                    a.model.device);
     if (!a.shape.empty())
-      return bench_device_shape({.device = a.model.device,
-                                 .shape = a.shape,
-                                 .json_out = a.json_out,
-                                 .context = a.context,
-                                 .block = a.block,
-                                 .reps = a.reps,
-                                 .max_new_tokens = a.max_new_tokens});
+      return bench::bench_device_shape({.device = a.model.device,
+                                        .shape = a.shape,
+                                        .json_out = a.json_out,
+                                        .context = a.context,
+                                        .block = a.block,
+                                        .reps = a.reps,
+                                        .max_new_tokens = a.max_new_tokens});
   }
   // The process-wide pool is made once, on first use: --threads sizes it before the bandwidth
   // probe and the --shape models compute on it (the engines below then find it that size).
   if (a.model.threads > 0) ThreadPool::configure_global(a.model.threads);
-  json out;
-  out["threads"] = ThreadPool::global().size();
-  if (!a.shape.empty()) return bench_cpu_shape(a);
-  {
-    a.model.resolve();
-    FLASHMAP_CHECK(!a.model.draft.empty(), "bench needs a drafter (--draft) or --shape");
-    // Every configuration through its own engine on the device: the target alone, then the
-    // drafter at each step count of its jump_grids (or --steps).
-    EngineOptions eo = a.model.engine_options(0);
-    eo.device = a.model.device;
-    eo.spec_policy = SpecPolicyKind::Always;
-    // Every drafter is opened by its config before any timing, so that a wrong folder among
-    // several fails at once rather than after minutes of decoding.
-    std::vector<std::string> drafts{a.model.draft};
-    std::vector<std::string> trees = a.trees;
-    if (trees.empty()) trees.push_back(a.model.draft_tree);
-    for (const auto& t : trees)
-      if (t != "auto") (void)TreeShape::parse(t, "--draft-trees");
-    drafts.insert(drafts.end(), a.vs_drafts.begin(), a.vs_drafts.end());
-    std::vector<std::optional<FlashMapConfig>> flashmap_configs;
-    for (const auto& d : drafts) {
-      if (d == "ngram") {  // no folder: the n-gram drafter's row is like DFlash's, one per tree
-        flashmap_configs.emplace_back();
-      } else if (DFlashConfig::is_dflash(d)) {
-        (void)DFlashConfig::from_file(d + "/config.json");
-        flashmap_configs.emplace_back();
-      } else {
-        flashmap_configs.emplace_back(FlashMapConfig::from_file(d + "/config.json"));
-        if (a.model.steps > 0) flashmap_configs.back()->grid(a.model.steps);  // names jump_grids
-      }
-    }
-    FLASHMAP_CHECK(
-        a.model.steps == 0 || std::any_of(flashmap_configs.begin(), flashmap_configs.end(),
-                                          [](const auto& c) { return c.has_value(); }),
-        "--steps: a DFlash drafter drafts in one pass (no steps); drop --steps");
-    // The --ngram-* options reach the n-gram drafter's engine, --hybrid-ngram (with
-    // --ngram-max) the hybrid rows' only: the other engines refuse them.
-    const auto other_than_ngram = [](EngineOptions o) {
-      o.ngram_min = EngineOptions{}.ngram_min;
-      o.ngram_max = EngineOptions{}.ngram_max;
-      o.ngram_block = EngineOptions{}.ngram_block;
-      o.hybrid_ngram = 0;
-      return o;
-    };
-    // A prompt file is read against the target's config before any weights load.
-    std::vector<std::vector<int32_t>> prompts;
-    if (!a.prompt_file.empty()) {
-      const auto tc = Qwen3Config::from_file(a.model.target + "/config.json");
-      // The target's own tokenizer where it has one (a file of ids needs none), else --tokenizer.
-      std::error_code ec;
-      const bool own = std::filesystem::exists(a.model.target + "/tokenizer.json", ec);
-      const auto text = !a.model.tokenizer.empty() ? open_text(a.model.tokenizer)
-                        : own                      ? open_text(a.model.target)
-                                                   : nullptr;
-      prompts = read_prompt_file(a.prompt_file, text.get(), tc.vocab_size,
-                                 tc.max_position_embeddings, a.max_new_tokens);
-    }
-    EngineOptions alone_opt = other_than_ngram(eo);
-    alone_opt.draft.clear();
-    alone_opt.steps = 0;
-    alone_opt.draft_tree = "off";
-    alone_opt.draft_window = 0;  // --draft-window is the trained drafters' rows'
-    Engine alone_engine(alone_opt);
-    const int V = int(alone_engine.target_info().vocab_size);
-    if (!prompts.empty()) {
-      out["prompt_file"] = a.prompt_file;
-    } else {
-      Rng rng(7);
-      for (int i = 0; i < a.prompts; ++i) {
-        std::vector<int32_t> p;
-        for (int j = 0; j < 16; ++j) p.push_back(int32_t(rng.next() % uint64_t(V)));
-        prompts.push_back(p);
-      }
-    }
-    fmt::print("# flashmap bench: {} + {} on {} ({} prompts{} x {} tokens, {}, {} threads)\n\n",
-               a.model.target, fmt::join(drafts, " | "), alone_engine.device(), prompts.size(),
-               a.prompt_file.empty() ? "" : " of " + a.prompt_file, a.max_new_tokens,
-               a.temperature > 0 ? fmt::format("temperature {}", a.temperature) : "greedy",
-               ThreadPool::global().size());
-    out["device"] = alone_engine.device();
-    const json alone = run_decode(alone_engine, prompts, a.max_new_tokens, a.reps, a.temperature);
-    out["target_alone"] = alone;
-    fmt::print(
-        "| decoding | tau | tokens/s | speedup | round ms | draft ms | verify ms | accept ms "
-        "|\n|---|---|---|---|---|---|---|---|\n");
-    auto row = [&](const std::string& name, const json& r) {
-      fmt::print("| {} | {:.2f} | {:.1f} | {:.2f}x | {:.3f} | {:.3f} | {:.3f} | {:.3f} |\n", name,
-                 r["tau"].get<double>(), r["tokens_per_s"].get<double>(),
-                 r["tokens_per_s"].get<double>() / alone["tokens_per_s"].get<double>(),
-                 r["round_ms"].get<double>(), r["draft_ms_per_round"].get<double>(),
-                 r["verify_ms_per_round"].get<double>(), r["accept_ms_per_round"].get<double>());
-    };
-    row("target alone", alone);
-    std::vector<std::string> cuts = a.cuts;
-    if (cuts.empty()) cuts.push_back(a.model.draft_cut);
-    for (size_t d = 0; d < drafts.size(); ++d)
-      for (const std::string& tree : trees)
-        for (const std::string& cut : cuts) {
-          // With several drafters (trees) the rows and JSON keys carry the drafter's index (the
-          // first is --draft, then each --vs-draft in order) and the tree's shape.
-          std::string tag = drafts.size() > 1 ? fmt::format(" [{}]", d) : "";
-          std::string key = drafts.size() > 1 ? fmt::format("draft{}_", d) : "";
-          if (tree != "off") {
-            tag += ", tree " + tree;
-            key += "tree_" + tree + "_";
-          }
-          // The rounds run under the Always policy, where "auto" verifies every draft.
-          if (cut != "auto" && cut != "off") {
-            tag += ", cut " + cut;
-            key += "cut_" + cut + "_";
-          }
-          const bool ngram = drafts[d] == "ngram";
-          // --hybrid-ngram N: each trained drafter's rows, then the same with hybrid rounds.
-          std::vector<int> hybrids{0};
-          if (!ngram && a.model.hybrid_ngram > 0) hybrids.push_back(a.model.hybrid_ngram);
-          for (const int h : hybrids) {
-            EngineOptions so = other_than_ngram(eo);
-            if (ngram) {
-              so = eo;
-              so.hybrid_ngram = 0;
-              so.draft_window = 0;
-            } else if (h > 0) {
-              so.hybrid_ngram = h;
-              so.ngram_max = eo.ngram_max;
-            }
-            so.draft = drafts[d];
-            so.draft_tree = tree;
-            so.draft_cut = cut;
-            const std::string htag = h > 0 ? fmt::format(", hybrid {}", h) : "";
-            const std::string hkey = h > 0 ? fmt::format("hybrid{}_", h) : "";
-            if (!flashmap_configs[d]) {
-              so.steps = 0;
-              Engine engine(so);
-              const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
-              out[key + hkey + (ngram ? "ngram" : "dflash")] = r;
-              row((ngram ? "n-gram" : "DFlash") + tag + htag, r);
-              continue;
-            }
-            for (const auto& [steps, grid] : flashmap_configs[d]->jump_grids) {
-              if (a.model.steps > 0 && steps != a.model.steps) continue;
-              so.steps = steps;
-              Engine engine(so);
-              const json r = run_decode(engine, prompts, a.max_new_tokens, a.reps, a.temperature);
-              out[fmt::format("{}{}flashmap_steps{}", key, hkey, steps)] = r;
-              row(fmt::format("FlashMap, {} step{}{}{}", steps, steps > 1 ? "s" : "", tag, htag),
-                  r);
-            }
-          }
-        }
-  }
-  write_json(out, a.json_out);
+  if (!a.shape.empty())
+    return bench::bench_cpu_shape({.shape = a.shape,
+                                   .draft_shape = a.draft_shape,
+                                   .target = a.model.target,
+                                   .draft = a.model.draft,
+                                   .weights = a.model.weights,
+                                   .compute = a.model.compute,
+                                   .json_out = a.json_out,
+                                   .steps = a.model.steps,
+                                   .no_sweep = a.no_sweep,
+                                   .context = a.context,
+                                   .block = a.block,
+                                   .prefill = a.prefill,
+                                   .reps = a.reps,
+                                   .max_new_tokens = a.max_new_tokens});
+  a.model.resolve();
+  FLASHMAP_CHECK(!a.model.draft.empty(), "bench needs a drafter (--draft) or --shape");
+  // Text prompts are tokenized with the target's own tokenizer where it has one (a file of ids
+  // needs none), else with --tokenizer.
+  const auto read_prompts = [&a](const Qwen3Config& tc) {
+    std::error_code ec;
+    const bool own = std::filesystem::exists(a.model.target + "/tokenizer.json", ec);
+    const auto text = !a.model.tokenizer.empty() ? open_text(a.model.tokenizer)
+                      : own                      ? open_text(a.model.target)
+                                                 : nullptr;
+    return read_prompt_file(a.prompt_file, text.get(), tc.vocab_size, tc.max_position_embeddings,
+                            a.max_new_tokens);
+  };
+  bench::bench_pair({.engine = a.model.engine_options(0),
+                     .vs_drafts = a.vs_drafts,
+                     .trees = a.trees,
+                     .cuts = a.cuts,
+                     .prompt_file = a.prompt_file,
+                     .read_prompts = read_prompts,
+                     .json_out = a.json_out,
+                     .temperature = a.temperature,
+                     .reps = a.reps,
+                     .max_new_tokens = a.max_new_tokens,
+                     .prompts = a.prompts});
 }
 
 void register_cmd(CLI::App& app) {

@@ -12,14 +12,12 @@
 #include "core/check.h"
 #include "core/thread_pool.h"
 #include "cpu/backend.h"
-#include "engine/device_bench.h"
 #include "engine/rounds.h"
 #include "engine/spec_policy.h"
 #include "engine/tree_policy.h"
 #include "ops/gemm.h"
 #ifdef FLASHMAP_WITH_CUDA
 #include "cuda/backend.h"
-#include "cuda/bench_shape.h"
 #include "cuda/device.h"
 #endif
 
@@ -136,14 +134,6 @@ void check_device(const EngineOptions& o) {
                  "tensor cores whatever it is)",
                  o.compute);
   check_device(o.device);
-}
-
-void bench_device_shape(const DeviceShapeBench& spec) {
-  check_device(spec.device);
-  FLASHMAP_CHECK(spec.device != "cpu", "bench_device_shape: a GPU device, not cpu");
-#ifdef FLASHMAP_WITH_CUDA
-  cuda::run_shape_bench(spec);
-#endif
 }
 
 double GenerateResult::acceptance_length() const {

@@ -1,15 +1,16 @@
 // `flashmap bench --device cuda --shape S`: the device kernels at a real shape with random
 // weights made on the device (no checkpoint, no download). Decoding rounds on the device are
-// measured through the engine by `flashmap bench --device cuda --target T --draft D`.
-#include "cuda/bench_shape.h"
+// measured through the engine by `flashmap bench --device cuda --target T --draft D`. Built into
+// flashmap_bench only when the CUDA backend is.
+#include "bench/cuda_shape.h"
 
 #include <algorithm>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "bench/timing.h"
 #include "core/check.h"
 #include "core/rng.h"
 #include "cuda/device.h"
@@ -21,22 +22,23 @@
 #include "paged/draft_plan.h"
 #include "paged/step_plan.h"
 
-namespace flashmap::cuda {
-namespace {
-using json = nlohmann::json;
+namespace flashmap::bench {
 
-void write_json(const json& out, const std::string& path) {
-  if (path.empty()) return;
-  std::ofstream f(path);
-  FLASHMAP_CHECK(f.good(), "--json: cannot write {}", path);
-  f << out.dump(2) << "\n";
-}
-}  // namespace
+using json = nlohmann::json;
+// The device's models and helpers by their short names, as in src/cuda: declared here, they hide
+// the CPU models of the same names in flashmap.
+using cuda::check;
+using cuda::Context;
+using cuda::DeviceBuffer;
+using cuda::FlashMapModel;
+using cuda::measure_read_gbps;
+using cuda::Qwen3Model;
+namespace drafter = cuda::drafter;
 
 // `bench --device cuda --shape S`: the target with random bf16 weights made on the device, the
 // GPU's measured read bandwidth, and decode / verify times with CUDA graphs (and without, for
 // reference), at a context of a.context tokens prefilled on the device.
-void run_shape_bench(const ShapeBench& a) {
+void run_cuda_shape(const DeviceShapeBench& a) {
   FLASHMAP_CHECK(
       !a.shape.empty(),
       "--device {}: bench needs --shape (qwen3-8b, qwen3-0.6b, tiny); a --target/--draft "
@@ -344,4 +346,4 @@ void run_shape_bench(const ShapeBench& a) {
   write_json(out, a.json_out);
 }
 
-}  // namespace flashmap::cuda
+}  // namespace flashmap::bench

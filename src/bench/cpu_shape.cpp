@@ -3,6 +3,8 @@
 // FlashMap drafter. Every phase of a speculative round is timed against a limit measured in the
 // same run (read bandwidth for the streaming phases, the FMA peak for the compute-bound ones),
 // and the projected tokens/s over acceptance lengths τ comes from the measured round.
+#include "bench/cpu_shape.h"
+
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -13,7 +15,7 @@
 #include <optional>
 #include <thread>
 
-#include "cli/bench.h"
+#include "bench/timing.h"
 #include "core/check.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
@@ -26,7 +28,7 @@
 #include "ops/gemm.h"
 #include "ops/roofline.h"
 
-namespace flashmap::cli {
+namespace flashmap::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -206,7 +208,7 @@ double draft_macs_per_row(const FlashMapConfig& c, int64_t vocab) {
 // The drafter's timings at a context of `context` positions: the first draft right after load
 // (while the noise factor is formed in the background), the factor's readiness, steady drafts
 // of 1…4 jumps and the commit of a verified block (its context features projected).
-json time_drafter(const FlashMapModel& draft, const Qwen3Config& tc, const BenchArgs& a,
+json time_drafter(const FlashMapModel& draft, const Qwen3Config& tc, const CpuShapeBench& a,
                   Clock::time_point loaded, double fma_gflops) {
   const FlashMapConfig& c = draft.config();
   const int K = c.block_size;
@@ -268,15 +270,15 @@ json time_drafter(const FlashMapModel& draft, const Qwen3Config& tc, const Bench
 
 }  // namespace
 
-void bench_cpu_shape(BenchArgs& a) {
+void bench_cpu_shape(const CpuShapeBench& a) {
   json out;
   out["threads"] = ThreadPool::global().size();
-  FLASHMAP_CHECK(a.model.steps == 0, "--shape times every step count of the drafter: drop --steps");
-  FLASHMAP_CHECK(a.draft_shape.empty() || a.model.draft.empty(),
+  FLASHMAP_CHECK(a.steps == 0, "--shape times every step count of the drafter: drop --steps");
+  FLASHMAP_CHECK(a.draft_shape.empty() || a.draft.empty(),
                  "--draft-shape makes a random drafter: drop --draft (or --draft-shape)");
   // The folder's weights (of that shape) or random ones made in memory.
-  const bool from_folder = !a.model.target.empty();
-  const auto cfg = from_folder ? folder_config(a.model.target, a.shape) : qwen3_shape(a.shape);
+  const bool from_folder = !a.target.empty();
+  const auto cfg = from_folder ? folder_config(a.target, a.shape) : qwen3_shape(a.shape);
   // The timed steps run a.block + 1 tokens at position a.context, in a cache of context + 64.
   FLASHMAP_CHECK(int64_t(a.context) + a.block + 64 <= cfg.max_position_embeddings,
                  "--context {} (+ --block {} + 64 positions of room) exceeds the {} positions "
@@ -292,15 +294,15 @@ void bench_cpu_shape(BenchArgs& a) {
   // The drafter's shape is checked against the target's before gigabytes of weights are made.
   std::optional<FlashMapConfig> draft_cfg;
   const std::string draft_what =
-      !a.draft_shape.empty() ? "--draft-shape " + a.draft_shape : "--draft " + a.model.draft;
+      !a.draft_shape.empty() ? "--draft-shape " + a.draft_shape : "--draft " + a.draft;
   if (!a.draft_shape.empty()) draft_cfg = flashmap_shape(a.draft_shape);
-  if (!a.model.draft.empty()) {
-    FLASHMAP_CHECK(!DFlashConfig::is_dflash(a.model.draft),
+  if (!a.draft.empty()) {
+    FLASHMAP_CHECK(!DFlashConfig::is_dflash(a.draft),
                    "--draft {}: --shape times FlashMap drafters; time a DFlash drafter with "
                    "--target and --draft (without --shape)",
-                   a.model.draft);
+                   a.draft);
     draft_cfg =
-        FlashMapConfig::from_file((std::filesystem::path(a.model.draft) / "config.json").string());
+        FlashMapConfig::from_file((std::filesystem::path(a.draft) / "config.json").string());
   }
   if (draft_cfg) {
     FLASHMAP_CHECK(
@@ -313,15 +315,15 @@ void bench_cpu_shape(BenchArgs& a) {
                    draft_what, draft_cfg->block_size, draft_cfg->block_size);
   }
   fmt::print("# flashmap bench --shape {}{}{} ({} threads, {} kernels)\n\n", a.shape,
-             from_folder ? " --target " + a.model.target : std::string(),
-             !a.draft_shape.empty()   ? " --draft-shape " + a.draft_shape
-             : !a.model.draft.empty() ? " --draft " + a.model.draft
-                                      : std::string(),
+             from_folder ? " --target " + a.target : std::string(),
+             !a.draft_shape.empty() ? " --draft-shape " + a.draft_shape
+             : !a.draft.empty()     ? " --draft " + a.draft
+                                    : std::string(),
              ThreadPool::global().size(), ops::isa_name(ops::active_isa()));
   const double gbps = ops::read_bandwidth_gbps(ThreadPool::global());
   // Loaded as the engine's CPU backend loads a target: a model option that changes how targets
   // load (their weight format, the compute mode) applies here too.
-  const auto format = ops::weight_format(a.model.weights, a.model.compute);
+  const auto format = ops::weight_format(a.weights, a.compute);
   const bool bf16 = format == ops::WeightFormat::Bf16;
   const double fp32_peak = ops::fma_peak_gflops(ThreadPool::global());
   // The arithmetic limit of the mode the products run in: fp32 FMAs, or bf16 dot products.
@@ -329,7 +331,7 @@ void bench_cpu_shape(BenchArgs& a) {
   double make_s = 0, draft_make_s = 0;
   auto t0 = Clock::now();
   std::unique_ptr<Qwen3Model> target_ptr =
-      from_folder ? std::make_unique<Qwen3Model>(a.model.target, nullptr, format)
+      from_folder ? std::make_unique<Qwen3Model>(a.target, nullptr, format)
                   : random_target(cfg, format, make_s);
   const double target_load_s = seconds_since(t0) - make_s;
   const Qwen3Model& target = *target_ptr;
@@ -337,8 +339,7 @@ void bench_cpu_shape(BenchArgs& a) {
   std::unique_ptr<FlashMapModel> drafter;
   t0 = Clock::now();
   if (!a.draft_shape.empty()) drafter = random_drafter(*draft_cfg, target, format, draft_make_s);
-  if (!a.model.draft.empty())
-    drafter = std::make_unique<FlashMapModel>(a.model.draft, target, nullptr, format);
+  if (!a.draft.empty()) drafter = std::make_unique<FlashMapModel>(a.draft, target, nullptr, format);
   const auto loaded = Clock::now();
   const double draft_load_s = seconds_since(t0) - draft_make_s;
   // Bytes a decode step reads: every weight but the embedding table (one row of it), unless
@@ -352,7 +353,7 @@ void bench_cpu_shape(BenchArgs& a) {
   const double file_bytes = double(target.weight_bytes());
   out["shape"] = a.shape;
   out["draft_shape"] = a.draft_shape.empty() ? json(nullptr) : json(a.draft_shape);
-  out["target"] = from_folder ? json(a.model.target) : json(nullptr);
+  out["target"] = from_folder ? json(a.target) : json(nullptr);
   out["isa"] = ops::isa_name(ops::active_isa());
   const bool q8 = target.weight_format() == ops::WeightFormat::Q8;
   out["weights"] = ops::weight_format_name(target.weight_format());
@@ -537,4 +538,4 @@ void bench_cpu_shape(BenchArgs& a) {
   write_json(out, a.json_out);
 }
 
-}  // namespace flashmap::cli
+}  // namespace flashmap::bench

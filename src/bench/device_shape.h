@@ -1,12 +1,11 @@
 // `flashmap bench --device cuda --shape S`: a device backend's kernels at a real model shape with
-// random weights (src/cuda/bench_shape.cpp). The spec is a plain struct, shared by the engine's
-// factory and the backend so that neither copies it into the other's type; the hook is the
-// factory's (engine.cpp), the one place that knows which backends this build has.
+// random weights (cuda_shape.cpp). The dispatch (device_shape.cpp) is the one place in this
+// library that knows which device backends the build has.
 #pragma once
 
 #include <string>
 
-namespace flashmap {
+namespace flashmap::bench {
 
 struct DeviceShapeBench {
   std::string device, shape, json_out;
@@ -17,4 +16,4 @@ struct DeviceShapeBench {
 // flashmap::Error when this build or machine has no such device.
 void bench_device_shape(const DeviceShapeBench& spec);
 
-}  // namespace flashmap
+}  // namespace flashmap::bench
