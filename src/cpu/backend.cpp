@@ -176,7 +176,7 @@ void CpuBackend::prefill(std::span<const engine::Prefill> seqs) {
   int64_t rows = 0;
   for (const engine::Prefill& p : seqs) {
     if (p.score >= 0) {
-      // Its chunks overwrite the last forward's rows, which pick() reads: it comes alone.
+      // Its chunks overwrite the last forward's rows, which first_token() reads: it comes alone.
       FLASHMAP_ASSERT(seqs.size() == 1);
       prefill_scored(p);
       return;
@@ -215,7 +215,7 @@ void CpuBackend::prefill_scored(const engine::Prefill& p) {
     for (int64_t r = 0; r < n && start + r + 1 < P; ++r)
       p.scored->push_back(
           token_logprob(out_.logits.data() + r * V, V, p.tokens[size_t(start + r + 1)], p.score));
-    // pick() reads the last row: the next token's distribution.
+    // first_token() reads the last row: the next token's distribution.
     s.logits_row = n - 1;
   }
 }
@@ -300,7 +300,7 @@ void CpuBackend::logprobs(const SeqStep& st, const Seq& s, const std::vector<flo
     out.logprobs.push_back(token_logprob(rows + int64_t(k) * V, V, out.tokens[k], st.logprobs));
 }
 
-void CpuBackend::pick(std::span<const SeqStep> steps, std::span<Accepted> out) {
+void CpuBackend::first_token(std::span<const SeqStep> steps, std::span<Accepted> out) {
   const int64_t V = target_.config().vocab_size;
   for (size_t i = 0; i < steps.size(); ++i) {
     const SeqStep& st = steps[i];

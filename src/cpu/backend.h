@@ -48,7 +48,8 @@ class CpuBackend : public engine::Backend {
   void propose(std::span<const engine::SeqStep> steps) override;
   engine::DraftsView drafts(int seq) const override;
 
-  void pick(std::span<const engine::SeqStep> steps, std::span<engine::Accepted> out) override;
+  void first_token(std::span<const engine::SeqStep> steps,
+                   std::span<engine::Accepted> out) override;
   void accept(std::span<const engine::SeqStep> steps, std::span<engine::Accepted> out) override;
 
   const Qwen3Model& target() const { return target_; }

@@ -54,7 +54,7 @@ constexpr int64_t kSortRows = 128;
 struct Lane {
   int index = -1;
   int draft = -1;                    // the proposer's lane (-1: no proposer)
-  DeviceBuffer<float> first;         // [V] the prefill's last row, for pick()
+  DeviceBuffer<float> first;         // [V] the prefill's last row, for first_token()
   DeviceBuffer<float> draft_logits;  // [K, V]: the proposer's logits (lanes that draft alone)
   DeviceBuffer<uint64_t> rng;        // {seed, counter} of unseeded sampling
   // The sequence that holds it.
@@ -414,7 +414,7 @@ class CudaBackend : public engine::Backend {
     }
   }
 
-  void pick(std::span<const SeqStep> steps, std::span<Accepted> out) override {
+  void first_token(std::span<const SeqStep> steps, std::span<Accepted> out) override {
     ctx_.make_current();
     prepare(steps.size());
     stage_controls(steps, false);

@@ -93,7 +93,7 @@ struct Open {
 };
 
 // One sequence's prefill: its `tokens` appended to the KV cache, the drafter context (when it
-// drafts) takes their features, and its last row becomes the row pick() draws from. With
+// drafts) takes their features, and its last row becomes the row first_token() draws from. With
 // score >= 0 (Capabilities::prompt_logprobs) every row is kept chunk by chunk and `scored` gets
 // the logprob of tokens[r + 1] under row r with its `score` most likely alternatives.
 struct Prefill {
@@ -141,7 +141,7 @@ struct DraftsView {
   bool lookup = false;  // drafted by prompt lookup
 };
 
-// pick()'s or accept()'s outcome for one sequence, on the host: `accepted` drafts then the
+// first_token()'s or accept()'s outcome for one sequence, on the host: `accepted` drafts then the
 // target's token (for a tree: the accepted path's tokens; the backend has already kept only
 // that path's KV and rows, first and in order, so that commit() sees a block).
 struct Accepted {
@@ -215,7 +215,7 @@ class Verifier {
   virtual ~Verifier() = default;
   // After prefill: each sequence's first token from its last row (drawn at position
   // step.position + 1, the prompt's length). It becomes the sequence's anchor.
-  virtual void pick(std::span<const SeqStep> steps, std::span<Accepted> out) = 0;
+  virtual void first_token(std::span<const SeqStep> steps, std::span<Accepted> out) = 0;
   // After forward: each sequence's acceptance in its sampler's mode (greedy, keyed, rejection).
   // The target's token after the accepted drafts becomes the anchor.
   virtual void accept(std::span<const SeqStep> steps, std::span<Accepted> out) = 0;

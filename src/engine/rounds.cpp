@@ -12,12 +12,12 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
-bool is_stop(const SequenceParams& p, int32_t t) {
+bool is_stop(const RequestParams& p, int32_t t) {
   return std::find(p.stop_ids.begin(), p.stop_ids.end(), t) != p.stop_ids.end();
 }
 }  // namespace
 
-Sequence::Sequence(SequenceParams p)
+Sequence::Sequence(RequestParams p)
     : params(std::move(p)), sampler(params.sampling, params.seed, params.seeded) {}
 
 void Sequence::restart() {
@@ -65,7 +65,7 @@ RoundLoop::RoundLoop(Backend& backend, SpecPolicyOptions policy, int64_t max_con
     lookup_policy_.emplace(2, policy.explore_min, policy.explore_max, policy.alpha);
 }
 
-void RoundLoop::validate(const SequenceParams& p) const {
+void RoundLoop::validate(const RequestParams& p) const {
   const int64_t V = backend_.config().vocab_size;
   FLASHMAP_CHECK_PARAM(!p.prompt.empty(), "prompt", "the prompt is empty: give at least one token");
   for (size_t i = 0; i < p.prompt.size(); ++i)
@@ -204,7 +204,7 @@ void RoundLoop::admit_group(std::span<Sequence* const> fresh, std::span<Sequence
     steps.push_back(step(*s, s->length - 1, 0));
   }
   std::vector<Accepted> first(fresh.size());
-  backend_.pick(steps, first);
+  backend_.first_token(steps, first);
   const double ms = ms_since(t0);
   for (size_t i = 0; i < fresh.size(); ++i) {
     Sequence& s = *fresh[i];

@@ -28,12 +28,10 @@
 
 namespace flashmap::engine {
 
-using SequenceParams = ::flashmap::RequestParams;
-
 // One sequence as the loop keeps it between rounds.
 struct Sequence {
-  explicit Sequence(SequenceParams p);
-  SequenceParams params;
+  explicit Sequence(RequestParams p);
+  RequestParams params;
   SeqSampler sampler;
   ControlState controls;
   Slot slot;
@@ -110,7 +108,7 @@ class RoundLoop {
 
   // The one place a request is checked: empty prompt, ids outside the vocabulary, max_tokens,
   // stop ids, sampling parameters, context. Throws flashmap::Error naming the parameter.
-  void validate(const SequenceParams& p) const;
+  void validate(const RequestParams& p) const;
   // Opens, prefills and starts sequences (one batched forward); some may finish at once.
   void admit(std::span<Sequence* const> fresh);
   // One round over the running sequences that are not done.

@@ -67,12 +67,12 @@ class ActiveGuard {
   std::atomic<int>* n_;
 };
 
-FrontOptions front_options(const ServerOptions& o, const Engine& sched) {
+FrontOptions front_options(const ServerOptions& o, const Engine& engine) {
   FrontOptions f;
   // A streaming response holds its worker for its whole life: every admitted request needs
   // one, plus a few for /health, /metrics and the requests that will be refused.
   f.workers = o.http_threads > 0 ? o.http_threads
-                                 : sched.options().max_running + sched.options().max_queue + 8;
+                                 : engine.options().max_running + engine.options().max_queue + 8;
   f.max_body_bytes = o.max_body_bytes;
   f.max_connections = o.max_connections;
   f.request_timeout = std::chrono::milliseconds(o.request_timeout_ms);
@@ -87,7 +87,7 @@ FrontOptions front_options(const ServerOptions& o, const Engine& sched) {
 }  // namespace
 
 struct Server::Impl {
-  Engine& sched;
+  Engine& engine;
   const TextCodec* text;
   ServerOptions opt;
   HttpFront http;
@@ -112,7 +112,11 @@ struct Server::Impl {
   static constexpr size_t kMaxWarned = 256;
 
   Impl(Engine& s, const TextCodec* t, ServerOptions o)
-      : sched(s), text(t), opt(std::move(o)), http(front_options(opt, sched)), params(s, t, opt) {}
+      : engine(s),
+        text(t),
+        opt(std::move(o)),
+        http(front_options(opt, engine)),
+        params(s, t, opt) {}
 
   void log(const std::string& line) {
     std::lock_guard lk(log_mutex);
@@ -246,7 +250,7 @@ bool Server::Impl::start(Generation& gen, const httplib::Request& hreq, httplib:
     }
     // Queued together: admitted in one round, their common prompt is prefilled once. The engine
     // validates them here (ranges, vocabulary, context).
-    auto reqs = sched.submit_all(std::move(each));
+    auto reqs = engine.submit_all(std::move(each));
     const GenerationRequest& g = gen.g;
     for (auto& req : reqs) {
       Choice c(text, g.stop, built.params.controls.min_tokens);
@@ -341,7 +345,7 @@ void Server::Impl::tokenize(const httplib::Request& hreq, httplib::Response& res
       throw ApiError(400, e.what(), t.prompt ? "prompt" : "messages");
     }
     json out = {{"count", ids.size()},
-                {"max_model_len", sched.max_context()},
+                {"max_model_len", engine.max_context()},
                 {"tokens", ids},
                 {"token_strs", nullptr}};
     res.set_content(dump_json(out), "application/json");
@@ -457,14 +461,14 @@ void Server::Impl::guard_routes() {
 void Server::Impl::routes() {
   guard_routes();
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (!sched.healthy())
+    if (!engine.healthy())
       return send_error(res, 503,
-                        fmt::format("the device failed: {}", printable(sched.stats().fault, 500)),
+                        fmt::format("the device failed: {}", printable(engine.stats().fault, 500)),
                         {}, {}, "server_error");
     if (const auto why = files_change(); !why.empty())
       return send_error(res, 503,
-                        "the model's files changed on disk since they were loaded: " + why, {},
-                        {}, "server_error");
+                        "the model's files changed on disk since they were loaded: " + why, {}, {},
+                        "server_error");
     if (draining) return send_error(res, 503, "the server is shutting down");
     res.set_content(R"({"status":"ok"})", "application/json");
   });
@@ -475,7 +479,7 @@ void Server::Impl::routes() {
                 {"owned_by", "flashmap"},
                 {"root", opt.model_name},
                 {"parent", nullptr},
-                {"max_model_len", sched.max_context()}};
+                {"max_model_len", engine.max_context()}};
   };
   http.Get("/v1/models", [model_card](const httplib::Request&, httplib::Response& res) {
     res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({model_card()})}}),
@@ -502,8 +506,8 @@ void Server::Impl::routes() {
                                    {"model_path", opt.model_path},
                                    {"tokenizer_path", opt.tokenizer_path},
                                    {"is_generation", true},
-                                   {"context_length", sched.max_context()},
-                                   {"max_running_requests", sched.max_running()}}),
+                                   {"context_length", engine.max_context()},
+                                   {"max_running_requests", engine.max_running()}}),
                     "application/json");
   };
   for (const char* path : {"/server_info", "/get_server_info", "/model_info", "/get_model_info"})
@@ -513,7 +517,7 @@ void Server::Impl::routes() {
   http.Post("/detokenize",
             [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics.render(sched.stats()) + render_front_metrics(http.stats()),
+    res.set_content(metrics.render(engine.stats()) + render_front_metrics(http.stats()),
                     "text/plain; version=0.0.4");
   });
   for (const auto& [path, api] :
@@ -556,9 +560,9 @@ void Server::serve() {
   // embedding's stay mapped) are not the model that was loaded (io/mapped_file.h).
   std::thread watch([this, &s] {
     for (int tick = 0; s.listening && !s.stopped; ++tick) {
-      if (!s.sched.healthy()) {
+      if (!s.engine.healthy()) {
         s.log(fmt::format("flashmap serve: the device failed, stopping: {}",
-                          printable(s.sched.stats().fault, 500)));
+                          printable(s.engine.stats().fault, 500)));
         std::this_thread::sleep_for(std::chrono::milliseconds(s.opt.fault_stop_delay_ms));
         stop();
         break;
@@ -590,8 +594,8 @@ void Server::stop() {
   std::lock_guard lk(s.stop_mutex);
   if (s.stopped) return;
   s.draining = true;
-  s.sched.shutdown();
-  s.sched.drain();
+  s.engine.shutdown();
+  s.engine.drain();
   // The engine is done; wait for the handlers to write their last bytes.
   while (s.active.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   s.http.stop();
@@ -604,7 +608,7 @@ bool Server::stopped() const {
 }
 
 std::string Server::fault() const {
-  if (!impl_->sched.healthy()) return "the device failed: " + impl_->sched.stats().fault;
+  if (!impl_->engine.healthy()) return "the device failed: " + impl_->engine.stats().fault;
   if (auto why = impl_->files_change(); !why.empty())
     return "the model's files changed on disk since they were loaded: " + why;
   return {};
