@@ -202,9 +202,9 @@ class Engine {
   // False once a device fault ended serving (EngineStats::healthy).
   bool healthy() const;
   int64_t max_context() const;  // prompt + max_tokens limit
-  // The target's generation_config.json eos ids (none without the file): the stop ids that
-  // `flashmap generate` and the reference's spec_generate use by default.
-  std::vector<int32_t> eos_token_ids() const;
+  // What a request leaves unset (the target's generation_config.json; empty for an engine over
+  // a backend made elsewhere).
+  const RequestDefaults& defaults() const { return defaults_; }
   // The one validation of a request (what a user can get wrong); throws flashmap::Error.
   void validate(const RequestParams& params) const;
 
@@ -232,6 +232,7 @@ class Engine {
   struct Impl;
   void loop();
   EngineOptions options_;
+  RequestDefaults defaults_;
   std::unique_ptr<Impl> impl_;
 };
 

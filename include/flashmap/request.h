@@ -93,6 +93,26 @@ struct RequestParams {
   int prompt_logprobs = -1;
 };
 
+// What a request leaves unset, from the target's generation_config.json (read once, when the
+// engine is made; none: greedy, no stop ids): the CLI, the server and Python's Engine.generate
+// all ask Engine::defaults().
+struct RequestDefaults {
+  // The file's sampling values (Qwen3: temperature 0.6, top_k 20, top_p 0.95); with
+  // "do_sample": false, greedy (as transformers reads it).
+  SamplingParams sampling;
+  float repetition_penalty = 1.0f;
+  std::vector<int32_t> eos_token_ids;  // the stop ids of a request that names none
+
+  // A request with these defaults (sampling, stop ids, repetition penalty), to fill in.
+  RequestParams request() const {
+    RequestParams p;
+    p.sampling = sampling;
+    p.stop_ids = eos_token_ids;
+    p.controls.repetition_penalty = repetition_penalty;
+    return p;
+  }
+};
+
 // When rounds speculate (src/engine/spec_policy.h).
 enum class SpecPolicyKind {
   Adaptive,  // measured, per batch-size bucket (default)

@@ -68,8 +68,9 @@ def spec_generate(engine, input_ids, max_new_tokens=256, temperature=0.0, num_st
     prompt = np.asarray(prompt)
     if prompt.ndim == 2 and prompt.shape[0] != 1:
         raise ValueError("spec_generate decodes one sequence at a time")
-    r = engine.generate(prompt, max_new_tokens, temperature=temperature, seed=seed,
-                        stop_token_ids=stop_token_ids)
+    # As the reference: no top-k, top-p or min-p filter, whatever generation_config.json says.
+    r = engine.generate(prompt, max_new_tokens, temperature=temperature, top_k=0, top_p=1.0,
+                        min_p=0.0, seed=seed, stop_token_ids=stop_token_ids)
     sequences = np.concatenate([prompt.reshape(-1).astype(np.int64), r.ids.astype(np.int64)])[None]
     return FlashMapGenerateOutput(sequences=sequences, num_new_tokens=len(r.ids),
                                   acceptance_lengths=[int(a) for a in r.acceptance_lengths],

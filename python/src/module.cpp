@@ -357,7 +357,7 @@ class PyEngine {
     std::lock_guard compute(compute_mutex());
     flashmap::check_device(o);
     engine_ = std::make_shared<flashmap::Engine>(std::move(o));
-    eos_ = engine_->eos_token_ids();
+    eos_ = engine_->defaults().eos_token_ids;
   }
 
   std::shared_ptr<flashmap::Engine> get() const {
@@ -380,16 +380,19 @@ class PyEngine {
     return !engine_;
   }
 
-  flashmap::RequestParams params(nb::handle input_ids, int max_new_tokens, double temperature,
-                                 int top_k, double top_p, double min_p, std::optional<int64_t> seed,
-                                 nb::handle stop_token_ids) const {
-    flashmap::RequestParams p;
+  // Sampling values left None come from the engine's defaults (the target's
+  // generation_config.json), as in `flashmap generate` and serve.
+  flashmap::RequestParams params(nb::handle input_ids, int max_new_tokens,
+                                 std::optional<double> temperature, std::optional<int> top_k,
+                                 std::optional<double> top_p, std::optional<double> min_p,
+                                 std::optional<int64_t> seed, nb::handle stop_token_ids) const {
+    flashmap::RequestParams p = get()->defaults().request();
     p.prompt = ids_from(input_ids, "input_ids");
     p.max_tokens = max_new_tokens;
-    p.sampling.temperature = float(temperature);
-    p.sampling.top_k = top_k;
-    p.sampling.top_p = float(top_p);
-    p.sampling.min_p = float(min_p);
+    if (temperature) p.sampling.temperature = float(*temperature);
+    if (top_k) p.sampling.top_k = *top_k;
+    if (top_p) p.sampling.top_p = float(*top_p);
+    if (min_p) p.sampling.min_p = float(*min_p);
     if (seed) {
       if (*seed < 0) throw flashmap::Error(fmt::format("seed must be >= 0, got {}", *seed));
       p.seed = uint64_t(*seed);
@@ -397,7 +400,7 @@ class PyEngine {
     } else {
       p.seed = (uint64_t(std::random_device{}()) << 32) | std::random_device{}();
     }
-    p.stop_ids = stop_token_ids.is_none() ? eos_ : ids_from(stop_token_ids, "stop_token_ids");
+    if (!stop_token_ids.is_none()) p.stop_ids = ids_from(stop_token_ids, "stop_token_ids");
     p.sampling.validate();
     get()->validate(p);
     return p;
@@ -508,26 +511,33 @@ NB_MODULE(_core, m) {
            "draft_cut"_a = "auto")
       .def(
           "generate",
-          [](PyEngine& e, nb::handle input_ids, int max_new_tokens, double temperature, int top_k,
-             double top_p, double min_p, std::optional<int64_t> seed, nb::handle stop_token_ids) {
+          [](PyEngine& e, nb::handle input_ids, int max_new_tokens,
+             std::optional<double> temperature, std::optional<int> top_k,
+             std::optional<double> top_p, std::optional<double> min_p, std::optional<int64_t> seed,
+             nb::handle stop_token_ids) {
             return e.generate(e.params(input_ids, max_new_tokens, temperature, top_k, top_p, min_p,
                                        seed, stop_token_ids));
           },
-          "input_ids"_a.none(), "max_new_tokens"_a, "temperature"_a = 0.0, "top_k"_a = 0,
-          "top_p"_a = 1.0, "min_p"_a = 0.0, "seed"_a = nb::none(), "stop_token_ids"_a = nb::none(),
-          "Decodes one prompt; the GIL is released while it runs. stop_token_ids None: the "
-          "target's generation_config eos ids. seed None: random (rejection sampling); an int: "
-          "reproducible and equal to the target alone with that seed.")
+          "input_ids"_a.none(), "max_new_tokens"_a, "temperature"_a = nb::none(),
+          "top_k"_a = nb::none(), "top_p"_a = nb::none(), "min_p"_a = nb::none(),
+          "seed"_a = nb::none(), "stop_token_ids"_a = nb::none(),
+          "Decodes one prompt; the GIL is released while it runs. temperature, top_k, top_p, "
+          "min_p None: the target's generation_config values (none there: greedy). "
+          "stop_token_ids None: the target's generation_config eos ids. seed None: random "
+          "(rejection sampling); an int: reproducible and equal to the target alone with that "
+          "seed.")
       .def(
           "stream",
-          [](PyEngine& e, nb::handle input_ids, int max_new_tokens, double temperature, int top_k,
-             double top_p, double min_p, std::optional<int64_t> seed, nb::handle stop_token_ids) {
+          [](PyEngine& e, nb::handle input_ids, int max_new_tokens,
+             std::optional<double> temperature, std::optional<int> top_k,
+             std::optional<double> top_p, std::optional<double> min_p, std::optional<int64_t> seed,
+             nb::handle stop_token_ids) {
             return e.stream(e.params(input_ids, max_new_tokens, temperature, top_k, top_p, min_p,
                                      seed, stop_token_ids));
           },
-          "input_ids"_a.none(), "max_new_tokens"_a, "temperature"_a = 0.0, "top_k"_a = 0,
-          "top_p"_a = 1.0, "min_p"_a = 0.0, "seed"_a = nb::none(), "stop_token_ids"_a = nb::none(),
-          nb::rv_policy::take_ownership,
+          "input_ids"_a.none(), "max_new_tokens"_a, "temperature"_a = nb::none(),
+          "top_k"_a = nb::none(), "top_p"_a = nb::none(), "min_p"_a = nb::none(),
+          "seed"_a = nb::none(), "stop_token_ids"_a = nb::none(), nb::rv_policy::take_ownership,
           "As generate, but returns an iterator over the tokens of each round as it is accepted "
           "(decoding runs on a thread of its own); its .result holds the GenerateResult.")
       .def_prop_ro("tokenizer", &PyEngine::tokenizer,

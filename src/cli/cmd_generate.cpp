@@ -11,7 +11,6 @@
 #include "cli/options.h"
 #include "cli/text_io.h"
 #include "core/check.h"
-#include "io/hf_config.h"
 
 namespace flashmap::cli {
 namespace {
@@ -27,14 +26,6 @@ struct GenerateArgs {
 
 void run_generate(GenerateArgs& a) {
   a.model.resolve();
-  RequestParams p;
-  p.max_tokens = a.max_new_tokens;
-  // Sampling flags not given come from the target's generation_config.json (as in serve).
-  const auto gen = GenerationConfig::from_dir(a.model.target);
-  p.sampling = a.sampling.params(default_sampling(gen));
-  p.seed = a.sampling.resolved_seed();
-  p.seeded = a.sampling.seed >= 0;
-  p.sampling.validate();
   FLASHMAP_CHECK(a.max_new_tokens > 0, "--max-new-tokens must be > 0, got {}", a.max_new_tokens);
   // A machine without the device (or a binary without its backend) fails here, before loading.
   check_device(a.model.engine_options(0));
@@ -43,11 +34,17 @@ void run_generate(GenerateArgs& a) {
   EngineOptions eo = a.model.engine_options(text ? text->vocab_size() : 0);
   eo.spec_policy = SpecPolicyKind::Always;  // one sequence: every round drafts
   Engine engine(eo);
+  // What the flags leave out comes from the target's generation_config.json (as in serve and
+  // Python); the engine checks the request.
+  RequestParams p = engine.defaults().request();
+  p.max_tokens = a.max_new_tokens;
+  p.sampling = a.sampling.params(p.sampling);
+  p.seed = a.sampling.resolved_seed();
+  p.seeded = a.sampling.seed >= 0;
   p.prompt = a.prompt.ids_of(text.get());
-  if (a.stop_ids.empty()) {
-    // Stop on the generation config's eos ids, as spec_generate does by default.
-    p.stop_ids = gen.eos_token_ids;
-  } else if (a.stop_ids != "none") {
+  if (a.stop_ids == "none") {
+    p.stop_ids.clear();
+  } else if (!a.stop_ids.empty()) {
     p.stop_ids = parse_ids(a.stop_ids, "--stop-ids");
   }
   // Without --json, text (or ids) is streamed as each round is accepted.

@@ -29,7 +29,7 @@ struct ServeArgs {
   server::ServerOptions server;
   // The serving fields of EngineOptions (max_running, max_queue, max_context, the policy); the
   // models and the device come from `model`.
-  EngineOptions sched{
+  EngineOptions serving{
       .max_running = 8, .max_queue = 64, .spec_max_batch = 4, .prefix_cache_mb = 1024};
   std::string spec_policy;  // empty: adaptive, or batch when only --spec-max-batch is given
   bool spec_max_batch_given = false;
@@ -53,10 +53,10 @@ void run_serve(ServeArgs& a) {
   {
     const auto tc = Qwen3Config::from_file(a.model.target + "/config.json");
     const int64_t context =
-        a.sched.max_context > 0 ? a.sched.max_context : int64_t(tc.max_position_embeddings);
-    FLASHMAP_CHECK(a.sched.max_context <= tc.max_position_embeddings,
+        a.serving.max_context > 0 ? a.serving.max_context : int64_t(tc.max_position_embeddings);
+    FLASHMAP_CHECK(a.serving.max_context <= tc.max_position_embeddings,
                    "--max-context {} exceeds the target's max_position_embeddings {}",
-                   a.sched.max_context, tc.max_position_embeddings);
+                   a.serving.max_context, tc.max_position_embeddings);
     FLASHMAP_CHECK(a.server.default_max_tokens < context,
                    "--default-max-tokens {} leaves no room for a prompt in a context of {} tokens",
                    a.server.default_max_tokens, context);
@@ -64,8 +64,8 @@ void run_serve(ServeArgs& a) {
   // --spec-max-batch alone keeps its old meaning (the batch policy); with another policy it
   // would silently do nothing, so that is an error.
   if (a.spec_policy.empty()) a.spec_policy = a.spec_max_batch_given ? "batch" : "adaptive";
-  a.sched.spec_policy = parse_spec_policy(a.spec_policy);
-  FLASHMAP_CHECK(!a.spec_max_batch_given || a.sched.spec_policy == SpecPolicyKind::Batch,
+  a.serving.spec_policy = parse_spec_policy(a.spec_policy);
+  FLASHMAP_CHECK(!a.spec_max_batch_given || a.serving.spec_policy == SpecPolicyKind::Batch,
                  "--spec-max-batch applies to --spec-policy batch, not {}", a.spec_policy);
   if (a.server.model_name.empty())
     a.server.model_name = std::filesystem::path(a.model.target).lexically_normal().filename();
@@ -76,20 +76,16 @@ void run_serve(ServeArgs& a) {
   if (!a.model.tokenizer.empty()) text = TextCodec::from_dir(a.model.tokenizer);
   a.server.model_path = a.model.target;
   a.server.tokenizer_path = a.model.tokenizer;
-  const auto gen = GenerationConfig::from_dir(a.model.target);
-  a.server.eos_ids.assign(gen.eos_token_ids.begin(), gen.eos_token_ids.end());
-  a.server.default_sampling = default_sampling(gen);
-  if (gen.repetition_penalty) a.server.default_repetition_penalty = float(*gen.repetition_penalty);
 
   // Ids past the tokenizer's are the embedding's padding: never sampled.
   EngineOptions eo = a.model.engine_options(text ? text->vocab_size() : 0);
-  eo.max_running = a.sched.max_running;
-  eo.max_queue = a.sched.max_queue;
-  eo.max_context = a.sched.max_context;
-  eo.spec_policy = a.sched.spec_policy;
-  eo.spec_max_batch = a.sched.spec_max_batch;
+  eo.max_running = a.serving.max_running;
+  eo.max_queue = a.serving.max_queue;
+  eo.max_context = a.serving.max_context;
+  eo.spec_policy = a.serving.spec_policy;
+  eo.spec_max_batch = a.serving.spec_max_batch;
   // On a GPU a cached entry holds a sequence lane as well as its KV blocks: opt-in there.
-  eo.prefix_cache_mb = eo.device == "cpu" || a.prefix_cache_given ? a.sched.prefix_cache_mb : 0;
+  eo.prefix_cache_mb = eo.device == "cpu" || a.prefix_cache_given ? a.serving.prefix_cache_mb : 0;
   Engine engine(eo);
   const bool drafter = engine.block_size() > 0;
   server::Server srv(engine, text ? &*text : nullptr, a.server);
@@ -107,15 +103,15 @@ void run_serve(ServeArgs& a) {
       a.server.model_name, a.model.target,
       drafter ? fmt::format("draft {}", a.model.draft) : std::string("no draft"), engine.device(),
       engine.max_context(), engine.max_running(),
-      engine.max_running() < a.sched.max_running
+      engine.max_running() < a.serving.max_running
           ? fmt::format(" (of --max-running {}: what the device memory holds at this context)",
-                        a.sched.max_running)
+                        a.serving.max_running)
           : std::string(),
-      a.sched.max_queue,
-      a.sched.spec_policy != SpecPolicyKind::Batch ? a.spec_policy
-      : a.sched.spec_max_batch == 0
+      a.serving.max_queue,
+      a.serving.spec_policy != SpecPolicyKind::Batch ? a.spec_policy
+      : a.serving.spec_max_batch == 0
           ? std::string("batch (always)")
-          : fmt::format("batch (while running <= {})", a.sched.spec_max_batch));
+          : fmt::format("batch (while running <= {})", a.serving.spec_max_batch));
   std::cerr << fmt::format("flashmap serve: listening on http://{}:{}\n", a.server.host, port);
   std::cerr.flush();
   srv.serve();
@@ -133,7 +129,7 @@ void register_cmd(CLI::App& app) {
       "serve", "OpenAI-compatible HTTP server with continuous batching and speculative decoding");
   add_model_options(*sub, args->model);
   auto& s = args->server;
-  auto& q = args->sched;
+  auto& q = args->serving;
   s.model_name.clear();  // default: from the target folder
   // Every value is checked here, before any model loads: an out-of-range port would bind another
   // one (70000 is 4464 to the kernel), an empty name or key would quietly mean the default or no
@@ -157,7 +153,7 @@ void register_cmd(CLI::App& app) {
   sub->add_option_function<size_t>(
          "--prefix-cache-mb",
          [args](size_t n) {
-           args->sched.prefix_cache_mb = n;
+           args->serving.prefix_cache_mb = n;
            args->prefix_cache_given = true;
          },
          "memory for finished sequences' KV caches, reused by requests that share their prefix "
@@ -172,7 +168,7 @@ void register_cmd(CLI::App& app) {
   sub->add_option_function<int>(
          "--spec-max-batch",
          [args](int n) {
-           args->sched.spec_max_batch = n;
+           args->serving.spec_max_batch = n;
            args->spec_max_batch_given = true;
          },
          "with --spec-policy batch (implied when given alone): speculate only in rounds with at "

@@ -175,15 +175,6 @@ SamplingParams SamplingOptions::params(const SamplingParams& defaults) const {
   return p;
 }
 
-SamplingParams default_sampling(const GenerationConfig& gen) {
-  SamplingParams p;
-  if (gen.temperature) p.temperature = float(*gen.temperature);
-  if (gen.top_k) p.top_k = *gen.top_k;
-  if (gen.top_p) p.top_p = float(*gen.top_p);
-  if (gen.min_p) p.min_p = float(*gen.min_p);
-  return p;
-}
-
 void add_sampling_options(CLI::App& app, SamplingOptions& s) {
   const char* from = " (default: the target's generation_config.json, else ";
   s.temperature_opt = app.add_option("--temperature", s.temperature,

@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "io/hf_config.h"
 #include "specdec/sampling.h"
 
 namespace flashmap::cli {
@@ -44,7 +43,7 @@ struct SamplingOptions {
   float top_p = 1.0f;
   float min_p = 0.0f;
   int64_t seed = -1;  // -1: random
-  // The options given on the command line; the others from `defaults` (see default_sampling).
+  // The options given on the command line; the others from `defaults` (Engine::defaults()).
   SamplingParams params(const SamplingParams& defaults = {}) const;
   // Set by add_sampling_options: which of --temperature, --top-k, --top-p, --min-p were given.
   CLI::Option *temperature_opt = nullptr, *top_k_opt = nullptr, *top_p_opt = nullptr,
@@ -52,9 +51,6 @@ struct SamplingOptions {
   uint64_t resolved_seed() const;
 };
 void add_sampling_options(CLI::App& app, SamplingOptions& s);
-// Sampling for what a request (or the command line) leaves out: the target's
-// generation_config.json values where it has them, else greedy (temperature 0, no top-k/p/min-p).
-SamplingParams default_sampling(const GenerationConfig& gen);
 
 // Options that name a folder, a file, a name or text must not be given empty: most would fall
 // back to their default without a word ("--target ''" to the built-in pair). A CLI11 validator:

@@ -1,7 +1,6 @@
-// The Engine: the device factory (the only place that knows which backends this build has), the
-// batch-of-one path, and continuous batching for serving: one engine thread owns the backend and
-// runs rounds; between rounds new requests join (their prompts prefilled in one batched forward)
-// and finished or cancelled ones leave (their slots freed).
+// The Engine: the batch-of-one path, and continuous batching for serving: one engine thread owns
+// the backend and runs rounds; between rounds new requests join (their prompts prefilled in one
+// batched forward) and finished or cancelled ones leave (their slots freed).
 #include <flashmap/engine.h>
 
 #include <charconv>
@@ -11,130 +10,16 @@
 
 #include "core/check.h"
 #include "core/thread_pool.h"
-#include "cpu/backend.h"
+#include "engine/factory.h"
 #include "engine/rounds.h"
 #include "engine/spec_policy.h"
 #include "engine/tree_policy.h"
-#include "ops/gemm.h"
-#ifdef FLASHMAP_WITH_CUDA
-#include "cuda/backend.h"
-#include "cuda/device.h"
-#endif
 
 namespace flashmap {
 
 using engine::Backend;
 using engine::RoundLoop;
 using engine::Sequence;
-
-// ---- devices ----
-
-namespace {
-
-bool is_cuda(const std::string& device) {
-  return device == "cuda" || device.starts_with("cuda:");
-}
-
-NgramOptions ngram_options(const EngineOptions& o) {
-  const NgramOptions n{o.ngram_min, o.ngram_max, o.ngram_block};
-  const NgramOptions d;
-  if (o.hybrid_ngram != 0) {
-    FLASHMAP_CHECK(o.hybrid_ngram >= 1 && o.hybrid_ngram <= NgramOptions::kMaxN,
-                   "--hybrid-ngram {}: must be in [1, {}] (0: off)", o.hybrid_ngram,
-                   NgramOptions::kMaxN);
-    FLASHMAP_CHECK(!o.draft.empty() && o.draft != cpu::kNgramDrafter,
-                   "--hybrid-ngram needs a FlashMap or DFlash drafter (--draft DIR)");
-    // The shortest match is --hybrid-ngram and the block is the drafter's.
-    FLASHMAP_CHECK(n.min_n == d.min_n,
-                   "--ngram-min does not apply to --hybrid-ngram (it is the "
-                   "shortest match)");
-    FLASHMAP_CHECK(n.block == d.block,
-                   "--ngram-block does not apply to --hybrid-ngram (the "
-                   "block is the drafter's)");
-    FLASHMAP_CHECK(n.max_n >= 1 && n.max_n <= NgramOptions::kMaxN,
-                   "--ngram-max {}: must be in [1, {}]", n.max_n, NgramOptions::kMaxN);
-    return n;
-  }
-  if (o.draft != cpu::kNgramDrafter) {
-    // Options of a drafter that is not asked for would be ignored without a word.
-    FLASHMAP_CHECK(n.min_n == d.min_n, "--ngram-min needs --draft ngram");
-    FLASHMAP_CHECK(n.max_n == d.max_n, "--ngram-max needs --draft ngram or --hybrid-ngram");
-    FLASHMAP_CHECK(n.block == d.block, "--ngram-block needs --draft ngram");
-  }
-  n.validate();
-  return n;
-}
-
-// Before any model loads: the window needs a trained drafter, whose cross-attention it narrows.
-void check_draft_window(const EngineOptions& o) {
-  if (o.draft_window == 0) return;
-  FLASHMAP_CHECK(o.draft_window >= 1 && o.draft_window <= cpu::kMaxDraftWindow,
-                 "--draft-window {}: must be in [1, {}] (0: off)", o.draft_window,
-                 cpu::kMaxDraftWindow);
-  FLASHMAP_CHECK(!o.draft.empty() && o.draft != cpu::kNgramDrafter,
-                 "--draft-window needs a FlashMap or DFlash drafter (--draft DIR)");
-  FLASHMAP_CHECK(!is_cuda(o.device),
-                 "--draft-window runs on the CPU backend only, not on {} (use --device cpu)",
-                 o.device);
-}
-
-std::unique_ptr<Backend> make_backend(const EngineOptions& o) {
-  check_device(o);
-  const NgramOptions ngram = ngram_options(o);
-  const ops::WeightFormat weights = ops::weight_format(o.weights, o.compute);
-  if (o.device == "cpu")
-    return cpu::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab, weights, ngram,
-                                 o.hybrid_ngram, o.draft_window);
-  FLASHMAP_CHECK(weights == ops::WeightFormat::Native,
-                 "--weights {}: the CUDA backend runs bf16 weights only (q8 is a CPU format)",
-                 o.weights);
-#ifdef FLASHMAP_WITH_CUDA
-  return cuda::make_backend(o.device, o.target, o.draft, o.steps, o.sampled_vocab, o.max_context,
-                            o.max_running);
-#else
-  throw Error("unreachable: check_device accepted a device this build lacks");
-#endif
-}
-
-}  // namespace
-
-int set_cpu_threads(int threads) {
-  return ThreadPool::configure_global(threads);
-}
-
-int cpu_threads() {
-  return ThreadPool::global().size();
-}
-
-void check_device(const std::string& device) {
-  if (device == "cpu") return;
-  FLASHMAP_CHECK(is_cuda(device), "--device: expected cpu, cuda or cuda:N, got '{}'", device);
-#ifdef FLASHMAP_WITH_CUDA
-  cuda::Context probe(device);  // throws naming why no GPU is usable
-#else
-  throw Error(
-      fmt::format("--device {}: this flashmap binary was built without CUDA (configure "
-                  "with -DFLASHMAP_CUDA=ON on a machine with the CUDA toolkit)",
-                  device));
-#endif
-}
-
-void check_device(const EngineOptions& o) {
-  (void)ngram_options(o);
-  // Before the device itself, so that the answer is the same whether or not a GPU is there.
-  FLASHMAP_CHECK(o.draft != cpu::kNgramDrafter || !is_cuda(o.device),
-                 "--draft ngram runs on the CPU backend only, not on {} (use --device cpu)",
-                 o.device);
-  FLASHMAP_CHECK(o.hybrid_ngram == 0 || !is_cuda(o.device),
-                 "--hybrid-ngram runs on the CPU backend only, not on {} (use --device cpu)",
-                 o.device);
-  check_draft_window(o);
-  FLASHMAP_CHECK(!is_cuda(o.device) || o.compute == "fp32" || o.compute.empty(),
-                 "--compute {}: a CPU option (the CUDA backend multiplies bf16 weights on its "
-                 "tensor cores whatever it is)",
-                 o.compute);
-  check_device(o.device);
-}
 
 double GenerateResult::acceptance_length() const {
   if (acceptance_lengths.empty()) return 0.0;
@@ -253,10 +138,28 @@ const EngineOptions& with_threads(const EngineOptions& o) {
 
 }  // namespace
 
-Engine::Engine(EngineOptions options) : Engine(make_backend(with_threads(options)), options) {}
+Engine::Engine(EngineOptions options)
+    : Engine(engine::make_backend(with_threads(options)), options) {}
+
+namespace {
+RequestDefaults defaults_of(const std::string& target) {
+  RequestDefaults d;
+  if (target.empty()) return d;  // a backend made elsewhere: no folder to read
+  const GenerationConfig g = GenerationConfig::from_dir(target);
+  if (g.temperature) d.sampling.temperature = float(*g.temperature);
+  if (g.top_k) d.sampling.top_k = *g.top_k;
+  if (g.top_p) d.sampling.top_p = float(*g.top_p);
+  if (g.min_p) d.sampling.min_p = float(*g.min_p);
+  if (g.repetition_penalty) d.repetition_penalty = float(*g.repetition_penalty);
+  d.eos_token_ids.assign(g.eos_token_ids.begin(), g.eos_token_ids.end());
+  return d;
+}
+}  // namespace
 
 Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
-    : options_(std::move(options)), impl_(std::make_unique<Impl>()) {
+    : options_(std::move(options)),
+      defaults_(defaults_of(options_.target)),
+      impl_(std::make_unique<Impl>()) {
   with_threads(options_);
   FLASHMAP_CHECK(options_.max_running >= 1, "max_running must be >= 1, got {}",
                  options_.max_running);
@@ -340,11 +243,6 @@ int Engine::block_size() const {
 }
 int64_t Engine::max_context() const {
   return impl_->loop->max_context();
-}
-std::vector<int32_t> Engine::eos_token_ids() const {
-  if (options_.target.empty()) return {};  // a backend made elsewhere: no folder to read
-  const auto ids = GenerationConfig::from_dir(options_.target).eos_token_ids;
-  return {ids.begin(), ids.end()};
 }
 void Engine::validate(const RequestParams& params) const {
   impl_->loop->validate(params);

@@ -78,15 +78,16 @@ ParamsBuilder::Built ParamsBuilder::build(const GenerationRequest& g) const {
   const int64_t ctx = engine_.max_context();
   p.max_tokens =
       g.max_tokens.value_or(g.chat ? int(ctx - int64_t(p.prompt.size())) : opt_.default_max_tokens);
-  p.sampling = g.sampling_over(opt_.default_sampling);
+  p.sampling = g.sampling_over(engine_.defaults().sampling);
   p.seed = g.seed ? *g.seed
                   : (uint64_t(std::random_device{}()) << 32) | uint64_t(std::random_device{}());
   p.seeded = g.seed.has_value();
-  if (!g.ignore_eos) p.stop_ids = opt_.eos_ids;
+  if (!g.ignore_eos) p.stop_ids = engine_.defaults().eos_token_ids;
   p.stop_ids.insert(p.stop_ids.end(), g.stop_token_ids.begin(), g.stop_token_ids.end());
   p.speculative = g.speculative;
   p.controls = g.controls;
-  p.controls.repetition_penalty = g.repetition_penalty.value_or(opt_.default_repetition_penalty);
+  p.controls.repetition_penalty =
+      g.repetition_penalty.value_or(engine_.defaults().repetition_penalty);
   if (g.structure != GenerationRequest::Structure::None) p.controls.constraint = constraint(g);
   p.prompt_logprobs = g.prompt_logprobs;
   // best_of ranks its sequences by their summed logprobs: it needs them even when not returned.

@@ -23,12 +23,7 @@ struct ServerOptions {
   std::string model_path, tokenizer_path;
   std::string api_key;  // non-empty: /v1/* needs "Authorization: Bearer <key>"
   size_t max_body_bytes = 4u << 20;
-  int default_max_tokens = 16;   // /v1/completions without max_tokens (OpenAI's default)
-  std::vector<int32_t> eos_ids;  // always stop tokens (the target's generation_config eos)
-  // Sampling for the fields a request leaves out (the target's generation_config.json values,
-  // else greedy).
-  SamplingParams default_sampling;
-  float default_repetition_penalty = 1.0f;  // generation_config.json's, for requests without one
+  int default_max_tokens = 16;  // /v1/completions without max_tokens (OpenAI's default)
   // Unknown request fields: false: one warning line per field name; true: 400.
   bool strict = false;
   // Chat completions: text inside <think>...</think> goes to reasoning_content (false: all of

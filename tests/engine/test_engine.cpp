@@ -6,7 +6,10 @@
 #include <flashmap/engine.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -229,13 +232,54 @@ TEST(Engine, GenerateCancelsBetweenRounds) {
   const auto none = engine.generate(p, {}, &cancel);
   EXPECT_EQ(none.finish_reason, "cancelled");
   EXPECT_EQ(none.ids.size(), 1u);
-  // A backend made elsewhere has no folder: no eos ids.
-  EXPECT_TRUE(engine.eos_token_ids().empty());
+  // A backend made elsewhere has no folder: no eos ids, greedy.
+  EXPECT_TRUE(engine.defaults().eos_token_ids.empty());
+  EXPECT_TRUE(engine.defaults().sampling.greedy());
+}
+
+// The defaults every front end asks: the target's generation_config.json, read as transformers
+// does (do_sample false: greedy whatever the values), and nothing else.
+TEST(Engine, RequestDefaultsComeFromTheGenerationConfig) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("flashmap-defaults-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator("models/default/target"))
+    if (e.path().filename() != "generation_config.json")
+      fs::create_symlink(fs::absolute(e.path()), dir / e.path().filename());
+  auto defaults_with = [&](const std::string& json) {
+    std::ofstream(dir / "generation_config.json") << json;
+    return Engine(EngineOptions{.target = dir.string()}).defaults();
+  };
+  const RequestDefaults qwen3 = defaults_with(
+      R"({"do_sample": true, "eos_token_id": [0, 1], "temperature": 0.6, "top_k": 20,
+          "top_p": 0.95, "repetition_penalty": 1.05})");
+  EXPECT_FLOAT_EQ(qwen3.sampling.temperature, 0.6f);
+  EXPECT_EQ(qwen3.sampling.top_k, 20);
+  EXPECT_FLOAT_EQ(qwen3.sampling.top_p, 0.95f);
+  EXPECT_FLOAT_EQ(qwen3.sampling.min_p, 0.0f);
+  EXPECT_FLOAT_EQ(qwen3.repetition_penalty, 1.05f);
+  EXPECT_EQ(qwen3.eos_token_ids, (std::vector<int32_t>{0, 1}));
+  const RequestParams p = qwen3.request();
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(p.controls.repetition_penalty, 1.05f);
+  EXPECT_EQ(p.stop_ids, (std::vector<int32_t>{0, 1}));
+
+  const RequestDefaults greedy =
+      defaults_with(R"({"do_sample": false, "temperature": 0.6, "top_k": 20})");
+  EXPECT_TRUE(greedy.sampling.greedy());
+  EXPECT_EQ(greedy.sampling.top_k, 0);
+  EXPECT_TRUE(greedy.eos_token_ids.empty());
+
+  EXPECT_THAT([&] { defaults_with(R"({"top_p": 2})"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("generation_config.json: field 'top_p'")));
+  fs::remove_all(dir);
 }
 
 TEST(Engine, EosIdsAndThreadPoolSize) {
   Engine engine(EngineOptions{.target = "models/default/target"});
-  EXPECT_EQ(engine.eos_token_ids(), std::vector<int32_t>{0});
+  EXPECT_EQ(engine.defaults().eos_token_ids, std::vector<int32_t>{0});
   const int n = cpu_threads();
   EXPECT_EQ(set_cpu_threads(n), n);
   EXPECT_THAT([&] { set_cpu_threads(n + 1); },
@@ -243,7 +287,8 @@ TEST(Engine, EosIdsAndThreadPoolSize) {
   EXPECT_THROW(set_cpu_threads(0), Error);
   // EngineOptions::threads: the pool's size is taken, another one refused before any model loads.
   const std::string kTarget = "models/default/target";
-  EXPECT_EQ(Engine(EngineOptions{.target = kTarget, .threads = n}).eos_token_ids().size(), 1u);
+  EXPECT_EQ(Engine(EngineOptions{.target = kTarget, .threads = n}).defaults().eos_token_ids.size(),
+            1u);
   EXPECT_THAT([&] { Engine(EngineOptions{.target = "/nonexistent", .threads = n + 1}); },
               ::testing::ThrowsMessage<Error>(HasSubstr("already runs")));
 }

@@ -27,14 +27,13 @@ struct ServerSide {
   server::ParamsBuilder params;
 
   ServerSide()
-      : engine(EngineOptions{.target = source_dir() + "/models/default/target",
-                             .max_context = 512}),
+      : engine(
+            EngineOptions{.target = source_dir() + "/models/default/target", .max_context = 512}),
         text(TextCodec::from_dir(tokenizer_dir())),
         params(engine, &text, with_defaults(options)) {}
 
   static server::ServerOptions& with_defaults(server::ServerOptions& o) {
     o.model_name = "m";
-    o.eos_ids = {0};
     return o;
   }
 
@@ -57,8 +56,7 @@ struct ServerSide {
     const RequestParams& p = built.params;
     if (!expect_clean("Engine::validate", [&] { engine.validate(p); })) return;
     for (const auto& [id, bias] : p.controls.logit_bias)
-      FUZZ_REQUIRE(id >= 0 && id < engine.target_info().vocab_size, "logit_bias id {} passed",
-                   id);
+      FUZZ_REQUIRE(id >= 0 && id < engine.target_info().vocab_size, "logit_bias id {} passed", id);
     if (!p.controls.constraint) return;
     // A few tokens through the constraint: masks, advances and a rollback.
     auto c = p.controls.constraint();

@@ -37,10 +37,9 @@ int main(int argc, char** argv) {
                              .draft = pair + "/draft",
                              .sampled_vocab = int64_t(text.vocab_size()),
                              .spec_policy = flashmap::SpecPolicyKind::Always});
-    flashmap::RequestParams params;
+    flashmap::RequestParams params = engine.defaults().request();
     params.prompt = text.encode(argv[2]);
     params.max_tokens = std::atoi(argv[3]);
-    params.stop_ids = engine.eos_token_ids();
     const flashmap::GenerateResult r = engine.generate(params);
     print_ids("prompt", params.prompt);
     print_ids("ids", r.ids);
