@@ -32,8 +32,9 @@ struct ServeArgs {
   EngineOptions serving{
       .max_running = 8, .max_queue = 64, .spec_max_batch = 4, .prefix_cache_mb = 1024};
   std::string spec_policy;  // empty: adaptive, or batch when only --spec-max-batch is given
-  bool spec_max_batch_given = false;
-  bool prefix_cache_given = false;
+  // Given on the command line (their defaults depend on it).
+  CLI::Option *spec_max_batch_opt = nullptr, *prefix_cache_opt = nullptr;
+  bool given(const CLI::Option* o) const { return o && o->count() > 0; }
 };
 
 void run_serve(ServeArgs& a) {
@@ -63,9 +64,9 @@ void run_serve(ServeArgs& a) {
   }
   // --spec-max-batch alone keeps its old meaning (the batch policy); with another policy it
   // would silently do nothing, so that is an error.
-  if (a.spec_policy.empty()) a.spec_policy = a.spec_max_batch_given ? "batch" : "adaptive";
+  if (a.spec_policy.empty()) a.spec_policy = a.given(a.spec_max_batch_opt) ? "batch" : "adaptive";
   a.serving.spec_policy = parse_spec_policy(a.spec_policy);
-  FLASHMAP_CHECK(!a.spec_max_batch_given || a.serving.spec_policy == SpecPolicyKind::Batch,
+  FLASHMAP_CHECK(!a.given(a.spec_max_batch_opt) || a.serving.spec_policy == SpecPolicyKind::Batch,
                  "--spec-max-batch applies to --spec-policy batch, not {}", a.spec_policy);
   if (a.server.model_name.empty())
     a.server.model_name = std::filesystem::path(a.model.target).lexically_normal().filename();
@@ -85,7 +86,8 @@ void run_serve(ServeArgs& a) {
   eo.spec_policy = a.serving.spec_policy;
   eo.spec_max_batch = a.serving.spec_max_batch;
   // On a GPU a cached entry holds a sequence lane as well as its KV blocks: opt-in there.
-  eo.prefix_cache_mb = eo.device == "cpu" || a.prefix_cache_given ? a.serving.prefix_cache_mb : 0;
+  eo.prefix_cache_mb =
+      eo.device == "cpu" || a.given(a.prefix_cache_opt) ? a.serving.prefix_cache_mb : 0;
   Engine engine(eo);
   const bool drafter = engine.block_size() > 0;
   server::Server srv(engine, text ? &*text : nullptr, a.server);
@@ -150,30 +152,23 @@ void register_cmd(CLI::App& app) {
   sub->add_option("--max-context", q.max_context,
                   "prompt + max_tokens limit (default: the target's max_position_embeddings)")
       ->check(CLI::Range(int64_t(1), int64_t(INT32_MAX)));
-  sub->add_option_function<size_t>(
-         "--prefix-cache-mb",
-         [args](size_t n) {
-           args->serving.prefix_cache_mb = n;
-           args->prefix_cache_given = true;
-         },
-         "memory for finished sequences' KV caches, reused by requests that share their prefix "
-         "(default 1024 on the CPU; on a GPU off unless given, as each entry also holds one of "
-         "its sequence lanes; 0: off)")
-      ->check(CLI::Range(size_t(0), size_t(1) << 20));
+  args->prefix_cache_opt =
+      sub->add_option(
+             "--prefix-cache-mb", q.prefix_cache_mb,
+             "memory for finished sequences' KV caches, reused by requests that share their prefix "
+             "(default 1024 on the CPU; on a GPU off unless given, as each entry also holds one of "
+             "its sequence lanes; 0: off)")
+          ->check(CLI::Range(size_t(0), size_t(1) << 20));
   sub->add_option("--spec-policy", args->spec_policy,
                   "when rounds speculate: adaptive (measure tokens/s of speculative and plain "
                   "rounds per batch size, pick the faster; default), always, never, or batch "
                   "(while running sequences <= --spec-max-batch)")
       ->check(CLI::IsMember({"adaptive", "always", "never", "batch"}));
-  sub->add_option_function<int>(
-         "--spec-max-batch",
-         [args](int n) {
-           args->serving.spec_max_batch = n;
-           args->spec_max_batch_given = true;
-         },
-         "with --spec-policy batch (implied when given alone): speculate only in rounds with at "
-         "most this many running sequences (default 4; 0: always)")
-      ->check(CLI::Range(0, 1024));
+  args->spec_max_batch_opt =
+      sub->add_option("--spec-max-batch", q.spec_max_batch,
+                      "with --spec-policy batch (implied when given alone): speculate only in "
+                      "rounds with at most this many running sequences (default 4; 0: always)")
+          ->check(CLI::Range(0, 1024));
   // Read as a signed number: as size_t, "-1" would convert to 2^64 - 1.
   sub->add_option_function<int64_t>(
          "--max-body-bytes", [args](int64_t n) { args->server.max_body_bytes = size_t(n); },

@@ -141,23 +141,21 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
 
 EngineOptions ModelOptions::engine_options(int64_t sampled_vocab) const {
   // --steps against the drafter's kind: checked where the drafter loads (models/drafter.h).
-  EngineOptions o;
-  o.target = target;
-  o.draft = draft;
-  o.device = device;
-  o.steps = steps;
-  o.weights = weights;
-  o.compute = compute;
-  o.draft_tree = draft_tree;
-  o.draft_cut = draft_cut;
-  o.ngram_min = ngram_min;
-  o.ngram_max = ngram_max;
-  o.ngram_block = ngram_block;
-  o.hybrid_ngram = hybrid_ngram;
-  o.draft_window = draft_window;
-  o.sampled_vocab = sampled_vocab;
-  o.threads = threads;
-  return o;
+  return {.target = target,
+          .draft = draft,
+          .device = device,
+          .steps = steps,
+          .draft_tree = draft_tree,
+          .draft_cut = draft_cut,
+          .ngram_min = ngram_min,
+          .ngram_max = ngram_max,
+          .ngram_block = ngram_block,
+          .hybrid_ngram = hybrid_ngram,
+          .draft_window = draft_window,
+          .weights = weights,
+          .compute = compute,
+          .sampled_vocab = sampled_vocab,
+          .threads = threads};
 }
 
 uint64_t SamplingOptions::resolved_seed() const {

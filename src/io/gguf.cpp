@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -22,47 +23,23 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 
-// GGUF's metadata value types.
-enum : uint32_t {
-  kU8 = 0,
-  kI8,
-  kU16,
-  kI16,
-  kU32,
-  kI32,
-  kF32,
-  kBool,
-  kString,
-  kArray,
-  kU64,
-  kI64,
-  kF64,
+// GGUF's metadata value types, by their code: how each is stored, and the fewest bytes one takes
+// (a string: its 8-byte length; an array: its element type and 8-byte count).
+enum class Kind : uint8_t { Unsigned, Signed, Float, Bool, String, Array };
+struct ValueType {
+  Kind kind;
+  uint8_t bytes;
+};
+constexpr ValueType kValueTypes[] = {
+    {Kind::Unsigned, 1}, {Kind::Signed, 1}, {Kind::Unsigned, 2}, {Kind::Signed, 2},
+    {Kind::Unsigned, 4}, {Kind::Signed, 4}, {Kind::Float, 4},    {Kind::Bool, 1},
+    {Kind::String, 8},   {Kind::Array, 12}, {Kind::Unsigned, 8}, {Kind::Signed, 8},
+    {Kind::Float, 8},
 };
 
-// The least bytes an element of each value type takes (a string: its 8-byte length).
+// 0 for a code that is not a value type.
 uint64_t min_size(uint32_t type) {
-  switch (type) {
-    case kU8:
-    case kI8:
-    case kBool:
-      return 1;
-    case kU16:
-    case kI16:
-      return 2;
-    case kU32:
-    case kI32:
-    case kF32:
-      return 4;
-    case kU64:
-    case kI64:
-    case kF64:
-    case kString:
-      return 8;
-    case kArray:
-      return 12;
-    default:
-      return 0;
-  }
+  return type < std::size(kValueTypes) ? kValueTypes[type].bytes : 0;
 }
 
 // Reads from a mapped file, every read checked against its size first.
@@ -85,6 +62,14 @@ struct Reader {
     pos += sizeof(T);
     return v;
   }
+  // An n-byte little-endian number's bits (n <= 8).
+  uint64_t bits(int n, const std::string& what) {
+    need(uint64_t(n), what);
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[pos + uint64_t(i)];
+    pos += uint64_t(n);
+    return v;
+  }
   std::string str(const std::string& what) {
     const uint64_t n = get<uint64_t>(what + "'s length");
     need(n, what);
@@ -95,49 +80,34 @@ struct Reader {
 };
 
 GgufValue read_value(Reader& r, uint32_t type, const std::string& what, int depth) {
+  FLASHMAP_CHECK(min_size(type) > 0, "{}: {} has unknown value type {}", r.path, what, type);
+  const ValueType t = kValueTypes[type];
   GgufValue v;
   v.type = type;
-  switch (type) {
-    case kU8:
-      v.v = uint64_t(r.get<uint8_t>(what));
+  switch (t.kind) {
+    case Kind::Unsigned:
+      v.v = r.bits(t.bytes, what);
       break;
-    case kI8:
-      v.v = int64_t(r.get<int8_t>(what));
+    case Kind::Signed: {
+      const int unused = 64 - 8 * t.bytes;  // sign-extends from the value's top bit
+      v.v = int64_t(r.bits(t.bytes, what) << unused) >> unused;
       break;
-    case kU16:
-      v.v = uint64_t(r.get<uint16_t>(what));
+    }
+    case Kind::Float: {
+      const uint64_t b = r.bits(t.bytes, what);
+      v.v = t.bytes == 4 ? double(std::bit_cast<float>(uint32_t(b))) : std::bit_cast<double>(b);
       break;
-    case kI16:
-      v.v = int64_t(r.get<int16_t>(what));
-      break;
-    case kU32:
-      v.v = uint64_t(r.get<uint32_t>(what));
-      break;
-    case kI32:
-      v.v = int64_t(r.get<int32_t>(what));
-      break;
-    case kU64:
-      v.v = r.get<uint64_t>(what);
-      break;
-    case kI64:
-      v.v = r.get<int64_t>(what);
-      break;
-    case kF32:
-      v.v = double(r.get<float>(what));
-      break;
-    case kF64:
-      v.v = r.get<double>(what);
-      break;
-    case kBool: {
-      const uint8_t b = r.get<uint8_t>(what);
+    }
+    case Kind::Bool: {
+      const uint64_t b = r.bits(1, what);
       FLASHMAP_CHECK(b <= 1, "{}: {} is a bool of value {}", r.path, what, b);
       v.v = b != 0;
       break;
     }
-    case kString:
+    case Kind::String:
       v.v = r.str(what);
       break;
-    case kArray: {
+    case Kind::Array: {
       FLASHMAP_CHECK(depth < GgufFile::kMaxArrayDepth, "{}: {} nests arrays deeper than {}", r.path,
                      what, GgufFile::kMaxArrayDepth);
       const uint32_t elem = r.get<uint32_t>(what + "'s element type");
@@ -156,8 +126,6 @@ GgufValue read_value(Reader& r, uint32_t type, const std::string& what, int dept
       v.v = std::move(items);
       break;
     }
-    default:
-      FLASHMAP_CHECK(false, "{}: {} has unknown value type {}", r.path, what, type);
   }
   return v;
 }
@@ -264,6 +232,18 @@ void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
 
 }  // namespace
 
+// The 32 five-bit codes of a Q5_0 or Q5_1 block (low nibbles in qs, fifth bits in the 32-bit qh):
+// f(i, code) for element i.
+template <class F>
+void five_bit_codes(const uint8_t* qh_bytes, const uint8_t* qs, F&& f) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  for (int j = 0; j < 16; ++j) {
+    f(j, int((qs[j] & 0x0F) | (((qh >> j) << 4) & 0x10)));
+    f(j + 16, int((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)));
+  }
+}
+
 void dequantize_row(GgmlType type, const uint8_t* src, float* y, int64_t n) {
   const int64_t QK = ggml_block_elems(type), bytes = ggml_block_bytes(type);
   FLASHMAP_ASSERT(QK > 0 && n % QK == 0);
@@ -308,28 +288,12 @@ void dequantize_row(GgmlType type, const uint8_t* src, float* y, int64_t n) {
       }
       case GgmlType::Q5_0: {
         const float d = half(x);
-        uint32_t qh;
-        std::memcpy(&qh, x + 2, 4);
-        const uint8_t* qs = x + 6;
-        for (int j = 0; j < 16; ++j) {
-          const uint8_t xh0 = uint8_t(((qh >> j) << 4) & 0x10);
-          const uint8_t xh1 = uint8_t((qh >> (j + 12)) & 0x10);
-          y[j] = float(int((qs[j] & 0x0F) | xh0) - 16) * d;
-          y[j + 16] = float(int((qs[j] >> 4) | xh1) - 16) * d;
-        }
+        five_bit_codes(x + 2, x + 6, [&](int i, int q) { y[i] = float(q - 16) * d; });
         break;
       }
       case GgmlType::Q5_1: {
         const float d = half(x), m = half(x + 2);
-        uint32_t qh;
-        std::memcpy(&qh, x + 4, 4);
-        const uint8_t* qs = x + 8;
-        for (int j = 0; j < 16; ++j) {
-          const uint8_t xh0 = uint8_t(((qh >> j) << 4) & 0x10);
-          const uint8_t xh1 = uint8_t((qh >> (j + 12)) & 0x10);
-          y[j] = float((qs[j] & 0x0F) | xh0) * d + m;
-          y[j + 16] = float((qs[j] >> 4) | xh1) * d + m;
-        }
+        five_bit_codes(x + 4, x + 8, [&](int i, int q) { y[i] = float(q) * d + m; });
         break;
       }
       case GgmlType::Q4_K: {

@@ -21,17 +21,13 @@
 #include <vector>
 
 #include "ops/ops.h"
+#include "ops/vec16.h"
 
 namespace flashmap {
 namespace ops {
 namespace {
 
-// 16 fp32 lanes; GCC lowers this to one AVX-512 register, two AVX2 ones, or scalar code.
-typedef float v16f __attribute__((vector_size(64)));
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
 typedef int32_t v16i __attribute__((vector_size(64)));
-constexpr int kLanes = 16;
 
 inline v16f load(const float* p) {
   v16f v;
@@ -52,17 +48,6 @@ inline void pin(v16f& v) {
 #else
   (void)v;
 #endif
-}
-
-// A fixed pairwise tree (lane i + lane i+8, then +4, +2, +1): every score reduces its lanes in the
-// same order.
-inline float hsum(v16f v) {
-  const v8f s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v4f s4 =
-      __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
-  const float a = s4[0] + s4[2], b = s4[1] + s4[3];
-  return a + b;
 }
 
 // hsum() of 4·QB vectors (query b, key r at index 4b + r) at once: each level of hsum's tree

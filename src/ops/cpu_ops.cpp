@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "io/safetensors.h"
 #include "ops/ops.h"
+#include "ops/vec16.h"
 
 namespace flashmap {
 
@@ -50,12 +51,9 @@ void Weight::row_f32(int64_t r, float* out) const {
 namespace ops {
 namespace {
 
-// 16 fp32 lanes; GCC lowers this to one AVX-512 register, two AVX2 ones, or scalar code.
-typedef float v16f __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef _Float16 v16x __attribute__((vector_size(32)));
-constexpr int kLanes = 16;
 
 template <DType D>
 inline v16f load16(const void* base, int64_t i) {
@@ -95,20 +93,6 @@ inline v16f load_tail(const void* base, int64_t i, int64_t n) {
     std::memcpy(buf, static_cast<const uint16_t*>(base) + i, size_t(n) * 2);
     return load16<D>(buf, 0);
   }
-}
-
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
-
-inline float hsum(v16f v) {
-  // A fixed pairwise tree (lane i + lane i+8, then +4, +2, +1), so every dot product reduces its
-  // lanes in the same order; shuffles keep it in registers.
-  const v8f s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v4f s4 =
-      __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
-  const float a = s4[0] + s4[2], b = s4[1] + s4[3];
-  return a + b;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -153,9 +154,11 @@ struct TranslatedRequest {
 GenerationRequest parse_translated_chat(
     const nlohmann::ordered_json& chat, const std::string& served_model,
     const std::vector<std::pair<std::string, std::string>>& names);
-// The top-level keys of `body` that are not in `known`.
+// The top-level keys of `body` that are in neither `passed` (the fields a translated request
+// hands to the chat parser unchanged) nor `own` (the API's own).
 std::vector<std::string> fields_not_in(const nlohmann::ordered_json& body,
-                                       std::initializer_list<std::string_view> known);
+                                       std::span<const std::string_view> passed,
+                                       std::initializer_list<std::string_view> own);
 
 // Most choices (n, best_of) one request may ask for.
 inline constexpr int kMaxChoices = 16;

@@ -48,18 +48,37 @@ bool unsupported_block(const std::string& type) {
                                printable(type, 60), role));
 }
 
-// Text blocks ({"type": "text", "text": ...}) joined with `sep`; `where` names the array.
-std::string text_blocks(const json& blocks, const std::string& where, const char* sep) {
-  std::string text;
+// f(block, its path, its type) for each content block of the array `where` names, each checked
+// to be an object with a type.
+template <class F>
+void each_block(const json& blocks, const std::string& where, F&& f) {
   for (size_t j = 0; j < blocks.size(); ++j) {
     const std::string p = fmt::format("{}[{}]", where, j);
     check_object_at(blocks[j], p);
-    const std::string type = *get_string_at(blocks[j], "type", p, true);
-    if (type != "text") bad_block(p, type, "text-only");
-    if (j > 0) text += sep;
-    text += *get_string_at(blocks[j], "text", p, true);
+    f(blocks[j], p, *get_string_at(blocks[j], "type", p, true));
   }
-  return text;
+}
+
+// Texts joined with a separator, and whether there was any.
+struct Joined {
+  const char* sep = "\n";
+  std::string text;
+  bool any = false;
+  void add(const std::string& t) {
+    if (any) text += sep;
+    text += t;
+    any = true;
+  }
+};
+
+// Text blocks ({"type": "text", "text": ...}) joined with `sep`; `where` names the array.
+std::string text_blocks(const json& blocks, const std::string& where, const char* sep) {
+  Joined text{.sep = sep, .text = {}, .any = false};
+  each_block(blocks, where, [&](const json& b, const std::string& p, const std::string& type) {
+    if (type != "text") bad_block(p, type, "text-only");
+    text.add(*get_string_at(b, "text", p, true));
+  });
+  return text.text;
 }
 
 class MessagesReader {
@@ -101,24 +120,17 @@ class MessagesReader {
   }
 
   void user(const json& blocks, const std::string& where) {
-    std::string text;
-    bool has_text = false;
-    for (size_t j = 0; j < blocks.size(); ++j) {
-      const std::string p = fmt::format("{}[{}]", where, j);
-      check_object_at(blocks[j], p);
-      const std::string type = *get_string_at(blocks[j], "type", p, true);
-      if (type == "text") {
-        if (has_text) text += '\n';
-        text += *get_string_at(blocks[j], "text", p, true);
-        has_text = true;
-      } else if (type == "tool_result") {
-        tool_result(blocks[j], p);
-      } else {
+    Joined text;
+    each_block(blocks, where, [&](const json& b, const std::string& p, const std::string& type) {
+      if (type == "text")
+        text.add(*get_string_at(b, "text", p, true));
+      else if (type == "tool_result")
+        tool_result(b, p);
+      else
         bad_block(p, type, "user");
-      }
-    }
+    });
     // The tool results (already added) answer the calls; the user's text comes after them.
-    if (has_text) messages.push_back({{"role", "user"}, {"content", std::move(text)}});
+    if (text.any) messages.push_back({{"role", "user"}, {"content", std::move(text.text)}});
   }
 
   void tool_result(const json& b, const std::string& p) {
@@ -144,25 +156,20 @@ class MessagesReader {
 
   void assistant(const json& blocks, const std::string& where, bool last) {
     json m = {{"role", "assistant"}, {"content", ""}};
-    std::string text, reasoning;
-    bool has_text = false;
-    for (size_t j = 0; j < blocks.size(); ++j) {
-      const std::string p = fmt::format("{}[{}]", where, j);
-      check_object_at(blocks[j], p);
-      const std::string type = *get_string_at(blocks[j], "type", p, true);
+    Joined text;
+    std::string reasoning;
+    each_block(blocks, where, [&](const json& b, const std::string& p, const std::string& type) {
       if (type == "text") {
-        if (has_text) text += '\n';
-        text += *get_string_at(blocks[j], "text", p, true);
-        has_text = true;
+        text.add(*get_string_at(b, "text", p, true));
       } else if (type == "thinking") {
-        reasoning += *get_string_at(blocks[j], "thinking", p, true);
-        get_string_at(blocks[j], "signature", p);
+        reasoning += *get_string_at(b, "thinking", p, true);
+        get_string_at(b, "signature", p);
       } else if (type == "redacted_thinking") {
         // Encrypted by another provider: nothing this model can read.
       } else if (type == "tool_use") {
-        const std::string id = *get_string_at(blocks[j], "id", p, true);
-        const std::string name = *get_string_at(blocks[j], "name", p, true);
-        const json* input = field(blocks[j], "input");
+        const std::string id = *get_string_at(b, "id", p, true);
+        const std::string name = *get_string_at(b, "name", p, true);
+        const json* input = field(b, "input");
         if (!input)
           bad(p + ".input", fmt::format("'{}.input' is required", p), "missing_required_parameter");
         check_object_at(*input, p + ".input");
@@ -174,8 +181,8 @@ class MessagesReader {
       } else {
         bad_block(p, type, "assistant");
       }
-    }
-    m["content"] = std::move(text);
+    });
+    m["content"] = std::move(text.text);
     if (!reasoning.empty()) m["reasoning_content"] = std::move(reasoning);
     if (last && m.contains("tool_calls"))
       bad(where,
@@ -338,38 +345,12 @@ TranslatedRequest parse_messages_request(const json& body, const std::string& se
     t.g.chat_request["add_generation_prompt"] = false;
     t.g.chat_request["continue_final_message"] = true;
   }
-  t.unknown = fields_not_in(body, {"model",
-                                   "messages",
-                                   "system",
-                                   "max_tokens",
-                                   "stop_sequences",
-                                   "temperature",
-                                   "top_p",
-                                   "top_k",
-                                   "stream",
-                                   "tools",
-                                   "tool_choice",
-                                   "thinking",
-                                   "metadata",
-                                   "output_config",
-                                   "service_tier",
-                                   "speed",
-                                   "inference_geo",
-                                   "user_profile_id",
-                                   "workspace_id",
-                                   "cache_control",
-                                   "container",
-                                   "diagnostics",
-                                   "mcp_servers",
-                                   "seed",
-                                   "min_p",
-                                   "repetition_penalty",
-                                   "presence_penalty",
-                                   "frequency_penalty",
-                                   "speculative",
-                                   "logit_bias",
-                                   "min_tokens",
-                                   "chat_template_kwargs"});
+  t.unknown = fields_not_in(
+      body, kPassed,
+      {"model",         "messages",    "system",        "max_tokens",      "stop_sequences",
+       "tools",         "tool_choice", "thinking",      "metadata",        "output_config",
+       "service_tier",  "speed",       "inference_geo", "user_profile_id", "workspace_id",
+       "cache_control", "container",   "diagnostics",   "mcp_servers",     "chat_template_kwargs"});
   return t;
 }
 

@@ -521,12 +521,14 @@ GenerationRequest parse_translated_chat(
   }
 }
 
-std::vector<std::string> fields_not_in(const json& body,
-                                       std::initializer_list<std::string_view> known) {
+std::vector<std::string> fields_not_in(const json& body, std::span<const std::string_view> passed,
+                                       std::initializer_list<std::string_view> own) {
   std::vector<std::string> out;
   if (!body.is_object()) return out;
   for (auto it = body.begin(); it != body.end(); ++it)
-    if (std::find(known.begin(), known.end(), it.key()) == known.end()) out.push_back(it.key());
+    if (std::find(passed.begin(), passed.end(), it.key()) == passed.end() &&
+        std::find(own.begin(), own.end(), it.key()) == own.end())
+      out.push_back(it.key());
   return out;
 }
 
