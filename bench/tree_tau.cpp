@@ -32,9 +32,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/generate.h"
 #include "core/rng.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "specdec/tree.h"

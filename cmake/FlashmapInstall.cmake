@@ -18,7 +18,7 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/flashmap DESTINATION ${CMAKE_INS
 
 # Static libraries: a consumer links flashmap::engine and, through its link interface, every
 # layer below it, so all of them are installed and exported (as flashmap::<layer>).
-set(FLASHMAP_EXPORTED core paged io ops models specdec cpu engine text)
+set(FLASHMAP_EXPORTED core paged io ops models specdec backend cpu engine text)
 if(FLASHMAP_WITH_CUDA)
   list(APPEND FLASHMAP_EXPORTED cuda)
 endif()

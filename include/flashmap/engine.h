@@ -30,7 +30,7 @@
 namespace flashmap {
 
 namespace engine {
-class Backend;  // src/engine/backend.h
+class Backend;  // src/backend/backend.h
 }
 
 using Clock = std::chrono::steady_clock;

@@ -15,13 +15,13 @@
 #include <optional>
 #include <thread>
 
+#include "bench/generate.h"
 #include "bench/timing.h"
 #include "core/check.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "cpu/backend.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "io/hf_config.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"

@@ -8,11 +8,11 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "bench/generate.h"
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "core/check.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "io/files.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"

@@ -1,12 +1,13 @@
-// The round loop's view of a grammar (specdec/controls.h: TokenConstraint): a Matcher per
+// The round loop's view of a grammar (flashmap/request.h: TokenConstraint): a Matcher per
 // sequence, made by the factory that a request's LogitControls::constraint holds.
 #pragma once
+
+#include <flashmap/request.h>  // TokenConstraint
 
 #include <functional>
 #include <memory>
 
 #include "constrain/constrain.h"
-#include "specdec/controls.h"
 
 namespace flashmap::constrain {
 

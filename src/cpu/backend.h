@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "cpu/proposers.h"
-#include "engine/backend.h"
 #include "models/qwen3.h"
 
 namespace flashmap::cpu {

@@ -1,4 +1,4 @@
-// The CUDA backend of the engine (src/engine/backend.h): the target (cuda::Qwen3Model, one KV
+// The CUDA backend of the engine (src/backend/backend.h): the target (cuda::Qwen3Model, one KV
 // cache per sequence), a block proposer on the device (proposers.h: the FlashMap or DFlash
 // drafter, or a scripted one in tests) and acceptance by the device sampler (cuda::Sampler),
 // all on one stream. A round's tokens stay on the device: the proposer writes each sequence's
@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 namespace flashmap::cuda {
 

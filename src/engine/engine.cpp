@@ -166,7 +166,7 @@ Engine::Engine(std::unique_ptr<Backend> backend, EngineOptions options)
   FLASHMAP_CHECK(options_.max_queue >= 0, "max_queue must be >= 0, got {}", options_.max_queue);
   impl_->backend = std::move(backend);
   const engine::BackendInfo& info = impl_->backend->info();
-  // What the options ask of the backend, checked once here (engine/backend.h Capabilities).
+  // What the options ask of the backend, checked once here (backend/backend.h Capabilities).
   FLASHMAP_CHECK(options_.prefix_cache_mb == 0 || info.caps.fork,
                  "--prefix-cache-mb {}: the prefix cache needs a backend that copies a "
                  "sequence's prefix, which {} does not (use 0)",

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 namespace flashmap::engine {
 

@@ -15,7 +15,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 namespace flashmap::engine {
 

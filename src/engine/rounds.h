@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 #include "engine/draft_cut.h"
 #include "engine/prefix_cache.h"
 #include "engine/spec_policy.h"

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../specdec/letters.h"
+#include "bench/generate.h"
 #include "constrain/constrain.h"
 #include "constrain/token_constraint.h"
 #include "core/check.h"
@@ -28,7 +29,6 @@
 #include "cuda/flashmap_cuda.h"
 #include "cuda/proposers.h"
 #include "cuda/qwen3_cuda.h"
-#include "engine/generate.h"
 #include "engine/rounds.h"
 #include "gpu_test.h"
 #include "models/dflash.h"

@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "../specdec/random_models.h"
+#include "bench/generate.h"
 #include "cpu/backend.h"
-#include "engine/generate.h"
 #include "engine/rounds.h"
 #include "faulty_backend.h"
 #include "models/flashmap.h"

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/generate.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "models/dflash.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"

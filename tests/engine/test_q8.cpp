@@ -10,9 +10,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "bench/generate.h"
 #include "core/check.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "weight_format_checks.h"

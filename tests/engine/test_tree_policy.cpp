@@ -10,10 +10,10 @@
 #include <numeric>
 #include <random>
 
+#include "bench/generate.h"
 #include "core/check.h"
 #include "cpu/backend.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "engine/tree_policy.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"

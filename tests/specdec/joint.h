@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/generate.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "models/qwen3.h"
 #include "specdec/sampling.h"
 #include "stats.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/generate.h"
+#include "bench/generate.h"
 #include "models/qwen3.h"
 
 namespace flashmap::testing {

@@ -12,9 +12,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "bench/generate.h"
 #include "core/check.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "joint.h"
 #include "models/dflash.h"
 #include "models/flashmap.h"

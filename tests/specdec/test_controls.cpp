@@ -14,11 +14,11 @@
 #include <regex>
 #include <set>
 
+#include "bench/generate.h"
 #include "constrain/constrain.h"
 #include "constrain/token_constraint.h"
 #include "core/check.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "joint.h"
 #include "letters.h"
 #include "models/flashmap.h"

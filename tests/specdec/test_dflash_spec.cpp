@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "bench/generate.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "io/safetensors.h"
 #include "joint.h"
 #include "models/dflash.h"

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/generate.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "joint.h"
 #include "models/dflash.h"
 #include "models/flashmap.h"

@@ -6,9 +6,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "bench/generate.h"
 #include "cpu/backend.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "error_of.h"
 #include "models/dflash.h"
 #include "models/flashmap.h"

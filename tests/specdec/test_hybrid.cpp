@@ -11,9 +11,9 @@
 #include <algorithm>
 #include <chrono>
 
+#include "bench/generate.h"
 #include "cpu/backend.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "engine/tree_policy.h"
 #include "error_of.h"
 #include "joint.h"

@@ -11,10 +11,10 @@
 #include <chrono>
 #include <random>
 
+#include "bench/generate.h"
 #include "core/check.h"
 #include "cpu/backend.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "error_of.h"
 #include "joint.h"
 #include "models/qwen3.h"

@@ -6,9 +6,9 @@
 
 #include <map>
 
+#include "bench/generate.h"
 #include "core/check.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "joint.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"

@@ -16,9 +16,9 @@
 #include <random>
 #include <set>
 
+#include "bench/generate.h"
 #include "core/check.h"
 #include "cpu/proposers.h"
-#include "engine/generate.h"
 #include "joint.h"
 #include "models/dflash.h"
 #include "models/flashmap.h"

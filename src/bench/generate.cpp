@@ -1,4 +1,4 @@
-#include "engine/generate.h"
+#include "bench/generate.h"
 
 #include <memory>
 
