@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
     const int64_t P = int64_t(prompts[pi].size()), L = int64_t(S.size());
     for (size_t ci = 0; ci < configs.size(); ++ci) {
       const Config& cfg = configs[ci];
-      DraftContext ctx = model.new_context();
+      FlashMapContext ctx = model.new_context();
       model.extend_context(ctx, out.features.data(), P);
       int64_t c = P;  // the anchor's position: S[c] is the target's token after the prompt
       double rounds = 0, tokens = 0, nodes = 0;

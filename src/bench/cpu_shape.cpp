@@ -219,7 +219,7 @@ json time_drafter(const FlashMapModel& draft, const Qwen3Config& tc, const CpuSh
     Rng rng(11);
     for (auto& x : features) x = float(int32_t(uint32_t(rng.next() >> 32))) / 2147483648.0f;
   }
-  DraftContext ctx = draft.new_context();
+  FlashMapContext ctx = draft.new_context();
   auto t0 = Clock::now();
   draft.extend_context(ctx, features.data(), a.context);
   const double context_ms = 1000 * seconds_since(t0);
@@ -259,7 +259,7 @@ json time_drafter(const FlashMapModel& draft, const Qwen3Config& tc, const CpuSh
   // so every repetition starts from the same length).
   j["commit_ms"] = ms_of(
       [&] {
-        DraftContext c2 = draft.fork_context(ctx, ctx.length);
+        FlashMapContext c2 = draft.fork_context(ctx, ctx.length);
         draft.extend_context(c2, features.data() + a.context * F, K + 1);
       },
       a.reps);

@@ -126,7 +126,7 @@ void run_parity_checked(const std::string& dir) {
   report.floats("noise_factor", ref.get("noise_factor"), drafter.noise_factor());
 
   auto draft_with = [&](FlashMapModel::Noise noise, int steps) {
-    DraftContext ctx = drafter.new_context();
+    FlashMapContext ctx = drafter.new_context();
     drafter.extend_context(ctx, features.data(), P - 1);
     std::vector<float> logits(size_t(K * V));
     FlashMapModel::Request req{&ctx, prompt.back(), noise};

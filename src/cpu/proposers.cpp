@@ -97,19 +97,19 @@ DraftState FlashMapProposer::begin() const {
 
 void FlashMapProposer::commit(DraftState& state, const float* features, int64_t n,
                               std::span<const int32_t>) const {
-  model_.extend_context(std::get<DraftContext>(state), features, n);
+  model_.extend_context(std::get<FlashMapContext>(state), features, n);
 }
 
 std::optional<DraftState> FlashMapProposer::fork(const DraftState& from, int64_t length) const {
-  return model_.fork_context(std::get<DraftContext>(from), length);
+  return model_.fork_context(std::get<FlashMapContext>(from), length);
 }
 
 int64_t FlashMapProposer::context_length(const DraftState& state) const {
-  return std::get<DraftContext>(state).length;
+  return std::get<FlashMapContext>(state).length;
 }
 
 size_t FlashMapProposer::bytes(const DraftState& state) const {
-  const auto& ctx = std::get<DraftContext>(state);
+  const auto& ctx = std::get<FlashMapContext>(state);
   size_t b = 0;
   for (size_t l = 0; l < ctx.k.size(); ++l)
     b += (ctx.k[l].capacity() + ctx.v[l].capacity()) * sizeof(float);
@@ -126,7 +126,7 @@ void FlashMapProposer::propose(std::span<const Seq> batch) const {
     first.push_back(reqs.size());
     const int draws = s.tree.active() ? std::max(1, s.tree.paths) : 1;
     for (int j = 0; j < draws; ++j)
-      reqs.push_back({&std::get<DraftContext>(*s.state),
+      reqs.push_back({&std::get<FlashMapContext>(*s.state),
                       s.anchor,
                       {FlashMapModel::Noise::Draw, nullptr, &s.sampler->rng}});
   }

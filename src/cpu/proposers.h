@@ -37,7 +37,7 @@ struct HybridContext;
 
 // One sequence's drafting context, of the proposer's kind.
 using DraftState =
-    std::variant<DraftContext, DFlashContext, ScriptContext, NgramContext, HybridContext>;
+    std::variant<FlashMapContext, DFlashContext, ScriptContext, NgramContext, HybridContext>;
 
 // The hybrid proposer's context: its drafter's and its lookup index's, each a DraftState.
 struct HybridContext {

@@ -33,9 +33,10 @@ std::vector<float> sinusoid(const FlashMapConfig& c, double time) {
 
 }  // namespace
 
-// --- DeviceDraftContext ------------------------------------------------------------------------
+// --- FlashMapDeviceContext
+// ------------------------------------------------------------------------
 
-DeviceDraftContext::DeviceDraftContext(DeviceDraftContext&& o) noexcept
+FlashMapDeviceContext::FlashMapDeviceContext(FlashMapDeviceContext&& o) noexcept
     : k_(std::move(o.k_)),
       v_(std::move(o.v_)),
       d_length_(std::move(o.d_length_)),
@@ -44,7 +45,7 @@ DeviceDraftContext::DeviceDraftContext(DeviceDraftContext&& o) noexcept
       owner_(std::exchange(o.owner_, nullptr)),
       graphs_(std::move(o.graphs_)) {}
 
-DeviceDraftContext& DeviceDraftContext::operator=(DeviceDraftContext&& o) noexcept {
+FlashMapDeviceContext& FlashMapDeviceContext::operator=(FlashMapDeviceContext&& o) noexcept {
   if (this != &o) {
     graphs_.clear();  // before the buffers they use go
     k_ = std::move(o.k_);
@@ -58,7 +59,7 @@ DeviceDraftContext& DeviceDraftContext::operator=(DeviceDraftContext&& o) noexce
   return *this;
 }
 
-DeviceDraftContext::~DeviceDraftContext() = default;
+FlashMapDeviceContext::~FlashMapDeviceContext() = default;
 
 // --- FlashMapModel: construction ---------------------------------------------------------------
 
@@ -345,10 +346,10 @@ const float* FlashMapModel::modulations(double s, double t) {
 
 // --- contexts -----------------------------------------------------------------------------------
 
-DeviceDraftContext FlashMapModel::new_context(int64_t max_positions) const {
+FlashMapDeviceContext FlashMapModel::new_context(int64_t max_positions) const {
   FLASHMAP_CHECK(max_positions >= 1, "new_context: max_positions must be at least 1, got {}",
                  max_positions);
-  DeviceDraftContext ctx;
+  FlashMapDeviceContext ctx;
   ctx.owner_ = this;
   ctx.capacity_ = max_positions;
   const size_t n = size_t(max_positions) * size_t(config_.hidden_size);
@@ -366,7 +367,7 @@ DeviceDraftContext FlashMapModel::new_context(int64_t max_positions) const {
   return ctx;
 }
 
-void FlashMapModel::reset(DeviceDraftContext& ctx) const {
+void FlashMapModel::reset(FlashMapDeviceContext& ctx) const {
   FLASHMAP_CHECK(ctx.owner_ == this, "reset: the context belongs to another drafter");
   ctx.length_ = 0;
   drafter::set_value(ctx.d_length_.data(), int64_t(0), gpu_.stream());
@@ -374,7 +375,7 @@ void FlashMapModel::reset(DeviceDraftContext& ctx) const {
 
 // flashmap::FlashMapModel::extend_context: context = hidden_norm(fc(features)), then each layer's
 // cross-attention keys and values at positions [start, start + n).
-void FlashMapModel::extend_context(DeviceDraftContext& ctx, const float* d_features, int64_t n) {
+void FlashMapModel::extend_context(FlashMapDeviceContext& ctx, const float* d_features, int64_t n) {
   FLASHMAP_CHECK(ctx.owner_ == this, "extend_context: the context belongs to another drafter");
   FLASHMAP_CHECK(n >= 0, "extend_context: negative count {}", n);
   if (n == 0) return;
@@ -412,11 +413,11 @@ void FlashMapModel::extend_context(DeviceDraftContext& ctx, const float* d_featu
 
 // --- paged contexts -----------------------------------------------------------------------------
 
-PagedDraftContext::~PagedDraftContext() {
+PagedFlashMapContext::~PagedFlashMapContext() {
   if (owner_) owner_->forget(this);
 }
 
-void FlashMapModel::forget(const PagedDraftContext* pool) {
+void FlashMapModel::forget(const PagedFlashMapContext* pool) {
   // Graphs replaying into a pool that is going away (a later pool may get its address).
   cudaStreamSynchronize(gpu_.stream());
   batch_graphs_.erase_if([&](const BatchKey& k) { return std::get<2>(k) == pool; });
@@ -431,7 +432,8 @@ int64_t FlashMapModel::paged_block_bytes(int32_t block_tokens) const {
   return 2 * int64_t(config_.num_hidden_layers) * block_tokens * config_.hidden_size * 2;
 }
 
-std::unique_ptr<PagedDraftContext> FlashMapModel::new_paged(int32_t blocks, int32_t block_tokens) {
+std::unique_ptr<PagedFlashMapContext> FlashMapModel::new_paged(int32_t blocks,
+                                                               int32_t block_tokens) {
   FLASHMAP_CHECK(blocks >= 1 && block_tokens >= 1,
                  "new_paged: {} blocks of {} positions: both must be at least 1", blocks,
                  block_tokens);
@@ -439,7 +441,7 @@ std::unique_ptr<PagedDraftContext> FlashMapModel::new_paged(int32_t blocks, int3
                  "new_paged: the paged cross-attention needs a head_dim that is a multiple of 8 "
                  "and at most 128; this drafter's is {}",
                  config_.head_dim());
-  std::unique_ptr<PagedDraftContext> pool(new PagedDraftContext());
+  std::unique_ptr<PagedFlashMapContext> pool(new PagedFlashMapContext());
   const size_t n = size_t(blocks) * size_t(block_tokens) * size_t(config_.hidden_size);
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     pool->k_.emplace_back(n);
@@ -451,7 +453,7 @@ std::unique_ptr<PagedDraftContext> FlashMapModel::new_paged(int32_t blocks, int3
   return pool;
 }
 
-void FlashMapModel::copy_blocks(PagedDraftContext& pool, const int32_t* d_copies, int n) {
+void FlashMapModel::copy_blocks(PagedFlashMapContext& pool, const int32_t* d_copies, int n) {
   FLASHMAP_CHECK(pool.owner_ == this, "copy_blocks: the pool belongs to another drafter");
   if (n <= 0) return;
   // One launch per layer buffer: the pool's buffers are separate allocations.
@@ -464,7 +466,7 @@ void FlashMapModel::copy_blocks(PagedDraftContext& pool, const int32_t* d_copies
 
 // extend_context's math for rows of many sequences: the rows are gathered from the forward's
 // features, keyed at their own positions and stored at their slots.
-void FlashMapModel::commit_paged(PagedDraftContext& pool, const float* d_features,
+void FlashMapModel::commit_paged(PagedFlashMapContext& pool, const float* d_features,
                                  const int32_t* d_commit, int64_t n) {
   FLASHMAP_CHECK(pool.owner_ == this, "commit_paged: the pool belongs to another drafter");
   FLASHMAP_CHECK(n >= 0, "commit_paged: negative count {}", n);
@@ -640,7 +642,7 @@ void FlashMapModel::enqueue_draft(const Route& route, const int32_t* d_anchors, 
   }
 }
 
-void FlashMapModel::draft(DeviceDraftContext& ctx, int32_t anchor, int steps, const Noise& noise,
+void FlashMapModel::draft(FlashMapDeviceContext& ctx, int32_t anchor, int steps, const Noise& noise,
                           float* d_logits, Exec exec) {
   FLASHMAP_CHECK(anchor >= 0 && anchor < vocab_,
                  "anchor token {} is outside the vocabulary [0, {})", anchor, vocab_);
@@ -648,7 +650,7 @@ void FlashMapModel::draft(DeviceDraftContext& ctx, int32_t anchor, int steps, co
   draft(ctx, d_anchor_.data(), steps, noise, d_logits, exec);
 }
 
-void FlashMapModel::draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps,
+void FlashMapModel::draft(FlashMapDeviceContext& ctx, const int32_t* d_anchor, int steps,
                           const Noise& noise, float* d_logits, Exec exec) {
   FLASHMAP_CHECK(ctx.owner_ == this, "draft: the context belongs to another drafter");
   FLASHMAP_CHECK(ctx.length_ + 1 <= ctx.capacity_,
@@ -698,7 +700,7 @@ void FlashMapModel::draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int 
     enqueue_draft(route, d_anchor, steps, noise, d_logits);
     return;
   }
-  const DeviceDraftContext::GraphKey key{
+  const FlashMapDeviceContext::GraphKey key{
       steps, int(noise.kind), noise.kind == Noise::Draw ? nullptr : noise.data, d_anchor, d_logits};
   if (ctx.graphs_.replay(key, st, "cudaGraphLaunch (draft)")) return;
   // First use of this key: an eager run is this call's draft and loads every kernel and makes
@@ -729,7 +731,7 @@ void FlashMapModel::reserve_batch(int max_bucket, int steps) {
   batch_state_ = state;
 }
 
-void FlashMapModel::draft_batch(PagedDraftContext& pool, const int32_t* d_image, int bucket,
+void FlashMapModel::draft_batch(PagedFlashMapContext& pool, const int32_t* d_image, int bucket,
                                 const int32_t* d_anchors, const uint64_t* d_rng, int steps,
                                 float* d_logits, Exec exec) {
   FLASHMAP_CHECK(pool.owner_ == this, "draft_batch: the pool belongs to another drafter");

@@ -5,7 +5,7 @@
 //
 // A round of the decoding loop on the device:
 //   FlashMapModel fm(gpu, cpu_drafter, target.embedding(), target.lm_head(), V, H);
-//   DeviceDraftContext ctx = fm.new_context(max_positions);
+//   FlashMapDeviceContext ctx = fm.new_context(max_positions);
 //   fm.extend_context(ctx, d_features, n);          // target features of n verified tokens
 //   fm.draft(ctx, d_anchor, steps, noise, d_logits); // [K, V] logits of the block after the anchor
 // Everything is enqueued on the Context's stream; nothing here synchronizes except uploads at
@@ -41,14 +41,14 @@ class FlashMapModel;
 // tokens; position `length` is the anchor's, written by draft() and overwritten by the next
 // extend_context(). The length lives on the host (for bounds) and on the device (read by the draft
 // kernels, so a captured draft needs no re-capture when the context grows).
-class DeviceDraftContext {
+class FlashMapDeviceContext {
  public:
-  DeviceDraftContext() = default;
-  DeviceDraftContext(DeviceDraftContext&&) noexcept;
-  DeviceDraftContext& operator=(DeviceDraftContext&&) noexcept;
-  DeviceDraftContext(const DeviceDraftContext&) = delete;
-  DeviceDraftContext& operator=(const DeviceDraftContext&) = delete;
-  ~DeviceDraftContext();
+  FlashMapDeviceContext() = default;
+  FlashMapDeviceContext(FlashMapDeviceContext&&) noexcept;
+  FlashMapDeviceContext& operator=(FlashMapDeviceContext&&) noexcept;
+  FlashMapDeviceContext(const FlashMapDeviceContext&) = delete;
+  FlashMapDeviceContext& operator=(const FlashMapDeviceContext&) = delete;
+  ~FlashMapDeviceContext();
 
   int64_t length() const { return length_; }
   // Positions it holds, the anchor's slot included: length() + 1 <= capacity().
@@ -75,17 +75,17 @@ class DeviceDraftContext {
 // of position p), so a sequence's context takes memory as its KV blocks do, not a slab of
 // --max-context positions. bf16, as the reference keeps it in a bf16 model. Made by
 // FlashMapModel::new_paged, which it must not outlive.
-class PagedDraftContext {
+class PagedFlashMapContext {
  public:
-  ~PagedDraftContext();
-  PagedDraftContext(const PagedDraftContext&) = delete;
-  PagedDraftContext& operator=(const PagedDraftContext&) = delete;
+  ~PagedFlashMapContext();
+  PagedFlashMapContext(const PagedFlashMapContext&) = delete;
+  PagedFlashMapContext& operator=(const PagedFlashMapContext&) = delete;
   int32_t blocks() const { return blocks_; }
   int32_t block_tokens() const { return block_tokens_; }
 
  private:
   friend class FlashMapModel;
-  PagedDraftContext() = default;
+  PagedFlashMapContext() = default;
   std::vector<DeviceBuffer<uint16_t>> k_, v_;
   int32_t blocks_ = 0, block_tokens_ = 0;
   FlashMapModel* owner_ = nullptr;
@@ -152,21 +152,21 @@ class FlashMapModel {
   bool has_noise_factor() const { return has_factor_; }
 
   // An empty context for up to `max_positions` positions (verified tokens + the anchor).
-  DeviceDraftContext new_context(int64_t max_positions) const;
+  FlashMapDeviceContext new_context(int64_t max_positions) const;
   // Empties a context for a new sequence (its captured drafts stay valid).
-  void reset(DeviceDraftContext& ctx) const;
+  void reset(FlashMapDeviceContext& ctx) const;
   // flashmap::FlashMapModel::extend_context: appends the target's features d_features [n,
   // feature_dim()] (fp32, device) at the next n positions. Throws when length + n + 1 > capacity.
-  void extend_context(DeviceDraftContext& ctx, const float* d_features, int64_t n);
+  void extend_context(FlashMapDeviceContext& ctx, const float* d_features, int64_t n);
 
   // flashmap::FlashMapModel::draft for one sequence: d_logits [K, V] fp32 (device, 256-byte aligned
   // like any cudaMalloc base: cuBLASLt's algorithm choice assumes it) for the block after the
   // anchor. The host-anchor form checks the anchor against the vocabulary; the device form reads it
   // from d_anchor when the draft runs (e.g. the bonus token of the last verify) and trusts it to be
   // in [0, V).
-  void draft(DeviceDraftContext& ctx, int32_t anchor, int steps, const Noise& noise,
+  void draft(FlashMapDeviceContext& ctx, int32_t anchor, int steps, const Noise& noise,
              float* d_logits, Exec exec = Exec::Eager);
-  void draft(DeviceDraftContext& ctx, const int32_t* d_anchor, int steps, const Noise& noise,
+  void draft(FlashMapDeviceContext& ctx, const int32_t* d_anchor, int steps, const Noise& noise,
              float* d_logits, Exec exec = Exec::Eager);
 
   // --- Batched drafts over a paged context (what the CUDA backend runs each round) ---
@@ -177,15 +177,15 @@ class FlashMapModel {
   // Bytes of one block of a paged context (every layer's keys and values of block_tokens
   // positions).
   int64_t paged_block_bytes(int32_t block_tokens) const;
-  std::unique_ptr<PagedDraftContext> new_paged(int32_t blocks, int32_t block_tokens);
+  std::unique_ptr<PagedFlashMapContext> new_paged(int32_t blocks, int32_t block_tokens);
   // extend_context for many sequences at once: the n rows of d_features [*, feature_dim()] that a
   // paged::CommitPlan image d_commit names ([source rows | positions | slots], n each, device)
   // enter the pool at their slots, each keyed (RoPE) at its position.
-  void commit_paged(PagedDraftContext& pool, const float* d_features, const int32_t* d_commit,
+  void commit_paged(PagedFlashMapContext& pool, const float* d_features, const int32_t* d_commit,
                     int64_t n);
   // paged::BlockPool's copy-on-write in the pool, as Qwen3Model::copy_blocks does in the
   // target's (the same block ids): d_copies (src, dst, tokens) triples, n of them, device.
-  void copy_blocks(PagedDraftContext& pool, const int32_t* d_copies, int n);
+  void copy_blocks(PagedFlashMapContext& pool, const int32_t* d_copies, int n);
   // Device bytes reserve_batch(max_bucket, steps) takes.
   int64_t batch_bytes(int max_bucket, int steps) const;
   // Work buffers for batched drafts of up to max_bucket sequences with `steps` jumps (a
@@ -203,12 +203,12 @@ class FlashMapModel {
   // draws over one context share it; no entry's keys depend on another's rows being the same bits.
   // Graph: one captured graph per (bucket, steps, buffers), the image, anchors and noise read on
   // replay; its first use runs eagerly, then captures.
-  void draft_batch(PagedDraftContext& pool, const int32_t* d_image, int bucket,
+  void draft_batch(PagedFlashMapContext& pool, const int32_t* d_image, int bucket,
                    const int32_t* d_anchors, const uint64_t* d_rng, int steps, float* d_logits,
                    Exec exec = Exec::Eager);
 
  private:
-  friend class PagedDraftContext;
+  friend class PagedFlashMapContext;
   struct Linear {
     DeviceBuffer<uint16_t> w;  // [out, in] bf16
     DeviceBuffer<float> b;     // [out] or empty
@@ -282,7 +282,7 @@ class FlashMapModel {
   void enqueue_draft(const Route& route, const int32_t* d_anchors, int steps, const Noise& noise,
                      float* d_logits);
   void forward(const Route& route, const float* mods);
-  void forget(const PagedDraftContext* pool);
+  void forget(const PagedFlashMapContext* pool);
 
   Context& gpu_;
   FlashMapConfig config_;
@@ -308,7 +308,7 @@ class FlashMapModel {
   Work batch_;  // batched drafts (reserve_batch)
   bool batch_state_ = false;
   // Captured batches: (bucket, steps, pool, image, anchors, noise, logits) -> graph.
-  using BatchKey = std::tuple<int, int, const PagedDraftContext*, const int32_t*, const int32_t*,
+  using BatchKey = std::tuple<int, int, const PagedFlashMapContext*, const int32_t*, const int32_t*,
                               const uint64_t*, float*>;
   GraphCache<BatchKey> batch_graphs_;
   DeviceBuffer<int32_t> d_anchor_;

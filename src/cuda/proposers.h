@@ -108,8 +108,8 @@ class FlashMapDeviceProposer : public DeviceProposer {
   int steps_;
   bool graphs_;
   bool paged_;
-  std::unique_ptr<PagedDraftContext> pool_;
-  std::vector<DeviceDraftContext> lanes_;
+  std::unique_ptr<PagedFlashMapContext> pool_;
+  std::vector<FlashMapDeviceContext> lanes_;
   std::vector<int> free_;  // removed lanes' ids
 };
 

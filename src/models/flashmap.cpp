@@ -159,16 +159,16 @@ void FlashMapModel::set_draft_window(int64_t window) {
   draft_window_ = window;
 }
 
-DraftContext FlashMapModel::new_context() const {
-  DraftContext ctx;
+FlashMapContext FlashMapModel::new_context() const {
+  FlashMapContext ctx;
   ctx.k.resize(static_cast<size_t>(config_.num_hidden_layers));
   ctx.v.resize(static_cast<size_t>(config_.num_hidden_layers));
   return ctx;
 }
 
-DraftContext FlashMapModel::fork_context(const DraftContext& from, int64_t length) const {
+FlashMapContext FlashMapModel::fork_context(const FlashMapContext& from, int64_t length) const {
   FLASHMAP_ASSERT(length >= 0 && length <= from.length);
-  DraftContext ctx = new_context();
+  FlashMapContext ctx = new_context();
   const auto n = static_cast<std::ptrdiff_t>(length * config_.hidden_size);
   for (size_t l = 0; l < ctx.k.size(); ++l) {
     ctx.k[l].assign(from.k[l].begin(), from.k[l].begin() + n);
@@ -178,7 +178,7 @@ DraftContext FlashMapModel::fork_context(const DraftContext& from, int64_t lengt
   return ctx;
 }
 
-void FlashMapModel::ensure_room(DraftContext& ctx, int64_t positions) const {
+void FlashMapModel::ensure_room(FlashMapContext& ctx, int64_t positions) const {
   const size_t need = static_cast<size_t>(positions * config_.hidden_size);
   for (size_t l = 0; l < ctx.k.size(); ++l)
     if (ctx.k[l].size() < need) {
@@ -198,7 +198,7 @@ void FlashMapModel::project_kv(const Attn& a, const float* x, int64_t rows,
   linear(a.v, x, rows, values);
 }
 
-void FlashMapModel::extend_context(DraftContext& ctx, const float* features, int64_t n) const {
+void FlashMapModel::extend_context(FlashMapContext& ctx, const float* features, int64_t n) const {
   const int64_t D = config_.hidden_size;
   const int64_t start = ctx.length;
   std::vector<float> context(static_cast<size_t>(n * D));

@@ -24,7 +24,7 @@ namespace flashmap {
 // [position, hidden] of the context. Positions [0, length) hold the target's features of the
 // verified tokens; position `length` is the anchor's, written by draft() and overwritten by the
 // next extend_context().
-struct DraftContext {
+struct FlashMapContext {
   int64_t length = 0;
   std::vector<std::vector<float>> k, v;
 };
@@ -53,12 +53,12 @@ class FlashMapModel {
   // The jump grid for `steps`; throws listing the supported step counts.
   const std::vector<double>& grid(int steps) const;
 
-  DraftContext new_context() const;
+  FlashMapContext new_context() const;
   // A context holding the first `length` positions of `from` (the prefix cache).
-  DraftContext fork_context(const DraftContext& from, int64_t length) const;
+  FlashMapContext fork_context(const FlashMapContext& from, int64_t length) const;
   // extend_context: appends the target's features [n, n_taps * target_hidden] at the next n
   // positions.
-  void extend_context(DraftContext& ctx, const float* features, int64_t n) const;
+  void extend_context(FlashMapContext& ctx, const float* features, int64_t n) const;
 
   // How a draft starts: drawn noise (vocabulary-sized, or embedding-space z·Lᵀ for one step,
   // as the reference draws it), or given noise of either kind (the parity fixtures).
@@ -68,7 +68,7 @@ class FlashMapModel {
     Rng* rng = nullptr;           // Draw
   };
   struct Request {
-    DraftContext* ctx;
+    FlashMapContext* ctx;
     int32_t anchor;
     Noise noise;
   };
@@ -150,7 +150,7 @@ class FlashMapModel {
                  int64_t rows, double s, double t, float* out) const;
   void forward(const float* inputs, int64_t B, double s, double t, const int64_t* positions,
                std::span<const Request> batch, float* hidden_out) const;
-  void ensure_room(DraftContext& ctx, int64_t positions) const;
+  void ensure_room(FlashMapContext& ctx, int64_t positions) const;
 
   FlashMapConfig config_;
   std::string dir_;

@@ -130,14 +130,14 @@ struct Pair {
 
   std::vector<float> noise(const std::string& name) const { return ref->get(name).to_f32(); }
 
-  std::vector<float> cpu_draft(DraftContext& ctx, int32_t anchor, int steps,
+  std::vector<float> cpu_draft(FlashMapContext& ctx, int32_t anchor, int steps,
                                ::flashmap::FlashMapModel::Noise noise) const {
     std::vector<float> logits(size_t(K * V));
     ::flashmap::FlashMapModel::Request req{&ctx, anchor, noise};
     cpu->draft({&req, 1}, steps, logits.data());
     return logits;
   }
-  std::vector<float> gpu_draft(Context& gpu, DeviceDraftContext& ctx, int32_t anchor, int steps,
+  std::vector<float> gpu_draft(Context& gpu, FlashMapDeviceContext& ctx, int32_t anchor, int steps,
                                FlashMapModel::Noise noise,
                                FlashMapModel::Exec exec = FlashMapModel::Exec::Eager) const {
     DeviceBuffer<float> logits(size_t(K * V));
@@ -268,9 +268,9 @@ TEST_F(CudaFlashMap, GivenNoiseMatchesCpuOnFixtures) {
     Pair p(*gpu, dir);
     const int32_t anchor = p.prompt.back();
     auto run = [&](::flashmap::FlashMapModel::Noise cn, FlashMapModel::Noise gn, int steps) {
-      DraftContext c = p.cpu->new_context();
+      FlashMapContext c = p.cpu->new_context();
       p.cpu->extend_context(c, p.features.data(), p.P - 1);
-      DeviceDraftContext g = p.dev->new_context(p.P + 1);
+      FlashMapDeviceContext g = p.dev->new_context(p.P + 1);
       p.dev->extend_context(g, p.d_features.data(), p.P - 1);
       return std::make_pair(p.gpu_draft(*gpu, g, anchor, steps, gn),
                             p.cpu_draft(c, anchor, steps, cn));
@@ -299,8 +299,8 @@ TEST_F(CudaFlashMap, ExtendContextInRoundsThenDraftMatchesCpu) {
   for (const char* dir : {kFixtures[0], kFixtures[1]}) {
     SCOPED_TRACE(dir);
     Pair p(*gpu, dir);
-    DraftContext c = p.cpu->new_context();
-    DeviceDraftContext g = p.dev->new_context(p.P + 1);
+    FlashMapContext c = p.cpu->new_context();
+    FlashMapDeviceContext g = p.dev->new_context(p.P + 1);
     const std::vector<int64_t> rounds = {1, 3, 2, 4, p.P - 1 - 10};
     ASSERT_GT(rounds.back(), 0);
     int64_t done = 0;
@@ -341,9 +341,9 @@ TEST_F(CudaFlashMap, DrawnNoiseIsTheGeneratorsStream) {
       drafter::philox_normal(noise.data(), n, nullptr, seed, counter, gpu->stream());
       const auto host_noise = noise.download(*gpu);
 
-      DraftContext c = p.cpu->new_context();
+      FlashMapContext c = p.cpu->new_context();
       p.cpu->extend_context(c, p.features.data(), p.P - 1);
-      DeviceDraftContext g = p.dev->new_context(p.P + 1);
+      FlashMapDeviceContext g = p.dev->new_context(p.P + 1);
       p.dev->extend_context(g, p.d_features.data(), p.P - 1);
       FlashMapModel::Noise drawn;
       drawn.seed = seed;
@@ -365,7 +365,7 @@ TEST_F(CudaFlashMap, DrawnNoiseIsTheGeneratorsStream) {
 
 TEST_F(CudaFlashMap, GraphReplayEqualsEagerAsTheContextGrows) {
   Pair p(*gpu, kFixtures[1]);  // block 16, 3 layers, noise_gate constant
-  DeviceDraftContext g = p.dev->new_context(p.P + 1);
+  FlashMapDeviceContext g = p.dev->new_context(p.P + 1);
   DeviceBuffer<int32_t> d_anchor(1);
   DeviceBuffer<float> eager(size_t(p.K * p.V)), graph(size_t(p.K * p.V));
   const auto x0 = p.noise("noise_x0_steps2");
@@ -397,7 +397,7 @@ TEST_F(CudaFlashMap, GraphReplayEqualsEagerAsTheContextGrows) {
     }
   }
   // And the last one is the CPU's.
-  DraftContext c = p.cpu->new_context();
+  FlashMapContext c = p.cpu->new_context();
   p.cpu->extend_context(c, p.features.data(), done);
   const auto want = p.cpu_draft(c, p.prompt[size_t(done)], 2,
                                 {::flashmap::FlashMapModel::Noise::Vocab, x0.data(), nullptr});
@@ -406,7 +406,7 @@ TEST_F(CudaFlashMap, GraphReplayEqualsEagerAsTheContextGrows) {
 
 TEST_F(CudaFlashMap, ClearErrors) {
   Pair p(*gpu, kFixtures[0]);
-  DeviceDraftContext g = p.dev->new_context(4);
+  FlashMapDeviceContext g = p.dev->new_context(4);
   DeviceBuffer<float> logits(size_t(p.K * p.V));
   EXPECT_THROW(p.dev->extend_context(g, p.d_features.data(), 4), Error);  // no room for the anchor
   p.dev->extend_context(g, p.d_features.data(), 3);
@@ -496,7 +496,7 @@ TEST_F(CudaFlashMap, BatchedPagedDraftsMatchCpu) {
         drafter::philox_normal(noise.data(), per, nullptr, rng[size_t(2 * i)],
                                rng[size_t(2 * i + 1)], gpu->stream());
         const auto host_noise = noise.download(*gpu);
-        DraftContext c = p.cpu->new_context();
+        FlashMapContext c = p.cpu->new_context();
         p.cpu->extend_context(c, p.features.data(), lengths[size_t(i)]);
         using CN = ::flashmap::FlashMapModel::Noise;
         const auto want = p.cpu_draft(c, anchors[size_t(i)], steps,
@@ -566,7 +566,7 @@ TEST_F(CudaFlashMap, DrawsOfOneSequenceShareItsAnchorRow) {
       drafter::philox_normal(noise.data(), per, nullptr, rng[size_t(2 * d)], rng[size_t(2 * d + 1)],
                              gpu->stream());
       const auto host_noise = noise.download(*gpu);
-      DraftContext c = p.cpu->new_context();
+      FlashMapContext c = p.cpu->new_context();
       p.cpu->extend_context(c, p.features.data(), len);
       using CN = ::flashmap::FlashMapModel::Noise;
       const auto want = p.cpu_draft(c, anchors[size_t(d)], steps,
@@ -608,7 +608,7 @@ TEST_F(CudaFlashMap, RandomDrafterAtDefaultShapeRuns) {
   drafter::philox_normal_bf16(lm.data(), V * TH, 0.02f, 2, gpu->stream());
   auto fm = FlashMapModel::random(*gpu, c, E.data(), lm.data(), V, TH, 42);
   const int64_t context = 512;
-  DeviceDraftContext ctx = fm->new_context(2048);
+  FlashMapDeviceContext ctx = fm->new_context(2048);
   DeviceBuffer<float> feats(size_t(context * fm->feature_dim()));
   drafter::philox_normal(feats.data(), context * fm->feature_dim(), nullptr, 3, 0, gpu->stream());
   fm->extend_context(ctx, feats.data(), context);

@@ -50,7 +50,7 @@ std::vector<float> flashmap_logits(const FlashMapModel& d, const std::vector<flo
                                    int64_t from, int64_t to, int steps) {
   const int64_t K = d.block_size(), V = d.config().vocab_size;
   const int64_t F = int64_t(d.target_layer_ids().size()) * d.config().target_hidden_size;
-  DraftContext ctx = d.new_context();
+  FlashMapContext ctx = d.new_context();
   d.extend_context(ctx, feats.data() + from * F, to - from);
   Rng rng(11);
   std::vector<float> noise(size_t(K * V));

@@ -101,12 +101,12 @@ TEST(FlashMap, BatchedDraftEqualsSeparateDrafts) {
   KVCache c = m.new_cache();
   run(m, c, kPrompt, &feats, d.target_layer_ids());
   auto ctx_of = [&](int64_t n) {
-    DraftContext ctx = d.new_context();
+    FlashMapContext ctx = d.new_context();
     d.extend_context(ctx, feats.data(), n);
     return ctx;
   };
   for (int steps : {1, 2}) {
-    DraftContext c1 = ctx_of(3), c2 = ctx_of(6), c3 = ctx_of(3), c4 = ctx_of(6);
+    FlashMapContext c1 = ctx_of(3), c2 = ctx_of(6), c3 = ctx_of(3), c4 = ctx_of(6);
     Rng r1(1), r2(2), r3(1), r4(2);
     using N = FlashMapModel::Noise;
     FlashMapModel::Request both[] = {{&c1, 7, {N::Draw, nullptr, &r1}},
@@ -151,7 +151,7 @@ TEST(FlashMap, ModelsFromMemoryEqualModelsFromTheirFolder) {
   EXPECT_EQ(0, std::memcmp(l1.data(), l2.data(), l1.size() * 4));
   EXPECT_EQ(f1, f2);
   const int64_t K = folder_draft.block_size(), V = folder_target.config().vocab_size;
-  DraftContext x1 = folder_draft.new_context(), x2 = memory_draft.new_context();
+  FlashMapContext x1 = folder_draft.new_context(), x2 = memory_draft.new_context();
   folder_draft.extend_context(x1, f1.data(), int64_t(kPrompt.size()));
   memory_draft.extend_context(x2, f2.data(), int64_t(kPrompt.size()));
   Rng r1(3), r2(3);
