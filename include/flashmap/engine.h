@@ -36,7 +36,8 @@ class Backend;  // src/backend/backend.h
 using Clock = std::chrono::steady_clock;
 
 struct EngineOptions {
-  std::string target = {};  // Hugging Face folder of a Qwen3 target
+  // Hugging Face folder of a Qwen3 target, or a Qwen3 GGUF file (target_folder)
+  std::string target = {};
   // Drafter folder (FlashMap or DFlash), or "ngram": the n-gram (prompt-lookup) drafter, which
   // needs no model; empty: the target alone.
   std::string draft = {};
@@ -110,6 +111,13 @@ struct ModelInfo {
   int num_hidden_layers = 0;
   int64_t max_position_embeddings = 0;
 };
+
+// The model folder a target path stands for: the path itself, or for a Qwen3 GGUF file (the first
+// of a split one) a folder made once for it in a cache ($FLASHMAP_CACHE_DIR, else
+// $XDG_CACHE_HOME/flashmap, else ~/.cache/flashmap): config, generation config, tokenizer and
+// chat template from the file's metadata, and a link to the file, whose tensors are read in
+// place. Throws flashmap::Error naming the file and the field at fault.
+std::string target_folder(const std::string& target);
 
 // Checks a device string ("cpu", "cuda", "cuda:N") and that this build and machine can run it;
 // throws flashmap::Error saying why not. Called before any model loads.

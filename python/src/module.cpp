@@ -327,8 +327,9 @@ class PyEngine {
            const std::string& weights, const std::string& compute_mode,
            const std::string& draft_cut) {
     std::error_code ec;
-    if (std::filesystem::exists(std::filesystem::path(target) / "tokenizer.json", ec))
-      tokenizer_ = std::make_shared<PyTokenizer>(target);
+    const std::string folder = flashmap::target_folder(target);
+    if (std::filesystem::exists(std::filesystem::path(folder) / "tokenizer.json", ec))
+      tokenizer_ = std::make_shared<PyTokenizer>(folder);
     flashmap::EngineOptions o;
     o.target = target;
     o.draft = draft.value_or("");
@@ -494,7 +495,8 @@ NB_MODULE(_core, m) {
       });
 
   nb::class_<PyEngine>(m, "Engine",
-                       "A Qwen3 target folder, an optional FlashMap or DFlash drafter folder (or "
+                       "A Qwen3 target folder (or Qwen3 GGUF file, read in place), an optional "
+                       "FlashMap or DFlash drafter folder (or "
                        "\"ngram\": prompt lookup, with ngram_min, ngram_max, ngram_block; "
                        "hybrid_ngram=N: prompt lookup beside the drafter where N tokens match; "
                        "draft_window=N: the drafter attends to the last N context positions), "

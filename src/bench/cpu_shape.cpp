@@ -278,7 +278,8 @@ void bench_cpu_shape(const CpuShapeBench& a) {
                  "--draft-shape makes a random drafter: drop --draft (or --draft-shape)");
   // The folder's weights (of that shape) or random ones made in memory.
   const bool from_folder = !a.target.empty();
-  const auto cfg = from_folder ? folder_config(a.target, a.shape) : qwen3_shape(a.shape);
+  const std::string folder = from_folder ? target_folder(a.target) : "";  // a GGUF's, too
+  const auto cfg = from_folder ? folder_config(folder, a.shape) : qwen3_shape(a.shape);
   // The timed steps run a.block + 1 tokens at position a.context, in a cache of context + 64.
   FLASHMAP_CHECK(int64_t(a.context) + a.block + 64 <= cfg.max_position_embeddings,
                  "--context {} (+ --block {} + 64 positions of room) exceeds the {} positions "
@@ -331,7 +332,7 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   double make_s = 0, draft_make_s = 0;
   auto t0 = Clock::now();
   std::unique_ptr<Qwen3Model> target_ptr =
-      from_folder ? std::make_unique<Qwen3Model>(a.target, nullptr, format)
+      from_folder ? std::make_unique<Qwen3Model>(folder, nullptr, format)
                   : random_target(cfg, format, make_s);
   const double target_load_s = seconds_since(t0) - make_s;
   const Qwen3Model& target = *target_ptr;

@@ -61,7 +61,7 @@ void bench_pair(const PairBench& a) {
   // A prompt file is read against the target's config before any weights load.
   std::vector<std::vector<int32_t>> prompts;
   if (!a.prompt_file.empty())
-    prompts = a.read_prompts(Qwen3Config::from_file(eo.target + "/config.json"));
+    prompts = a.read_prompts(Qwen3Config::from_file(target_folder(eo.target) + "/config.json"));
   EngineOptions alone_opt = other_than_ngram(eo);
   alone_opt.draft.clear();
   alone_opt.steps = 0;

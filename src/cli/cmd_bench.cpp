@@ -146,14 +146,10 @@ void run_bench(BenchArgs& a) {
                                    .max_new_tokens = a.max_new_tokens});
   a.model.resolve();
   FLASHMAP_CHECK(!a.model.draft.empty(), "bench needs a drafter (--draft) or --shape");
-  // Text prompts are tokenized with the target's own tokenizer where it has one (a file of ids
-  // needs none), else with --tokenizer.
+  // Text prompts are tokenized with --tokenizer, else the target's own tokenizer where it has
+  // one (resolve() picks it); a file of ids needs none.
   const auto read_prompts = [&a](const Qwen3Config& tc) {
-    std::error_code ec;
-    const bool own = std::filesystem::exists(a.model.target + "/tokenizer.json", ec);
-    const auto text = !a.model.tokenizer.empty() ? open_text(a.model.tokenizer)
-                      : own                      ? open_text(a.model.target)
-                                                 : nullptr;
+    const auto text = a.model.tokenizer.empty() ? nullptr : open_text(a.model.tokenizer);
     return read_prompt_file(a.prompt_file, text.get(), tc.vocab_size, tc.max_position_embeddings,
                             a.max_new_tokens);
   };

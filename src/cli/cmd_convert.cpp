@@ -13,7 +13,7 @@ namespace {
 struct ConvertCli {
   std::string from = "auto";
   std::string in, out, target;
-  bool force = false;
+  bool force = false, link = false;
 };
 
 void run_convert(const ConvertCli& c) {
@@ -23,11 +23,17 @@ void run_convert(const ConvertCli& c) {
   o.from = parse_convert_source(c.from);
   o.target = c.target;
   o.force = c.force;
+  o.link = c.link;
   const ConvertResult r = convert_checkpoint(o);
   if (r.source == "gguf") {
     std::cout << "converted GGUF " << r.kind << " target " << c.in << " -> " << c.out << ": "
-              << r.tensors << " tensors (" << r.dequantized.size()
-              << " dequantized to F32, the rest copied byte for byte)";
+              << r.tensors << " tensors ";
+    if (c.link)
+      std::cout << "read in place through the link model.gguf (" << r.dequantized.size()
+                << " quantized: dequantized to F32 when loaded)";
+    else
+      std::cout << "(" << r.dequantized.size()
+                << " dequantized to F32, the rest copied byte for byte)";
     std::cout << (r.tokenizer ? "; tokenizer from its metadata" : "; no tokenizer in it");
     if (r.chat_template) std::cout << ", with its chat template";
     std::cout << "\n";
@@ -69,6 +75,9 @@ void register_convert(CLI::App& app) {
                   "verifier that is a local folder)")
       ->check(non_empty());
   cmd->add_flag("--force", opts->force, "replace OUT if it exists");
+  cmd->add_flag("--link", opts->link,
+                "GGUF: OUT holds the metadata and a link to the file (model.gguf), whose tensors "
+                "are read in place (what --target FILE.gguf does in a cache folder)");
   cmd->add_option("IN", opts->in, "drafter folder, or Qwen3 GGUF file, to convert")
       ->required()
       ->check(non_empty());

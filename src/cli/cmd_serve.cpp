@@ -52,7 +52,7 @@ void run_serve(ServeArgs& a) {
   check_device(a.model.engine_options(0));  // before anything loads
   // Checked against the target's config before its weights load.
   {
-    const auto tc = Qwen3Config::from_file(a.model.target + "/config.json");
+    const auto tc = Qwen3Config::from_file(target_folder(a.model.target) + "/config.json");
     const int64_t context =
         a.serving.max_context > 0 ? a.serving.max_context : int64_t(tc.max_position_embeddings);
     FLASHMAP_CHECK(a.serving.max_context <= tc.max_position_embeddings,

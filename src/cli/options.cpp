@@ -69,8 +69,8 @@ void ModelOptions::resolve() {
       tokenizer = target;
   }
   if (no_draft) draft.clear();
-  if (tokenizer.empty() && std::filesystem::exists(target + "/tokenizer.json", ec))
-    tokenizer = target;
+  if (tokenizer.empty() && std::filesystem::exists(target_folder(target) + "/tokenizer.json", ec))
+    tokenizer = target_folder(target);
 }
 
 CLI::Validator non_empty(const std::string& message) {
@@ -80,7 +80,8 @@ CLI::Validator non_empty(const std::string& message) {
 
 void add_model_options(CLI::App& app, ModelOptions& m) {
   app.add_option("--target", m.target,
-                 "target model folder (Hugging Face, model_type qwen3); "
+                 "target model folder (Hugging Face, model_type qwen3), or a Qwen3 GGUF file "
+                 "(read in place; docs/COMMANDS.md); "
                  "default: the built-in pair ($FLASHMAP_HOME/models/default, else "
                  "<exe dir>/../share/flashmap/models/default, else the source tree's for a "
                  "build-tree binary)")

@@ -145,7 +145,7 @@ namespace {
 RequestDefaults defaults_of(const std::string& target) {
   RequestDefaults d;
   if (target.empty()) return d;  // a backend made elsewhere: no folder to read
-  const GenerationConfig g = GenerationConfig::from_dir(target);
+  const GenerationConfig g = GenerationConfig::from_dir(target_folder(target));
   if (g.temperature) d.sampling.temperature = float(*g.temperature);
   if (g.top_k) d.sampling.top_k = *g.top_k;
   if (g.top_p) d.sampling.top_p = float(*g.top_p);

@@ -2,9 +2,12 @@
 // (cpu/, and cuda/ when built with it), and the checks of the options that pick one.
 #include "engine/factory.h"
 
+#include <filesystem>
+
 #include "core/check.h"
 #include "core/thread_pool.h"
 #include "cpu/backend.h"
+#include "io/gguf_convert.h"
 #include "ops/gemm.h"
 #ifdef FLASHMAP_WITH_CUDA
 #include "cuda/backend.h"
@@ -14,6 +17,7 @@
 namespace flashmap {
 
 using engine::Backend;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -66,18 +70,25 @@ void check_draft_window(const EngineOptions& o) {
 
 }  // namespace
 
+std::string target_folder(const std::string& target) {
+  std::error_code ec;
+  return fs::is_regular_file(target, ec) && is_gguf_file(target) ? gguf_model_folder(target)
+                                                                 : target;
+}
+
 std::unique_ptr<Backend> engine::make_backend(const EngineOptions& o) {
   check_device(o);
   const NgramOptions ngram = ngram_options(o);
   const ops::WeightFormat weights = ops::weight_format(o.weights, o.compute);
+  const std::string target = target_folder(o.target);
   if (o.device == "cpu")
-    return cpu::CpuBackend::load(o.target, o.draft, o.steps, o.sampled_vocab, weights, ngram,
+    return cpu::CpuBackend::load(target, o.draft, o.steps, o.sampled_vocab, weights, ngram,
                                  o.hybrid_ngram, o.draft_window);
   FLASHMAP_CHECK(weights == ops::WeightFormat::Native,
                  "--weights {}: the CUDA backend runs bf16 weights only (q8 is a CPU format)",
                  o.weights);
 #ifdef FLASHMAP_WITH_CUDA
-  return cuda::make_backend(o.device, o.target, o.draft, o.steps, o.sampled_vocab, o.max_context,
+  return cuda::make_backend(o.device, target, o.draft, o.steps, o.sampled_vocab, o.max_context,
                             o.max_running);
 #else
   throw Error("unreachable: check_device accepted a device this build lacks");

@@ -464,7 +464,8 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   if (fs::is_regular_file(o.in, ec) && is_gguf_file(o.in)) {
     FLASHMAP_CHECK(o.from == ConvertSource::Auto,
                    "{}: a GGUF file converts with --from auto (the default)", o.in);
-    const GgufConvertResult g = convert_gguf(o.in, o.out, o.force);
+    const GgufConvertResult g =
+        convert_gguf(o.in, o.out, o.force, o.link ? GgufTensors::Link : GgufTensors::Copy);
     ConvertResult r;
     r.source = "gguf";
     r.kind = "Qwen3";
@@ -475,6 +476,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     return r;
   }
   FLASHMAP_CHECK(fs::is_directory(o.in, ec), "{}: not a folder (nor a GGUF file)", o.in);
+  FLASHMAP_CHECK(!o.link, "{}: --link is for a GGUF target; a drafter folder is copied", o.in);
   const fs::path out = checked_output(o.in, o.out, o.force);  // before anything is read
 
   const std::string path = (fs::path(o.in) / "config.json").string();

@@ -34,6 +34,8 @@ struct ConvertOptions {
   // folder, else unchecked.
   std::string target;
   bool force = false;
+  // A GGUF target: OUT links to the file (model.gguf) instead of holding its tensors.
+  bool link = false;
 };
 
 struct ConvertResult {
@@ -62,8 +64,8 @@ FlashMapConfig speculators_flashmap_config(const nlohmann::json& j, const std::s
 void write_output_folder(const std::string& in, const std::string& out, bool force,
                          const std::function<void(const std::string&)>& fill);
 
-// Converts o.in (a drafter folder, or a Qwen3 GGUF file: io/gguf_convert.h) to o.out; throws flashmap::Error naming the file and the field or tensor at
-// fault (OUT is left as it was).
+// Converts o.in (a drafter folder, or a Qwen3 GGUF file: io/gguf_convert.h) to o.out; throws
+// flashmap::Error naming the file and the field or tensor at fault (OUT is left as it was).
 ConvertResult convert_checkpoint(const ConvertOptions& o);
 
 }  // namespace flashmap

@@ -7,7 +7,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "core/check.h"
 
@@ -91,6 +93,18 @@ std::string read_regular_file(const std::string& path, size_t max_bytes) {
   return out;
 }
 
+std::string cache_dir() {
+  if (const char* d = std::getenv("FLASHMAP_CACHE_DIR")) {
+    if (std::string(d) == "off") return "";
+    if (*d) return d;
+  }
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    return (std::filesystem::path(x) / "flashmap").string();
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return (std::filesystem::path(h) / ".cache" / "flashmap").string();
+  return "";
+}
+
 std::string read_input_file(const std::string& path, size_t max_bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   FLASHMAP_CHECK(fd >= 0, "{}: cannot open ({})", path, std::strerror(errno));
@@ -170,7 +184,8 @@ void AtomicFile::commit() {
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) fail("cannot write");
-  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename the finished file into place");
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+    fail("cannot rename the finished file into place");
   tmp_.clear();
 }
 

@@ -34,6 +34,11 @@ int open_regular_file(const std::string& path);
 // read ("PATH: N bytes, more than the M this file may have").
 std::string read_regular_file(const std::string& path, size_t max_bytes);
 
+// Where the engine keeps what it makes once and reuses (the noise factors of a drafter's target,
+// the model folders of GGUF targets): $FLASHMAP_CACHE_DIR, else $XDG_CACHE_HOME/flashmap, else
+// $HOME/.cache/flashmap; empty with FLASHMAP_CACHE_DIR=off or no home.
+std::string cache_dir();
+
 // A file named on the command line: a regular file, or a pipe or terminal (process substitution,
 // /dev/stdin), read to its end; more than `max_bytes` is refused, and so is a directory.
 std::string read_input_file(const std::string& path, size_t max_bytes);

@@ -536,4 +536,10 @@ void GgufFile::check_unchanged() const {
   for (const auto& m : maps_) m->check_unchanged();
 }
 
+bool GgufFile::drop_pages(const void* p, size_t n) const {
+  for (const auto& m : maps_)
+    if (m->drop_pages(p, n)) return true;
+  return false;
+}
+
 }  // namespace flashmap

@@ -87,6 +87,8 @@ class GgufFile {
 
   // Throws when a mapped file shrank or changed since it was opened.
   void check_unchanged() const;
+  // MappedFile::drop_pages on the file holding [p, p + n); false when none does.
+  bool drop_pages(const void* p, size_t n) const;
 
   // Limits on what a file may declare (beyond what its size allows).
   static constexpr uint64_t kMaxTensors = 1 << 20;

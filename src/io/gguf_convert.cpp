@@ -1,5 +1,7 @@
 #include "io/gguf_convert.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -372,38 +374,51 @@ bool is_gguf_file(const std::string& path) {
   return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
-GgufConvertResult convert_gguf(const std::string& in, const std::string& out, bool force) {
-  const GgufFile f(in);
+std::vector<std::pair<std::string, const GgufTensor*>> qwen3_gguf_tensors(const GgufFile& f) {
+  const std::string& in = f.path();
   const auto arch = f.string("general.architecture");
   FLASHMAP_CHECK(arch.has_value(), "{}: no metadata 'general.architecture'", in);
   FLASHMAP_CHECK(*arch == "qwen3",
                  "{}: metadata 'general.architecture' = \"{}\": only Qwen3 (\"qwen3\") targets "
-                 "convert",
+                 "are read",
                  in, utf8_string(f, "metadata 'general.architecture'", *arch));
   const int64_t layers = need_int(f, "qwen3.block_count", 1, 4096);
   FLASHMAP_CHECK(f.contains("token_embd.weight"), "{}: no tensor 'token_embd.weight'", in);
   const GgufTensor& embd = f.tensor("token_embd.weight");
   FLASHMAP_CHECK(embd.dims.size() == 2, "{}: tensor 'token_embd.weight' has {} dimensions, not 2",
                  in, embd.dims.size());
-  const int64_t vocab = embd.dims[1];
-  const bool tied = !f.contains("output.weight");
-
-  GgufConvertResult r;
   std::vector<std::pair<std::string, const GgufTensor*>> tensors;
   for (const auto& [name, t] : f.tensors()) {
     const std::string hf = hf_name(name, layers);
     FLASHMAP_CHECK(!hf.empty(), "{}: tensor '{}' is not one of a {}-layer Qwen3's", in, name,
                    layers);
     tensors.emplace_back(hf, &t);
-    if (t.type != GgmlType::F32 && t.type != GgmlType::F16 && t.type != GgmlType::BF16)
-      r.dequantized.push_back(fmt::format("{} ({})", name, ggml_type_name(uint32_t(t.type))));
   }
+  return tensors;
+}
+
+GgufConvertResult convert_gguf(const std::string& in, const std::string& out, bool force,
+                               GgufTensors mode) {
+  const GgufFile f(in);
+  const auto tensors = qwen3_gguf_tensors(f);
+  const int64_t vocab = f.tensor("token_embd.weight").dims[1];
+  const bool tied = !f.contains("output.weight");
+
+  GgufConvertResult r;
+  r.tensors = tensors.size();
+  for (const auto& [name, t] : tensors)
+    if (t->type != GgmlType::F32 && t->type != GgmlType::F16 && t->type != GgmlType::BF16)
+      r.dequantized.push_back(fmt::format("{} ({})", t->name, ggml_type_name(uint32_t(t->type))));
   const json config = qwen3_config(f, vocab, tied);
   const json generation = generation_config(f, vocab);
   const auto tok = tokenizer_files(f, vocab);
-  r.tensors = tensors.size();
   r.tokenizer = tok.has_value();
   r.chat_template = tok && tok->chat_template;
+  // The file the link names: absolute, so that the folder can move, and through any links, so
+  // that the other files of a split model are found beside it.
+  std::error_code ec;
+  const fs::path linked = fs::canonical(in, ec);
+  FLASHMAP_CHECK(!ec, "{}: cannot resolve its path ({})", in, ec.message());
   write_output_folder(in, out, force, [&](const std::string& dir) {
     write_json(fs::path(dir) / "config.json", config);
     write_json(fs::path(dir) / "generation_config.json", generation);
@@ -411,9 +426,45 @@ GgufConvertResult convert_gguf(const std::string& in, const std::string& out, bo
       write_json(fs::path(dir) / "tokenizer.json", tok->tokenizer);
       write_json(fs::path(dir) / "tokenizer_config.json", tok->config);
     }
-    write_tensors(fs::path(dir) / "model.safetensors", f, tensors);
+    if (mode == GgufTensors::Link) {
+      std::error_code e;
+      fs::create_symlink(linked, fs::path(dir) / "model.gguf", e);
+      FLASHMAP_CHECK(!e, "{}: cannot link model.gguf to {} ({})", dir, linked.string(),
+                     e.message());
+    } else {
+      write_tensors(fs::path(dir) / "model.safetensors", f, tensors);
+    }
   });
   return r;
+}
+
+std::string gguf_model_folder(const std::string& path) {
+  std::error_code ec;
+  const fs::path file = fs::canonical(path, ec);
+  FLASHMAP_CHECK(!ec, "{}: cannot open ({})", path, ec.message());
+  const auto size = fs::file_size(file, ec);
+  FLASHMAP_CHECK(!ec, "{}: cannot stat ({})", path, ec.message());
+  const auto mtime = fs::last_write_time(file, ec).time_since_epoch().count();
+  FLASHMAP_CHECK(!ec, "{}: cannot stat ({})", path, ec.message());
+  const std::string cache = cache_dir();
+  FLASHMAP_CHECK(!cache.empty(),
+                 "{}: no cache folder to make its model folder in (FLASHMAP_CACHE_DIR is off, or "
+                 "there is no HOME): make one with flashmap convert --link and pass that",
+                 path);
+  // One folder per file as it is now (path, size, modification time) and per layout of the
+  // folder (the number after "gguf").
+  const std::string id = fmt::format("{}\n{}\n{}", file.string(), size, mtime);
+  const fs::path dir =
+      fs::path(cache) / "gguf1" /
+      fmt::format("{}-{:016x}", file.stem().string(), XXH3_64bits(id.data(), id.size()));
+  if (fs::is_regular_file(dir / "config.json", ec) && fs::is_symlink(dir / "model.gguf", ec) &&
+      fs::read_symlink(dir / "model.gguf", ec) == file)
+    return dir.string();
+  fs::create_directories(dir.parent_path(), ec);
+  FLASHMAP_CHECK(!ec, "{}: cannot create the folder for {}'s model folder ({})",
+                 dir.parent_path().string(), path, ec.message());
+  convert_gguf(file.string(), dir.string(), /*force=*/true, GgufTensors::Link);
+  return dir.string();
 }
 
 }  // namespace flashmap

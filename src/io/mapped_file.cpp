@@ -123,8 +123,8 @@ MappedFile::MappedFile(int fd, size_t size, const std::string& path)
     struct stat st {};
     FLASHMAP_CHECK(::fstat(fd, &st) == 0, "{}: cannot stat ({})", path, std::strerror(errno));
     FLASHMAP_CHECK(size_t(st.st_size) >= size,
-                   "{}: {} bytes, shorter than the {} to map (it changed while being opened)",
-                   path, st.st_size, size);
+                   "{}: {} bytes, shorter than the {} to map (it changed while being opened)", path,
+                   st.st_size, size);
     mtime_ns_ = mtime_ns(st);
     std::call_once(g_installed, install_handler);
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -172,6 +172,16 @@ bool MappedFile::contains(const void* p, size_t n) const {
   return q >= data_ && q <= data_ + size_ && n <= size_t(data_ + size_ - q);
 }
 
+bool MappedFile::drop_pages(const void* p, size_t n) const {
+  if (!contains(p, n)) return false;
+  // Whole pages inside the range only: its neighbours may still be in use.
+  const auto* q = static_cast<const uint8_t*>(p);
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (uintptr_t(q) + page - 1) / page * page, hi = uintptr_t(q + n) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  return true;
+}
+
 std::string MappedFile::change() const {
   const bool faulted = slot_ >= 0 && g_slots[size_t(slot_)].faulted.load();
   struct stat st {};
@@ -183,8 +193,7 @@ std::string MappedFile::change() const {
         "truncated or rewritten in place",
         path_, size_, st.st_size);
   if (mtime_ns(st) != mtime_ns_)
-    return fmt::format("{}: the file was modified while it was in use (rewritten in place)",
-                       path_);
+    return fmt::format("{}: the file was modified while it was in use (rewritten in place)", path_);
   return {};
 }
 

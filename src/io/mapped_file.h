@@ -30,6 +30,10 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
   bool contains(const void* p, size_t n) const;
+  // Hands the whole pages inside [p, p + n) back to the kernel (they are read again from the
+  // file if touched): once a weight is packed into memory of its own, its file pages need not
+  // stay resident. False when the range is not in this mapping.
+  bool drop_pages(const void* p, size_t n) const;
 
   // Throws flashmap::Error naming the file when it no longer holds what was mapped: a read found
   // it shorter (and got zeros), or it is now shorter or was modified since it was opened.

@@ -13,7 +13,10 @@
 #include <set>
 
 #include "core/check.h"
+#include "core/thread_pool.h"
 #include "io/files.h"
+#include "io/gguf.h"
+#include "io/gguf_convert.h"
 #include "io/mapped_file.h"
 
 namespace flashmap {
@@ -164,8 +167,7 @@ void SafetensorsFile::index_header(const json& header, const uint8_t* data, uint
     FLASHMAP_CHECK(info.is_object() && info.contains("dtype") && info.contains("shape") &&
                        info.contains("data_offsets"),
                    "{}: tensor '{}' needs dtype, shape and data_offsets in the header", path, name);
-    FLASHMAP_CHECK(info["dtype"].is_string(), "{}: tensor '{}': dtype is not a string", path,
-                   name);
+    FLASHMAP_CHECK(info["dtype"].is_string(), "{}: tensor '{}': dtype is not a string", path, name);
     TensorView t;
     t.name = name;
     t.file = path;
@@ -315,8 +317,14 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     }
   } else {
     const fs::path single = fs::path(dir) / "model.safetensors";
+    const fs::path gguf = fs::path(dir) / "model.gguf";
+    if (fs::symlink_status(single, ec).type() == fs::file_type::not_found &&
+        fs::symlink_status(gguf, ec).type() != fs::file_type::not_found) {
+      open_gguf(gguf.string());
+      return;
+    }
     FLASHMAP_CHECK(fs::symlink_status(single, ec).type() != fs::file_type::not_found,
-                   "{}: no model.safetensors or model.safetensors.index.json", dir);
+                   "{}: no model.safetensors, model.safetensors.index.json or model.gguf", dir);
     shards.push_back("model.safetensors");
   }
   for (auto& shard : shards) {
@@ -332,6 +340,39 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   for (auto& [name, shard] : weight_map)
     FLASHMAP_CHECK(index_.count(name), "{}: index lists tensor '{}' in {}, which does not hold it",
                    index_path.string(), name, shard);
+}
+
+Checkpoint::Checkpoint() = default;
+Checkpoint::~Checkpoint() = default;
+
+void Checkpoint::open_gguf(const std::string& path) {
+  // The file itself (through a link), where the other files of a split model lie.
+  std::error_code ec;
+  const fs::path file = fs::canonical(path, ec);
+  FLASHMAP_CHECK(!ec, "{}: cannot open ({})", path, ec.message());
+  gguf_ = std::make_unique<GgufFile>(file.string());
+  for (const auto& [name, t] : qwen3_gguf_tensors(*gguf_)) {
+    GgufView& g = gguf_views_.emplace_back();
+    g.view.name = name;
+    g.view.shape.assign(t->dims.rbegin(), t->dims.rend());
+    g.view.file = gguf_->path();
+    switch (t->type) {
+      case GgmlType::F32:
+        g.view.dtype = DType::F32;
+        break;
+      case GgmlType::F16:
+        g.view.dtype = DType::F16;
+        break;
+      case GgmlType::BF16:
+        g.view.dtype = DType::BF16;
+        break;
+      default:
+        g.view.dtype = DType::F32;
+        g.quantized = t;
+    }
+    if (!g.quantized) g.view.data = t->data;
+    index_[name] = &g.view;
+  }
 }
 
 std::unique_ptr<Checkpoint> Checkpoint::from_tensors(std::vector<TensorData> tensors,
@@ -354,6 +395,24 @@ const TensorView& Checkpoint::get(const std::string& name) const {
   // A tensor is looked up before it is read: a file that shrank or was rewritten since it was
   // opened fails the load here rather than being read.
   if (it->second->source) it->second->source->check_unchanged();
+  if (gguf_) {
+    gguf_->check_unchanged();
+    const auto g = std::find_if(gguf_views_.begin(), gguf_views_.end(),
+                                [&](const GgufView& v) { return &v.view == it->second; });
+    const std::lock_guard lock(gguf_mutex_);
+    if (g != gguf_views_.end() && g->quantized && !g->view.data) {
+      const GgufTensor& t = *g->quantized;
+      const int64_t n = t.dims.empty() ? 1 : t.dims[0], rows = t.rows();
+      const uint64_t row_bytes = rows ? t.bytes / uint64_t(rows) : 0;
+      g->values.resize(size_t(t.numel()));
+      ThreadPool::global().parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          dequantize_row(t.type, t.data + uint64_t(r) * row_bytes, g->values.data() + r * n, n);
+      });
+      gguf_->check_unchanged();  // what was read came from the file as it was mapped
+      g->view.data = g->values.data();
+    }
+  }
   return *it->second;
 }
 
@@ -374,13 +433,7 @@ std::vector<std::string> Checkpoint::names() const {
 }
 
 bool SafetensorsFile::drop_pages(const void* p, size_t n) const {
-  if (!map_ || !map_->contains(p, n)) return false;
-  // Whole pages inside the range only: its neighbours may still be in use.
-  const auto* q = static_cast<const uint8_t*>(p);
-  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t lo = (uintptr_t(q) + page - 1) / page * page, hi = uintptr_t(q + n) / page * page;
-  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
-  return true;
+  return map_ && map_->drop_pages(p, n);
 }
 
 void Checkpoint::drop_pages(const TensorView& t) {
@@ -390,6 +443,16 @@ void Checkpoint::drop_pages(const TensorView& t) {
     f->check_unchanged();
     return;
   }
+  for (const GgufView& g : gguf_views_)
+    if (&g.view == &t) {
+      if (g.quantized) {
+        std::vector<float>().swap(g.values);
+        g.view.data = nullptr;
+      } else if (gguf_->drop_pages(t.data, t.nbytes())) {
+        gguf_->check_unchanged();
+      }
+      return;
+    }
   for (size_t i = 0; i < owned_views_.size(); ++i)
     if (&owned_views_[i] == &t) {
       std::vector<uint8_t>().swap(owned_[i].bytes);

@@ -8,8 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
@@ -19,6 +21,8 @@
 
 namespace flashmap {
 
+class GgufFile;
+struct GgufTensor;
 class MappedFile;
 class SafetensorsFile;
 
@@ -27,7 +31,7 @@ struct TensorView {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   const void* data = nullptr;
-  std::string file;  // where it came from, for error messages
+  std::string file;                         // where it came from, for error messages
   const SafetensorsFile* source = nullptr;  // the mapped file holding `data`, if any
 
   int64_t numel() const;
@@ -93,10 +97,15 @@ void write_safetensors(const std::string& path, const std::vector<const TensorVi
                        const std::map<std::string, std::string>& metadata = {});
 
 // A Hugging Face checkpoint folder: model.safetensors, or shards listed by
-// model.safetensors.index.json ({"weight_map": {tensor: shard file}}).
+// model.safetensors.index.json ({"weight_map": {tensor: shard file}}), or model.gguf: a Qwen3
+// GGUF (io/gguf.h; a folder io/gguf_convert.h makes for a GGUF target), its tensors under their
+// transformers names. A GGUF's F32, F16 and BF16 tensors are views into its mapping; a quantized
+// one (Q8_0, Q4_K, Q6_K, ...) is dequantized to F32 as ggml does when it is first looked up, and
+// held until drop_pages.
 class Checkpoint {
  public:
   explicit Checkpoint(const std::string& dir);
+  ~Checkpoint();
   // A checkpoint held in memory (benchmarks generate random weights at real shapes this way).
   static std::unique_ptr<Checkpoint> from_tensors(std::vector<TensorData> tensors,
                                                   const std::string& label);
@@ -114,11 +123,22 @@ class Checkpoint {
 
  private:
   std::string dir_;
-  Checkpoint() = default;
+  Checkpoint();
+  void open_gguf(const std::string& path);
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::vector<TensorData> owned_;
   std::vector<TensorView> owned_views_;
   std::map<std::string, const TensorView*> index_;
+  // A GGUF's tensors: views (mutable: a quantized one gets its data when first looked up) and,
+  // for each quantized one, its GGUF tensor and its dequantized values while they are held.
+  std::unique_ptr<GgufFile> gguf_;
+  struct GgufView {
+    mutable TensorView view;
+    const GgufTensor* quantized = nullptr;
+    mutable std::vector<float> values;
+  };
+  std::deque<GgufView> gguf_views_;
+  mutable std::mutex gguf_mutex_;
 };
 
 std::string shape_str(const std::vector<int64_t>& shape);

@@ -5,7 +5,6 @@
 #include <xxhash.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -33,15 +32,7 @@ void warn(const std::string& file, const std::string& what) {
 }  // namespace
 
 std::string dir() {
-  if (const char* d = std::getenv("FLASHMAP_CACHE_DIR")) {
-    if (std::string(d) == "off") return "";
-    if (*d) return d;
-  }
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
-    return (std::filesystem::path(x) / "flashmap").string();
-  if (const char* h = std::getenv("HOME"); h && *h)
-    return (std::filesystem::path(h) / ".cache" / "flashmap").string();
-  return "";
+  return cache_dir();
 }
 
 uint64_t key(const Weight& e) {
@@ -120,8 +111,7 @@ void store(const std::string& dir, uint64_t key, int64_t hidden, int64_t vocab,
     out.write(&sum, sizeof(sum));
     out.commit();
   } catch (const Error& e) {
-    fmt::print(stderr, "flashmap: warning: could not write the noise-factor cache: {}\n",
-               e.what());
+    fmt::print(stderr, "flashmap: warning: could not write the noise-factor cache: {}\n", e.what());
   }
 }
 

@@ -1,12 +1,14 @@
 // GGUF files: the header, the typed metadata (nested arrays included), the tensor table (names,
 // dimensions, types, offsets, alignment, overlap), then every tensor's rows dequantized as a
-// loader reads them, and the typed metadata reads a loader makes.
+// loader reads them, the typed metadata reads a loader makes, and the Qwen3 tensor names a GGUF
+// target is read under.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "fuzz_common.h"
 #include "io/gguf.h"
+#include "io/gguf_convert.h"
 
 using namespace flashmap;
 
@@ -40,6 +42,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (int64_t r = 0; r < rows && r < 64; ++r)
         dequantize_row(t.type, t.data + uint64_t(r) * row_bytes, row.data(), n);
     }
+    fuzz::expect_clean("qwen3_gguf_tensors", [&] {
+      for (const auto& [name, t] : qwen3_gguf_tensors(f))
+        FUZZ_REQUIRE(!name.empty() && f.contains(t->name), "tensor '{}' named '{}'", t->name, name);
+    });
     f.check_unchanged();
   });
   return 0;

@@ -12,6 +12,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -204,4 +206,92 @@ TEST(GgufConvert, HostileMetadataIsRefusedNamingIt) {
     EXPECT_THAT(e, HasSubstr("hostile.gguf"));
     EXPECT_FALSE(fs::exists(out));
   }
+}
+
+// A GGUF read in place (--target model.gguf): the folder links to the file, F32 tensors are
+// views of its mapping with the bytes of the folder it was written from, quantized ones
+// dequantize when looked up to what the `gguf` package's dequantize gives, and go when dropped.
+TEST(GgufInPlace, AnF32TargetReadsTheSameTensorsThroughTheLink) {
+  TempDir tmp;
+  const auto out = (tmp.path / "linked").string();
+  const auto r = convert_gguf(kDir + "/tiny-a-f32.gguf", out, false, GgufTensors::Link);
+  EXPECT_TRUE(r.dequantized.empty());
+  EXPECT_TRUE(fs::is_symlink(out + "/model.gguf"));
+  EXPECT_FALSE(fs::exists(out + "/model.safetensors"));
+  const Checkpoint want("tests/fixtures/tiny-a/target"), got(out);
+  EXPECT_EQ(got.names(), want.names());
+  for (const auto& name : want.names()) {
+    SCOPED_TRACE(name);
+    const TensorView &w = want.get(name), &g = got.get(name);
+    EXPECT_EQ(g.shape, w.shape);
+    ASSERT_EQ(g.dtype, w.dtype);
+    EXPECT_EQ(std::memcmp(g.data, w.data, w.nbytes()), 0);
+    EXPECT_EQ(g.file, fs::canonical(kDir + "/tiny-a-f32.gguf").string());
+  }
+}
+
+TEST(GgufInPlace, QuantizedTensorsDequantizeAsTheGgufPackageWhenLookedUp) {
+  TempDir tmp;
+  const auto out = (tmp.path / "linked").string();
+  const auto r = convert_gguf(kDir + "/qwen3-q4km.gguf", out, false, GgufTensors::Link);
+  EXPECT_TRUE(r.tokenizer);
+  const json expected = read_json(kDir + "/qwen3-q4km_expected.json");
+  Checkpoint got(out);
+  EXPECT_EQ(got.names().size(), expected["tensors"].size());
+  for (const auto& [name, e] : expected["tensors"].items()) {
+    SCOPED_TRACE(name);
+    const TensorView& t = got.get(name, e["shape"].get<std::vector<int64_t>>());
+    ASSERT_EQ(t.dtype, DType::F32);
+    EXPECT_EQ(XXH3_64bits(t.data, t.nbytes()), e["xxh3_64"].get<uint64_t>());
+    // Once packed, a dequantized copy is freed; looked up again, it is made again.
+    got.drop_pages(t);
+    if (e["type"] != "F32") EXPECT_EQ(t.data, nullptr);
+    const TensorView& again = got.get(name);
+    EXPECT_EQ(XXH3_64bits(again.data, again.nbytes()), e["xxh3_64"].get<uint64_t>());
+  }
+  // The metadata files are the converted folder's.
+  const auto copied = (tmp.path / "copied").string();
+  convert_gguf(kDir + "/qwen3-q4km.gguf", copied, false);
+  for (const char* f :
+       {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"})
+    EXPECT_EQ(read_json(out + "/" + f), read_json(copied + "/" + f)) << f;
+}
+
+TEST(GgufInPlace, TheModelFolderIsMadeOncePerFileAndRemadeWhenItChanges) {
+  TempDir tmp;
+  ::setenv("FLASHMAP_CACHE_DIR", (tmp.path / "cache").c_str(), 1);
+  const auto gguf = tmp.path / "model.gguf";
+  fs::copy_file(kDir + "/tiny-a-f32.gguf", gguf);
+  const std::string dir = gguf_model_folder(gguf.string());
+  EXPECT_EQ(fs::path(dir).parent_path(), tmp.path / "cache" / "gguf1");
+  EXPECT_EQ(fs::read_symlink(fs::path(dir) / "model.gguf"), fs::canonical(gguf));
+  const auto made = fs::last_write_time(fs::path(dir) / "config.json");
+  EXPECT_EQ(gguf_model_folder(gguf.string()), dir);  // reused, not rewritten
+  EXPECT_EQ(fs::last_write_time(fs::path(dir) / "config.json"), made);
+  // Through another path to the same file: the same folder.
+  EXPECT_EQ(gguf_model_folder((tmp.path / "." / "model.gguf").string()), dir);
+  // A file changed since: a folder of its own.
+  fs::last_write_time(gguf, fs::last_write_time(gguf) + std::chrono::seconds(5));
+  EXPECT_NE(gguf_model_folder(gguf.string()), dir);
+  // What is not a Qwen3 GGUF makes no folder and says why.
+  fs::copy_file(kDir + "/quants.gguf", tmp.path / "quants.gguf");
+  EXPECT_THAT(error_of([&] { gguf_model_folder((tmp.path / "quants.gguf").string()); }),
+              HasSubstr("quants.gguf: metadata 'general.architecture' = \"test\": only Qwen3"));
+  EXPECT_THAT(error_of([&] { gguf_model_folder((tmp.path / "absent.gguf").string()); }),
+              HasSubstr("absent.gguf: cannot open"));
+  ::unsetenv("FLASHMAP_CACHE_DIR");
+}
+
+TEST(GgufInPlace, AFolderWhoseModelGgufIsBrokenFailsNamingIt) {
+  TempDir tmp;
+  const auto out = (tmp.path / "linked").string();
+  fs::create_directory(out);
+  std::ofstream(out + "/model.gguf") << "GGUF but not much else";
+  EXPECT_THAT(error_of([&] { Checkpoint c(out); }), HasSubstr(out + "/model.gguf: "));
+  fs::remove(out + "/model.gguf");
+  fs::create_symlink(tmp.path / "nowhere.gguf", out + "/model.gguf");
+  EXPECT_THAT(error_of([&] { Checkpoint c(out); }), HasSubstr(out + "/model.gguf: "));
+  fs::remove(out + "/model.gguf");
+  EXPECT_THAT(error_of([&] { Checkpoint c(out); }),
+              HasSubstr("no model.safetensors, model.safetensors.index.json or model.gguf"));
 }

@@ -169,5 +169,5 @@ TEST(Checkpoint, ShardedIndex) {
 TEST(Checkpoint, EmptyFolder) {
   auto d = temp_dir();
   EXPECT_THAT(error_of([&] { Checkpoint c(d.string()); }),
-              HasSubstr("no model.safetensors or model.safetensors.index.json"));
+              HasSubstr("no model.safetensors, model.safetensors.index.json or model.gguf"));
 }

@@ -433,7 +433,7 @@ TEST(Convert, ConfigsThatDoNotFitAreRefusedNamingTheField) {
   copy_folder(kDFlash + "/speculators-full", d / "no_weights");
   fs::remove(d / "no_weights/model.safetensors");
   EXPECT_THAT(error_of([&] { convert(d / "no_weights", d / "x"); }),
-              HasSubstr("no model.safetensors or model.safetensors.index.json"));
+              HasSubstr("no model.safetensors, model.safetensors.index.json or model.gguf"));
   EXPECT_FALSE(fs::exists(d / "x"));
 }
 

@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "held_weight.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "ops/gemm.h"
 #include "ops/ops.h"
@@ -241,6 +242,53 @@ TEST(Gemm, Q8LinearIsGgmlsQ8_0ProductWithinFp32Rounding) {
         }
     }
   }
+}
+
+// A Q8_0 tensor read through its F32 values (as a GGUF target loads one) and packed as q8 gives
+// its own blocks back: Q8_0's rule applied to d·q returns d and q. On the GGUF fixture's Q8_0
+// tensor, and on rows of random blocks over scales from 1e-4 to 1e4 (fp16 subnormal scales
+// included) and zero blocks. (A block whose fp16 scale is 0 but whose q are not, which ggml's
+// quantizer can write for values below 2^-24 · 127, comes back with q = 0: the same zeros.)
+TEST(Gemm, Q8OfADequantizedQ8_0TensorIsTheSameBlocks) {
+  ThreadPool pool(2);
+  const auto check = [&](const uint8_t* blocks, int64_t N, int64_t K, const std::string& what) {
+    const int64_t KB = K / 32, row_bytes = KB * 34;
+    std::vector<float> x(size_t(N * K));
+    for (int64_t n = 0; n < N; ++n)
+      dequantize_row(GgmlType::Q8_0, blocks + n * row_bytes, x.data() + n * K, K);
+    const Weight W{DType::F32, x.data(), N, K};
+    const auto P = ops::pack(W, WeightFormat::Q8, what, pool);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t b = 0; b < KB; ++b) {
+        const uint8_t* blk = blocks + n * row_bytes + b * 34;
+        uint16_t d;
+        std::memcpy(&d, blk, 2);
+        ASSERT_EQ(d_at(*P, n, b), d) << what << " scale of row " << n << " block " << b;
+        for (int64_t i = 0; i < 32; ++i)
+          ASSERT_EQ(q_at(*P, n, b * 32 + i), int(int8_t(blk[2 + i])))
+              << what << " q of row " << n << " col " << b * 32 + i;
+      }
+  };
+  GgufFile g("tests/fixtures/gguf/quants.gguf");
+  const GgufTensor& t = g.tensor("q8_0");
+  ASSERT_EQ(t.type, GgmlType::Q8_0);
+  check(t.data, t.rows(), t.dims[0], "quants.gguf q8_0");
+  // Random blocks as Q8_0 holds them: q in [-127, 127] with ±127 at the block's largest
+  // magnitude (Q8_0's rule puts it there), d an fp16 of any scale.
+  const int64_t N = 96, K = 256;
+  std::vector<uint8_t> blocks(size_t(N * K / 32 * 34));
+  Rng rng(5);
+  for (int64_t blk = 0; blk < N * K / 32; ++blk) {
+    uint8_t* p = blocks.data() + blk * 34;
+    const bool zero = blk % 17 == 0;
+    const float scale = zero ? 0.0f : std::pow(10.0f, float(-4.0 + 8.0 * rng.uniform()));
+    const uint16_t d = f32_to_f16(scale / 127.0f);
+    std::memcpy(p, &d, 2);
+    for (int i = 0; i < 32; ++i)
+      p[2 + i] = uint8_t(int8_t(zero ? 0 : std::lround(254.0 * rng.uniform()) - 127));
+    if (!zero) p[2 + rng.next() % 32] = uint8_t(int8_t(rng.uniform() < 0.5 ? -127 : 127));
+  }
+  check(blocks.data(), N, K, "random Q8_0 blocks");
 }
 
 TEST(Gemm, Q8RefusesShapesAndValuesItCannotHold) {

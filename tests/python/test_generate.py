@@ -112,3 +112,24 @@ def test_bad_draft_tree_is_an_error():
         Engine(str(pair / "target"), str(pair / "draft"), draft_tree="paths:0")
     with pytest.raises(Error, match="needs a drafter"):
         Engine(str(pair / "target"), draft_tree="topk:8")
+
+
+def test_a_gguf_target_decodes_as_the_folder_it_came_from(engines, tmp_path, monkeypatch):
+    # A Qwen3 GGUF as the target (read in place through a model folder made in the cache):
+    # tiny-a's target written as an F32 GGUF, with tiny-a's drafter, gives the folder's ids.
+    from flashmap_engine import Engine
+
+    from conftest import ROOT, TINY_A
+
+    monkeypatch.setenv("FLASHMAP_CACHE_DIR", str(tmp_path))
+    gguf = ROOT / "tests" / "fixtures" / "gguf"
+    e = Engine(str(gguf / "tiny-a-f32.gguf"), str(TINY_A / "draft"))
+    assert e.target_dir == str(gguf / "tiny-a-f32.gguf")
+    want = engines("tiny-a")
+    for prompt in prompts(e.vocab_size, n=2, seed=7):
+        assert (e.generate(prompt, 32, temperature=0.0).ids.tolist() ==
+                want.generate(prompt, 32, temperature=0.0).ids.tolist())
+    # A GGUF that holds its tokenizer brings it.
+    q = Engine(str(gguf / "qwen3-q4km.gguf"))
+    assert q.tokenizer is not None
+    assert q.tokenizer.decode(q.tokenizer.encode("hello there")) == "hello there"
