@@ -432,6 +432,12 @@ std::vector<std::string> Checkpoint::names() const {
   return out;
 }
 
+int64_t Checkpoint::bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, view] : index_) n += int64_t(view->nbytes());
+  return n;
+}
+
 bool SafetensorsFile::drop_pages(const void* p, size_t n) const {
   return map_ && map_->drop_pages(p, n);
 }

@@ -116,6 +116,9 @@ class Checkpoint {
   // The tensor `name`, which must have `shape`; throws naming file, tensor and both shapes.
   const TensorView& get(const std::string& name, const std::vector<int64_t>& shape) const;
   std::vector<std::string> names() const;
+  // The bytes of every tensor as get() gives it (a quantized GGUF tensor as F32), from the
+  // shapes alone: nothing is read or dequantized.
+  int64_t bytes() const;
   // Once a tensor's packed copy exists: SafetensorsFile::drop_pages for a mapped tensor (its
   // pages are read again from the file if touched), and for one held in memory its bytes are
   // freed and its view's data becomes null (a random Qwen3-8B would otherwise be held twice).

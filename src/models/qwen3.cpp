@@ -161,9 +161,7 @@ void Qwen3Model::load_weights() {
 }
 
 int64_t Qwen3Model::weight_bytes() const {
-  int64_t n = 0;
-  for (const auto& name : ckpt_->names()) n += int64_t(ckpt_->get(name).nbytes());
-  return n;
+  return ckpt_->bytes();
 }
 
 KVCache Qwen3Model::new_cache() const {

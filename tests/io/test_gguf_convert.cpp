@@ -238,6 +238,8 @@ TEST(GgufInPlace, QuantizedTensorsDequantizeAsTheGgufPackageWhenLookedUp) {
   const json expected = read_json(kDir + "/qwen3-q4km_expected.json");
   Checkpoint got(out);
   EXPECT_EQ(got.names().size(), expected["tensors"].size());
+  std::vector<const TensorView*> quantized;
+  int64_t f32_bytes = 0;
   for (const auto& [name, e] : expected["tensors"].items()) {
     SCOPED_TRACE(name);
     const TensorView& t = got.get(name, e["shape"].get<std::vector<int64_t>>());
@@ -248,7 +250,13 @@ TEST(GgufInPlace, QuantizedTensorsDequantizeAsTheGgufPackageWhenLookedUp) {
     if (e["type"] != "F32") EXPECT_EQ(t.data, nullptr);
     const TensorView& again = got.get(name);
     EXPECT_EQ(XXH3_64bits(again.data, again.nbytes()), e["xxh3_64"].get<uint64_t>());
+    got.drop_pages(again);
+    if (e["type"] != "F32") quantized.push_back(&again);
+    f32_bytes += again.nbytes();
   }
+  // Sizes come from the shapes: nothing is dequantized again to tell them.
+  EXPECT_EQ(got.bytes(), f32_bytes);
+  for (const TensorView* t : quantized) EXPECT_EQ(t->data, nullptr) << t->name;
   // The metadata files are the converted folder's.
   const auto copied = (tmp.path / "copied").string();
   convert_gguf(kDir + "/qwen3-q4km.gguf", copied, false);
