@@ -12,6 +12,8 @@ Python reader and writer, from PyPI) gives for them.
 * tiny-a-f32.gguf: tests/fixtures/tiny-a/target (F32) written as llama.cpp's converter writes a
   Qwen3 (convert_hf_to_gguf.py: the `qwen3.*` keys, tensor names from the package's own tensor
   map, norms and weights as they are), without a tokenizer.
+* tiny-a-split-00001-of-00003.gguf (and -00002, -00003): the same, split by the package's writer
+  (split_max_tensors=20), the first file naming the split count.
 * qwen3-q4km.gguf: a random 2-layer Qwen3 (hidden 256, 4/2 heads of 64, MLP 512) with the
   shipped pair's tokenizer (models/default/target: byte-level BPE, Qwen2's pre-tokenizer) and chat
   template, its tokens, types and merges written by llama.cpp's vocabulary rule (get_vocab_base,
@@ -187,9 +189,9 @@ def add_vocab(w, tokenizer_dir, vocab_size):
     gguf.SpecialVocab(tokenizer_dir, load_merges=True).add_to_gguf(w)
 
 
-def write_gguf(path, arch, fill):
+def write_gguf(path, arch, fill, split_max_tensors=0):
     import gguf
-    w = gguf.GGUFWriter(path, arch=arch)
+    w = gguf.GGUFWriter(path, arch=arch, split_max_tensors=split_max_tensors)
     fill(w)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -216,6 +218,9 @@ def qwen3_fixtures():
         for hf in sorted(weights):
             w.add_tensor(names.get_name(hf, try_suffixes=(".weight",)), weights[hf])
     write_gguf(os.path.join(OUT, "tiny-a-f32.gguf"), "qwen3", tiny)
+    # The same split in three files of at most 20 tensors, as the converter's
+    # --split-max-tensors writes them (tiny-a-split-0000K-of-00003.gguf).
+    write_gguf(os.path.join(OUT, "tiny-a-split.gguf"), "qwen3", tiny, split_max_tensors=20)
 
     # A random Qwen3 in Q4_K_M's mix, with a tokenizer and a chat template.
     rng = np.random.default_rng(20261206)

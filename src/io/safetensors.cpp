@@ -355,7 +355,7 @@ void Checkpoint::open_gguf(const std::string& path) {
     GgufView& g = gguf_views_.emplace_back();
     g.view.name = name;
     g.view.shape.assign(t->dims.rbegin(), t->dims.rend());
-    g.view.file = gguf_->path();
+    g.view.file = t->file;  // of a split model, the part holding it
     switch (t->type) {
       case GgmlType::F32:
         g.view.dtype = DType::F32;

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """`flashmap generate --target FILE.gguf`: a Qwen3 GGUF read in place decodes exactly as the
 folder it was converted to (tensors dequantized by `flashmap convert`, whose values the io tests
-check against the gguf package) and as the folder it was written from (tiny-a's F32 target, with
-its drafter); the model folder is made once in the cache and reused; a cache that cannot be
+check against the gguf package) and as the folder it was written from (tiny-a's F32 target, in
+one file and split in three, with its drafter); the model folder is made once in the cache and reused; a cache that cannot be
 written is one clear error.
 
 gguf_target.py FLASHMAP SOURCE_DIR"""
@@ -16,6 +16,7 @@ flashmap, src = sys.argv[1], sys.argv[2]
 fx = os.path.join(src, "tests", "fixtures")
 tiny_a = os.path.join(fx, "tiny-a")
 f32_gguf = os.path.join(fx, "gguf", "tiny-a-f32.gguf")
+split_gguf = os.path.join(fx, "gguf", "tiny-a-split-00001-of-00003.gguf")
 q4km_gguf = os.path.join(fx, "gguf", "qwen3-q4km.gguf")
 failures = []
 
@@ -42,12 +43,14 @@ def same(what, a, b):
 
 with tempfile.TemporaryDirectory() as tmp:
     env = dict(os.environ, FLASHMAP_CACHE_DIR=os.path.join(tmp, "cache"))
-    # tiny-a's target as an F32 GGUF, with tiny-a's drafter: sampled and greedy.
+    # tiny-a's target as an F32 GGUF (one file, and split in three), with tiny-a's drafter:
+    # sampled and greedy.
     for mode in (["--seed", "3", "--temperature", "0.8"], ["--temperature", "0"]):
         args = ["--draft", os.path.join(tiny_a, "draft"), "--prompt-ids", "1,2,3,4,5",
                 "--max-new-tokens", "24"] + mode
-        same(f"F32 GGUF with a drafter {mode}", decode(f32_gguf, args, env),
-             decode(os.path.join(tiny_a, "target"), args, env))
+        want = decode(os.path.join(tiny_a, "target"), args, env)
+        same(f"F32 GGUF with a drafter {mode}", decode(f32_gguf, args, env), want)
+        same(f"split F32 GGUF with a drafter {mode}", decode(split_gguf, args, env), want)
     # The Q4_K_M mix, with the tokenizer and chat template of its metadata, in both weight
     # formats, against the folder `flashmap convert` writes.
     copied = os.path.join(tmp, "copied")
@@ -63,7 +66,7 @@ with tempfile.TemporaryDirectory() as tmp:
     # One folder per file in the cache, made once.
     cache = os.path.join(tmp, "cache", "gguf1")
     folders = sorted(os.listdir(cache))
-    same("cache folders", len(folders), 2)
+    same("cache folders", len(folders), 3)
     stamp = {f: os.stat(os.path.join(cache, f, "config.json")).st_mtime_ns for f in folders}
     decode(q4km_gguf, ["--no-draft", "--prompt", "hi", "--max-new-tokens", "2"], env)
     same("cache reused", {f: os.stat(os.path.join(cache, f, "config.json")).st_mtime_ns

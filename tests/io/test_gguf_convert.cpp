@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -302,4 +303,36 @@ TEST(GgufInPlace, AFolderWhoseModelGgufIsBrokenFailsNamingIt) {
   fs::remove(out + "/model.gguf");
   EXPECT_THAT(error_of([&] { Checkpoint c(out); }),
               HasSubstr("no model.safetensors, model.safetensors.index.json or model.gguf"));
+}
+
+TEST(GgufInPlace, ASplitTargetReadsAsOneFromItsFirstFile) {
+  TempDir tmp;
+  ::setenv("FLASHMAP_CACHE_DIR", (tmp.path / "cache").c_str(), 1);
+  // Given through a link of another name: the files are found beside the one it points to.
+  fs::create_symlink(fs::canonical(kDir + "/tiny-a-split-00001-of-00003.gguf"),
+                     tmp.path / "model.gguf");
+  const Checkpoint want("tests/fixtures/tiny-a/target");
+  const Checkpoint got(gguf_model_folder((tmp.path / "model.gguf").string()));
+  EXPECT_EQ(got.names(), want.names());
+  std::set<std::string> files;
+  for (const auto& name : want.names()) {
+    SCOPED_TRACE(name);
+    const TensorView &w = want.get(name), &g = got.get(name);
+    ASSERT_EQ(g.shape, w.shape);
+    EXPECT_EQ(std::memcmp(g.data, w.data, w.nbytes()), 0);
+    files.insert(fs::path(g.file).filename().string());
+  }
+  // Errors about a tensor name the part holding it.
+  EXPECT_EQ(files, (std::set<std::string>{"tiny-a-split-00001-of-00003.gguf",
+                                          "tiny-a-split-00002-of-00003.gguf",
+                                          "tiny-a-split-00003-of-00003.gguf"}));
+  // A missing part fails naming it.
+  for (const char* part : {"00001", "00002", "00003"})
+    fs::copy_file(kDir + "/tiny-a-split-" + part + "-of-00003.gguf",
+                  tmp.path / (std::string("copy-") + part + "-of-00003.gguf"));
+  fs::remove(tmp.path / "copy-00003-of-00003.gguf");
+  EXPECT_THAT(
+      error_of([&] { gguf_model_folder((tmp.path / "copy-00001-of-00003.gguf").string()); }),
+      HasSubstr("copy-00003-of-00003.gguf: cannot open"));
+  ::unsetenv("FLASHMAP_CACHE_DIR");
 }
