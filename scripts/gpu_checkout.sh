@@ -39,6 +39,7 @@ SLIM=(
   tests/data/chat/jinja_cases.json
   tests/fuzz/corpus/
   tests/fixtures/gguf/
+  tests/fixtures/quant/
 )
 CAP=$((64 << 20))
 # What CI holds the transfer to: the cap less room for the tree to grow between device runs.

@@ -9,8 +9,9 @@
 
 namespace flashmap {
 
-// Bool: one byte per element (speculators' t2d vocabulary mask).
-enum class DType : uint8_t { F32, BF16, F16, I64, I32, Bool };
+// Bool: one byte per element (speculators' t2d vocabulary mask). F8_E4M3: float8_e4m3fn, the
+// weights of an FP8 checkpoint (read through their scales: io/safetensors.h Checkpoint).
+enum class DType : uint8_t { F32, BF16, F16, I64, I32, Bool, F8_E4M3 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
@@ -25,6 +26,7 @@ inline size_t dtype_size(DType t) {
     case DType::I32:
       return 4;
     case DType::Bool:
+    case DType::F8_E4M3:
       return 1;
   }
   return 0;
@@ -44,6 +46,8 @@ inline std::string_view dtype_name(DType t) {
       return "I32";
     case DType::Bool:
       return "BOOL";
+    case DType::F8_E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }

@@ -137,6 +137,41 @@ void check_sliding_window(const Fields& f, const Qwen3Config& c) {
 
 // A Qwen3 config object (a whole config.json, or speculators' nested transformer_layer_config);
 // `path` names where it is in errors.
+// The quantization of a release whose weights Checkpoint reads (io/safetensors.h): Qwen's FP8
+// (e4m3, 128 × 128 blocks of weight scales, activations left in full precision here) or AWQ
+// (4-bit, zero points, GEMM packing); any other is refused naming it.
+static std::string quantization_method(const json& q, const std::string& path) {
+  FLASHMAP_CHECK(q.is_object(), "{}: field 'quantization_config' must be an object", path);
+  const std::string where = path + ": quantization_config";
+  Fields f{q, where};
+  const std::string method = f.string_or("quant_method", "");
+  if (method == "fp8") {
+    FLASHMAP_CHECK(f.string_or("fmt", "e4m3") == "e4m3",
+                   "{}: fmt '{}' is not supported (FP8 checkpoints of e4m3 weights are)", where,
+                   f.string_or("fmt", ""));
+    FLASHMAP_CHECK(f.has("weight_block_size") && q["weight_block_size"] == json::array({128, 128}),
+                   "{}: weight_block_size {} is not supported (FP8 with one scale per 128 × 128 "
+                   "block is)",
+                   where, f.has("weight_block_size") ? q["weight_block_size"].dump() : "absent");
+    return method;
+  }
+  if (method == "awq") {
+    FLASHMAP_CHECK(f.integer_or("bits", 4, 1, 64) == 4,
+                   "{}: bits {} is not supported (AWQ 4-bit is)", where,
+                   f.integer_or("bits", 4, 1, 64));
+    FLASHMAP_CHECK(f.boolean_or("zero_point", true),
+                   "{}: zero_point false is not supported (AWQ with zero points is)", where);
+    const std::string version = f.string_or("version", "gemm");
+    FLASHMAP_CHECK(version == "gemm" || version == "GEMM",
+                   "{}: version '{}' is not supported (AWQ's GEMM packing is)", where, version);
+    return method;
+  }
+  throw Error(
+      fmt::format("{}: quant_method '{}' is not supported (fp8 with 128 × 128 blocks and "
+                  "awq 4-bit GEMM are)",
+                  where, method));
+}
+
 static Qwen3Config qwen3_from_json(const json& j, const std::string& path) {
   Fields f{j, path};
   const std::string type = f.string_or("model_type", "");
@@ -179,6 +214,8 @@ static Qwen3Config qwen3_from_json(const json& j, const std::string& path) {
         rs.is_object() && (!rs.contains("rope_type") || rs["rope_type"] == "default");
     FLASHMAP_CHECK(rs.is_null() || plain, "{}: rope_scaling {} is not supported", path, rs.dump());
   }
+  if (f.has("quantization_config"))
+    c.quantization = quantization_method(j["quantization_config"], path);
   FLASHMAP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
                  "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", path,
                  c.num_attention_heads, c.num_key_value_heads);

@@ -30,6 +30,8 @@ struct Qwen3Config {
   bool tie_word_embeddings = false;
   bool attention_bias = false;
   std::string name_or_path;
+  // quantization_config.quant_method: "" (none), "fp8" or "awq" (others are refused).
+  std::string quantization;
 
   static Qwen3Config from_file(const std::string& path);
   // The same from the text of a config (`path` names it in errors).

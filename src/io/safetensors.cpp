@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -77,9 +79,10 @@ static DType parse_dtype(const std::string& s, const std::string& file, const st
   if (s == "I64") return DType::I64;
   if (s == "I32") return DType::I32;
   if (s == "BOOL") return DType::Bool;
+  if (s == "F8_E4M3") return DType::F8_E4M3;
   throw Error(
       fmt::format("{}: tensor '{}' has unsupported dtype '{}' (supported: F32, BF16, F16, "
-                  "I64, I32, BOOL)",
+                  "I64, I32, BOOL, F8_E4M3)",
                   file, name, s));
 }
 
@@ -340,10 +343,21 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   for (auto& [name, shard] : weight_map)
     FLASHMAP_CHECK(index_.count(name), "{}: index lists tensor '{}' in {}, which does not hold it",
                    index_path.string(), name, shard);
+  index_quantized_releases();
 }
 
 Checkpoint::Checkpoint() = default;
 Checkpoint::~Checkpoint() = default;
+
+void Checkpoint::add_dequantized(TensorView view, std::function<void(float*)> fill) {
+  Dequantized& d = dequantized_.emplace_back();
+  d.view = std::move(view);
+  d.view.dtype = DType::F32;
+  d.view.data = nullptr;
+  d.view.source = nullptr;
+  d.fill = std::move(fill);
+  index_[d.view.name] = &d.view;
+}
 
 void Checkpoint::open_gguf(const std::string& path) {
   // The file itself (through a link), where the other files of a split model lie.
@@ -352,27 +366,155 @@ void Checkpoint::open_gguf(const std::string& path) {
   FLASHMAP_CHECK(!ec, "{}: cannot open ({})", path, ec.message());
   gguf_ = std::make_unique<GgufFile>(file.string());
   for (const auto& [name, t] : qwen3_gguf_tensors(*gguf_)) {
-    GgufView& g = gguf_views_.emplace_back();
-    g.view.name = name;
-    g.view.shape.assign(t->dims.rbegin(), t->dims.rend());
-    g.view.file = t->file;  // of a split model, the part holding it
-    switch (t->type) {
-      case GgmlType::F32:
-        g.view.dtype = DType::F32;
-        break;
-      case GgmlType::F16:
-        g.view.dtype = DType::F16;
-        break;
-      case GgmlType::BF16:
-        g.view.dtype = DType::BF16;
-        break;
-      default:
-        g.view.dtype = DType::F32;
-        g.quantized = t;
+    TensorView v;
+    v.name = name;
+    v.shape.assign(t->dims.rbegin(), t->dims.rend());
+    v.file = t->file;  // of a split model, the part holding it
+    v.data = t->data;
+    if (t->type == GgmlType::F32 || t->type == GgmlType::F16 || t->type == GgmlType::BF16) {
+      v.dtype = t->type == GgmlType::F32   ? DType::F32
+                : t->type == GgmlType::F16 ? DType::F16
+                                           : DType::BF16;
+      index_[name] = &gguf_views_.emplace_back(std::move(v));
+      continue;
     }
-    if (!g.quantized) g.view.data = t->data;
-    index_[name] = &g.view;
+    add_dequantized(std::move(v), [t = t](float* out) {
+      const int64_t n = t->dims.empty() ? 1 : t->dims[0], rows = t->rows();
+      const uint64_t row_bytes = rows ? t->bytes / uint64_t(rows) : 0;
+      ThreadPool::global().parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          dequantize_row(t->type, t->data + uint64_t(r) * row_bytes, out + r * n, n);
+      });
+    });
   }
+}
+
+namespace {
+
+// float8_e4m3fn (torch's, ml_dtypes'): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
+// infinities, S.1111.111 is NaN; exponent 0 is subnormal (m / 8 · 2^-6).
+float f8_e4m3_to_f32(uint8_t b) {
+  const int e = (b >> 3) & 0xf, m = b & 7;
+  float v;
+  if (e == 0xf && m == 7)
+    v = std::numeric_limits<float>::quiet_NaN();
+  else if (e == 0)
+    v = std::ldexp(float(m), -9);
+  else
+    v = std::ldexp(float(8 + m), e - 10);
+  return (b & 0x80) ? -v : v;
+}
+
+// A float tensor's element i, widened to fp32.
+float float_at(const TensorView& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::F32:
+      return static_cast<const float*>(t.data)[i];
+    case DType::BF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::F16:
+      return f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+    default:
+      return 0.0f;
+  }
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+void Checkpoint::index_quantized_releases() {
+  std::vector<std::pair<std::string, const TensorView*>> fp8, awq;
+  for (const auto& [name, t] : index_) {
+    if (t->dtype == DType::F8_E4M3) fp8.emplace_back(name, t);
+    if (ends_with(name, ".qweight")) awq.emplace_back(name, t);
+  }
+  // Qwen's FP8 (quantization_config: quant_method fp8, weight_block_size [128, 128]):
+  // W[r, c] = fp8[r, c] · weight_scale_inv[r / 128, c / 128].
+  constexpr int64_t kBlock = 128;
+  for (const auto& [name, w] : fp8) {
+    const std::string scale_name = name + "_scale_inv";
+    FLASHMAP_CHECK(ends_with(name, ".weight") && index_.count(scale_name),
+                   "{}: tensor '{}' is F8_E4M3 without '{}' (the block scales of an FP8 "
+                   "checkpoint)",
+                   w->file, name, scale_name);
+    const TensorView* s = index_.at(scale_name);
+    FLASHMAP_CHECK(w->shape.size() == 2, "{}: tensor '{}' has shape {}, expected a matrix", w->file,
+                   name, shape_str(w->shape));
+    const int64_t R = w->shape[0], C = w->shape[1];
+    const std::vector<int64_t> want = {(R + kBlock - 1) / kBlock, (C + kBlock - 1) / kBlock};
+    FLASHMAP_CHECK(s->shape == want && is_float(s->dtype),
+                   "{}: tensor '{}' is {} {}, expected a float tensor of shape {} (one scale per "
+                   "128 × 128 block of '{}' {})",
+                   s->file, scale_name, dtype_name(s->dtype), shape_str(s->shape), shape_str(want),
+                   name, shape_str(w->shape));
+    add_dequantized(*w, [w = w, s = s, R, C](float* out) {
+      const auto* q = static_cast<const uint8_t*>(w->data);
+      const int64_t SC = (C + kBlock - 1) / kBlock;
+      ThreadPool::global().parallel_for(R, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = 0; c < C; ++c)
+            out[r * C + c] =
+                f8_e4m3_to_f32(q[r * C + c]) * float_at(*s, (r / kBlock) * SC + c / kBlock);
+      });
+    });
+  }
+  // AWQ, GEMM packing (AutoAWQ; vLLM's awq_dequantize): qweight [in, out / 8] and qzeros
+  // [in / group, out / 8] int32 hold 8 four-bit values each, output column 8j + k in the
+  // nibble kAwqOrder[k]; scales [in / group, out]. W[o, i] = (q[i, o] − z[i / group, o]) ·
+  // scales[i / group, o], exact in fp32 (vLLM's fp16 dequantization rounds it to fp16).
+  static constexpr int kAwqOrder[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  for (const auto& [qname, q] : awq) {
+    const std::string prefix = qname.substr(0, qname.size() - std::string(".qweight").size());
+    const std::string zname = prefix + ".qzeros", sname = prefix + ".scales",
+                      wname = prefix + ".weight";
+    FLASHMAP_CHECK(index_.count(zname) && index_.count(sname),
+                   "{}: tensor '{}' without '{}' and '{}' (an AWQ checkpoint's)", q->file, qname,
+                   zname, sname);
+    FLASHMAP_CHECK(!index_.count(wname), "{}: both '{}' and the AWQ tensor '{}'", q->file, wname,
+                   qname);
+    const TensorView *z = index_.at(zname), *s = index_.at(sname);
+    FLASHMAP_CHECK(q->dtype == DType::I32 && q->shape.size() == 2,
+                   "{}: tensor '{}' is {} {}, "
+                   "expected an I32 matrix [in, out / 8]",
+                   q->file, qname, dtype_name(q->dtype), shape_str(q->shape));
+    const int64_t in = q->shape[0], out = q->shape[1] * 8;
+    FLASHMAP_CHECK(is_float(s->dtype) && s->shape.size() == 2 && s->shape[1] == out &&
+                       s->shape[0] >= 1 && in % s->shape[0] == 0,
+                   "{}: tensor '{}' is {} {}, expected a float matrix [groups, {}] with the {} "
+                   "input rows of '{}' a multiple of its groups",
+                   s->file, sname, dtype_name(s->dtype), shape_str(s->shape), out, in, qname);
+    const int64_t groups = s->shape[0], group = in / groups;
+    FLASHMAP_CHECK(z->dtype == DType::I32 && z->shape == std::vector<int64_t>({groups, out / 8}),
+                   "{}: tensor '{}' is {} {}, expected I32 [{}, {}]", z->file, zname,
+                   dtype_name(z->dtype), shape_str(z->shape), groups, out / 8);
+    TensorView v = *q;
+    v.name = wname;
+    v.shape = {out, in};
+    add_dequantized(std::move(v), [q = q, z = z, s = s, in, out, group](float* w) {
+      const auto* qw = static_cast<const uint32_t*>(q->data);
+      const auto* qz = static_cast<const uint32_t*>(z->data);
+      const auto nibble = [](uint32_t packed, int64_t col) {
+        return int((packed >> (4 * kAwqOrder[col % 8])) & 0xf);
+      };
+      ThreadPool::global().parallel_for(out, 8, [&](int64_t o0, int64_t o1) {
+        for (int64_t o = o0; o < o1; ++o)
+          for (int64_t i = 0; i < in; ++i) {
+            const int64_t g = i / group;
+            const int d =
+                nibble(qw[i * (out / 8) + o / 8], o) - nibble(qz[g * (out / 8) + o / 8], o);
+            w[o * in + i] = float(d) * float_at(*s, g * out + o);
+          }
+      });
+    });
+    index_.erase(qname);
+    index_.erase(zname);
+    index_.erase(sname);
+  }
+  for (const auto& [name, w] : fp8) index_.erase(name + "_scale_inv");
 }
 
 std::unique_ptr<Checkpoint> Checkpoint::from_tensors(std::vector<TensorData> tensors,
@@ -395,23 +537,17 @@ const TensorView& Checkpoint::get(const std::string& name) const {
   // A tensor is looked up before it is read: a file that shrank or was rewritten since it was
   // opened fails the load here rather than being read.
   if (it->second->source) it->second->source->check_unchanged();
-  if (gguf_) {
-    gguf_->check_unchanged();
-    const auto g = std::find_if(gguf_views_.begin(), gguf_views_.end(),
-                                [&](const GgufView& v) { return &v.view == it->second; });
-    const std::lock_guard lock(gguf_mutex_);
-    if (g != gguf_views_.end() && g->quantized && !g->view.data) {
-      const GgufTensor& t = *g->quantized;
-      const int64_t n = t.dims.empty() ? 1 : t.dims[0], rows = t.rows();
-      const uint64_t row_bytes = rows ? t.bytes / uint64_t(rows) : 0;
-      g->values.resize(size_t(t.numel()));
-      ThreadPool::global().parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r)
-          dequantize_row(t.type, t.data + uint64_t(r) * row_bytes, g->values.data() + r * n, n);
-      });
-      gguf_->check_unchanged();  // what was read came from the file as it was mapped
-      g->view.data = g->values.data();
-    }
+  if (gguf_) gguf_->check_unchanged();
+  const auto d = std::find_if(dequantized_.begin(), dequantized_.end(),
+                              [&](const Dequantized& v) { return &v.view == it->second; });
+  const std::lock_guard lock(dequantize_mutex_);
+  if (d != dequantized_.end() && !d->view.data) {
+    d->values.resize(size_t(d->view.numel()));
+    d->fill(d->values.data());
+    // What was read came from the files as they were mapped.
+    if (gguf_) gguf_->check_unchanged();
+    for (const auto& f : files_) f->check_unchanged();
+    d->view.data = d->values.data();
   }
   return *it->second;
 }
@@ -449,16 +585,16 @@ void Checkpoint::drop_pages(const TensorView& t) {
     f->check_unchanged();
     return;
   }
-  for (const GgufView& g : gguf_views_)
-    if (&g.view == &t) {
-      if (g.quantized) {
-        std::vector<float>().swap(g.values);
-        g.view.data = nullptr;
-      } else if (gguf_->drop_pages(t.data, t.nbytes())) {
-        gguf_->check_unchanged();
-      }
+  for (const Dequantized& d : dequantized_)
+    if (&d.view == &t) {
+      std::vector<float>().swap(d.values);
+      d.view.data = nullptr;
       return;
     }
+  if (gguf_ && gguf_->drop_pages(t.data, t.nbytes())) {
+    gguf_->check_unchanged();
+    return;
+  }
   for (size_t i = 0; i < owned_views_.size(); ++i)
     if (&owned_views_[i] == &t) {
       std::vector<uint8_t>().swap(owned_[i].bytes);

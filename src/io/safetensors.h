@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -101,7 +102,9 @@ void write_safetensors(const std::string& path, const std::vector<const TensorVi
 // GGUF (io/gguf.h; a folder io/gguf_convert.h makes for a GGUF target), its tensors under their
 // transformers names. A GGUF's F32, F16 and BF16 tensors are views into its mapping; a quantized
 // one (Q8_0, Q4_K, Q6_K, ...) is dequantized to F32 as ggml does when it is first looked up, and
-// held until drop_pages.
+// held until drop_pages. So are the quantized weights of Qwen's releases: FP8 (an F8_E4M3
+// `X.weight` times its `X.weight_scale_inv` per 128 × 128 block) and AWQ (4-bit `X.qweight`,
+// `X.qzeros` and `X.scales` per group of input rows, GEMM packing), under `X.weight` as F32.
 class Checkpoint {
  public:
   explicit Checkpoint(const std::string& dir);
@@ -132,16 +135,22 @@ class Checkpoint {
   std::vector<TensorData> owned_;
   std::vector<TensorView> owned_views_;
   std::map<std::string, const TensorView*> index_;
-  // A GGUF's tensors: views (mutable: a quantized one gets its data when first looked up) and,
-  // for each quantized one, its GGUF tensor and its dequantized values while they are held.
+  // The float tensors of a GGUF (views of its mapping).
   std::unique_ptr<GgufFile> gguf_;
-  struct GgufView {
+  std::deque<TensorView> gguf_views_;
+  // Tensors stored quantized (a GGUF's, FP8, AWQ): an F32 view whose data `fill` makes when it is
+  // first looked up, held until drop_pages.
+  struct Dequantized {
     mutable TensorView view;
-    const GgufTensor* quantized = nullptr;
+    std::function<void(float*)> fill;
     mutable std::vector<float> values;
   };
-  std::deque<GgufView> gguf_views_;
-  mutable std::mutex gguf_mutex_;
+  std::deque<Dequantized> dequantized_;
+  mutable std::mutex dequantize_mutex_;
+  void add_dequantized(TensorView view, std::function<void(float*)> fill);
+  // The FP8 (weight + weight_scale_inv) and AWQ (qweight, qzeros, scales) tensors of the
+  // safetensors files, as their F32 weights.
+  void index_quantized_releases();
 };
 
 std::string shape_str(const std::vector<int64_t>& shape);

@@ -1,6 +1,6 @@
 // safetensors files: the 8-byte header length, the JSON header (dtypes, shapes, offsets, overlap),
-// then every tensor read as a loader reads it (to_f32 / to_i64, the shape checks of
-// Checkpoint::get).
+// then every tensor read as a loader reads it (to_f32 / to_i64), and the file as a checkpoint
+// folder's model.safetensors: every tensor looked up, Qwen's FP8 and AWQ weights dequantized.
 #include <cstddef>
 #include <cstdint>
 
@@ -23,6 +23,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_REQUIRE(f.drop_pages(t.data, t.nbytes()), "tensor '{}' lies outside its file", name);
       fuzz::expect_clean("to_f32", [&] { (void)t.to_f32(); });
       fuzz::expect_clean("to_i64", [&] { (void)t.to_i64(); });
+    }
+  });
+  static const std::filesystem::path dir = [] {
+    const auto d = fuzz::scratch_dir() / "checkpoint";
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  fuzz::write_file(dir / "model.safetensors",
+                   std::string_view(reinterpret_cast<const char*>(data), size));
+  fuzz::expect_clean("Checkpoint", [&] {
+    Checkpoint c(dir.string());
+    for (const auto& name : c.names()) {
+      const TensorView& t = c.get(name);
+      FUZZ_REQUIRE(t.data || t.numel() == 0, "tensor '{}' has no data", name);
+      fuzz::expect_clean("to_f32", [&] { (void)t.to_f32(); });
     }
   });
   return 0;

@@ -74,6 +74,12 @@ def safetensors_seeds():
     put("safetensors", safetensors_bytes([("e", "BF16", [0, 3], b""), ("i", "I64", [2], b"\1" * 16),
                                           ("b", "BOOL", [3], b"\1\0\1"), ("h", "F16", [1], b"\0<")]))
     put("safetensors", safetensors_bytes([("i32", "I32", [1, 1], b"\xff\xff\xff\x7f")]))
+    # Qwen's quantized releases: an FP8 weight with its block scale, an AWQ triple.
+    put("safetensors", safetensors_bytes([("m.weight", "F8_E4M3", [4, 8], bytes(range(0, 128, 4))),
+                                          ("m.weight_scale_inv", "F32", [1, 1], b"\0\0\x80?")]))
+    put("safetensors", safetensors_bytes([("m.qweight", "I32", [8, 1], bytes(range(32))),
+                                          ("m.qzeros", "I32", [1, 1], b"\x88\x88\x88\x88"),
+                                          ("m.scales", "F16", [1, 8], b"\0<" * 8)]))
     assert sizes
 
 

@@ -248,7 +248,9 @@ TEST(GgufInPlace, QuantizedTensorsDequantizeAsTheGgufPackageWhenLookedUp) {
     EXPECT_EQ(XXH3_64bits(t.data, t.nbytes()), e["xxh3_64"].get<uint64_t>());
     // Once packed, a dequantized copy is freed; looked up again, it is made again.
     got.drop_pages(t);
-    if (e["type"] != "F32") EXPECT_EQ(t.data, nullptr);
+    if (e["type"] != "F32") {
+      EXPECT_EQ(t.data, nullptr);
+    }
     const TensorView& again = got.get(name);
     EXPECT_EQ(XXH3_64bits(again.data, again.nbytes()), e["xxh3_64"].get<uint64_t>());
     got.drop_pages(again);

@@ -133,11 +133,11 @@ TEST(Safetensors, OffsetsLie) {
 
 TEST(Safetensors, UnknownDtype) {
   auto d = temp_dir();
-  write_raw(d / "a.safetensors", R"({"w":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})",
+  write_raw(d / "a.safetensors", R"({"w":{"dtype":"F8_E5M2","shape":[4],"data_offsets":[0,4]}})",
             4);
   auto msg = error_of([&] { SafetensorsFile f((d / "a.safetensors").string()); });
   EXPECT_THAT(msg, HasSubstr("'w'"));
-  EXPECT_THAT(msg, HasSubstr("unsupported dtype 'F8_E4M3'"));
+  EXPECT_THAT(msg, HasSubstr("unsupported dtype 'F8_E5M2'"));
 }
 
 TEST(Checkpoint, MissingTensorAndWrongShape) {

@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
-"""`flashmap generate --target FILE.gguf`: a Qwen3 GGUF read in place decodes exactly as the
+"""Targets whose weights are stored quantized.
+
+`flashmap generate --target FILE.gguf`: a Qwen3 GGUF read in place decodes exactly as the
 folder it was converted to (tensors dequantized by `flashmap convert`, whose values the io tests
 check against the gguf package) and as the folder it was written from (tiny-a's F32 target, in
 one file and split in three, with its drafter); the model folder is made once in the cache and reused; a cache that cannot be
 written is one clear error.
 
-gguf_target.py FLASHMAP SOURCE_DIR"""
+Qwen's FP8 and AWQ releases (tiny-a's target in both, tests/fixtures/quant; their weights are
+checked against the reference dequantization in tests/io/test_quantized_releases.cpp): with
+tiny-a's drafter, greedy and seeded sampled ids equal the target alone's, so speculation stays
+lossless with respect to the quantized model.
+
+quantized_targets.py FLASHMAP SOURCE_DIR"""
 import json
 import os
 import subprocess
@@ -81,6 +88,14 @@ with tempfile.TemporaryDirectory() as tmp:
         failures.append(f"unwritable cache: exit {p.returncode}, stderr {p.stderr!r}")
     else:
         print(f"ok: unwritable cache: {err[0]}")
+
+    for fmt in ("fp8", "awq"):
+        target = os.path.join(fx, "quant", fmt)
+        for mode in (["--temperature", "0"], ["--seed", "5", "--temperature", "0.8"]):
+            args = ["--prompt-ids", "1,2,3,4,5", "--max-new-tokens", "32"] + mode
+            same(f"{fmt}: speculative = target alone {mode}",
+                 decode(target, ["--draft", os.path.join(tiny_a, "draft")] + args, env),
+                 decode(target, ["--no-draft"] + args, env))
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))
