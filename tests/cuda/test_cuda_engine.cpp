@@ -716,6 +716,34 @@ TEST_F(CudaEngine, ServingOnASecondGpuStaysOnIt) {
   EXPECT_LE(before - std::min(before, during), size_t(64) << 20);
 }
 
+// Targets stored quantized (Qwen's FP8 and AWQ releases, a GGUF read in place) upload their
+// dequantized weights as bf16, through the public engine as `--device cuda` loads them: greedy
+// speculative output equals the device's own target alone, and agrees with the CPU engine's
+// greedy output on its first tokens (bf16 against fp32 weights: the rest may part).
+TEST_F(CudaEngine, QuantizedTargetsDecodeLosslessly) {
+  const auto greedy_ids = [](const std::string& target, const std::string& draft,
+                             const std::string& device) {
+    EngineOptions eo{.target = target, .draft = draft, .device = device};
+    Engine engine(eo);
+    RequestParams r;
+    r.prompt = {3, 141, 59, 26, 5};
+    r.max_tokens = 32;
+    r.sampling.temperature = 0.0f;
+    auto req = engine.submit(r);
+    EXPECT_TRUE(wait_end(*req).finished) << target;
+    return req->tokens();
+  };
+  for (const std::string target :
+       {"tests/fixtures/quant/fp8", "tests/fixtures/quant/awq",
+        "tests/fixtures/gguf/tiny-a-split-00001-of-00003.gguf"}) {
+    const auto alone = greedy_ids(target, "", "cuda");
+    ASSERT_EQ(alone.size(), 32u) << target;
+    EXPECT_EQ(greedy_ids(target, "tests/fixtures/tiny-a/draft", "cuda"), alone) << target;
+    const auto cpu = greedy_ids(target, "", "cpu");
+    EXPECT_GE(common_prefix(cpu, alone), 4u) << target;
+  }
+}
+
 }  // namespace
 }  // namespace flashmap::cuda
 
