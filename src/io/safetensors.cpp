@@ -405,15 +405,23 @@ float f8_e4m3_to_f32(uint8_t b) {
   return (b & 0x80) ? -v : v;
 }
 
+// Element i of a tensor whose data need not be aligned (safetensors offsets are any byte).
+template <typename T>
+T load_at(const void* data, int64_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const uint8_t*>(data) + i * int64_t(sizeof(T)), sizeof(T));
+  return v;
+}
+
 // A float tensor's element i, widened to fp32.
 float float_at(const TensorView& t, int64_t i) {
   switch (t.dtype) {
     case DType::F32:
-      return static_cast<const float*>(t.data)[i];
+      return load_at<float>(t.data, i);
     case DType::BF16:
-      return bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+      return bf16_to_f32(load_at<uint16_t>(t.data, i));
     case DType::F16:
-      return f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+      return f16_to_f32(load_at<uint16_t>(t.data, i));
     default:
       return 0.0f;
   }
@@ -495,8 +503,6 @@ void Checkpoint::index_quantized_releases() {
     v.name = wname;
     v.shape = {out, in};
     add_dequantized(std::move(v), [q = q, z = z, s = s, in, out, group](float* w) {
-      const auto* qw = static_cast<const uint32_t*>(q->data);
-      const auto* qz = static_cast<const uint32_t*>(z->data);
       const auto nibble = [](uint32_t packed, int64_t col) {
         return int((packed >> (4 * kAwqOrder[col % 8])) & 0xf);
       };
@@ -504,8 +510,8 @@ void Checkpoint::index_quantized_releases() {
         for (int64_t o = o0; o < o1; ++o)
           for (int64_t i = 0; i < in; ++i) {
             const int64_t g = i / group;
-            const int d =
-                nibble(qw[i * (out / 8) + o / 8], o) - nibble(qz[g * (out / 8) + o / 8], o);
+            const int d = nibble(load_at<uint32_t>(q->data, i * (out / 8) + o / 8), o) -
+                          nibble(load_at<uint32_t>(z->data, g * (out / 8) + o / 8), o);
             w[o * in + i] = float(d) * float_at(*s, g * out + o);
           }
       });
