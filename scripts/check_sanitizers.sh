@@ -85,8 +85,9 @@ for stage in "${stages[@]}"; do
       cmake --build "$tsan" -j"$jobs" --target "${TSAN_TARGETS[@]}"
       stage_time "tsan build" "$t0"
       t1=$(date +%s)
-      # halt_on_error: a race fails the test that met it (the server's too, by its exit status).
-      TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
+      # halt_on_error: a race fails the test that met it (the server's too, by its exit status;
+      # the server tests print its log when it dies). tests/tsan.supp: the system libraries'.
+      TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
         ctest --test-dir "$tsan" --output-on-failure -j"$jobs" -R "$TSAN_TESTS"
       stage_time "tsan tests" "$t1"
       ;;

@@ -69,8 +69,10 @@ void ModelOptions::resolve() {
       tokenizer = target;
   }
   if (no_draft) draft.clear();
-  if (tokenizer.empty() && std::filesystem::exists(target_folder(target) + "/tokenizer.json", ec))
-    tokenizer = target_folder(target);
+  if (tokenizer.empty()) {
+    const std::string folder = target_folder(target);  // a GGUF's folder holds its tokenizer
+    if (std::filesystem::exists(folder + "/tokenizer.json", ec)) tokenizer = folder;
+  }
 }
 
 CLI::Validator non_empty(const std::string& message) {

@@ -80,4 +80,26 @@ inline uint16_t f32_to_f16(float f) {
   return std::bit_cast<uint16_t>(_Float16(f));
 }
 
+// Element i of a float tensor (is_float(t)), widened to fp32; `data` need not be aligned
+// (safetensors offsets are any byte). 0 for other dtypes, which callers rule out first.
+inline float float_element(const void* data, DType t, int64_t i) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint16_t h;
+  switch (t) {
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, p + i * 4, 4);
+      return f;
+    }
+    case DType::BF16:
+      std::memcpy(&h, p + i * 2, 2);
+      return bf16_to_f32(h);
+    case DType::F16:
+      std::memcpy(&h, p + i * 2, 2);
+      return f16_to_f32(h);
+    default:
+      return 0.0f;
+  }
+}
+
 }  // namespace flashmap

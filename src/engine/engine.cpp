@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "engine/rounds.h"
 #include "engine/spec_policy.h"
 #include "engine/tree_policy.h"
+#include "io/gguf_convert.h"
 
 namespace flashmap {
 
@@ -137,6 +139,12 @@ const EngineOptions& with_threads(const EngineOptions& o) {
 }
 
 }  // namespace
+
+std::string target_folder(const std::string& target) {
+  std::error_code ec;
+  const bool gguf = std::filesystem::is_regular_file(target, ec) && is_gguf_file(target);
+  return gguf ? gguf_model_folder(target) : target;
+}
 
 Engine::Engine(EngineOptions options)
     : Engine(engine::make_backend(with_threads(options)), options) {}

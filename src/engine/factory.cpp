@@ -2,12 +2,9 @@
 // (cpu/, and cuda/ when built with it), and the checks of the options that pick one.
 #include "engine/factory.h"
 
-#include <filesystem>
-
 #include "core/check.h"
 #include "core/thread_pool.h"
 #include "cpu/backend.h"
-#include "io/gguf_convert.h"
 #include "ops/gemm.h"
 #ifdef FLASHMAP_WITH_CUDA
 #include "cuda/backend.h"
@@ -17,7 +14,6 @@
 namespace flashmap {
 
 using engine::Backend;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -69,12 +65,6 @@ void check_draft_window(const EngineOptions& o) {
 }
 
 }  // namespace
-
-std::string target_folder(const std::string& target) {
-  std::error_code ec;
-  return fs::is_regular_file(target, ec) && is_gguf_file(target) ? gguf_model_folder(target)
-                                                                 : target;
-}
 
 std::unique_ptr<Backend> engine::make_backend(const EngineOptions& o) {
   check_device(o);

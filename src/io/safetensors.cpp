@@ -357,6 +357,7 @@ void Checkpoint::add_dequantized(TensorView view, std::function<void(float*)> fi
   d.view.source = nullptr;
   d.fill = std::move(fill);
   index_[d.view.name] = &d.view;
+  dequantized_of_[&d.view] = &d;
 }
 
 void Checkpoint::open_gguf(const std::string& path) {
@@ -413,20 +414,6 @@ T load_at(const void* data, int64_t i) {
   return v;
 }
 
-// A float tensor's element i, widened to fp32.
-float float_at(const TensorView& t, int64_t i) {
-  switch (t.dtype) {
-    case DType::F32:
-      return load_at<float>(t.data, i);
-    case DType::BF16:
-      return bf16_to_f32(load_at<uint16_t>(t.data, i));
-    case DType::F16:
-      return f16_to_f32(load_at<uint16_t>(t.data, i));
-    default:
-      return 0.0f;
-  }
-}
-
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -440,6 +427,9 @@ void Checkpoint::index_quantized_releases() {
     if (t->dtype == DType::F8_E4M3) fp8.emplace_back(name, t);
     if (ends_with(name, ".qweight")) awq.emplace_back(name, t);
   }
+  FLASHMAP_CHECK(fp8.empty() || awq.empty(), "{}: holds both FP8 ('{}') and AWQ ('{}') weights",
+                 dir_, fp8.front().first, awq.front().first);
+  quantization_ = !fp8.empty() ? "fp8" : !awq.empty() ? "awq" : "";
   // Qwen's FP8 (quantization_config: quant_method fp8, weight_block_size [128, 128]):
   // W[r, c] = fp8[r, c] · weight_scale_inv[r / 128, c / 128].
   constexpr int64_t kBlock = 128;
@@ -465,8 +455,8 @@ void Checkpoint::index_quantized_releases() {
       ThreadPool::global().parallel_for(R, 16, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t c = 0; c < C; ++c)
-            out[r * C + c] =
-                f8_e4m3_to_f32(q[r * C + c]) * float_at(*s, (r / kBlock) * SC + c / kBlock);
+            out[r * C + c] = f8_e4m3_to_f32(q[r * C + c]) *
+                             float_element(s->data, s->dtype, (r / kBlock) * SC + c / kBlock);
       });
     });
   }
@@ -512,7 +502,7 @@ void Checkpoint::index_quantized_releases() {
             const int64_t g = i / group;
             const int d = nibble(load_at<uint32_t>(q->data, i * (out / 8) + o / 8), o) -
                           nibble(load_at<uint32_t>(z->data, g * (out / 8) + o / 8), o);
-            w[o * in + i] = float(d) * float_at(*s, g * out + o);
+            w[o * in + i] = float(d) * float_element(s->data, s->dtype, g * out + o);
           }
       });
     });
@@ -544,10 +534,11 @@ const TensorView& Checkpoint::get(const std::string& name) const {
   // opened fails the load here rather than being read.
   if (it->second->source) it->second->source->check_unchanged();
   if (gguf_) gguf_->check_unchanged();
-  const auto d = std::find_if(dequantized_.begin(), dequantized_.end(),
-                              [&](const Dequantized& v) { return &v.view == it->second; });
+  const auto q = dequantized_of_.find(it->second);
+  if (q == dequantized_of_.end()) return *it->second;
+  Dequantized* d = q->second;
   const std::lock_guard lock(dequantize_mutex_);
-  if (d != dequantized_.end() && !d->view.data) {
+  if (!d->view.data) {
     d->values.resize(size_t(d->view.numel()));
     d->fill(d->values.data());
     // What was read came from the files as they were mapped.
@@ -591,12 +582,12 @@ void Checkpoint::drop_pages(const TensorView& t) {
     f->check_unchanged();
     return;
   }
-  for (const Dequantized& d : dequantized_)
-    if (&d.view == &t) {
-      std::vector<float>().swap(d.values);
-      d.view.data = nullptr;
-      return;
-    }
+  if (const auto q = dequantized_of_.find(&t); q != dequantized_of_.end()) {
+    const std::lock_guard lock(dequantize_mutex_);
+    std::vector<float>().swap(q->second->values);
+    q->second->view.data = nullptr;
+    return;
+  }
   if (gguf_ && gguf_->drop_pages(t.data, t.nbytes())) {
     gguf_->check_unchanged();
     return;

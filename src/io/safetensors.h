@@ -16,6 +16,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/dtype.h"
@@ -122,6 +123,9 @@ class Checkpoint {
   // The bytes of every tensor as get() gives it (a quantized GGUF tensor as F32), from the
   // shapes alone: nothing is read or dequantized.
   int64_t bytes() const;
+  // "fp8" or "awq" when the safetensors hold such a release's tensors (read as F32 weights),
+  // else "": what a config's quantization_config must say.
+  const std::string& quantization() const { return quantization_; }
   // Once a tensor's packed copy exists: SafetensorsFile::drop_pages for a mapped tensor (its
   // pages are read again from the file if touched), and for one held in memory its bytes are
   // freed and its view's data becomes null (a random Qwen3-8B would otherwise be held twice).
@@ -145,7 +149,9 @@ class Checkpoint {
     std::function<void(float*)> fill;
     mutable std::vector<float> values;
   };
+  std::string quantization_;
   std::deque<Dequantized> dequantized_;
+  std::unordered_map<const TensorView*, Dequantized*> dequantized_of_;  // by its view
   mutable std::mutex dequantize_mutex_;
   void add_dequantized(TensorView view, std::function<void(float*)> fill);
   // The FP8 (weight + weight_scale_inv) and AWQ (qweight, qzeros, scales) tensors of the

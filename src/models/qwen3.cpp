@@ -141,6 +141,12 @@ int64_t Qwen3Model::packed_bytes() const {
 
 void Qwen3Model::load_weights() {
   const auto& c = config_;
+  // The weights are read as the tensors are (FP8 and AWQ ones by their names and dtypes); a config
+  // that says otherwise describes other files.
+  const auto said = [](const std::string& q) { return q.empty() ? std::string("none") : q; };
+  FLASHMAP_CHECK(ckpt_->quantization() == c.quantization,
+                 "{}: config.json's quantization_config says {}, but the weights are {}", dir_,
+                 said(c.quantization), said(ckpt_->quantization()));
   const int64_t H = c.hidden_size;
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
     return Weight::of(ckpt_->get(name, {rows, cols}));

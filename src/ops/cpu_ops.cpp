@@ -21,23 +21,8 @@ Weight Weight::of(const TensorView& t) {
 }
 
 float Weight::at(int64_t r, int64_t c) const {
-  const int64_t i = r * cols + c;
-  uint16_t h;
-  switch (dtype) {
-    case DType::F32: {
-      float f;
-      std::memcpy(&f, static_cast<const float*>(data) + i, 4);
-      return f;
-    }
-    case DType::BF16:
-      std::memcpy(&h, static_cast<const uint16_t*>(data) + i, 2);
-      return bf16_to_f32(h);
-    case DType::F16:
-      std::memcpy(&h, static_cast<const uint16_t*>(data) + i, 2);
-      return f16_to_f32(h);
-    default:
-      throw InternalError("Weight::at on an integer tensor");
-  }
+  if (!is_float(dtype)) throw InternalError("Weight::at on an integer tensor");
+  return float_element(data, dtype, r * cols + c);
 }
 
 void Weight::row_f32(int64_t r, float* out) const {

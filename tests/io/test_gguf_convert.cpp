@@ -29,9 +29,11 @@
 #include "io/gguf_convert.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "temp_dir.h"
 
 using namespace flashmap;
 using flashmap::testing::error_of;
+using flashmap::testing::TempDir;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -39,19 +41,6 @@ using json = nlohmann::json;
 namespace {
 
 const std::string kDir = "tests/fixtures/gguf";
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "flashmap-gguf-convert-XXXXXX").string();
-    if (!::mkdtemp(t.data())) std::abort();
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 json read_json(const fs::path& p) {
   return json::parse(std::ifstream(p));

@@ -17,9 +17,11 @@
 #include "error_of.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "temp_dir.h"
 
 using namespace flashmap;
 using flashmap::testing::error_of;
+using flashmap::testing::TempDir;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -31,19 +33,6 @@ const std::string kDir = "tests/fixtures/quant";
 json expected() {
   return json::parse(std::ifstream(kDir + "/expected.json"));
 }
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "flashmap-quant-XXXXXX").string();
-    if (!::mkdtemp(t.data())) std::abort();
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 TensorData raw(const std::string& name, DType dtype, std::vector<int64_t> shape, size_t bytes) {
   return TensorData{name, dtype, std::move(shape), std::vector<uint8_t>(bytes, 0x11)};

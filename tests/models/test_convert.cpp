@@ -22,9 +22,11 @@
 #include "models/dflash.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
+#include "temp_dir.h"
 
 using namespace flashmap;
 using flashmap::testing::error_of;
+using flashmap::testing::TempDir;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
@@ -42,23 +44,6 @@ json read_json(const fs::path& p) {
 void write_json(const fs::path& p, const json& j) {
   std::ofstream(p) << j.dump(2);
 }
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "convert-test-XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-  // Entries left beside the outputs (temporary folders must not be).
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-};
 
 // A copy of `from` in `to`, whose config.json `edit` may change.
 void copy_folder(const std::string& from, const std::string& to,

@@ -9,10 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "error_of.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
+#include "temp_dir.h"
 
 using namespace flashmap;
+using flashmap::testing::error_of;
+using flashmap::testing::TempDir;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
@@ -91,6 +95,30 @@ TEST(Qwen3, TokenOutsideVocabulary) {
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("token id 5000 is outside the vocabulary"));
   }
+}
+
+// A config whose quantization_config does not describe its weights names both.
+TEST(Qwen3, QuantizationConfigMustDescribeTheWeights) {
+  const auto load_with = [](const std::string& from, const nlohmann::json& q) {
+    TempDir d("flashmap-quant-config");
+    fs::copy_file(from + "/model.safetensors", d.path / "model.safetensors");
+    auto cfg = nlohmann::json::parse(std::ifstream(from + "/config.json"));
+    if (q.is_null())
+      cfg.erase("quantization_config");
+    else
+      cfg["quantization_config"] = q;
+    std::ofstream(d.path / "config.json") << cfg.dump();
+    return error_of([&] { Qwen3Model m(d.path.string()); });
+  };
+  const nlohmann::json fp8 = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  const std::string quant = "tests/fixtures/quant";
+  EXPECT_THAT(load_with(kTarget, fp8),
+              HasSubstr("config.json's quantization_config says fp8, but the weights are none"));
+  EXPECT_THAT(load_with(quant + "/fp8", nullptr),
+              HasSubstr("config.json's quantization_config says none, but the weights are fp8"));
+  EXPECT_THAT(load_with(quant + "/awq", fp8),
+              HasSubstr("config.json's quantization_config says fp8, but the weights are awq"));
+  EXPECT_EQ(load_with(quant + "/fp8", fp8), "<no error>");
 }
 
 TEST(FlashMap, BatchedDraftEqualsSeparateDrafts) {

@@ -2,8 +2,19 @@
 
 import re
 import subprocess
+import sys
 import threading
 import time
+
+
+def _drain(proc, log):
+    """Gathers the server's stderr into log; a server that ends on its own with a failure (a
+    sanitizer's report, an abort) prints what it wrote, so that the test that met it says why."""
+    log.extend(proc.stderr)
+    code = proc.wait()
+    if code not in (0, -9, -15):
+        sys.stderr.write(f"flashmap serve exited with {code}; its log:\n" + "".join(log))
+        sys.stderr.flush()
 
 
 def start(cmd, timeout=60):
@@ -21,7 +32,7 @@ def start(cmd, timeout=60):
         m = re.search(r"listening on http://[\d.]+:(\d+)", line)
         if m:
             log = []
-            threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
+            threading.Thread(target=_drain, args=(proc, log), daemon=True).start()
             return proc, int(m.group(1)), log
     proc.kill()
     raise RuntimeError("server did not start:\n" + "".join(lines))
