@@ -90,18 +90,24 @@ Problem make_problem(int64_t M, int64_t N, int64_t K, DType dtype, ops::WeightFo
 
 void BM_Linear(benchmark::State& state) {
   const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
-  // range(3): 0 f32, 1 bf16, 2 bf16 packed as q8, 3 bf16 in the bf16 compute mode
+  // range(3): 0 f32, 1 bf16, 2 bf16 packed as q8, 3 bf16 in the bf16 compute mode, 4 bf16
+  // packed as q4
   const DType dtype = state.range(3) ? DType::BF16 : DType::F32;
   const bool bf16_compute = state.range(3) == 3;
   if (bf16_compute && !ops::has_bf16_compute())
     return state.SkipWithError("no AVX512-BF16 on this CPU");
-  const auto format = state.range(3) == 2 ? ops::WeightFormat::Q8
-                      : bf16_compute      ? ops::WeightFormat::Bf16
-                                          : ops::WeightFormat::Native;
+  const auto format = state.range(3) == 2   ? ops::WeightFormat::Q8
+                      : state.range(3) == 4 ? ops::WeightFormat::Q4
+                      : bf16_compute        ? ops::WeightFormat::Bf16
+                                            : ops::WeightFormat::Native;
   const bool cold = state.range(4) != 0;
   // Cold: enough copies that the packed bytes overflow the L3 (streamed from memory, as a decode
-  // step's weights are); q8 packs a bf16 matrix to ~half its bytes, so it needs twice the copies.
-  const size_t cold_bytes = size_t(state.range(3) == 2 ? 192 : 96) << 20;
+  // step's weights are); q8 and q4 pack a bf16 matrix to ~1/2 and ~1/4 of its bytes, so they
+  // need 2 and 4 times the copies.
+  const size_t cold_bytes = size_t(state.range(3) == 2   ? 192
+                                   : state.range(3) == 4 ? 384
+                                                         : 96)
+                            << 20;
   Problem p = make_problem(M, N, K, dtype, format, cold ? cold_bytes : 0);
   ThreadPool& pool = ThreadPool::global();
   size_t next = 0;
@@ -121,6 +127,7 @@ void BM_Linear(benchmark::State& state) {
       benchmark::Counter(double(p.w[0].packed->bytes()) * calls, benchmark::Counter::kIsRate,
                          benchmark::Counter::kIs1000);
   state.SetLabel(std::string(state.range(3) == 2   ? "q8"
+                             : state.range(3) == 4 ? "q4"
                              : bf16_compute        ? "bf16-compute"
                              : dtype == DType::F32 ? "f32"
                                                    : "bf16") +
@@ -128,8 +135,8 @@ void BM_Linear(benchmark::State& state) {
 }
 
 // An MLP projection of the default target (hidden 512, MLP 1536, f32) and Qwen3-0.6B's layers
-// (hidden 1024, q 2048, MLP 3072, bf16 and q8) at 1 row and at the verify rows of blocks 8 and 16;
-// "hot" reuses one cache-resident matrix (pure compute), "cold" cycles through copies that
+// (hidden 1024, q 2048, MLP 3072, bf16, q8 and q4) at 1 row and at the verify rows of blocks 8 and
+// 16; "hot" reuses one cache-resident matrix (pure compute), "cold" cycles through copies that
 // overflow the L3 (memory-bound).
 void Shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "N", "K", "fmt", "cold"});
@@ -137,7 +144,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
     for (const int64_t m : {1, 9, 17}) {
       b->Args({m, 1536, 512, 0, cold});
       b->Args({m, 1536, 512, 2, cold});
-      for (const int64_t fmt : {1, 2}) {
+      for (const int64_t fmt : {1, 2, 4}) {
         b->Args({m, 3072, 1024, fmt, cold});
         b->Args({m, 1024, 3072, fmt, cold});
         b->Args({m, 2048, 1024, fmt, cold});

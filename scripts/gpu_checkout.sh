@@ -40,6 +40,7 @@ SLIM=(
   tests/fuzz/corpus/
   tests/fixtures/gguf/
   tests/fixtures/quant/
+  tests/fixtures/q8/
 )
 CAP=$((64 << 20))
 # What CI holds the transfer to: the cap less room for the tree to grow between device runs.

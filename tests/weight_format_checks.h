@@ -1,7 +1,7 @@
-// Checks shared by the tests of the CPU's other weight formats (q8, the bf16 compute mode): each is
-// a model of its own, so the engine's losslessness rests on its target being batch-invariant
-// (a verify pass gives the bits of single-token steps), and its distance from the native model
-// is measured on teacher-forced logits.
+// Checks shared by the tests of the CPU's other weight formats (q8, q4, the bf16 compute mode):
+// each is a model of its own, so the engine's losslessness rests on its target being
+// batch-invariant (a verify pass gives the bits of single-token steps), and its distance from the
+// native model is measured on teacher-forced logits.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -87,9 +87,11 @@ inline LogitAgreement logit_agreement(const Qwen3Model& ref, const Qwen3Model& o
 // The format's teacher-forced logits against the native model on the fixture targets and the
 // shipped one, printed (for the README) and bounded. q8 puts weights and activations on int8 grids
 // of 255 steps per 32 values (~0.3% relative error each), bf16 compute rounds them to 8
-// significant bits (~0.2%); the tiny fixtures' random logits are near-ties at a few positions. A
-// wrong scale, index or sign gives NMSE of order 1 and chance agreement (1 in 1024).
-inline void expect_logits_close_to_native(ops::WeightFormat format, const char* name) {
+// significant bits (~0.2%), q4 puts weights on 16 steps per 32 values (~3%: the bounds are the
+// caller's); the tiny fixtures' random logits are near-ties at a few positions. A wrong scale,
+// index or sign gives NMSE of order 1 and chance agreement (1 in 1024).
+inline void expect_logits_close_to_native(ops::WeightFormat format, const char* name,
+                                          double nmse_max = 2e-3, double argmax_min = 0.8) {
   for (const char* dir : {"tests/fixtures/tiny-a/target", "tests/fixtures/tiny-a/target_bf16",
                           "models/default/target"}) {
     const Qwen3Model native(dir), other(dir, nullptr, format);
@@ -97,8 +99,8 @@ inline void expect_logits_close_to_native(ops::WeightFormat format, const char* 
     std::cout << "[ info ] " << dir << ": " << name << " vs native logit NMSE " << a.nmse
               << ", argmax agreement " << a.argmax * 100 << "% over " << a.positions
               << " positions\n";
-    EXPECT_LT(a.nmse, 2e-3) << dir;
-    EXPECT_GE(a.argmax, 0.8) << dir;
+    EXPECT_LT(a.nmse, nmse_max) << dir;
+    EXPECT_GE(a.argmax, argmax_min) << dir;
     EXPECT_FALSE(a.identical) << dir << ": " << name << " changed nothing";
   }
 }

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Writes tests/fixtures/q8/q8_reference.safetensors: weight matrices and their Q8_0
-quantization by the gguf package (llama.cpp's own Python quantizer, bit-exact with ggml-quants.c),
-which tests/ops/test_gemm.cpp compares byte for byte with flashmap's --weights q8 packing.
+"""Writes tests/fixtures/q8/q8_reference.safetensors: weight matrices and their Q8_0 and Q4_0
+quantizations by the gguf package (llama.cpp's own Python quantizer, bit-exact with
+ggml-quants.c), which tests/ops/test_gemm.cpp compares byte for byte with flashmap's --weights q8
+and q4 packings.
 
     pip install gguf numpy
     python3 tools/make_q8_fixture.py --out tests/fixtures/q8/q8_reference.safetensors
 
 Tensors: w (F32 [N, K]) with d (F16 [N, K/32]) and q (I32 [N, K], the int8 values); wb (BF16), db,
-qb the same for a bf16 matrix (widened to fp32 before quantizing, as both engines do).
+qb the same for a bf16 matrix (widened to fp32 before quantizing, as both engines do); d4, q4
+(the nibbles 0…15) and d4b, q4b: Q4_0 of the same two.
 """
 
 import argparse
@@ -40,6 +42,15 @@ def q8(w):
     return d, q
 
 
+def q4(w):
+    blocks = quants.quantize(w, GGMLQuantizationType.Q4_0).reshape(N, K // 32, 18)
+    d = blocks[:, :, :2].copy().view(np.float16).reshape(N, K // 32)
+    # ggml's Q4_0 byte i holds element i in its low nibble and element i + 16 in its high one.
+    qs = blocks[:, :, 2:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(N, K).astype(np.int32)
+    return d, q
+
+
 def write_safetensors(path, tensors):
     """The format by hand (safetensors.numpy has no bfloat16): an 8-byte little-endian header
     length, the JSON header, then the raw little-endian bytes of each tensor."""
@@ -67,9 +78,12 @@ def main():
     wb_bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
     wb = (wb_bits.astype(np.uint32) << 16).view(np.float32)
     db, qb = q8(wb)
+    d4, q4s = q4(w)
+    d4b, q4b = q4(wb)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     write_safetensors(args.out, [("w", "F32", w), ("d", "F16", d), ("q", "I32", q), ("wb", "BF16", wb_bits),
-                                 ("db", "F16", db), ("qb", "I32", qb)])
+                                 ("db", "F16", db), ("qb", "I32", qb), ("d4", "F16", d4),
+                                 ("q4", "I32", q4s), ("d4b", "F16", d4b), ("q4b", "I32", q4b)])
 
 if __name__ == "__main__":
     main()

@@ -74,7 +74,8 @@ struct EngineOptions {
   // context). CPU backend.
   int draft_window = 0;
   // How the CPU backend holds linear weights: "native" (their file dtype, packed for the GEMM
-  // kernel) or "q8" (int8 with Q8_0's per-32 fp16 scales, quantized at load). CUDA: native only.
+  // kernel), "q8" (int8 with Q8_0's per-32 fp16 scales) or "q4" (4-bit, Q4_0's blocks), quantized
+  // at load. CUDA: native only.
   std::string weights = "native";
   // The CPU backend's arithmetic: "fp32" (the reference: weights widened to fp32, fp32 FMAs) or
   // "bf16" (AVX512-BF16 dot products: weights and each row of activations rounded to bf16, sums in

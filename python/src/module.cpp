@@ -343,7 +343,7 @@ class PyEngine {
     o.ngram_block = ngram_block.value_or(o.ngram_block);
     o.hybrid_ngram = hybrid_ngram;  // 0: off
     o.draft_window = draft_window;  // 0: off; range and drafter checked by the engine
-    o.weights = weights;            // "native" | "q8"; checked by the engine
+    o.weights = weights;            // "native" | "q8" | "q4"; checked by the engine
     o.compute = compute_mode;       // "fp32" | "bf16"; checked by the engine (and the CPU)
     if (steps && *steps < 1)
       throw flashmap::Error(fmt::format("steps must be >= 1, got {}", *steps));
@@ -494,14 +494,15 @@ NB_MODULE(_core, m) {
         s.close();
       });
 
-  nb::class_<PyEngine>(m, "Engine",
-                       "A Qwen3 target folder (or Qwen3 GGUF file, read in place), an optional "
-                       "FlashMap or DFlash drafter folder (or "
-                       "\"ngram\": prompt lookup, with ngram_min, ngram_max, ngram_block; "
-                       "hybrid_ngram=N: prompt lookup beside the drafter where N tokens match; "
-                       "draft_window=N: the drafter attends to the last N context positions), "
-                       "a device (cpu, cuda, cuda:N) and, on the CPU, weights (native or q8) and "
-                       "compute (fp32, or bf16: AVX512-BF16 dot products).")
+  nb::class_<PyEngine>(
+      m, "Engine",
+      "A Qwen3 target folder (or Qwen3 GGUF file, read in place), an optional "
+      "FlashMap or DFlash drafter folder (or "
+      "\"ngram\": prompt lookup, with ngram_min, ngram_max, ngram_block; "
+      "hybrid_ngram=N: prompt lookup beside the drafter where N tokens match; "
+      "draft_window=N: the drafter attends to the last N context positions), "
+      "a device (cpu, cuda, cuda:N) and, on the CPU, weights (native, q8 or q4) and "
+      "compute (fp32, or bf16: AVX512-BF16 dot products).")
       .def(nb::init<const std::string&, std::optional<std::string>, const std::string&,
                     std::optional<int>, std::optional<int>, const std::string&, std::optional<int>,
                     std::optional<int>, std::optional<int>, int, int, const std::string&,

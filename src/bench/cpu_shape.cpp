@@ -356,9 +356,12 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   out["draft_shape"] = a.draft_shape.empty() ? json(nullptr) : json(a.draft_shape);
   out["target"] = from_folder ? json(a.target) : json(nullptr);
   out["isa"] = ops::isa_name(ops::active_isa());
-  const bool q8 = target.weight_format() == ops::WeightFormat::Q8;
-  out["weights"] = ops::weight_format_name(target.weight_format());
-  out["lm_head_dtype"] = q8 ? std::string("Q8_0") : std::string(dtype_name(target.lm_head().dtype));
+  const ops::WeightFormat wf = target.weight_format();
+  out["weights"] = ops::weight_format_name(wf);
+  out["lm_head_dtype"] = wf == ops::WeightFormat::Q8 ? std::string("Q8_0")
+                         : wf == ops::WeightFormat::Q4
+                             ? std::string("Q4_0")
+                             : std::string(dtype_name(target.lm_head().dtype));
   out["tied_embeddings"] = tied;
   out["context"] = a.context;
   out["read_bandwidth_gbps"] = gbps;

@@ -108,9 +108,10 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
                  "cpu (default), cuda or cuda:N (a GPU; needs a build with the CUDA backend)")
       ->check(non_empty());
   app.add_option("--weights", m.weights,
-                 "how the CPU holds linear weights: native (their file dtype; default) or q8 "
-                 "(int8, llama.cpp's Q8_0 blocks, quantized at load)")
-      ->check(CLI::IsMember({"native", "q8"}));
+                 "how the CPU holds linear weights: native (their file dtype; default), q8 "
+                 "(int8, llama.cpp's Q8_0 blocks) or q4 (4-bit, llama.cpp's Q4_0 blocks), "
+                 "quantized at load")
+      ->check(CLI::IsMember({"native", "q8", "q4"}));
   app.add_option("--compute", m.compute,
                  "CPU arithmetic: fp32 (default, the reference) or bf16 (AVX512-BF16 dot "
                  "products: activations and weights rounded to bf16, fp32 sums; twice the rate)")

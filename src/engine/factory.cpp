@@ -75,7 +75,7 @@ std::unique_ptr<Backend> engine::make_backend(const EngineOptions& o) {
     return cpu::CpuBackend::load(target, o.draft, o.steps, o.sampled_vocab, weights, ngram,
                                  o.hybrid_ngram, o.draft_window);
   FLASHMAP_CHECK(weights == ops::WeightFormat::Native,
-                 "--weights {}: the CUDA backend runs bf16 weights only (q8 is a CPU format)",
+                 "--weights {}: the CUDA backend runs bf16 weights only (q8 and q4 are CPU formats)",
                  o.weights);
 #ifdef FLASHMAP_WITH_CUDA
   return cuda::make_backend(o.device, target, o.draft, o.steps, o.sampled_vocab, o.max_context,

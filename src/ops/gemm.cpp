@@ -1,4 +1,4 @@
-// Packing (and q8 quantization) of linear weights, the choice of kernel for this CPU, and
+// Packing (and q8/q4 quantization) of linear weights, the choice of kernel for this CPU, and
 // ops::linear, which runs the kernel over column panels on the thread pool.
 #include "ops/gemm.h"
 
@@ -22,13 +22,16 @@ namespace flashmap::ops {
 WeightFormat parse_weight_format(const std::string& s) {
   if (s == "native" || s == "auto") return WeightFormat::Native;
   if (s == "q8" || s == "q8_0" || s == "int8") return WeightFormat::Q8;
-  throw Error(fmt::format("--weights: unknown weight format '{}' (native or q8)", s));
+  if (s == "q4" || s == "q4_0" || s == "int4") return WeightFormat::Q4;
+  throw Error(fmt::format("--weights: unknown weight format '{}' (native, q8 or q4)", s));
 }
 
 const char* weight_format_name(WeightFormat f) {
   switch (f) {
     case WeightFormat::Q8:
       return "q8";
+    case WeightFormat::Q4:
+      return "q4";
     case WeightFormat::Bf16:
       return "bf16-compute";
     case WeightFormat::Unpacked:
@@ -43,9 +46,10 @@ WeightFormat weight_format(const std::string& weights, const std::string& comput
   const WeightFormat w = parse_weight_format(weights);
   if (compute == "fp32" || compute == "f32" || compute.empty()) return w;
   FLASHMAP_CHECK(compute == "bf16", "--compute: unknown compute mode '{}' (fp32 or bf16)", compute);
-  FLASHMAP_CHECK(w != WeightFormat::Q8,
-                 "--compute bf16 with --weights q8: q8 products are int8 dot products already "
-                 "(use one or the other)");
+  FLASHMAP_CHECK(w != WeightFormat::Q8 && w != WeightFormat::Q4,
+                 "--compute bf16 with --weights {}: {} products are int8 dot products already "
+                 "(use one or the other)",
+                 weight_format_name(w), weight_format_name(w));
   FLASHMAP_CHECK(has_bf16_compute(),
                  "--compute bf16 needs a CPU with AVX512-BF16 (vdpbf16ps); this one runs the {} "
                  "kernels (use --compute fp32)",
@@ -56,6 +60,7 @@ WeightFormat weight_format(const std::string& weights, const std::string& comput
 namespace {
 
 constexpr int64_t kQ8BlockBytes = kQ8Block * kPanel + kPanel * 2;
+constexpr int64_t kQ4BlockBytes = kQ8Block * kPanel / 2 + kPanel * 2;
 
 uint8_t* alloc_panels(int64_t bytes) {
   // 2 MiB alignment lets transparent huge pages back the buffer (set to "madvise" on Debian):
@@ -98,11 +103,15 @@ void pack_native(const Weight& W, PackedWeight& P, int64_t p0, int64_t p1) {
   }
 }
 
-// ggml's Q8_0 rule, so that a q8 model here is the model llama.cpp's Q8_0 file holds: per output
-// column and block of 32 k, d = max|w| / 127 and q = roundf(w · (1/d)) (half away from zero) in
-// fp32, then d stored as fp16; the weight run is q · fp16(d). tests/ops/test_gemm.cpp checks every
-// byte against the gguf package's quantizer.
-void pack_q8(const Weight& W, PackedWeight& P, const std::string& what, int64_t p0, int64_t p1) {
+// Panels [p0, p1) of an integer format, column by column and block of 32 k: every weight must be
+// finite; `rule(w, amax, m, q)` quantizes the block's 32 values w (amax: their largest magnitude,
+// m: the first value of that magnitude), storing value i through q(i, value), and returns the
+// scale as fp16, which must be finite too; it is stored after the block's q_bytes.
+template <class Rule>
+void pack_blocks(const Weight& W, PackedWeight& P, const std::string& what, int64_t p0, int64_t p1,
+                 const Rule& rule) {
+  const char* name = P.q8 ? "q8" : "q4";
+  const int64_t q_bytes = P.q8 ? kQ8Block * kPanel : kQ8Block * kPanel / 2;
   std::vector<float> row(static_cast<size_t>(W.cols));
   for (int64_t p = p0; p < p1; ++p) {
     uint8_t* panel = P.data.get() + p * P.panel_bytes;
@@ -114,27 +123,54 @@ void pack_q8(const Weight& W, PackedWeight& P, const std::string& what, int64_t 
         std::fill(row.begin(), row.end(), 0.0f);
       for (int64_t b = 0; b < W.cols / kQ8Block; ++b) {
         const float* w = row.data() + b * kQ8Block;
-        float amax = 0;
+        float amax = 0, m = 0;
         for (int i = 0; i < kQ8Block; ++i) {
           FLASHMAP_CHECK(std::isfinite(w[i]),
-                         "{}: row {} holds {} at column {}; q8 needs finite weights", what, n, w[i],
-                         b * kQ8Block + i);
-          amax = std::max(amax, std::fabs(w[i]));
+                         "{}: row {} holds {} at column {}; {} needs finite weights", what, n, w[i],
+                         b * kQ8Block + i, name);
+          if (amax < std::fabs(w[i])) {
+            amax = std::fabs(w[i]);
+            m = w[i];
+          }
         }
-        const float d = amax / 127.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
-        const uint16_t dh = f32_to_f16(d);
+        uint8_t* blk = panel + b * (q_bytes + kPanel * 2);
+        // Value i of column j: group i / 4 of 4 k, byte i % 4 of the column's 4 (gemm.h).
+        const uint16_t dh = rule(w, amax, m, [&](int i, int q) {
+          const int g = i / 4;
+          if (P.q8) {
+            blk[g * kPanel * 4 + j * 4 + i % 4] = uint8_t(q + 128);
+          } else {  // groups 2h and 2h + 1 share the bytes of pair h, low nibble first
+            uint8_t& byte = blk[(g / 2) * kPanel * 4 + j * 4 + i % 4];
+            byte = g % 2 == 0 ? uint8_t(q) : uint8_t(byte | q << 4);
+          }
+        });
         FLASHMAP_CHECK(std::isfinite(f16_to_f32(dh)),
-                       "{}: row {} has a block of magnitude {}, past what a q8 scale (fp16) holds",
-                       what, n, amax);
-        uint8_t* blk = panel + b * kQ8BlockBytes;
-        for (int i = 0; i < kQ8Block; ++i) {
-          const float q = std::clamp(std::round(w[i] * id), -127.0f, 127.0f);
-          blk[(i / 4) * kPanel * 4 + j * 4 + i % 4] = uint8_t(int(q) + 128);
-        }
-        std::memcpy(blk + kQ8Block * kPanel + j * 2, &dh, 2);
+                       "{}: row {} has a block of magnitude {}, past what a {} scale (fp16) holds",
+                       what, n, amax, name);
+        std::memcpy(blk + q_bytes + j * 2, &dh, 2);
       }
     }
   }
+}
+
+// ggml's Q8_0 rule, so that a q8 model here is the model llama.cpp's Q8_0 file holds: d =
+// max|w| / 127 and q = roundf(w · (1/d)) (half away from zero) in fp32, then d stored as fp16;
+// the weight run is q · fp16(d).
+uint16_t q8_rule(const float* w, float amax, float, const auto& store) {
+  const float d = amax / 127.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
+  for (int i = 0; i < kQ8Block; ++i)
+    store(i, int(std::clamp(std::round(w[i] * id), -127.0f, 127.0f)));
+  return f32_to_f16(d);
+}
+
+// ggml's Q4_0 rule, so that a q4 model here is the model llama.cpp's Q4_0 file holds: with m the
+// first value of largest magnitude, d = m / −8 and q = min(15, trunc(w · (1/d) + 8.5)) in fp32
+// (stored as the nibble q), then d as fp16; the weight run is (q − 8) · fp16(d).
+uint16_t q4_rule(const float* w, float, float m, const auto& store) {
+  const float d = m / -8.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
+  // w · id + 8.5 lies in [0.5, 16.5] up to rounding: truncation is floor there.
+  for (int i = 0; i < kQ8Block; ++i) store(i, std::clamp(int(w[i] * id + 8.5f), 0, 15));
+  return f32_to_f16(d);
 }
 
 // Panels [p0, p1) for the bf16 compute mode: element (kp, j) of panel p is the uint32 pair
@@ -175,16 +211,17 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
   auto P = std::make_shared<PackedWeight>();
   P->dtype = format == WeightFormat::Bf16 ? DType::BF16 : W.dtype;
   P->q8 = format == WeightFormat::Q8;
+  P->q4 = format == WeightFormat::Q4;
   P->bf16_dot = format == WeightFormat::Bf16;
   P->rows = W.rows;
   P->cols = W.cols;
   P->panels = (W.rows + kPanel - 1) / kPanel;
-  if (P->q8) {
+  if (P->integer()) {
     FLASHMAP_CHECK(W.cols % kQ8Block == 0,
-                   "{}: --weights q8 needs the input size to be a multiple of {} (one scale per "
+                   "{}: --weights {} needs the input size to be a multiple of {} (one scale per "
                    "{} weights), but it is {} — run this model with --weights native",
-                   what, kQ8Block, kQ8Block, W.cols);
-    P->panel_bytes = W.cols / kQ8Block * kQ8BlockBytes;
+                   what, weight_format_name(format), kQ8Block, kQ8Block, W.cols);
+    P->panel_bytes = W.cols / kQ8Block * (P->q8 ? kQ8BlockBytes : kQ4BlockBytes);
   } else if (P->bf16_dot) {
     P->panel_bytes = (W.cols + 1) / 2 * kPanel * 4;
   } else {
@@ -195,8 +232,12 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
   // weight packed per call) stay on the calling thread.
   const int64_t grain = P->bytes() < (int64_t(1) << 20) ? std::max<int64_t>(P->panels, 1) : 8;
   auto body = [&](int64_t p0, int64_t p1) {
+    // The rules are checked byte for byte against the gguf package's quantizer
+    // (tests/ops/test_gemm.cpp).
     if (P->q8)
-      pack_q8(W, *P, what, p0, p1);
+      pack_blocks(W, *P, what, p0, p1, [](auto... a) { return q8_rule(a...); });
+    else if (P->q4)
+      pack_blocks(W, *P, what, p0, p1, [](auto... a) { return q4_rule(a...); });
     else if (P->bf16_dot)
       pack_bf16_pairs(W, *P, p0, p1);
     else if (dtype_size(W.dtype) == 4)
@@ -217,13 +258,15 @@ std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* con
   auto P = std::make_shared<PackedWeight>();
   P->dtype = first.dtype;
   P->q8 = first.q8;
+  P->q4 = first.q4;
   P->bf16_dot = first.bf16_dot;
   P->cols = first.cols;
   P->panel_bytes = first.panel_bytes;
   for (size_t i = 0; i < parts.size(); ++i) {
     const PackedWeight& w = *parts[i];
-    FLASHMAP_ASSERT(w.dtype == first.dtype && w.q8 == first.q8 && w.bf16_dot == first.bf16_dot &&
-                    w.cols == first.cols && w.panel_bytes == first.panel_bytes);
+    FLASHMAP_ASSERT(w.dtype == first.dtype && w.q8 == first.q8 && w.q4 == first.q4 &&
+                    w.bf16_dot == first.bf16_dot && w.cols == first.cols &&
+                    w.panel_bytes == first.panel_bytes);
     FLASHMAP_ASSERT(i + 1 == parts.size() || w.rows % kPanel == 0);
     P->rows += w.rows;
     P->panels += w.panels;
@@ -314,8 +357,8 @@ bool has_bf16_compute() {
 
 namespace {
 
-// x quantized as ggml quantizes the activations it multiplies with Q8_0 weights: per row and
-// block of 32, dx = max|x| / 127 and q = roundf(x / dx) (here dx stays fp32). Each row is
+// x quantized as ggml quantizes the activations it multiplies with Q8_0 and Q4_0 weights: per row
+// and block of 32, dx = max|x| / 127 and q = roundf(x / dx) (here dx stays fp32). Each row is
 // quantized alone, so rows do not depend on their batch. A non-finite block gets dx = NaN (the
 // outputs become NaN, as fp32 arithmetic would make them) and q = 0.
 struct QuantizedRows {
@@ -404,6 +447,7 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
   }
   FLASHMAP_ASSERT(P->rows == W.rows && P->cols == W.cols);
   const kernel::Format format = P->q8                     ? kernel::kQ8
+                                : P->q4                   ? kernel::kQ4
                                 : P->bf16_dot             ? kernel::kBF16Dot
                                 : P->dtype == DType::BF16 ? kernel::kBF16
                                 : P->dtype == DType::F16  ? kernel::kF16
@@ -411,7 +455,7 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
   kernel::Args a{x, M,   ldx,     P->data.get(), P->panel_bytes, P->rows, P->cols, format,  bias,
                  y, ldy, nullptr, nullptr,       nullptr,        nullptr, false,   nullptr, 0};
   std::optional<QuantizedRows> xq;
-  if (P->q8) {
+  if (P->integer()) {
     xq.emplace(x, M, W.cols, ldx);
     a.qx = xq->q.data();
     a.qxf = xq->qf.data();

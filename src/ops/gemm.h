@@ -24,7 +24,7 @@ class ThreadPool;
 namespace ops {
 
 constexpr int kPanel = 32;    // output columns per panel
-constexpr int kQ8Block = 32;  // k values per int8 scale (as ggml's Q8_0)
+constexpr int kQ8Block = 32;  // k values per int8 or int4 scale (ggml's Q8_0 and Q4_0)
 
 // How linear weights are held: in their file dtype (fp32, bf16 or f16, widened to fp32 in the
 // kernel), or as int8 with one fp16 scale per 32 consecutive k of each output column (ggml's
@@ -36,9 +36,12 @@ constexpr int kQ8Block = 32;  // k values per int8 scale (as ggml's Q8_0)
 // product, sums in fp32 — twice the arithmetic rate of the fp32 FMA, a different model from the
 // fp32 reference (llama.cpp's bf16 path rounds the same way); the engine is lossless with respect
 // to it. Only on CPUs with AVX512-BF16 (has_bf16_compute()).
+// Q4: 4-bit weights as ggml's Q4_0 (q in 0…15, weight (q − 8) · d, one fp16 d per 32 k of a
+// column, quantized by its rule), multiplied with rows of x quantized as for q8: llama.cpp's
+// Q4_0 × Q8_0 product. Half the bytes of q8 for what a step streams; a different model again.
 // Unpacked: left as mapped, for a model whose weights are only read from (the CUDA upload).
-enum class WeightFormat { Native, Q8, Bf16, Unpacked };
-WeightFormat parse_weight_format(const std::string& s);  // "native" | "q8"
+enum class WeightFormat { Native, Q8, Q4, Bf16, Unpacked };
+WeightFormat parse_weight_format(const std::string& s);  // "native" | "q8" | "q4"
 const char* weight_format_name(WeightFormat f);
 // The format of --weights W with --compute C ("fp32" or "bf16"); a one-line error naming the
 // option for an unknown value, a combination that does not exist (q8 with bf16) or bf16 on a CPU
@@ -48,10 +51,14 @@ WeightFormat weight_format(const std::string& weights, const std::string& comput
 // A packed matrix: dtype F32, BF16 or F16 as the file's. q8: the panel is K/32 blocks, each
 // [8 groups of 4 k][32 columns][4 k] bytes q + 128 (VNNI's operand order), then the 32 columns'
 // fp16 scales. bf16_dot (dtype BF16): the panel is ceil(K/2) pairs of k, each the 32 columns'
-// (w[n, 2kp], w[n, 2kp + 1]) side by side (vdpbf16ps's operand order; 0 past K).
+// (w[n, 2kp], w[n, 2kp + 1]) side by side (vdpbf16ps's operand order; 0 past K). q4: the panel
+// is K/32 blocks, each [4 pairs of groups of 4 k][32 columns][4 k] bytes holding q of group 2h in
+// the low nibble and of group 2h + 1 in the high one (a shift and a mask give q8's group layout),
+// then the 32 columns' fp16 scales.
 struct PackedWeight {
   DType dtype = DType::F32;
   bool q8 = false;
+  bool q4 = false;
   bool bf16_dot = false;
   int64_t rows = 0, cols = 0;  // N, K
   int64_t panels = 0;          // ceil(N / 32); the last one zero-padded
@@ -59,11 +66,13 @@ struct PackedWeight {
   std::unique_ptr<uint8_t, void (*)(void*)> data{nullptr, nullptr};
 
   const uint8_t* panel(int64_t p) const { return data.get() + p * panel_bytes; }
+  // Products with integer weights (q8, q4) quantize the rows of x first.
+  bool integer() const { return q8 || q4; }
   int64_t bytes() const { return panels * panel_bytes; }
 };
 
-// Packs W (any float dtype) as `format`, on `pool`. `what` names the tensor in errors (a q8
-// weight needs K divisible by 32).
+// Packs W (any float dtype) as `format`, on `pool`. `what` names the tensor in errors (a q8 or
+// q4 weight needs K divisible by 32).
 std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
                                          const std::string& what, ThreadPool& pool);
 

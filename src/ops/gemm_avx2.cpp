@@ -39,9 +39,42 @@ struct V {
   static I load_i32(const uint8_t* p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   }
-  static R q8_byte(I raw, int j) {
+  static R q_byte(I raw, int j, int off) {
     const I b = _mm256_and_si256(_mm256_srli_epi32(raw, 8 * j), _mm256_set1_epi32(0xff));
-    return _mm256_cvtepi32_ps(_mm256_sub_epi32(b, _mm256_set1_epi32(128)));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(b, _mm256_set1_epi32(off)));
+  }
+  static I nibbles(I raw, int hi) {
+    return _mm256_and_si256(_mm256_srli_epi32(raw, 4 * hi), _mm256_set1_epi32(0x0f0f0f0f));
+  }
+  // Integer dots by vpmaddubsw (u8 × s8, adjacent pairs summed in int16) and vpmaddwd (pairs of
+  // those in int32): exact where no int16 sum passes its range. q8's q + 128 (≤ 255) against x
+  // (≤ 127 in magnitude) would, so q8 takes q signed (the offset's bit flipped) times x through
+  // |x| and q · sign(x), pairs of at most 2 · 127² widened each group, with no offset in the sums
+  // (kIntOffset 0). q4's nibbles (≤ 15) give pairs of at most 2 · 15 · 127 = 3810: a block's 8
+  // groups sum in int16 (≤ 30480) and widen once, at its end.
+  static bool int_dot_here(const Args&) { return true; }
+  static I set1_i32(int32_t v) { return _mm256_set1_epi32(v); }
+  static R i32_to_f32(I v) { return _mm256_cvtepi32_ps(v); }
+  template <int Q>
+  static constexpr int kIntOffset = Q == kQ8 ? 0 : 8;
+  static I widen(I pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+  template <int Q>
+  static I int_begin(I start) {
+    return Q == kQ8 ? start : _mm256_setzero_si256();
+  }
+  template <int Q>
+  static I int_dot(I acc, I w, I x) {
+    if constexpr (Q == kQ8) {
+      const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));
+      return _mm256_add_epi32(
+          acc, widen(_mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(q, x))));
+    } else {
+      return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x));
+    }
+  }
+  template <int Q>
+  static I int_end(I sum, I start) {
+    return Q == kQ8 ? sum : _mm256_add_epi32(widen(sum), start);
   }
   static __m256i mask(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -54,6 +87,7 @@ struct V {
 }  // namespace
 
 #define FLASHMAP_GEMM_ENTRY gemm_avx2
+#define FLASHMAP_GEMM_INT_DOT 1
 #include "ops/gemm_kernel.inc"
 #define FLASHMAP_GRAM_ENTRY(f) f##_avx2
 #define FLASHMAP_GRAM_ISA 2

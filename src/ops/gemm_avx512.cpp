@@ -39,21 +39,52 @@ struct V {
   using I = __m512i;
   static constexpr int kRowsMaxQ8 = 6;  // 6 × 2 × (dot + acc) = 24 registers
   static I load_i32(const uint8_t* p) { return _mm512_loadu_si512(p); }
-  static R q8_byte(I raw, int j) {
+  static R q_byte(I raw, int j, int off) {
     const I b = _mm512_and_si512(_mm512_srli_epi32(raw, unsigned(8 * j)), _mm512_set1_epi32(0xff));
-    return _mm512_cvtepi32_ps(_mm512_sub_epi32(b, _mm512_set1_epi32(128)));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(b, _mm512_set1_epi32(off)));
+  }
+  static I nibbles(I raw, int hi) {
+    return _mm512_and_si512(_mm512_srli_epi32(raw, unsigned(4 * hi)),
+                            _mm512_set1_epi32(0x0f0f0f0f));
   }
   static __mmask16 mask(int n) { return __mmask16((1u << n) - 1); }
   static R load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
   static void store(float* p, R v) { _mm512_storeu_ps(p, v); }
   static void store_n(float* p, R v, int n) { _mm512_mask_storeu_ps(p, mask(n), v); }
+#ifdef __AVX512VNNI__
+  // Integer dots by vpdpbusd (on CPUs with AVX512-VNNI: gemm.cpp sets a.vnni): unsigned q +
+  // offset times signed x, 4 bytes a lane, the offset taken out by the sums' start.
+  static bool int_dot_here(const Args& a) {
+    return a.vnni;
+  }
+  static I set1_i32(int32_t v) {
+    return _mm512_set1_epi32(v);
+  }
+  static R i32_to_f32(I v) {
+    return _mm512_cvtepi32_ps(v);
+  }
+  template <int Q>
+  static constexpr int kIntOffset = Q == kQ8 ? 128 : 8;
+  template <int Q>
+  static I int_begin(I start) {
+    return start;
+  }
+  template <int Q>
+  static I int_dot(I acc, I w, I x) {
+    return _mm512_dpbusd_epi32(acc, w, x);
+  }
+  template <int Q>
+  static I int_end(I sum, I) {
+    return sum;
+  }
+#endif
 };
 
 }  // namespace
 
 #define FLASHMAP_GEMM_ENTRY gemm_avx512
 #ifdef __AVX512VNNI__
-#define FLASHMAP_GEMM_VNNI 1
+#define FLASHMAP_GEMM_INT_DOT 1
 #endif
 #include "ops/gemm_kernel.inc"
 #define FLASHMAP_GRAM_ENTRY(f) f##_avx512

@@ -64,7 +64,7 @@ with tempfile.TemporaryDirectory() as tmp:
     run(["convert", q4km_gguf, copied], env)
     linked = os.path.join(tmp, "linked")
     run(["convert", "--link", q4km_gguf, linked], env)
-    for weights in ("native", "q8"):
+    for weights in ("native", "q8", "q4"):
         args = ["--no-draft", "--chat", "hello there", "--weights", weights,
                 "--max-new-tokens", "16", "--seed", "1"]
         want = decode(copied, args, env)

@@ -1,8 +1,9 @@
 // The packed GEMM kernel (src/ops/gemm.h): every instruction-set variant gives the bits of the
 // scalar one (each output is the same sequence of fused multiply-adds), results do not depend on
 // how many rows a call carries (batch invariance, which lossless greedy speculation rests on),
-// q8 packing is byte-for-byte llama.cpp's Q8_0 (the gguf package's quantizer, fixture made by
-// tools/make_q8_fixture.py), and a q8 product is ggml's Q8_0 × Q8_0 product within fp32 rounding.
+// q8 and q4 packings are byte-for-byte llama.cpp's Q8_0 and Q4_0 (the gguf package's quantizer,
+// fixture made by tools/make_q8_fixture.py), and their products are ggml's Q8_0 × Q8_0 and
+// Q4_0 × Q8_0 products within fp32 rounding.
 // The accuracy of the native formats against float64 is in test_ops_vs_reference.cpp.
 #include <gtest/gtest.h>
 
@@ -70,7 +71,12 @@ struct Case {
 const Case kCases[] = {{DType::F32, WeightFormat::Native, "f32"},
                        {DType::BF16, WeightFormat::Native, "bf16"},
                        {DType::F16, WeightFormat::Native, "f16"},
-                       {DType::BF16, WeightFormat::Q8, "q8"}};
+                       {DType::BF16, WeightFormat::Q8, "q8"},
+                       {DType::BF16, WeightFormat::Q4, "q4"}};
+
+bool integer(WeightFormat f) {
+  return f == WeightFormat::Q8 || f == WeightFormat::Q4;
+}
 
 // One product with x's and y's row strides wider than K and N (gaps never read / never written).
 std::vector<float> run(const Weight& W, const std::vector<float>& x, int64_t M, const float* bias,
@@ -96,9 +102,8 @@ TEST(Gemm, EveryInstructionSetGivesTheSameBits) {
   ThreadPool pool(2);
   int64_t compared = 0;
   for (const Case& c : kCases)
-    for (const int64_t K : c.format == WeightFormat::Q8
-                               ? std::vector<int64_t>{32, 96, 288, 544}
-                               : std::vector<int64_t>{1, 17, 31, 257, 300, 2100})
+    for (const int64_t K : integer(c.format) ? std::vector<int64_t>{32, 96, 288, 544}
+                                             : std::vector<int64_t>{1, 17, 31, 257, 300, 2100})
       for (const int64_t N : {1, 31, 33, 129, 300}) {
         const Mat m = make(N, K, c.dtype, uint64_t(N * 1000 + K));
         Weight W = m.view();
@@ -156,90 +161,107 @@ TEST(Gemm, RowsDoNotDependOnTheirBatch) {
   }
 }
 
-// --- q8 ----------------------------------------------------------------------------------------
+// --- q8 and q4 ---------------------------------------------------------------------------------
 
-// The packed layout (gemm.h): panel p, block b of 32 k: bytes q + 128 as [8 groups of 4 k]
-// [32 columns][4 k], then the 32 columns' fp16 scales.
+// The packed layouts (gemm.h): panel p, block b of 32 k. q8: bytes q + 128 as [8 groups of 4 k]
+// [32 columns][4 k]; q4: nibbles q (0…15), groups 2h and 2h + 1 in the low and high nibbles of
+// pair h's [32 columns][4 k] bytes; then the 32 columns' fp16 scales. q_at gives q8's signed q and
+// q4's nibble.
+int64_t q_bytes(const ops::PackedWeight& P) {
+  return P.q4 ? ops::kQ8Block * ops::kPanel / 2 : ops::kQ8Block * ops::kPanel;
+}
 int q_at(const ops::PackedWeight& P, int64_t n, int64_t k) {
-  const int64_t blk = ops::kQ8Block * ops::kPanel + ops::kPanel * 2;
+  const int64_t blk = q_bytes(P) + ops::kPanel * 2;
   const uint8_t* b = P.panel(n / ops::kPanel) + (k / ops::kQ8Block) * blk;
-  const int64_t kk = k % ops::kQ8Block;
-  return int(b[(kk / 4) * ops::kPanel * 4 + (n % ops::kPanel) * 4 + kk % 4]) - 128;
+  const int64_t kk = k % ops::kQ8Block, g = kk / 4, c = (n % ops::kPanel) * 4 + kk % 4;
+  if (P.q4) return (b[(g / 2) * ops::kPanel * 4 + c] >> (4 * (g % 2))) & 15;
+  return int(b[g * ops::kPanel * 4 + c]) - 128;
 }
 uint16_t d_at(const ops::PackedWeight& P, int64_t n, int64_t b) {
-  const int64_t blk = ops::kQ8Block * ops::kPanel + ops::kPanel * 2;
-  const uint8_t* p =
-      P.panel(n / ops::kPanel) + b * blk + ops::kQ8Block * ops::kPanel + (n % ops::kPanel) * 2;
+  const int64_t blk = q_bytes(P) + ops::kPanel * 2;
+  const uint8_t* p = P.panel(n / ops::kPanel) + b * blk + q_bytes(P) + (n % ops::kPanel) * 2;
   uint16_t d;
   std::memcpy(&d, p, 2);
   return d;
 }
 
-TEST(Gemm, Q8PackingIsGgmlQ8_0ByteForByte) {
+TEST(Gemm, Q8AndQ4PackingsAreGgmlQ8_0AndQ4_0ByteForByte) {
   ThreadPool pool(2);
   SafetensorsFile f("tests/fixtures/q8/q8_reference.safetensors");
-  for (const auto& [w_name, d_name, q_name] :
-       {std::tuple<const char*, const char*, const char*>{"w", "d", "q"}, {"wb", "db", "qb"}}) {
+  for (const auto& [w_name, d_name, q_name, format] :
+       {std::tuple<const char*, const char*, const char*, WeightFormat>{"w", "d", "q",
+                                                                        WeightFormat::Q8},
+        {"wb", "db", "qb", WeightFormat::Q8},
+        {"w", "d4", "q4", WeightFormat::Q4},
+        {"wb", "d4b", "q4b", WeightFormat::Q4}}) {
     const TensorView& w = f.get(w_name);
     const auto* d = static_cast<const uint16_t*>(f.get(d_name).data);
     const auto* q = static_cast<const int32_t*>(f.get(q_name).data);
     const int64_t N = w.dim(0), K = w.dim(1);
-    const auto P = ops::pack(Weight::of(w), WeightFormat::Q8, w_name, pool);
+    const auto P = ops::pack(Weight::of(w), format, w_name, pool);
     int64_t zero_scales = 0;
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t b = 0; b < K / 32; ++b) {
         ASSERT_EQ(d_at(*P, n, b), d[n * (K / 32) + b])
-            << w_name << " scale of row " << n << " block " << b;
-        zero_scales += d[n * (K / 32) + b] == 0;
+            << w_name << " " << q_name << " scale of row " << n << " block " << b;
+        zero_scales += (d[n * (K / 32) + b] & 0x7fff) == 0;  // q4's d = m / −8 may be −0
       }
       for (int64_t k = 0; k < K; ++k)
-        ASSERT_EQ(int(q_at(*P, n, k)), q[n * K + k]) << w_name << " q of row " << n << " col " << k;
+        ASSERT_EQ(int(q_at(*P, n, k)), q[n * K + k])
+            << w_name << " " << q_name << " of row " << n << " col " << k;
     }
     EXPECT_GE(zero_scales, 2) << "the fixture's zero and underflowing blocks";
   }
 }
 
-// y = Σ_b dot_b · (d_b · dx_b) + bias: ggml's Q8_0 × Q8_0 product, with the weights' q and d from
-// the gguf fixture and x quantized here by ggml's rule (per row and 32-block: dx = max|x| / 127,
-// q = roundf(x / dx), in fp32 as ggml does), the sums in float64. The kernel's dot products are
-// exact integers, so its only roundings are d · dx and the fp32 sum over the K/32 blocks (and the
-// bias): |error| ≤ (K/32 + 2)·u·(Σ_b |dot_b| d_b dx_b + |bias|).
-TEST(Gemm, Q8LinearIsGgmlsQ8_0ProductWithinFp32Rounding) {
+// y = Σ_b dot_b · (d_b · dx_b) + bias: ggml's Q8_0 × Q8_0 and Q4_0 × Q8_0 products, with the
+// weights' q and d from the gguf fixture (Q4_0's weight integers are q − 8) and x quantized here
+// by ggml's rule (per row and 32-block: dx = max|x| / 127, q = roundf(x / dx), in fp32 as ggml
+// does), the sums in float64. The kernel's dot products are exact integers, so its only roundings
+// are d · dx and the fp32 sum over the K/32 blocks (and the bias):
+// |error| ≤ (K/32 + 2)·u·(Σ_b |dot_b| d_b dx_b + |bias|).
+TEST(Gemm, Q8AndQ4LinearAreGgmlsProductsWithinFp32Rounding) {
   ThreadPool pool(2);
   SafetensorsFile f("tests/fixtures/q8/q8_reference.safetensors");
-  const TensorView& w = f.get("w");
-  const auto* d = static_cast<const uint16_t*>(f.get("d").data);
-  const auto* q = static_cast<const int32_t*>(f.get("q").data);
-  const int64_t N = w.dim(0), K = w.dim(1), KB = K / 32;
-  Weight W = Weight::of(w);
-  W.packed = ops::pack(W, WeightFormat::Q8, "w", pool);
   IsaGuard guard;
-  for (const Isa isa : isas()) {
-    ops::set_isa(isa);
-    for (const int64_t M : {1, 3, 17}) {
-      auto x = normal(size_t(M * K), 9);
-      for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;  // a zero block: dx = 0
-      const auto bias = normal(size_t(N), 10);
-      std::vector<float> y(size_t(M * N));
-      ops::linear(x.data(), M, W, bias.data(), y.data(), pool);
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t n = 0; n < N; ++n) {
-          double want = bias[size_t(n)], mag = std::fabs(bias[size_t(n)]);
-          for (int64_t b = 0; b < KB; ++b) {
-            const float* xb = x.data() + m * K + b * 32;
-            float amax = 0;
-            for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
-            const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
-            int64_t dot = 0;
-            for (int i = 0; i < 32; ++i)
-              dot += int64_t(q[n * K + b * 32 + i]) * int64_t(std::round(xb[i] * id));
-            const double scale = ref::f16_value(d[n * KB + b]) * double(dx);
-            want += double(dot) * scale;
-            mag += std::fabs(double(dot)) * scale;
+  for (const auto& [d_name, q_name, format, offset] :
+       {std::tuple<const char*, const char*, WeightFormat, int>{"d", "q", WeightFormat::Q8, 0},
+        {"d4", "q4", WeightFormat::Q4, 8}}) {
+    const TensorView& w = f.get("w");
+    const auto* d = static_cast<const uint16_t*>(f.get(d_name).data);
+    const auto* q = static_cast<const int32_t*>(f.get(q_name).data);
+    const int64_t N = w.dim(0), K = w.dim(1), KB = K / 32;
+    Weight W = Weight::of(w);
+    W.packed = ops::pack(W, format, "w", pool);
+    for (const Isa isa : isas()) {
+      ops::set_isa(isa);
+      for (const int64_t M : {1, 3, 17}) {
+        auto x = normal(size_t(M * K), 9);
+        for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;  // a zero block: dx = 0
+        const auto bias = normal(size_t(N), 10);
+        std::vector<float> y(size_t(M * N));
+        ops::linear(x.data(), M, W, bias.data(), y.data(), pool);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            double want = bias[size_t(n)], mag = std::fabs(bias[size_t(n)]);
+            for (int64_t b = 0; b < KB; ++b) {
+              const float* xb = x.data() + m * K + b * 32;
+              float amax = 0;
+              for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+              const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
+              int64_t dot = 0;
+              for (int i = 0; i < 32; ++i)
+                dot += int64_t(q[n * K + b * 32 + i] - offset) * int64_t(std::round(xb[i] * id));
+              const double scale = ref::f16_value(d[n * KB + b]) * double(dx);
+              want += double(dot) * scale;
+              mag += std::fabs(double(dot) * scale);  // q4's d is negative for a positive m
+            }
+            ASSERT_LE(std::fabs(double(y[size_t(m * N + n)]) - want),
+                      double(KB + 2) * 0x1p-24 * mag)
+                << q_name << " " << ops::isa_name(isa) << " M " << M << " row " << m << " col "
+                << n;
           }
-          ASSERT_LE(std::fabs(double(y[size_t(m * N + n)]) - want), double(KB + 2) * 0x1p-24 * mag)
-              << ops::isa_name(isa) << " M " << M << " row " << m << " col " << n;
-        }
+      }
     }
   }
 }
@@ -291,6 +313,57 @@ TEST(Gemm, Q8OfADequantizedQ8_0TensorIsTheSameBlocks) {
   check(blocks.data(), N, K, "random Q8_0 blocks");
 }
 
+// A Q4_0 tensor that ggml's quantizer wrote, read through its F32 values and packed as q4, gives
+// its own blocks back: the rule puts q = 0 at each block's first value of largest magnitude, so
+// m = −8 · d there and the rule finds d and every q again. (A Q4_0 block written otherwise, without
+// a 0 at its largest magnitude, is a different block after the round trip: a q4 model of its
+// values, not its bytes.)
+TEST(Gemm, Q4OfADequantizedQ4_0TensorIsTheSameBlocks) {
+  ThreadPool pool(2);
+  GgufFile g("tests/fixtures/gguf/quants.gguf");
+  const GgufTensor& t = g.tensor("q4_0");
+  ASSERT_EQ(t.type, GgmlType::Q4_0);
+  const int64_t N = t.rows(), K = t.dims[0], KB = K / 32, row_bytes = KB * 18;
+  std::vector<float> x(size_t(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    dequantize_row(GgmlType::Q4_0, t.data + n * row_bytes, x.data() + n * K, K);
+  const Weight W{DType::F32, x.data(), N, K};
+  const auto P = ops::pack(W, WeightFormat::Q4, "q4_0", pool);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < KB; ++b) {
+      const uint8_t* blk = t.data + n * row_bytes + b * 18;
+      uint16_t d;
+      std::memcpy(&d, blk, 2);
+      ASSERT_EQ(d_at(*P, n, b), d) << "scale of row " << n << " block " << b;
+      for (int64_t i = 0; i < 32; ++i) {
+        const int want = i < 16 ? blk[2 + i] & 15 : blk[2 + i - 16] >> 4;
+        ASSERT_EQ(q_at(*P, n, b * 32 + i), want) << "q of row " << n << " col " << b * 32 + i;
+      }
+    }
+}
+
+TEST(Gemm, Q4RefusesShapesAndValuesItCannotHold) {
+  ThreadPool pool(1);
+  const Mat odd = make(4, 48, DType::F32, 1);
+  try {
+    ops::pack(odd.view(), WeightFormat::Q4, "model.layers.0.mlp.down_proj.weight", pool);
+    FAIL() << "K = 48 packed as q4";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("model.layers.0.mlp.down_proj.weight: --weights q4 needs the input size to "
+                       "be a multiple of 32"),
+              std::string::npos)
+        << msg;
+  }
+  Mat bad = make(3, 64, DType::F32, 2);
+  bad.f32[70] = INFINITY;
+  EXPECT_THROW(ops::pack(bad.view(), WeightFormat::Q4, "w", pool), Error);
+  bad.f32[70] = 1e6f;  // d = 1.25e5, past fp16's 65504
+  EXPECT_THROW(ops::pack(bad.view(), WeightFormat::Q4, "w", pool), Error);
+  EXPECT_EQ(ops::parse_weight_format("q4_0"), WeightFormat::Q4);
+  EXPECT_THROW(ops::parse_weight_format("q2"), Error);
+}
+
 TEST(Gemm, Q8RefusesShapesAndValuesItCannotHold) {
   ThreadPool pool(1);
   const Mat odd = make(4, 48, DType::F32, 1);
@@ -308,7 +381,6 @@ TEST(Gemm, Q8RefusesShapesAndValuesItCannotHold) {
   EXPECT_THROW(ops::pack(bad.view(), WeightFormat::Q8, "w", pool), Error);
   bad.f32[70] = 1e9f;  // d = 7.9e6, past fp16's 65504
   EXPECT_THROW(ops::pack(bad.view(), WeightFormat::Q8, "w", pool), Error);
-  EXPECT_THROW(ops::parse_weight_format("q4"), Error);
   // Large enough to be packed on the pool, the NaN in a worker's part: an Error, not an abort.
   ThreadPool two(2);
   Mat big = make(1024, 512, DType::F32, 3);

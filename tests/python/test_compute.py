@@ -37,7 +37,8 @@ def test_bf16_compute_matches_the_cli_and_its_own_target(cli):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(compute="fp16"), r"--compute: unknown compute mode 'fp16'"),
-    (dict(weights="q4"), r"--weights: unknown weight format 'q4'"),
+    (dict(weights="q2"), r"--weights: unknown weight format 'q2'"),
+    (dict(weights="q4", compute="bf16"), r"--compute bf16 with --weights q4"),
     (dict(compute="bf16", device="cuda"), r"--compute bf16: a CPU option"),
 ])
 def test_bad_values(kwargs, match):
