@@ -5,11 +5,16 @@
 
 Weights N(0, 0.02) quantized by the `gguf` package (PyPI) to --type (a type its quantizer
 writes: F32, F16, BF16, Q8_0, Q4_0, ...), norms 1, tied embeddings for qwen3-0.6b as the
-released model has them, no tokenizer (time with --prompt-ids or `bench --shape`). Then:
+released model has them, and no tokenizer (time with --prompt-ids or `bench --shape`) unless
+--tokenizer DIR gives one (a Hugging Face folder, e.g. tests/data/qwen3-tokenizer: its tokens as
+llama.cpp's converter writes them, padded to the shape's vocabulary), which llama.cpp needs to
+load the file. Then:
 
     flashmap bench --shape qwen3-0.6b --target OUT.gguf --weights q8 --no-sweep
 """
 import argparse
+import os
+import sys
 
 import numpy as np
 import gguf
@@ -22,6 +27,7 @@ SHAPES = {  # layers, hidden, intermediate, heads, kv heads, head dim, vocab, ti
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--shape", choices=SHAPES, default="qwen3-0.6b")
 ap.add_argument("--type", default="Q8_0", help="ggml type of the matrices (default Q8_0)")
+ap.add_argument("--tokenizer", help="a Hugging Face tokenizer folder to write into the metadata")
 ap.add_argument("out")
 a = ap.parse_args()
 L, H, I, NH, NKV, HD, V, tied = SHAPES[a.shape]
@@ -37,6 +43,10 @@ w.add_value_length(HD)
 w.add_context_length(40960)
 w.add_layer_norm_rms_eps(1e-6)
 w.add_rope_freq_base(1e6)
+if a.tokenizer:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    from make_gguf_fixtures import add_vocab  # noqa: E402 - the converter's vocabulary rule
+    add_vocab(w, a.tokenizer, V)
 rng = np.random.default_rng(0)
 
 
