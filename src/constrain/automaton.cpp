@@ -335,6 +335,17 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
   const int nc = g->num_classes;
 
   // Subset construction; a DFA state is an epsilon-closed sorted set of NFA states of one rule.
+  // Its cost is the NFA states and edges it visits, summed over every set it builds; a few DFA
+  // states can each hold most of a large NFA (an optional repeated many times), so that sum is
+  // bounded as well as the number of states.
+  size_t steps = 0;
+  auto spend = [&](size_t n) {
+    steps += n;
+    FLASHMAP_CHECK(steps <= kMaxCompileSteps,
+                   "grammar too large: its automaton takes more than {} steps to build (lower "
+                   "the repetition counts, lengths or alternatives)",
+                   kMaxCompileSteps);
+  };
   std::vector<uint32_t> stamp(nfa.out.size(), 0);
   uint32_t epoch = 0;
   auto closure = [&](std::vector<int>& set) {
@@ -346,6 +357,7 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
       const int s = work.back();
       work.pop_back();
       set.push_back(s);
+      spend(1 + nfa.out[s].size());
       for (const NfaEdge& e : nfa.out[s])
         if (e.kind == NfaEdge::kEps && stamp[e.to] != epoch) {
           stamp[e.to] = epoch;
@@ -354,7 +366,14 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
     }
     std::sort(set.begin(), set.end());
   };
-  std::map<std::vector<int>, uint32_t> ids;
+  struct SetHash {
+    size_t operator()(const std::vector<int>& v) const {
+      uint64_t h = 0x9E3779B97F4A7C15ull ^ v.size();
+      for (int x : v) h = (h ^ uint32_t(x)) * 0x100000001B3ull;
+      return size_t(h ^ (h >> 29));
+    }
+  };
+  std::unordered_map<std::vector<int>, uint32_t, SetHash> ids;
   std::vector<std::vector<int>> sets;
   std::vector<std::vector<std::pair<uint32_t, std::vector<int>>>> pending_calls;
   auto intern = [&](std::vector<int> set) -> uint32_t {
@@ -379,6 +398,7 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
     std::map<int, std::vector<int>> call_targets;
     bool acc = false, any_bytes = false;
     for (int s : sets[d]) {
+      spend(1 + nfa.out[s].size());
       if (is_final[s]) acc = true;
       for (const NfaEdge& e : nfa.out[s]) {
         if (e.kind == NfaEdge::kByte) {

@@ -10,8 +10,9 @@
 //
 // Limits (inputs above them are a flashmap::Error, never a crash or a hang): call nesting depth
 // kMaxStackDepth (for JSON: nesting of arrays/objects/schema levels), kMaxRepeat for counted
-// repetitions ({m,n}, minItems/maxItems, minLength/maxLength), kMaxDfaStates per grammar,
-// kMaxSchemaDepth for the schema document itself.
+// repetitions ({m,n}, minItems/maxItems, minLength/maxLength), kMaxDfaStates and
+// kMaxCompileSteps (the work of building the automaton) per grammar, kMaxSchemaDepth for the schema
+// document itself.
 #pragma once
 
 #include <cstddef>
@@ -29,10 +30,11 @@ class Tokenizer;
 
 namespace flashmap::constrain {
 
-inline constexpr size_t kMaxStackDepth = 64;     // pushes beyond it are refused at run time
-inline constexpr int kMaxRepeat = 512;           // largest m or n in {m,n} and JSON counts
-inline constexpr size_t kMaxDfaStates = 200000;  // per grammar
-inline constexpr size_t kMaxSchemaDepth = 64;    // nesting of the schema document
+inline constexpr size_t kMaxStackDepth = 64;            // pushes beyond it are refused at run time
+inline constexpr int kMaxRepeat = 512;                  // largest m or n in {m,n} and JSON counts
+inline constexpr size_t kMaxDfaStates = 200000;         // per grammar
+inline constexpr size_t kMaxCompileSteps = 1ull << 26;  // NFA states and edges visited, per grammar
+inline constexpr size_t kMaxSchemaDepth = 64;           // nesting of the schema document
 
 // Token byte strings of a vocabulary and their byte trie, built once per tokenizer.
 class Vocabulary {

@@ -739,6 +739,21 @@ TEST(ConstrainRegex, ErrorsNameConstructAndOffset) {
   EXPECT_THAT(error_of([&] { compile_regex(std::string(300, '(')); }), HasSubstr("nested"));
 }
 
+// A pattern with few DFA states can still make subset construction visit most of a large NFA
+// for each of them ("(.?){512}": every state is a set of ~1500 NFA states); such a grammar is
+// refused by its building cost (it took minutes before), while large automata of ordinary
+// sets, e.g. the 2^17 states of "(a|b)*a(a|b){16}", still compile.
+TEST(ConstrainRegex, BuildingCostIsBounded) {
+  EXPECT_THAT(error_of([&] { compile_regex("(.?){512}x(.?){512}"); }), HasSubstr("steps to build"));
+  const json schema = json::parse(R"({"type":"string","pattern":"^(.?){512}$"})");
+  EXPECT_THAT(error_of([&] { compile_json_schema(schema); }), HasSubstr("steps to build"));
+  EXPECT_EQ(compile_regex("(a|b)*a(a|b){16}")->num_states(), (1u << 17) + 1);
+  Matcher m(compile_regex(".{0,512}"), vocab());
+  EXPECT_TRUE(m.advance_bytes(std::string(512, 'x')));
+  EXPECT_TRUE(m.can_end());
+  EXPECT_FALSE(m.advance_bytes("x"));
+}
+
 TEST(ConstrainRegex, PatternInsideJsonStringIsEscaped) {
   const json schema = json::parse(R"({"type":"string","pattern":"^a\"b\\\\c\\n$"})");
   Matcher m(compile_json_schema(schema), vocab());
