@@ -18,7 +18,14 @@ if [ -n "$bad" ]; then
   echo "AVX-512 instructions outside gemm_avx512.cpp and gemm_avx512bf16.cpp: $bad" >&2
   exit 1
 fi
-for isa in generic avx2 avx512 avx512-vnni avx512-bf16; do
+# int8 dot products (AVX-VNNI, AVX512-VNNI) only in the kernels built for them.
+bad=$(find "$dir/src" -name '*.o' ! -name 'gemm_avx512.cpp.o' ! -path '*flashmap_gemm_avx2vnni.dir*' | while read -r o; do
+  objdump -d --no-show-raw-insn "$o" | grep -q 'vpdpbusd' && echo "$o"; done || true)
+if [ -n "$bad" ]; then
+  echo "int8 dot products outside the VNNI kernels: $bad" >&2
+  exit 1
+fi
+for isa in generic avx2 avx2-vnni avx512 avx512-vnni avx512-bf16; do
   echo "== FLASHMAP_ISA=$isa"
   FLASHMAP_ISA=$isa "$dir/tests/ops/test_ops" --gtest_brief=1 --gtest_filter='Gemm.*:OpsVsReference.Linear*:Bf16Compute.*'
 done

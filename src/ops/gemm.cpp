@@ -290,6 +290,8 @@ const char* isa_name(Isa isa) {
       return "avx512-vnni";
     case Isa::Avx512:
       return "avx512";
+    case Isa::Avx2Vnni:
+      return "avx2-vnni";
     case Isa::Avx2:
       return "avx2";
     case Isa::Generic:
@@ -300,30 +302,47 @@ const char* isa_name(Isa isa) {
 
 namespace {
 
+bool cpu_has_avx_vnni() {
+#if FLASHMAP_HAS_AVX_VNNI_KERNEL
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avxvnni");
+#else
+  return false;
+#endif
+}
+
+// The highest set at or below `want` that the CPU runs: Avx2Vnni is not implied by AVX-512.
+Isa clamp(Isa want, Isa best) {
+  Isa isa = std::min(want, best);
+  if (isa == Isa::Avx2Vnni && !cpu_has_avx_vnni()) isa = Isa::Avx2;
+  return isa;
+}
+
 Isa detect() {
   Isa best = Isa::Generic;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   // libgcc also checks (XGETBV) that the OS saves the wider registers.
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::Avx2;
-  if (best == Isa::Avx2 && __builtin_cpu_supports("avx512f")) best = Isa::Avx512;
+  if (best == Isa::Avx2 && cpu_has_avx_vnni()) best = Isa::Avx2Vnni;
+  if (best >= Isa::Avx2 && __builtin_cpu_supports("avx512f")) best = Isa::Avx512;
   if (best == Isa::Avx512 && __builtin_cpu_supports("avx512vnni")) best = Isa::Avx512Vnni;
   if (best == Isa::Avx512Vnni && __builtin_cpu_supports("avx512bf16")) best = Isa::Avx512Bf16;
 #endif
   if (const char* cap = std::getenv("FLASHMAP_ISA")) {
     const std::string c = cap;
     const Isa* want = nullptr;
-    static const Isa kAll[] = {Isa::Generic, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni,
-                               Isa::Avx512Bf16};
+    static const Isa kAll[] = {Isa::Generic, Isa::Avx2,       Isa::Avx2Vnni,
+                               Isa::Avx512,  Isa::Avx512Vnni, Isa::Avx512Bf16};
     for (const Isa& isa : kAll)
       if (c == isa_name(isa)) want = &isa;
     // A misspelt cap must not quietly run everything on the scalar kernel.
     if (want)
-      best = std::min(best, *want);
+      best = clamp(*want, best);
     else
       fmt::print(stderr,
-                 "flashmap: FLASHMAP_ISA={} is not one of generic, avx2, avx512, avx512-vnni, "
-                 "avx512-bf16; ignored\n",
+                 "flashmap: FLASHMAP_ISA={} is not one of generic, avx2, avx2-vnni, avx512, "
+                 "avx512-vnni, avx512-bf16; ignored\n",
                  c);
   }
   return best;
@@ -345,8 +364,12 @@ Isa active_isa() {
   return active().load(std::memory_order_relaxed);
 }
 
+bool isa_supported(Isa isa) {
+  return clamp(isa, best_isa()) == isa;
+}
+
 void set_isa(Isa isa) {
-  active().store(std::min(isa, best_isa()), std::memory_order_relaxed);
+  active().store(clamp(isa, best_isa()), std::memory_order_relaxed);
 }
 
 bool has_bf16_compute() {
@@ -480,6 +503,13 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
         break;
       case Isa::Avx512:
         fn = kernel::gemm_avx512;
+        break;
+      case Isa::Avx2Vnni:  // active only where the kernel was built (clamp)
+#if FLASHMAP_HAS_AVX_VNNI_KERNEL
+        fn = kernel::gemm_avx2vnni;
+#else
+        fn = kernel::gemm_avx2;
+#endif
         break;
       case Isa::Avx2:
         fn = kernel::gemm_avx2;

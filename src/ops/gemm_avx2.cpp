@@ -1,6 +1,8 @@
 // The GEMM kernel with AVX2 + FMA registers (8 fp32 lanes, 16 registers), for x86-64-v3 CPUs
-// without AVX-512. Compiled with -mavx2 -mfma -mf16c; nothing here may be an inline function
-// shared with other files (see gemm_kernel.h).
+// without AVX-512. Compiled with -mavx2 -mfma -mf16c, and once more with -mavxvnni as
+// gemm_avx2vnni, whose q8 and q4 tiles take AVX-VNNI's vpdpbusd (the fp32 formats are the same
+// code in both); nothing here may be an inline function shared with other files (see
+// gemm_kernel.h).
 #include "ops/gemm_kernel.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -46,18 +48,38 @@ struct V {
   static I nibbles(I raw, int hi) {
     return _mm256_and_si256(_mm256_srli_epi32(raw, 4 * hi), _mm256_set1_epi32(0x0f0f0f0f));
   }
+  static bool int_dot_here(const Args&) { return true; }
+  static I set1_i32(int32_t v) { return _mm256_set1_epi32(v); }
+  static R i32_to_f32(I v) { return _mm256_cvtepi32_ps(v); }
+#if FLASHMAP_AVX2_VNNI
+  // vpdpbusd: unsigned q + offset times signed x, 4 bytes a lane into int32, the offset taken
+  // out by the sums' start (as the AVX512-VNNI tiles).
+  template <int Q>
+  static constexpr int kIntOffset = Q == kQ8 ? 128 : 8;
+  template <int Q>
+  static I int_begin(I start) {
+    return start;
+  }
+  template <int Q>
+  static I int_dot(I acc, I w, I x) {
+    return _mm256_dpbusd_avx_epi32(acc, w, x);
+  }
+  template <int Q>
+  static I int_end(I sum, I) {
+    return sum;
+  }
+#else
   // Integer dots by vpmaddubsw (u8 × s8, adjacent pairs summed in int16) and vpmaddwd (pairs of
   // those in int32): exact where no int16 sum passes its range. q8's q + 128 (≤ 255) against x
   // (≤ 127 in magnitude) would, so q8 takes q signed (the offset's bit flipped) times x through
   // |x| and q · sign(x), pairs of at most 2 · 127² widened each group, with no offset in the sums
   // (kIntOffset 0). q4's nibbles (≤ 15) give pairs of at most 2 · 15 · 127 = 3810: a block's 8
   // groups sum in int16 (≤ 30480) and widen once, at its end.
-  static bool int_dot_here(const Args&) { return true; }
-  static I set1_i32(int32_t v) { return _mm256_set1_epi32(v); }
-  static R i32_to_f32(I v) { return _mm256_cvtepi32_ps(v); }
   template <int Q>
   static constexpr int kIntOffset = Q == kQ8 ? 0 : 8;
-  static I widen(I pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+  static I widen(I pairs) {
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  }
   template <int Q>
   static I int_begin(I start) {
     return Q == kQ8 ? start : _mm256_setzero_si256();
@@ -76,22 +98,34 @@ struct V {
   static I int_end(I sum, I start) {
     return Q == kQ8 ? sum : _mm256_add_epi32(widen(sum), start);
   }
+#endif
   static __m256i mask(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   }
-  static R load_n(const float* p, int n) { return _mm256_maskload_ps(p, mask(n)); }
-  static void store(float* p, R v) { _mm256_storeu_ps(p, v); }
-  static void store_n(float* p, R v, int n) { _mm256_maskstore_ps(p, mask(n), v); }
+  static R load_n(const float* p, int n) {
+    return _mm256_maskload_ps(p, mask(n));
+  }
+  static void store(float* p, R v) {
+    _mm256_storeu_ps(p, v);
+  }
+  static void store_n(float* p, R v, int n) {
+    _mm256_maskstore_ps(p, mask(n), v);
+  }
 };
 
 }  // namespace
 
-#define FLASHMAP_GEMM_ENTRY gemm_avx2
 #define FLASHMAP_GEMM_INT_DOT 1
+#if FLASHMAP_AVX2_VNNI
+#define FLASHMAP_GEMM_ENTRY gemm_avx2vnni
+#include "ops/gemm_kernel.inc"
+#else
+#define FLASHMAP_GEMM_ENTRY gemm_avx2
 #include "ops/gemm_kernel.inc"
 #define FLASHMAP_GRAM_ENTRY(f) f##_avx2
 #define FLASHMAP_GRAM_ISA 2
 #include "ops/gram_kernel.inc"
+#endif
 
 }  // namespace flashmap::ops::kernel
 

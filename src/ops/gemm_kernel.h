@@ -37,6 +37,8 @@ struct Args {
 
 void gemm_generic(const Args& a, int64_t p0, int64_t p1);
 void gemm_avx2(const Args& a, int64_t p0, int64_t p1);
+// gemm_avx2.cpp compiled again with -mavxvnni (x86-64 builds: FLASHMAP_HAS_AVX_VNNI_KERNEL).
+void gemm_avx2vnni(const Args& a, int64_t p0, int64_t p1);
 void gemm_avx512(const Args& a, int64_t p0, int64_t p1);
 void gemm_avx512bf16(const Args& a, int64_t p0, int64_t p1);  // kBF16Dot only
 // The bf16 compute mode's ops::matmul_rows: y[m, h] = Σ_v x[m, v] · E[v, h] for h in [h0, h1),

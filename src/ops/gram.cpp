@@ -42,6 +42,7 @@ KernelFn gram_kernel() {
     case Isa::Avx512Vnni:
     case Isa::Avx512:
       return kernel::gram_f32_avx512;
+    case Isa::Avx2Vnni:
     case Isa::Avx2:
       return kernel::gram_f32_avx2;
     case Isa::Generic:
@@ -56,6 +57,7 @@ KernelFn syrk_kernel() {
     case Isa::Avx512Vnni:
     case Isa::Avx512:
       return kernel::syrk_f64_avx512;
+    case Isa::Avx2Vnni:
     case Isa::Avx2:
       return kernel::syrk_f64_avx2;
     case Isa::Generic:

@@ -47,11 +47,10 @@ Mat make(int64_t rows, int64_t cols, DType dtype, uint64_t seed) {
 }
 
 std::vector<Isa> isas() {
-  std::vector<Isa> v{Isa::Generic};
-  if (ops::best_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
-  if (ops::best_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
-  if (ops::best_isa() >= Isa::Avx512Vnni) v.push_back(Isa::Avx512Vnni);
-  if (ops::best_isa() >= Isa::Avx512Bf16) v.push_back(Isa::Avx512Bf16);
+  std::vector<Isa> v;
+  for (Isa isa :
+       {Isa::Generic, Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512, Isa::Avx512Vnni, Isa::Avx512Bf16})
+    if (ops::isa_supported(isa)) v.push_back(isa);
   return v;
 }
 
@@ -399,6 +398,13 @@ TEST(Gemm, InstructionSetCapNeverExceedsTheCpu) {
   EXPECT_LE(ops::active_isa(), ops::best_isa());
   ops::set_isa(Isa::Generic);
   EXPECT_EQ(ops::active_isa(), Isa::Generic);
+  // AVX-VNNI is its own extension (Zen 4 and Ice Lake have AVX512-VNNI without it): a cap at
+  // avx2-vnni lands on avx2 where the CPU lacks it, whatever else it has.
+  ops::set_isa(Isa::Avx2Vnni);
+  EXPECT_EQ(ops::active_isa(), ops::isa_supported(Isa::Avx2Vnni) ? Isa::Avx2Vnni
+                               : ops::best_isa() >= Isa::Avx2    ? Isa::Avx2
+                                                                 : Isa::Generic);
+  EXPECT_EQ(ops::isa_supported(Isa::Avx2Vnni), ops::active_isa() == Isa::Avx2Vnni);
 }
 
 }  // namespace
