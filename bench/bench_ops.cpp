@@ -1,8 +1,8 @@
 // Micro-benchmarks of the CPU linear kernel at the shapes that decide speculative decoding's cost
 // on CPU: one row (a decode step, bandwidth-bound once the weights leave the caches) against the
 // K+1 rows of a verify pass (compute-bound). Counters: GFLOP/s (2·M·N·K per call), its share of
-// this machine's fp32 FMA peak (measured at start-up, same threads), and the weight bytes
-// streamed per second.
+// this machine's peak for the mode (fp32 FMA, bf16 or int8 dot products; measured at start-up,
+// same threads), and the weight bytes streamed per second.
 //
 //   ./build/bench/bench_ops --benchmark_filter='Linear|FmaPeak'
 //   ./build/bench/bench_ops --benchmark_filter='Qwen3_8B|Bf16|FmaPeak'   (the bf16 compute mode)
@@ -53,6 +53,19 @@ void BM_Bf16DotPeak(benchmark::State& state) {
   if (!ops::has_bf16_compute()) return state.SkipWithError("no AVX512-BF16 on this CPU");
   for (auto _ : state) state.counters["GFLOP/s"] = ops::bf16_dot_peak_gflops(ThreadPool::global());
   state.SetLabel(std::to_string(ThreadPool::global().size()) + " threads");
+}
+
+// The int8 dot-product peak of the active kernel's q8/q4 tiles (0 where they widen to fp32).
+double int8_peak() {
+  static const double p = ops::int8_dot_peak_gops(ThreadPool::global());
+  return p;
+}
+
+void BM_Int8DotPeak(benchmark::State& state) {
+  if (int8_peak() <= 0) return state.SkipWithError("no integer dot products in this kernel");
+  for (auto _ : state) state.counters["GOP/s"] = ops::int8_dot_peak_gops(ThreadPool::global());
+  state.SetLabel(std::to_string(ThreadPool::global().size()) + " threads " +
+                 ops::isa_name(ops::active_isa()));
 }
 
 struct Problem {
@@ -119,10 +132,14 @@ void BM_Linear(benchmark::State& state) {
   const double calls = double(state.iterations());
   state.counters["GFLOP/s"] = benchmark::Counter(
       2.0 * M * N * K * calls, benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
-  // A share of the mode's own peak: fp32 FMAs, or bf16 dot products.
+  // A share of the mode's own peak: fp32 FMAs, bf16 dot products, or int8 dot products (q8 and
+  // q4 where the kernel takes them).
+  const bool integer = format == ops::WeightFormat::Q8 || format == ops::WeightFormat::Q4;
+  const double mode_peak = bf16_compute                 ? bf16_peak()
+                           : integer && int8_peak() > 0 ? int8_peak()
+                                                        : peak();
   state.counters["peak_share"] =
-      benchmark::Counter(2.0 * M * N * K * calls / 1e9 / (bf16_compute ? bf16_peak() : peak()),
-                         benchmark::Counter::kIsRate);
+      benchmark::Counter(2.0 * M * N * K * calls / 1e9 / mode_peak, benchmark::Counter::kIsRate);
   state.counters["weight_GB/s"] =
       benchmark::Counter(double(p.w[0].packed->bytes()) * calls, benchmark::Counter::kIsRate,
                          benchmark::Counter::kIs1000);
@@ -186,6 +203,7 @@ void Bf16Rows(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_FmaPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Bf16DotPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Int8DotPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Linear)
     ->Name("BM_LinearQwen3_8B")
     ->Apply(Qwen3_8B)

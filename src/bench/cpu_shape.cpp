@@ -1,7 +1,8 @@
 // `flashmap bench --shape S` on the CPU: a Qwen3 target of a released shape (random bf16 weights
 // made in memory, or the folder --target of that shape) and, with --draft-shape or --draft, its
 // FlashMap drafter. Every phase of a speculative round is timed against a limit measured in the
-// same run (read bandwidth for the streaming phases, the FMA peak for the compute-bound ones),
+// same run (read bandwidth for the streaming phases, the arithmetic peak of the mode — fp32 FMA,
+// bf16 or int8 dot products — for the compute-bound ones),
 // and the projected tokens/s over acceptance lengths τ comes from the measured round.
 #include "bench/cpu_shape.h"
 
@@ -327,8 +328,13 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   const auto format = ops::weight_format(a.weights, a.compute);
   const bool bf16 = format == ops::WeightFormat::Bf16;
   const double fp32_peak = ops::fma_peak_gflops(ThreadPool::global());
-  // The arithmetic limit of the mode the products run in: fp32 FMAs, or bf16 dot products.
-  const double peak = bf16 ? ops::bf16_dot_peak_gflops(ThreadPool::global()) : fp32_peak;
+  // The arithmetic limit of the mode the products run in: fp32 FMAs, bf16 dot products, or the
+  // int8 dot products of q8/q4 weights where the kernel takes them.
+  const bool integer = format == ops::WeightFormat::Q8 || format == ops::WeightFormat::Q4;
+  const double int8_peak = integer ? ops::int8_dot_peak_gops(ThreadPool::global()) : 0;
+  const double peak = bf16            ? ops::bf16_dot_peak_gflops(ThreadPool::global())
+                      : int8_peak > 0 ? int8_peak
+                                      : fp32_peak;
   double make_s = 0, draft_make_s = 0;
   auto t0 = Clock::now();
   std::unique_ptr<Qwen3Model> target_ptr =
@@ -367,7 +373,7 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   out["read_bandwidth_gbps"] = gbps;
   out["compute"] = bf16 ? "bf16" : "fp32";
   out["fma_peak_gflops"] = fp32_peak;
-  out["arithmetic_peak_gflops"] = peak;  // the mode's: the fp32 FMA peak or the bf16 dot peak
+  out["arithmetic_peak_gflops"] = peak;  // the mode's: fp32 FMA, bf16 dot or int8 dot peak
   out["target_weight_bytes"] = file_bytes;
   out["target_make_random_s"] = make_s;
   out["target_load_s"] = target_load_s;
@@ -380,6 +386,8 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   if (bf16)
     fmt::print("| bf16 dot-product peak (all threads; the limit below) | {:.0f} GFLOP/s | |\n",
                peak);
+  if (int8_peak > 0)
+    fmt::print("| int8 dot-product peak (all threads; the limit below) | {:.0f} GOP/s | |\n", peak);
   // A load packs every weight once: reading its bytes and writing the packed copy is the least
   // it can cost from memory (a cold disk is slower still; random weights are made in memory).
   const double load_limit_s = 2 * file_bytes / (gbps * 1e9);
@@ -436,7 +444,7 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   const double eff = bytes / (decode * 1e-3) / 1e9;
   const double verify_flops =
       2 * (a.block + 1) * (linear_macs_per_token(cfg) + double(cfg.vocab_size) * cfg.hidden_size);
-  // Verify's limit: the weights streamed once, or its multiply-adds at the FMA peak.
+  // Verify's limit: the weights streamed once, or its multiply-adds at the arithmetic peak.
   const double verify_limit = std::max(decode, verify_flops / (peak * 1e9) * 1e3);
   out["decode_ms"] = decode;
   out[fmt::format("verify{}_ms", a.block + 1)] = verify;

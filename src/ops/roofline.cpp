@@ -1,6 +1,6 @@
-// The two limits the CPU kernels are measured against, on the pool's threads: read bandwidth
-// (what a decode step streams its weights at) and the fp32 FMA peak (what a many-row product is
-// held to).
+// The limits the CPU kernels are measured against, on the pool's threads: read bandwidth (what
+// a decode step streams its weights at) and the arithmetic peak a many-row product is held to:
+// fp32 FMAs, bf16 dot products, or int8 dot products for q8/q4 weights.
 #include "ops/roofline.h"
 
 #include <algorithm>
@@ -100,6 +100,47 @@ __attribute__((target("avx512f,avx512bf16"))) double dpbf16_loop(int64_t iters, 
   *sink = lanes[0] + lanes[15];
   return double(iters) * 12 * 16 * 4;
 }
+// The integer dot products of the q8/q4 tiles, 12 chains each: vpdpbusd (AVX512-VNNI: 16
+// lanes × 4 byte products; AVX-VNNI: 8 lanes), or AVX2's vpmaddubsw + vpmaddwd + vpaddd (32
+// byte products per three instructions). A multiply-add counts 2 operations.
+__attribute__((target("avx512f,avx512vnni"))) double dpbusd_loop_avx512(int64_t iters,
+                                                                        float* sink) {
+  __m512i a[12];
+  for (int j = 0; j < 12; ++j) a[j] = _mm512_set1_epi32(j);
+  const __m512i b = _mm512_set1_epi32(0x01020304), c = _mm512_set1_epi32(0x05060708);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < 12; ++j) a[j] = _mm512_dpbusd_epi32(a[j], b, c);
+  __m512i s = a[0];
+  for (int j = 1; j < 12; ++j) s = _mm512_add_epi32(s, a[j]);
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, s);
+  *sink = float(lanes[0] + lanes[15]);
+  return double(iters) * 12 * 64 * 2;
+}
+__attribute__((target("avx2,avxvnni"))) double dpbusd_loop_avx2(int64_t iters, float* sink) {
+  __m256i a[12];
+  for (int j = 0; j < 12; ++j) a[j] = _mm256_set1_epi32(j);
+  const __m256i b = _mm256_set1_epi32(0x01020304), c = _mm256_set1_epi32(0x05060708);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < 12; ++j) a[j] = _mm256_dpbusd_avx_epi32(a[j], b, c);
+  __m256i s = a[0];
+  for (int j = 1; j < 12; ++j) s = _mm256_add_epi32(s, a[j]);
+  *sink = float(_mm256_extract_epi32(s, 0) + _mm256_extract_epi32(s, 7));
+  return double(iters) * 12 * 32 * 2;
+}
+__attribute__((target("avx2"))) double maddubs_loop_avx2(int64_t iters, float* sink) {
+  __m256i a[12];
+  for (int j = 0; j < 12; ++j) a[j] = _mm256_set1_epi32(j);
+  // Each chain's bytes are its own sums, so that no product is hoisted out of the loop.
+  const __m256i c = _mm256_set1_epi32(0x05060708), one = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < 12; ++j)
+      a[j] = _mm256_add_epi32(a[j], _mm256_madd_epi16(_mm256_maddubs_epi16(a[j], c), one));
+  __m256i s = a[0];
+  for (int j = 1; j < 12; ++j) s = _mm256_add_epi32(s, a[j]);
+  *sink = float(_mm256_extract_epi32(s, 0) + _mm256_extract_epi32(s, 7));
+  return double(iters) * 12 * 32 * 2;
+}
 #endif
 double fma_loop_scalar(int64_t iters, float* sink) {
   float a[12];
@@ -163,10 +204,20 @@ double fma_peak_gflops(ThreadPool& pool) {
   return peak_of(pool, [&](int64_t iters, float* sink) {
 #if defined(__x86_64__)
     if (isa >= ops::Isa::Avx512) return fma_loop_avx512(iters, sink);
-    if (isa == ops::Isa::Avx2) return fma_loop_avx2(iters, sink);
+    if (isa >= ops::Isa::Avx2) return fma_loop_avx2(iters, sink);
 #endif
     return fma_loop_scalar(iters, sink);
   });
+}
+
+double int8_dot_peak_gops(ThreadPool& pool) {
+#if defined(__x86_64__)
+  const ops::Isa isa = ops::active_isa();
+  if (isa >= ops::Isa::Avx512Vnni) return peak_of(pool, dpbusd_loop_avx512);
+  if (isa == ops::Isa::Avx2Vnni) return peak_of(pool, dpbusd_loop_avx2);
+  if (isa == ops::Isa::Avx2) return peak_of(pool, maddubs_loop_avx2);
+#endif
+  return 0;
 }
 
 double bf16_dot_peak_gflops(ThreadPool& pool) {

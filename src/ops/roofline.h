@@ -13,6 +13,11 @@ double fma_peak_gflops(ThreadPool& pool);
 // The bf16 compute mode's peak (AVX512-BF16 dot products, a multiply-add counting 2 flops) in
 // GFLOP/s on every thread of `pool`; 0 where the mode cannot run.
 double bf16_dot_peak_gflops(ThreadPool& pool);
+// The int8 dot-product peak of the active kernel's q8/q4 tiles (vpdpbusd with AVX512-VNNI or
+// AVX-VNNI, vpmaddubsw + vpmaddwd on AVX2; a multiply-add counting 2 operations) in GOP/s on
+// every thread of `pool`; 0 where those tiles widen to fp32 instead (AVX-512 without VNNI, the
+// scalar kernel).
+double int8_dot_peak_gops(ThreadPool& pool);
 
 }  // namespace ops
 }  // namespace flashmap
