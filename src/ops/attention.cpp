@@ -50,6 +50,30 @@ inline void pin(v16f& v) {
 #endif
 }
 
+// Register blocking by the vectors the build has. AVX-512 (32 registers, a v16f in one): four
+// queries per block, whose 16 score sums over four keys plus the four key vectors fit, and four
+// vectors of value columns per pass (QB·4 accumulators plus 4 value vectors). AVX2 and narrower
+// (16 registers of 8 lanes, kNarrow): one query's 4 scores per pass and one vector of value
+// columns for four queries, their sums held as 8-lane halves (8 registers either way). Blocking
+// never changes a result's operations (see the top of the file).
+#if defined(__AVX512F__)
+constexpr bool kNarrow = false;
+constexpr int kScoreBlock = 4, kValueCols = 4;
+#else
+constexpr bool kNarrow = true;
+constexpr int kScoreBlock = 1, kValueCols = 1;
+#endif
+constexpr int kValueBlock = 4;
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline v16f join(v8f lo, v8f hi) {
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
 // hsum() of 4·QB vectors (query b, key r at index 4b + r) at once: each level of hsum's tree
 // (lane i + lane i+8, then +4, +2, +1) is applied to two vectors' lanes per shuffle pair, so lane
 // 4b + r of the result is bit-identical to hsum(a[b][r]) (which is why a key's score does not
@@ -142,16 +166,30 @@ __attribute__((noinline)) void scores_block(const float* const* q, const float* 
     if (pf.ahead > 0 && j + 3 + pf.ahead < pf.limit)
       for (int r = 0; r < 4; ++r) __builtin_prefetch(kj + (r + pf.ahead) * g.stride);
     v16f a[QB][4] = {};
-    for (int c = 0; c < g.nv; ++c) {
-      v16f kv[4];
-      for (int r = 0; r < 4; ++r) {
-        kv[r] = load(kj + r * g.stride + c * kLanes);
-        pin(kv[r]);
+    if constexpr (kNarrow && QB == 1) {
+      // One query on 8-lane registers: each 16-lane sum kept as its two halves (GCC spills
+      // arrays of 16-lane vectors to the stack on every key when a register holds 8 lanes).
+      v8f lo[4] = {}, hi[4] = {};
+      for (int c = 0; c < g.nv; ++c) {
+        const v8f ql = load8(q[0] + c * kLanes), qh = load8(q[0] + c * kLanes + 8);
+        for (int r = 0; r < 4; ++r) {
+          lo[r] += ql * load8(kj + r * g.stride + c * kLanes);
+          hi[r] += qh * load8(kj + r * g.stride + c * kLanes + 8);
+        }
       }
-      for (int b = 0; b < QB; ++b) {
-        v16f qv = load(q[b] + c * kLanes);
-        pin(qv);
-        for (int r = 0; r < 4; ++r) a[b][r] += qv * kv[r];
+      for (int r = 0; r < 4; ++r) a[0][r] = join(lo[r], hi[r]);
+    } else {
+      for (int c = 0; c < g.nv; ++c) {
+        v16f kv[4];
+        for (int r = 0; r < 4; ++r) {
+          kv[r] = load(kj + r * g.stride + c * kLanes);
+          pin(kv[r]);
+        }
+        for (int b = 0; b < QB; ++b) {
+          v16f qv = load(q[b] + c * kLanes);
+          pin(qv);
+          for (int r = 0; r < 4; ++r) a[b][r] += qv * kv[r];
+        }
       }
     }
     v16f d = hsum16<QB>(a);
@@ -180,6 +218,30 @@ template <int QB, int CW>
 __attribute__((noinline)) void values_block(const float* const* p, const float* v, int64_t j0,
                                             int64_t j1, int c0, const Geometry& g, Prefetch pf,
                                             float* const* acc) {
+  if constexpr (kNarrow && CW == 1) {
+    // On 8-lane registers: each accumulator as its two halves (as in scores_block).
+    v8f lo[QB], hi[QB];
+    for (int b = 0; b < QB; ++b) {
+      lo[b] = load8(acc[b] + c0 * kLanes);
+      hi[b] = load8(acc[b] + c0 * kLanes + 8);
+    }
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* vj = v + j * g.stride + c0 * kLanes;
+      if (c0 == 0 && pf.ahead > 0 && j + pf.ahead < pf.limit)
+        __builtin_prefetch(vj + pf.ahead * g.stride);
+      const v8f vl = load8(vj), vh = load8(vj + 8);
+      for (int b = 0; b < QB; ++b) {
+        const float pj = p[b][j];
+        lo[b] += pj * vl;
+        hi[b] += pj * vh;
+      }
+    }
+    for (int b = 0; b < QB; ++b) {
+      std::memcpy(acc[b] + c0 * kLanes, &lo[b], sizeof(v8f));
+      std::memcpy(acc[b] + c0 * kLanes + 8, &hi[b], sizeof(v8f));
+    }
+    return;
+  }
   v16f a[QB][CW];
   for (int b = 0; b < QB; ++b)
     for (int w = 0; w < CW; ++w) a[b][w] = load(acc[b] + (c0 + w) * kLanes);
@@ -204,22 +266,24 @@ __attribute__((noinline)) void values_block(const float* const* p, const float* 
 template <int QB>
 void values_cols(const float* const* p, const float* v, int64_t j0, int64_t j1, const Geometry& g,
                  Prefetch pf, float* const* acc) {
-  // Four vectors of columns per pass: QB·4 accumulators plus 4 value vectors fit the 32 vector
-  // registers of AVX-512 with QB = 4; each value load feeds QB FMAs.
+  // kValueCols vectors of columns per pass; each value load feeds QB FMAs.
   int c0 = 0;
-  for (; c0 + 4 <= g.nv; c0 += 4) values_block<QB, 4>(p, v, j0, j1, c0, g, pf, acc);
-  switch (g.nv - c0) {
-    case 3:
-      values_block<QB, 3>(p, v, j0, j1, c0, g, pf, acc);
-      break;
-    case 2:
-      values_block<QB, 2>(p, v, j0, j1, c0, g, pf, acc);
-      break;
-    case 1:
-      values_block<QB, 1>(p, v, j0, j1, c0, g, pf, acc);
-      break;
-    default:
-      break;
+  for (; c0 + kValueCols <= g.nv; c0 += kValueCols)
+    values_block<QB, kValueCols>(p, v, j0, j1, c0, g, pf, acc);
+  if constexpr (kValueCols == 4) {
+    switch (g.nv - c0) {
+      case 3:
+        values_block<QB, 3>(p, v, j0, j1, c0, g, pf, acc);
+        break;
+      case 2:
+        values_block<QB, 2>(p, v, j0, j1, c0, g, pf, acc);
+        break;
+      case 1:
+        values_block<QB, 1>(p, v, j0, j1, c0, g, pf, acc);
+        break;
+      default:
+        break;
+    }
   }
   for (int b = 0; b < QB; ++b)
     for (int64_t j = j0; j < j1; ++j)
@@ -254,8 +318,6 @@ void values_any(int qb, const float* const* p, const float* v, int64_t j0, int64
       return values_cols<1>(p, v, j0, j1, g, pf, acc);
   }
 }
-
-constexpr int kBlock = 4;  // queries per register block
 
 // Keys per tile: the tile of keys (then of values) is read from L1 by every query block of the
 // group, so it should fit there with room for the queries' rows: 16 KiB (32 keys at head_dim 128,
@@ -336,8 +398,8 @@ void attend_group(const Call& c, int kh0, int kh1, int64_t r0, int64_t r1) {
     for (int kh = kh0; kh < kh1; ++kh) {
       const float* k = c.k + int64_t(kh) * c.head_dim;
       const int b0 = (kh - kh0) * per_head;
-      for (int b = b0; b < b0 + per_head; b += kBlock) {
-        const int qb = std::min(kBlock, b0 + per_head - b);
+      for (int b = b0; b < b0 + per_head; b += kScoreBlock) {
+        const int qb = std::min(kScoreBlock, b0 + per_head - b);
         const int64_t e = std::min(t1, *std::max_element(&ns[size_t(b)], &ns[size_t(b + qb)]));
         const Prefetch pf{b == b0 ? 2 * tile : 0, n_max};  // a head's first block fetches ahead
         if (e > t0) scores_any(qb, &qs[size_t(b)], k, t0, e, c.g, pf, &ps[size_t(b)]);
@@ -384,8 +446,8 @@ void attend_group(const Call& c, int kh0, int kh1, int64_t r0, int64_t r1) {
     for (int kh = kh0; kh < kh1; ++kh) {
       const float* v = c.v + int64_t(kh) * c.head_dim;
       const int b0 = (kh - kh0) * per_head;
-      for (int b = b0; b < b0 + per_head; b += kBlock) {
-        const int qb = std::min(kBlock, b0 + per_head - b);
+      for (int b = b0; b < b0 + per_head; b += kValueBlock) {
+        const int qb = std::min(kValueBlock, b0 + per_head - b);
         const int64_t e =
             std::clamp(*std::min_element(&ns[size_t(b)], &ns[size_t(b + qb)]), t0, t1);
         const Prefetch pf{b == b0 ? 2 * tile : 0, n_max};
