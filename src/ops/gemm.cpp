@@ -103,15 +103,65 @@ void pack_native(const Weight& W, PackedWeight& P, int64_t p0, int64_t p1) {
   }
 }
 
+// ggml's Q8_0 rule, so that a q8 model here is the model llama.cpp's Q8_0 file holds: d =
+// max|w| / 127 and q = roundf(w · (1/d)) (half away from zero) in fp32, then d stored as fp16;
+// the weight run is q · fp16(d). q[i] gets q + 128.
+struct Q8Rule {
+  static constexpr const char* kName = "q8";
+  static constexpr int64_t kQBytes = kQ8Block * kPanel;
+  static uint16_t quantize(const float* w, float amax, float, uint8_t* q) {
+    const float d = amax / 127.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
+    for (int i = 0; i < kQ8Block; ++i) {
+      // Clamped first (to integers, so rounding after gives the same), NaN (0 · ∞ past a
+      // subnormal d, whose fp16 scale is 0 anyway) to 0; then roundf as truncation plus a step
+      // away from zero where the dropped fraction, exact, is at least a half. No libm call: it
+      // vectorizes.
+      float v = std::clamp(w[i] * id, -127.0f, 127.0f);
+      v = v == v ? v : 0.0f;
+      const int t = int(v);
+      const float f = v - float(t);
+      q[i] = uint8_t(t + (f >= 0.5f) - (f <= -0.5f) + 128);
+    }
+    return f32_to_f16(d);
+  }
+  // Value i of column j: group i / 4 of 4 k, byte i % 4 of the column's 4 (gemm.h).
+  static void store(const uint8_t* q, uint8_t* blk, int j) {
+    for (int g = 0; g < kQ8Block / 4; ++g) std::memcpy(blk + g * kPanel * 4 + j * 4, q + 4 * g, 4);
+  }
+};
+
+// ggml's Q4_0 rule, so that a q4 model here is the model llama.cpp's Q4_0 file holds: with m the
+// first value of largest magnitude, d = m / −8 and q = min(15, trunc(w · (1/d) + 8.5)) in fp32
+// (stored as the nibble q), then d as fp16; the weight run is (q − 8) · fp16(d).
+struct Q4Rule {
+  static constexpr const char* kName = "q4";
+  static constexpr int64_t kQBytes = kQ8Block * kPanel / 2;
+  static uint16_t quantize(const float* w, float, float m, uint8_t* q) {
+    const float d = m / -8.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
+    for (int i = 0; i < kQ8Block; ++i) {
+      // w · id + 8.5 lies in [0.5, 16.5] up to rounding: truncation is floor there. Clamped
+      // first (to integers, so truncating after gives the same), NaN to 8 (0).
+      float v = std::clamp(w[i] * id + 8.5f, 0.0f, 15.0f);
+      v = v == v ? v : 8.0f;
+      q[i] = uint8_t(int(v));
+    }
+    return f32_to_f16(d);
+  }
+  // Groups 2h and 2h + 1 share the bytes of pair h, low nibble first.
+  static void store(const uint8_t* q, uint8_t* blk, int j) {
+    for (int h = 0; h < kQ8Block / 8; ++h)
+      for (int k = 0; k < 4; ++k)
+        blk[h * kPanel * 4 + j * 4 + k] = uint8_t(q[8 * h + k] | q[8 * h + 4 + k] << 4);
+  }
+};
+
 // Panels [p0, p1) of an integer format, column by column and block of 32 k: every weight must be
-// finite; `rule(w, amax, m, q)` quantizes the block's 32 values w (amax: their largest magnitude,
-// m: the first value of that magnitude), storing value i through q(i, value), and returns the
-// scale as fp16, which must be finite too; it is stored after the block's q_bytes.
+// finite; Rule::quantize(w, amax, m, q) quantizes the block's 32 values w (amax: their largest
+// magnitude, m: the first value of that magnitude) into q and returns the scale as fp16, which
+// must be finite too; Rule::store lays q out in the block, the scale after its kQBytes.
 template <class Rule>
-void pack_blocks(const Weight& W, PackedWeight& P, const std::string& what, int64_t p0, int64_t p1,
-                 const Rule& rule) {
-  const char* name = P.q8 ? "q8" : "q4";
-  const int64_t q_bytes = P.q8 ? kQ8Block * kPanel : kQ8Block * kPanel / 2;
+void pack_blocks(const Weight& W, PackedWeight& P, const std::string& what, int64_t p0,
+                 int64_t p1) {
   std::vector<float> row(static_cast<size_t>(W.cols));
   for (int64_t p = p0; p < p1; ++p) {
     uint8_t* panel = P.data.get() + p * P.panel_bytes;
@@ -124,53 +174,30 @@ void pack_blocks(const Weight& W, PackedWeight& P, const std::string& what, int6
       for (int64_t b = 0; b < W.cols / kQ8Block; ++b) {
         const float* w = row.data() + b * kQ8Block;
         float amax = 0, m = 0;
+        bool finite = true;
         for (int i = 0; i < kQ8Block; ++i) {
-          FLASHMAP_CHECK(std::isfinite(w[i]),
-                         "{}: row {} holds {} at column {}; {} needs finite weights", what, n, w[i],
-                         b * kQ8Block + i, name);
+          finite &= std::isfinite(w[i]);
           if (amax < std::fabs(w[i])) {
             amax = std::fabs(w[i]);
             m = w[i];
           }
         }
-        uint8_t* blk = panel + b * (q_bytes + kPanel * 2);
-        // Value i of column j: group i / 4 of 4 k, byte i % 4 of the column's 4 (gemm.h).
-        const uint16_t dh = rule(w, amax, m, [&](int i, int q) {
-          const int g = i / 4;
-          if (P.q8) {
-            blk[g * kPanel * 4 + j * 4 + i % 4] = uint8_t(q + 128);
-          } else {  // groups 2h and 2h + 1 share the bytes of pair h, low nibble first
-            uint8_t& byte = blk[(g / 2) * kPanel * 4 + j * 4 + i % 4];
-            byte = g % 2 == 0 ? uint8_t(q) : uint8_t(byte | q << 4);
-          }
-        });
+        if (!finite)
+          for (int i = 0; i < kQ8Block; ++i)
+            FLASHMAP_CHECK(std::isfinite(w[i]),
+                           "{}: row {} holds {} at column {}; {} needs finite weights", what, n,
+                           w[i], b * kQ8Block + i, Rule::kName);
+        uint8_t* blk = panel + b * (Rule::kQBytes + kPanel * 2);
+        uint8_t q[kQ8Block];
+        const uint16_t dh = Rule::quantize(w, amax, m, q);
         FLASHMAP_CHECK(std::isfinite(f16_to_f32(dh)),
                        "{}: row {} has a block of magnitude {}, past what a {} scale (fp16) holds",
-                       what, n, amax, name);
-        std::memcpy(blk + q_bytes + j * 2, &dh, 2);
+                       what, n, amax, Rule::kName);
+        Rule::store(q, blk, j);
+        std::memcpy(blk + Rule::kQBytes + j * 2, &dh, 2);
       }
     }
   }
-}
-
-// ggml's Q8_0 rule, so that a q8 model here is the model llama.cpp's Q8_0 file holds: d =
-// max|w| / 127 and q = roundf(w · (1/d)) (half away from zero) in fp32, then d stored as fp16;
-// the weight run is q · fp16(d).
-uint16_t q8_rule(const float* w, float amax, float, const auto& store) {
-  const float d = amax / 127.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
-  for (int i = 0; i < kQ8Block; ++i)
-    store(i, int(std::clamp(std::round(w[i] * id), -127.0f, 127.0f)));
-  return f32_to_f16(d);
-}
-
-// ggml's Q4_0 rule, so that a q4 model here is the model llama.cpp's Q4_0 file holds: with m the
-// first value of largest magnitude, d = m / −8 and q = min(15, trunc(w · (1/d) + 8.5)) in fp32
-// (stored as the nibble q), then d as fp16; the weight run is (q − 8) · fp16(d).
-uint16_t q4_rule(const float* w, float, float m, const auto& store) {
-  const float d = m / -8.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
-  // w · id + 8.5 lies in [0.5, 16.5] up to rounding: truncation is floor there.
-  for (int i = 0; i < kQ8Block; ++i) store(i, std::clamp(int(w[i] * id + 8.5f), 0, 15));
-  return f32_to_f16(d);
 }
 
 // Panels [p0, p1) for the bf16 compute mode: element (kp, j) of panel p is the uint32 pair
@@ -235,9 +262,9 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
     // The rules are checked byte for byte against the gguf package's quantizer
     // (tests/ops/test_gemm.cpp).
     if (P->q8)
-      pack_blocks(W, *P, what, p0, p1, [](auto... a) { return q8_rule(a...); });
+      pack_blocks<Q8Rule>(W, *P, what, p0, p1);
     else if (P->q4)
-      pack_blocks(W, *P, what, p0, p1, [](auto... a) { return q4_rule(a...); });
+      pack_blocks<Q4Rule>(W, *P, what, p0, p1);
     else if (P->bf16_dot)
       pack_bf16_pairs(W, *P, p0, p1);
     else if (dtype_size(W.dtype) == 4)
