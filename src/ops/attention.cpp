@@ -65,12 +65,12 @@ constexpr int kScoreBlock = 1, kValueCols = 1;
 #endif
 constexpr int kValueBlock = 4;
 
-inline v8f load8(const float* p) {
+[[maybe_unused]] inline v8f load8(const float* p) {
   v8f v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline v16f join(v8f lo, v8f hi) {
+[[maybe_unused]] inline v16f join(v8f lo, v8f hi) {
   return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
 
