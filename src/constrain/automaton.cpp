@@ -1,6 +1,7 @@
 #include "constrain/automaton.h"
 
 #include <algorithm>
+#include <bit>
 #include <map>
 #include <unordered_map>
 
@@ -335,9 +336,9 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
   const int nc = g->num_classes;
 
   // Subset construction; a DFA state is an epsilon-closed sorted set of NFA states of one rule.
-  // Its cost is the NFA states and edges it visits, summed over every set it builds; a few DFA
-  // states can each hold most of a large NFA (an optional repeated many times), so that sum is
-  // bounded as well as the number of states.
+  // Its cost is the NFA states and edges it visits and the sorting of each set it closes, summed
+  // over every set it builds; a few DFA states can each hold most of a large NFA (an optional
+  // repeated many times), so that sum is bounded as well as the number of states.
   size_t steps = 0;
   auto spend = [&](size_t n) {
     steps += n;
@@ -346,6 +347,7 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
                    "the repetition counts, lengths or alternatives)",
                    kMaxCompileSteps);
   };
+  constexpr size_t kClosureCost = 8;  // its allocations and sort, in steps
   std::vector<uint32_t> stamp(nfa.out.size(), 0);
   uint32_t epoch = 0;
   auto closure = [&](std::vector<int>& set) {
@@ -365,6 +367,7 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
         }
     }
     std::sort(set.begin(), set.end());
+    spend(kClosureCost + set.size() * std::bit_width(set.size()) / 4);
   };
   struct SetHash {
     size_t operator()(const std::vector<int>& v) const {
@@ -375,7 +378,6 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
   };
   std::unordered_map<std::vector<int>, uint32_t, SetHash> ids;
   std::vector<std::vector<int>> sets;
-  std::vector<std::vector<std::pair<uint32_t, std::vector<int>>>> pending_calls;
   auto intern = [&](std::vector<int> set) -> uint32_t {
     auto [it, fresh] = ids.emplace(set, uint32_t(sets.size()));
     if (fresh) {
@@ -392,6 +394,18 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
     closure(s);
     g->rule_start.push_back(intern(std::move(s)));
   }
+  // A kernel (the states one byte class reaches, before closure) recurs across byte classes and
+  // DFA states whenever a wide range such as `.` leaves many states; it is closed and sorted once.
+  std::unordered_map<std::vector<int>, uint32_t, SetHash> kernel_ids;
+  auto target = [&](std::vector<int>& kernel) -> uint32_t {
+    spend(kernel.size());
+    if (auto it = kernel_ids.find(kernel); it != kernel_ids.end()) return it->second;
+    std::vector<int> t = kernel;
+    closure(t);
+    const uint32_t id = intern(std::move(t));
+    kernel_ids.emplace(std::move(kernel), id);
+    return id;
+  };
   std::vector<std::vector<int>> by_class(nc);
   for (size_t d = 0; d < sets.size(); ++d) {
     for (auto& v : by_class) v.clear();
@@ -403,6 +417,7 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
       for (const NfaEdge& e : nfa.out[s]) {
         if (e.kind == NfaEdge::kByte) {
           any_bytes = true;
+          spend(size_t(g->class_of[e.hi] - g->class_of[e.lo]));
           for (int c = g->class_of[e.lo]; c <= g->class_of[e.hi]; ++c) by_class[c].push_back(e.to);
         } else if (e.kind == NfaEdge::kCall) {
           call_targets[e.rule].push_back(e.to);
@@ -416,10 +431,7 @@ std::unique_ptr<GrammarImpl> Builder::compile(int start) const {
         g->trans.push_back(kDead);
         continue;
       }
-      std::vector<int> t = by_class[c];
-      closure(t);
-      const uint32_t id = intern(std::move(t));
-      g->trans.push_back(id);
+      g->trans.push_back(target(by_class[c]));
     }
     g->call_begin.push_back(uint32_t(g->calls.size()));
     for (auto& [rule, targets] : call_targets) {
