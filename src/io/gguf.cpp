@@ -232,6 +232,20 @@ void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
 
 }  // namespace
 
+void unpack_q4_k(const uint8_t* block, uint16_t& d, uint16_t& dmin, uint8_t (&sc)[8],
+                 uint8_t (&m)[8], uint8_t (&q)[256]) {
+  std::memcpy(&d, block, 2);
+  std::memcpy(&dmin, block + 2, 2);
+  for (int j = 0; j < 8; ++j) scale_min_k4(j, block + 4, sc[j], m[j]);
+  // 32 bytes per pair of sub-blocks: the first one's codes in the low nibbles.
+  const uint8_t* qs = block + 16;
+  for (int p = 0; p < 4; ++p)
+    for (int l = 0; l < 32; ++l) {
+      q[64 * p + l] = qs[32 * p + l] & 0xF;
+      q[64 * p + 32 + l] = qs[32 * p + l] >> 4;
+    }
+}
+
 // The 32 five-bit codes of a Q5_0 or Q5_1 block (low nibbles in qs, fifth bits in the 32-bit qh):
 // f(i, code) for element i.
 template <class F>
@@ -297,19 +311,13 @@ void dequantize_row(GgmlType type, const uint8_t* src, float* y, int64_t n) {
         break;
       }
       case GgmlType::Q4_K: {
-        const float d = half(x), dmin = half(x + 2);
-        const uint8_t* scales = x + 4;
-        const uint8_t* q = x + 16;
-        float* out = y;
-        for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
-          uint8_t sc, m;
-          scale_min_k4(is, scales, sc, m);
-          const float d1 = d * sc, m1 = dmin * m;
-          scale_min_k4(is + 1, scales, sc, m);
-          const float d2 = d * sc, m2 = dmin * m;
-          for (int l = 0; l < 32; ++l) *out++ = d1 * float(q[l] & 0xF) - m1;
-          for (int l = 0; l < 32; ++l) *out++ = d2 * float(q[l] >> 4) - m2;
-          q += 32;
+        uint16_t dh, mh;
+        uint8_t sc[8], m[8], q[256];
+        unpack_q4_k(x, dh, mh, sc, m, q);
+        const float d = f16_to_f32(dh), dmin = f16_to_f32(mh);
+        for (int j = 0; j < 8; ++j) {
+          const float d1 = d * sc[j], m1 = dmin * m[j];
+          for (int l = 0; l < 32; ++l) y[32 * j + l] = d1 * float(q[32 * j + l]) - m1;
         }
         break;
       }

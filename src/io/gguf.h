@@ -44,6 +44,11 @@ int64_t ggml_block_bytes(GgmlType type);
 // does it: the same fp32 operations in the same order (the `gguf` package's dequantize gives the
 // same bits).
 void dequantize_row(GgmlType type, const uint8_t* src, float* dst, int64_t n);
+// One Q4_K block (144 bytes: fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles)
+// unpacked: d and dmin as their fp16 bits, sub-block j's scale sc[j] and min m[j], the 256 codes
+// q (0…15) in order of k; weight k is d · sc[k / 32] · q[k] − dmin · m[k / 32].
+void unpack_q4_k(const uint8_t* block, uint16_t& d, uint16_t& dmin, uint8_t (&sc)[8],
+                 uint8_t (&m)[8], uint8_t (&q)[256]);
 
 // A metadata value: an integer (any width, signed or not), a float, a bool, a string, or an
 // array of values.

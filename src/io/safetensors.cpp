@@ -367,6 +367,7 @@ void Checkpoint::open_gguf(const std::string& path) {
   FLASHMAP_CHECK(!ec, "{}: cannot open ({})", path, ec.message());
   gguf_ = std::make_unique<GgufFile>(file.string());
   for (const auto& [name, t] : qwen3_gguf_tensors(*gguf_)) {
+    gguf_tensors_[name] = t;
     TensorView v;
     v.name = name;
     v.shape.assign(t->dims.rbegin(), t->dims.rend());
@@ -547,6 +548,13 @@ const TensorView& Checkpoint::get(const std::string& name) const {
     d->view.data = d->values.data();
   }
   return *it->second;
+}
+
+const GgufTensor* Checkpoint::gguf_tensor(const std::string& name) const {
+  const auto it = gguf_tensors_.find(name);
+  if (it == gguf_tensors_.end()) return nullptr;
+  gguf_->check_unchanged();
+  return it->second;
 }
 
 const TensorView& Checkpoint::get(const std::string& name,

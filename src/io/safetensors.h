@@ -126,6 +126,10 @@ class Checkpoint {
   // "fp8" or "awq" when the safetensors hold such a release's tensors (read as F32 weights),
   // else "": what a config's quantization_config must say.
   const std::string& quantization() const { return quantization_; }
+  // Of a GGUF checkpoint, the file's tensor that `name` is read from (null for another checkpoint
+  // or name): its blocks as stored, for a packing that keeps them (a Q4_K matrix as q4k). The
+  // file is checked unchanged first, as get() does.
+  const GgufTensor* gguf_tensor(const std::string& name) const;
   // Once a tensor's packed copy exists: SafetensorsFile::drop_pages for a mapped tensor (its
   // pages are read again from the file if touched), and for one held in memory its bytes are
   // freed and its view's data becomes null (a random Qwen3-8B would otherwise be held twice).
@@ -142,6 +146,7 @@ class Checkpoint {
   // The float tensors of a GGUF (views of its mapping).
   std::unique_ptr<GgufFile> gguf_;
   std::deque<TensorView> gguf_views_;
+  std::map<std::string, const GgufTensor*> gguf_tensors_;
   // Tensors stored quantized (a GGUF's, FP8, AWQ): an F32 view whose data `fill` makes when it is
   // first looked up, held until drop_pages.
   struct Dequantized {

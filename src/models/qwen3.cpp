@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/check.h"
+#include "io/gguf.h"
 
 namespace flashmap {
 
@@ -67,8 +68,50 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, std::unique_ptr<Checkpoint> we
   load_weights();
 }
 
+namespace {
+// A GGUF's Q4_K matrix, asked for in an integer format, packed from its blocks as they are (q4k):
+// every weight exact, in fewer bytes than q8 (null for any other tensor).
+std::shared_ptr<const ops::PackedWeight> pack_gguf_q4_k(const Checkpoint& ckpt,
+                                                        const std::string& name, int64_t rows,
+                                                        int64_t cols, ThreadPool& pool) {
+  const GgufTensor* g = ckpt.gguf_tensor(name);
+  if (!g || g->type != GgmlType::Q4_K) return nullptr;
+  FLASHMAP_CHECK(g->dims == std::vector<int64_t>({cols, rows}),
+                 "{}: tensor '{}' has shape [{}], expected [{}, {}]", g->file, name,
+                 fmt::join(std::vector<int64_t>(g->dims.rbegin(), g->dims.rend()), ", "), rows,
+                 cols);
+  const int64_t row_bytes = cols / ops::kQ4KBlock * ggml_block_bytes(GgmlType::Q4_K);
+  FLASHMAP_ASSERT(uint64_t(rows * row_bytes) == g->bytes);
+  auto packed = ops::pack_q4k(
+      rows, cols,
+      [&](int64_t n, int64_t s, ops::Q4KBlock& b) {
+        unpack_q4_k(g->data + n * row_bytes + s * ggml_block_bytes(GgmlType::Q4_K), b.d, b.dmin,
+                    b.sc, b.m, b.q);
+      },
+      fmt::format("{}: {}", g->file, name), pool);
+  ckpt.gguf_tensor(name);  // what was read came from the file as it was mapped
+  return packed;
+}
+}  // namespace
+
 Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols,
                    ops::WeightFormat format, ThreadPool& pool, bool keep) {
+  // A GGUF tensor quantized with more than 4 bits per weight (Q5_*, Q6_K, Q8_0: Q4_K_M's v, down
+  // and output) is not cut to 4 bits: q4 holds it as q8.
+  if (format == ops::WeightFormat::Q4)
+    if (const GgufTensor* g = ckpt.gguf_tensor(name))
+      if (g->type == GgmlType::Q5_0 || g->type == GgmlType::Q5_1 || g->type == GgmlType::Q5_K ||
+          g->type == GgmlType::Q6_K || g->type == GgmlType::Q8_0)
+        format = ops::WeightFormat::Q8;
+  if (!keep && (format == ops::WeightFormat::Q8 || format == ops::WeightFormat::Q4)) {
+    if (auto packed = pack_gguf_q4_k(ckpt, name, rows, cols, pool)) {
+      Weight w;
+      w.rows = rows;
+      w.cols = cols;
+      w.packed = std::move(packed);
+      return w;
+    }
+  }
   const TensorView& t = ckpt.get(name, {rows, cols});
   Weight w = Weight::of(t);
   if (format == ops::WeightFormat::Unpacked) return w;
@@ -88,6 +131,12 @@ Weight stacked(std::initializer_list<Weight*> parts) {
   Weight w;
   for (Weight* p : parts) {
     if (!p->packed || (p != *std::prev(parts.end()) && p->rows % ops::kPanel != 0)) return {};
+    // Parts held in different formats (a GGUF's Q4_K q and k beside a Q6_K v) stay apart.
+    const ops::PackedWeight& a = *p->packed;
+    const ops::PackedWeight& b = *(*parts.begin())->packed;
+    if (a.q8 != b.q8 || a.q4 != b.q4 || a.q4k != b.q4k || a.bf16_dot != b.bf16_dot ||
+        a.dtype != b.dtype || a.panel_bytes != b.panel_bytes)
+      return {};
     packed.push_back(p->packed.get());
     w.rows += p->rows;
   }
@@ -212,7 +261,9 @@ void qwen3_layers(std::span<const Qwen3Layer> layers, const Qwen3Config& c, floa
   std::vector<float> h = buffer(T * H), q = buffer(T * q_dim), k = buffer(T * kv_dim),
                      v = buffer(T * kv_dim), attn = buffer(T * q_dim), gate = buffer(T * I),
                      up = buffer(T * I), tmp = buffer(T * H), stacked_out;
-  if (!layers.empty() && (layers.front().qkv.packed || layers.front().gate_up.packed))
+  // Layers may differ in which products are stacked (a GGUF's mix of quantization types).
+  if (std::any_of(layers.begin(), layers.end(),
+                  [](const Qwen3Layer& L) { return L.qkv.packed || L.gate_up.packed; }))
     stacked_out = buffer(T * std::max(q_dim + 2 * kv_dim, 2 * I));
   auto add_to_x = [&] {
     for (int64_t i = 0; i < T * H; ++i) x[i] += tmp[static_cast<size_t>(i)];

@@ -283,6 +283,56 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
   return P;
 }
 
+std::shared_ptr<const PackedWeight> pack_q4k(
+    int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q4KBlock&)>& block,
+    const std::string& what, ThreadPool& pool) {
+  FLASHMAP_CHECK(cols % kQ4KBlock == 0,
+                 "{}: a Q4_K matrix needs the input size to be a multiple of {}, but it is {}",
+                 what, kQ4KBlock, cols);
+  constexpr int kSub = kQ4KBlock / kQ8Block;                               // blocks per super-block
+  constexpr int64_t kQ = kQ8Block * kPanel / 2;                            // a block's nibbles
+  constexpr int64_t kSuper = kSub * kQ + 4 * kPanel * 4 + 2 * kPanel * 2;  // gemm_kernel.inc
+  auto P = std::make_shared<PackedWeight>();
+  P->dtype = DType::F32;
+  P->q4k = true;
+  P->rows = rows;
+  P->cols = cols;
+  P->panels = (rows + kPanel - 1) / kPanel;
+  P->panel_bytes = cols / kQ4KBlock * kSuper;
+  P->data = {alloc_panels(P->bytes()), std::free};
+  std::memset(P->data.get(), 0, size_t(P->bytes()));
+  auto body = [&](int64_t p0, int64_t p1) {
+    Q4KBlock qb;
+    for (int64_t p = p0; p < p1; ++p)
+      for (int j = 0; j < kPanel && p * kPanel + j < rows; ++j) {
+        const int64_t n = p * kPanel + j;
+        for (int64_t s = 0; s < cols / kQ4KBlock; ++s) {
+          block(n, s, qb);
+          FLASHMAP_CHECK(std::isfinite(f16_to_f32(qb.d)) && std::isfinite(f16_to_f32(qb.dmin)),
+                         "{}: row {} has a Q4_K block (k from {}) whose d or dmin is not finite",
+                         what, n, s * kQ4KBlock);
+          uint8_t* sb = P->data.get() + p * P->panel_bytes + s * kSuper;
+          for (int b = 0; b < kSub; ++b) {
+            uint8_t q[kQ8Block];
+            for (int i = 0; i < kQ8Block; ++i) q[i] = qb.q[b * kQ8Block + i] & 15;
+            Q4Rule::store(q, sb + b * kQ, j);
+            uint8_t* sm = sb + kSub * kQ + b / 2 * kPanel * 4 + j * 4 + b % 2 * 2;
+            sm[0] = qb.sc[b] & 63;
+            sm[1] = qb.m[b] & 63;
+          }
+          const uint16_t neg_dmin = qb.dmin ^ 0x8000;
+          std::memcpy(sb + kSub * kQ + 4 * kPanel * 4 + j * 2, &qb.d, 2);
+          std::memcpy(sb + kSub * kQ + 4 * kPanel * 4 + kPanel * 2 + j * 2, &neg_dmin, 2);
+        }
+      }
+  };
+  if (P->bytes() < (int64_t(1) << 20))
+    body(0, P->panels);
+  else
+    pool.parallel_for(P->panels, 8, body);
+  return P;
+}
+
 std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* const> parts) {
   FLASHMAP_ASSERT(!parts.empty());
   const PackedWeight& first = *parts[0];
@@ -290,13 +340,14 @@ std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* con
   P->dtype = first.dtype;
   P->q8 = first.q8;
   P->q4 = first.q4;
+  P->q4k = first.q4k;
   P->bf16_dot = first.bf16_dot;
   P->cols = first.cols;
   P->panel_bytes = first.panel_bytes;
   for (size_t i = 0; i < parts.size(); ++i) {
     const PackedWeight& w = *parts[i];
     FLASHMAP_ASSERT(w.dtype == first.dtype && w.q8 == first.q8 && w.q4 == first.q4 &&
-                    w.bf16_dot == first.bf16_dot && w.cols == first.cols &&
+                    w.q4k == first.q4k && w.bf16_dot == first.bf16_dot && w.cols == first.cols &&
                     w.panel_bytes == first.panel_bytes);
     FLASHMAP_ASSERT(i + 1 == parts.size() || w.rows % kPanel == 0);
     P->rows += w.rows;
@@ -504,6 +555,7 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
   FLASHMAP_ASSERT(P->rows == W.rows && P->cols == W.cols);
   const kernel::Format format = P->q8                     ? kernel::kQ8
                                 : P->q4                   ? kernel::kQ4
+                                : P->q4k                  ? kernel::kQ4K
                                 : P->bf16_dot             ? kernel::kBF16Dot
                                 : P->dtype == DType::BF16 ? kernel::kBF16
                                 : P->dtype == DType::F16  ? kernel::kF16

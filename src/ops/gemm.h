@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -54,11 +55,15 @@ WeightFormat weight_format(const std::string& weights, const std::string& comput
 // (w[n, 2kp], w[n, 2kp + 1]) side by side (vdpbf16ps's operand order; 0 past K). q4: the panel
 // is K/32 blocks, each [4 pairs of groups of 4 k][32 columns][4 k] bytes holding q of group 2h in
 // the low nibble and of group 2h + 1 in the high one (a shift and a mask give q8's group layout),
-// then the 32 columns' fp16 scales.
+// then the 32 columns' fp16 scales. q4k (ggml's Q4_K, held exactly as a GGUF file holds it: see
+// pack_q4k): the panel is K/256 super-blocks, each 8 blocks of q4's nibble layout (q itself,
+// 0…15), then per pair of blocks [32 columns][sc, m, sc, m] bytes, then the 32 columns' fp16 d
+// and their fp16 −dmin.
 struct PackedWeight {
   DType dtype = DType::F32;
   bool q8 = false;
   bool q4 = false;
+  bool q4k = false;
   bool bf16_dot = false;
   int64_t rows = 0, cols = 0;  // N, K
   int64_t panels = 0;          // ceil(N / 32); the last one zero-padded
@@ -67,7 +72,7 @@ struct PackedWeight {
 
   const uint8_t* panel(int64_t p) const { return data.get() + p * panel_bytes; }
   // Products with integer weights (q8, q4) quantize the rows of x first.
-  bool integer() const { return q8 || q4; }
+  bool integer() const { return q8 || q4 || q4k; }
   int64_t bytes() const { return panels * panel_bytes; }
 };
 
@@ -75,6 +80,22 @@ struct PackedWeight {
 // q4 weight needs K divisible by 32).
 std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
                                          const std::string& what, ThreadPool& pool);
+
+// One super-block of ggml's Q4_K (256 k of one output row), unpacked: weight k is
+// d · sc[k / 32] · q[k] − dmin · m[k / 32] with d, dmin fp16 (their bits), sc, m 6-bit, q 4-bit.
+struct Q4KBlock {
+  uint16_t d = 0, dmin = 0;
+  uint8_t sc[8] = {}, m[8] = {};
+  uint8_t q[256] = {};
+};
+constexpr int kQ4KBlock = 256;  // k per Q4_K super-block
+// Packs the [rows, cols] matrix whose super-block s (k from 256 s) of row n `block(n, s, out)`
+// gives, as q4k: every weight exactly as ggml's dequantization gives it, at 4.625 bits per
+// weight, multiplied with rows of x quantized as for q8. cols must be a multiple of 256; d and
+// dmin must be finite (`what` names the tensor in errors).
+std::shared_ptr<const PackedWeight> pack_q4k(
+    int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q4KBlock&)>& block,
+    const std::string& what, ThreadPool& pool);
 
 // Matrices packed alike (same format and input size), stacked along their output rows: one
 // product instead of several over the same input (a layer's q, k and v; its gate and up). Every

@@ -9,8 +9,9 @@
 
 namespace flashmap::ops::kernel {
 
-// kBF16Dot: the bf16 compute mode's panels (gemm.h), run by gemm_avx512bf16 alone.
-enum Format : int { kF32 = 0, kBF16 = 1, kF16 = 2, kQ8 = 3, kBF16Dot = 4, kQ4 = 5 };
+// kBF16Dot: the bf16 compute mode's panels (gemm.h), run by gemm_avx512bf16 alone. kQ4K: ggml's
+// Q4_K super-blocks held exactly (gemm.h).
+enum Format : int { kF32 = 0, kBF16 = 1, kF16 = 2, kQ8 = 3, kBF16Dot = 4, kQ4 = 5, kQ4K = 6 };
 
 // y[m, n] = Σ_k x[m, k] · W[n, k] (+ bias[n]) for m < M and the columns of panels [p0, p1).
 struct Args {
@@ -22,13 +23,13 @@ struct Args {
   const float* bias;  // may be null
   float* y;
   int64_t ldy;
-  // kQ8, kQ4: x quantized per row and block of 32 k (gemm.cpp): qx int8 [M, K], the same values as
-  // fp32 in qxf, dx the blocks' fp32 scales and sx the sums of their qx [M, K/32].
+  // kQ8, kQ4, kQ4K: x quantized per row and block of 32 k (gemm.cpp): qx int8 [M, K], the same
+  // values as fp32 in qxf, dx the blocks' fp32 scales and sx the sums of their qx [M, K/32].
   const int8_t* qx;
   const float* qxf;
   const float* dx;
   const int32_t* sx;
-  bool vnni;  // AVX-512 kernel: int8 dot products (AVX512-VNNI) for kQ8 and kQ4
+  bool vnni;  // AVX-512 kernel: int8 dot products (AVX512-VNNI) for the integer formats
   // kBF16Dot: x rounded to bf16 and paired along k (gemm.cpp): xp [M, ceil(K/2)] with row stride
   // ldp, each uint32 holding x[m, 2kp] in its low half and x[m, 2kp + 1] (0 past K) in its high.
   const uint32_t* xp;

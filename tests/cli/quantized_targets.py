@@ -64,12 +64,23 @@ with tempfile.TemporaryDirectory() as tmp:
     run(["convert", q4km_gguf, copied], env)
     linked = os.path.join(tmp, "linked")
     run(["convert", "--link", q4km_gguf, linked], env)
+    # Natively both hold the dequantized F32 weights. In the integer formats the GGUF read in
+    # place keeps its Q4_K matrices as they are (q4k) and holds its Q6_K ones as q8 under q4
+    # too, so q8 and q4 are one model there; the copied folder's F32 weights are requantized.
     for weights in ("native", "q8", "q4"):
         args = ["--no-draft", "--chat", "hello there", "--weights", weights,
                 "--max-new-tokens", "16", "--seed", "1"]
-        want = decode(copied, args, env)
-        same(f"Q4_K_M GGUF, --weights {weights}", decode(q4km_gguf, args, env), want)
+        want = decode(copied if weights == "native" else q4km_gguf, args, env)
+        if weights == "native":
+            same(f"Q4_K_M GGUF, --weights {weights}", decode(q4km_gguf, args, env), want)
         same(f"Q4_K_M --link folder, --weights {weights}", decode(linked, args, env), want)
+    for mode in (["--temperature", "0"], ["--seed", "4", "--temperature", "0.8"]):
+        args = ["--prompt-ids", "5,6,7,5,6,7,5,6", "--max-new-tokens", "32"] + mode
+        q8 = decode(q4km_gguf, ["--no-draft", "--weights", "q8"] + args, env)
+        same(f"Q4_K_M GGUF: q4 = q8 {mode}",
+             decode(q4km_gguf, ["--no-draft", "--weights", "q4"] + args, env), q8)
+        same(f"Q4_K_M GGUF, q4: prompt lookup = target alone {mode}",
+             decode(q4km_gguf, ["--draft", "ngram", "--weights", "q4"] + args, env), q8)
     # One folder per file in the cache, made once.
     cache = os.path.join(tmp, "cache", "gguf1")
     folders = sorted(os.listdir(cache))

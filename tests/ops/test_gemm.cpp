@@ -345,6 +345,114 @@ TEST(Gemm, Q4OfADequantizedQ4_0TensorIsTheSameBlocks) {
     }
 }
 
+// Q4_K blocks held as q4k: each output is ggml's Q4_K weights (dequantize_row, equal to the gguf
+// package's dequantize in test_gguf.cpp) times x quantized as for q8, within the kernel's fp32
+// roundings: (d·sc)·dx and (−dmin·m)·dx, and the 2·K/32 fused adds over the blocks (the dot
+// products and Σ qx are exact integers); the weights' own fp32 rounding (d·sc·q − dmin·m) is the
+// reference's. Every instruction set gives the same bits, and a row the same bits in any batch.
+// On the fixture's Q4_K tensor (3 × 512) and on random blocks at an odd shape (45 × 768).
+TEST(Gemm, Q4KHoldsGgmlsQ4_KWeightsExactly) {
+  ThreadPool pool(2);
+  IsaGuard guard;
+  constexpr int64_t kBytes = 144;  // a Q4_K block
+  const auto check = [&](const uint8_t* blocks, int64_t N, int64_t K, const std::string& what) {
+    const int64_t SB = K / 256, KB = K / 32, row_bytes = SB * kBytes;
+    std::vector<float> w(size_t(N * K));
+    std::vector<double> s(size_t(N * KB)), m(size_t(N * KB));
+    std::vector<uint8_t> code(size_t(N * K));
+    for (int64_t n = 0; n < N; ++n) {
+      dequantize_row(GgmlType::Q4_K, blocks + n * row_bytes, w.data() + n * K, K);
+      for (int64_t sb = 0; sb < SB; ++sb) {
+        uint16_t d, dmin;
+        uint8_t sc[8], mn[8], q[256];
+        unpack_q4_k(blocks + n * row_bytes + sb * kBytes, d, dmin, sc, mn, q);
+        std::memcpy(code.data() + n * K + sb * 256, q, 256);
+        for (int j = 0; j < 8; ++j) {
+          s[size_t(n * KB + sb * 8 + j)] = ref::f16_value(d) * sc[j];
+          m[size_t(n * KB + sb * 8 + j)] = ref::f16_value(dmin) * mn[j];
+        }
+      }
+    }
+    Weight W;
+    W.rows = N;
+    W.cols = K;
+    W.packed = ops::pack_q4k(
+        N, K,
+        [&](int64_t n, int64_t sb, ops::Q4KBlock& b) {
+          unpack_q4_k(blocks + n * row_bytes + sb * kBytes, b.d, b.dmin, b.sc, b.m, b.q);
+        },
+        what, pool);
+    EXPECT_EQ(W.packed->bytes(), (N + 31) / 32 * 32 * K * 37 / 64) << "4.625 bits a weight";
+    std::vector<float> first;
+    for (const Isa isa : isas()) {
+      ops::set_isa(isa);
+      for (const int64_t M : {1, 2, 3, 5, 9, 17, 33}) {
+        auto x = normal(size_t(M * K), 11 + uint64_t(M));
+        for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;  // a zero block: dx = 0
+        const auto bias = normal(size_t(N), 12);
+        std::vector<float> y(size_t(M * N));
+        ops::linear(x.data(), M, W, bias.data(), y.data(), pool);
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t n = 0; n < N; ++n) {
+            double want = bias[size_t(n)], mag = std::fabs(bias[size_t(n)]);
+            for (int64_t b = 0; b < KB; ++b) {
+              const float* xb = x.data() + r * K + b * 32;
+              float amax = 0;
+              for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+              const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
+              double dot = 0, wabs = 0, dot_q = 0, sx = 0;
+              for (int i = 0; i < 32; ++i) {
+                const double qx = std::round(xb[i] * id), wk = w[size_t(n * K + b * 32 + i)];
+                dot += wk * qx;
+                wabs += std::fabs(wk * qx);
+                dot_q += code[size_t(n * K + b * 32 + i)] * qx;
+                sx += qx;
+              }
+              const size_t nb = size_t(n * KB + b);
+              want += dot * dx;
+              mag += dx * (wabs + std::fabs(s[nb] * dot_q) + std::fabs(m[nb] * sx));
+            }
+            ASSERT_LE(std::fabs(double(y[size_t(r * N + n)]) - want),
+                      double(2 * KB + 3) * 0x1p-24 * mag)
+                << what << " " << ops::isa_name(isa) << " M " << M << " row " << r << " col " << n;
+          }
+        if (M == 33) {
+          if (first.empty()) first = y;
+          EXPECT_TRUE(same_bits(y, first)) << what << ": " << ops::isa_name(isa);
+          // Row 20 of the 33 alone.
+          std::vector<float> one(static_cast<size_t>(N));
+          ops::linear(x.data() + 20 * K, 1, W, bias.data(), one.data(), pool);
+          EXPECT_EQ(std::memcmp(one.data(), y.data() + 20 * N, size_t(N) * 4), 0)
+              << what << ": " << ops::isa_name(isa);
+        }
+      }
+    }
+  };
+  GgufFile g("tests/fixtures/gguf/quants.gguf");
+  const GgufTensor& t = g.tensor("q4_k");
+  ASSERT_EQ(t.type, GgmlType::Q4_K);
+  check(t.data, t.rows(), t.dims[0], "quants.gguf q4_k");
+  // Random blocks: every code and 6-bit scale random, d and dmin finite fp16s of either sign.
+  const int64_t N = 45, K = 768;
+  std::vector<uint8_t> blocks(size_t(N * K / 256 * kBytes));
+  Rng rng(6);
+  for (auto& b : blocks) b = uint8_t(rng.next());
+  for (int64_t blk = 0; blk < N * K / 256; ++blk) {
+    const uint16_t d = f32_to_f16(float(rng.uniform() - 0.5) * 0.02f);
+    const uint16_t dmin = f32_to_f16(float(rng.uniform() - 0.5) * 0.02f);
+    std::memcpy(blocks.data() + blk * kBytes, &d, 2);
+    std::memcpy(blocks.data() + blk * kBytes + 2, &dmin, 2);
+  }
+  check(blocks.data(), N, K, "random Q4_K blocks");
+
+  const auto zero = [](int64_t, int64_t, ops::Q4KBlock&) {};
+  EXPECT_THAT(error_of([&] { ops::pack_q4k(4, 320, zero, "w", pool); }),
+              HasSubstr("w: a Q4_K matrix needs the input size to be a multiple of 256"));
+  const auto inf = [](int64_t n, int64_t, ops::Q4KBlock& b) { b.dmin = n == 2 ? 0x7c00 : 0; };
+  EXPECT_THAT(error_of([&] { ops::pack_q4k(4, 256, inf, "w", pool); }),
+              HasSubstr("w: row 2 has a Q4_K block (k from 0) whose d or dmin is not finite"));
+}
+
 TEST(Gemm, IntegerFormatsRefuseShapesAndValuesTheyCannotHold) {
   ThreadPool pool(1);
   for (const auto& [format, name] : {std::pair{WeightFormat::Q8, std::string("q8")},
