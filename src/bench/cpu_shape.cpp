@@ -330,7 +330,7 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   const double fp32_peak = ops::fma_peak_gflops(ThreadPool::global());
   // The arithmetic limit of the mode the products run in: fp32 FMAs, bf16 dot products, or the
   // int8 dot products of q8/q4 weights where the kernel takes them.
-  const bool integer = format == ops::WeightFormat::Q8 || format == ops::WeightFormat::Q4;
+  const bool integer = ops::is_integer(format);
   const double int8_peak = integer ? ops::int8_dot_peak_gops(ThreadPool::global()) : 0;
   const double peak = bf16            ? ops::bf16_dot_peak_gflops(ThreadPool::global())
                       : int8_peak > 0 ? int8_peak

@@ -103,7 +103,7 @@ Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int6
       if (g->type == GgmlType::Q5_0 || g->type == GgmlType::Q5_1 || g->type == GgmlType::Q5_K ||
           g->type == GgmlType::Q6_K || g->type == GgmlType::Q8_0)
         format = ops::WeightFormat::Q8;
-  if (!keep && (format == ops::WeightFormat::Q8 || format == ops::WeightFormat::Q4)) {
+  if (!keep && ops::is_integer(format)) {
     if (auto packed = pack_gguf_q4_k(ckpt, name, rows, cols, pool)) {
       Weight w;
       w.rows = rows;

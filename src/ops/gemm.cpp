@@ -289,9 +289,10 @@ std::shared_ptr<const PackedWeight> pack_q4k(
   FLASHMAP_CHECK(cols % kQ4KBlock == 0,
                  "{}: a Q4_K matrix needs the input size to be a multiple of {}, but it is {}",
                  what, kQ4KBlock, cols);
-  constexpr int kSub = kQ4KBlock / kQ8Block;                               // blocks per super-block
-  constexpr int64_t kQ = kQ8Block * kPanel / 2;                            // a block's nibbles
-  constexpr int64_t kSuper = kSub * kQ + 4 * kPanel * 4 + 2 * kPanel * 2;  // gemm_kernel.inc
+  constexpr int kSub = kQ4KBlock / kQ8Block;                  // blocks per super-block
+  constexpr int64_t kQ = kQ8Block * kPanel / 2;               // a block's nibbles
+  constexpr int64_t kHead = 4 * kPanel * 4 + 2 * kPanel * 2;  // gemm_kernel.inc's layout
+  constexpr int64_t kSuper = kHead + kSub * kQ;
   auto P = std::make_shared<PackedWeight>();
   P->dtype = DType::F32;
   P->q4k = true;
@@ -315,14 +316,14 @@ std::shared_ptr<const PackedWeight> pack_q4k(
           for (int b = 0; b < kSub; ++b) {
             uint8_t q[kQ8Block];
             for (int i = 0; i < kQ8Block; ++i) q[i] = qb.q[b * kQ8Block + i] & 15;
-            Q4Rule::store(q, sb + b * kQ, j);
-            uint8_t* sm = sb + kSub * kQ + b / 2 * kPanel * 4 + j * 4 + b % 2 * 2;
+            Q4Rule::store(q, sb + kHead + b * kQ, j);
+            uint8_t* sm = sb + b / 2 * kPanel * 4 + j * 4 + b % 2 * 2;
             sm[0] = qb.sc[b] & 63;
             sm[1] = qb.m[b] & 63;
           }
           const uint16_t neg_dmin = qb.dmin ^ 0x8000;
-          std::memcpy(sb + kSub * kQ + 4 * kPanel * 4 + j * 2, &qb.d, 2);
-          std::memcpy(sb + kSub * kQ + 4 * kPanel * 4 + kPanel * 2 + j * 2, &neg_dmin, 2);
+          std::memcpy(sb + 4 * kPanel * 4 + j * 2, &qb.d, 2);
+          std::memcpy(sb + 4 * kPanel * 4 + kPanel * 2 + j * 2, &neg_dmin, 2);
         }
       }
   };

@@ -44,6 +44,10 @@ constexpr int kQ8Block = 32;  // k values per int8 or int4 scale (ggml's Q8_0 an
 enum class WeightFormat { Native, Q8, Q4, Bf16, Unpacked };
 WeightFormat parse_weight_format(const std::string& s);  // "native" | "q8" | "q4"
 const char* weight_format_name(WeightFormat f);
+// Whether `f` holds integer weights (q8, q4), whose products quantize the rows of x.
+constexpr bool is_integer(WeightFormat f) {
+  return f == WeightFormat::Q8 || f == WeightFormat::Q4;
+}
 // The format of --weights W with --compute C ("fp32" or "bf16"); a one-line error naming the
 // option for an unknown value, a combination that does not exist (q8 with bf16) or bf16 on a CPU
 // without AVX512-BF16.
@@ -56,9 +60,9 @@ WeightFormat weight_format(const std::string& weights, const std::string& comput
 // is K/32 blocks, each [4 pairs of groups of 4 k][32 columns][4 k] bytes holding q of group 2h in
 // the low nibble and of group 2h + 1 in the high one (a shift and a mask give q8's group layout),
 // then the 32 columns' fp16 scales. q4k (ggml's Q4_K, held exactly as a GGUF file holds it: see
-// pack_q4k): the panel is K/256 super-blocks, each 8 blocks of q4's nibble layout (q itself,
-// 0…15), then per pair of blocks [32 columns][sc, m, sc, m] bytes, then the 32 columns' fp16 d
-// and their fp16 −dmin.
+// pack_q4k): the panel is K/256 super-blocks, each a head (per pair of blocks [32 columns]
+// [sc, m, sc, m] bytes, then the 32 columns' fp16 d and their fp16 −dmin) and 8 blocks of q4's
+// nibble layout (q itself, 0…15).
 struct PackedWeight {
   DType dtype = DType::F32;
   bool q8 = false;
