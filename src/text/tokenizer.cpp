@@ -28,7 +28,6 @@ namespace flashmap {
 namespace {
 
 using json = nlohmann::json;
-constexpr size_t npos = std::string_view::npos;
 
 // ---------------------------------------------------------------------------------------------
 // Hashing

@@ -40,6 +40,16 @@ std::vector<float> normal(size_t n, uint64_t seed, float sd = 1.0f) {
   return v;
 }
 
+// The x side of an integer product, quantized as ggml quantizes activations (Q8_0): the block's
+// scale dx = amax / 127 (fp32) and its 32 values qx = round(x / dx), returned as doubles.
+float quantize_x_block(const float* xb, double* qx) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
+  const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
+  for (int i = 0; i < 32; ++i) qx[i] = std::round(xb[i] * id);
+  return dx;
+}
+
 // A weight in one storage dtype, holding its bytes.
 using Mat = test::HeldWeight;
 
@@ -248,13 +258,11 @@ TEST(Gemm, Q8AndQ4LinearAreGgmlsProductsWithinFp32Rounding) {
           for (int64_t n = 0; n < N; ++n) {
             double want = bias[size_t(n)], mag = std::fabs(bias[size_t(n)]);
             for (int64_t b = 0; b < KB; ++b) {
-              const float* xb = x.data() + m * K + b * 32;
-              float amax = 0;
-              for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
-              const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
+              double qx[32];
+              const float dx = quantize_x_block(x.data() + m * K + b * 32, qx);
               int64_t dot = 0;
               for (int i = 0; i < 32; ++i)
-                dot += int64_t(q[n * K + b * 32 + i] - offset) * int64_t(std::round(xb[i] * id));
+                dot += int64_t(q[n * K + b * 32 + i] - offset) * int64_t(qx[i]);
               const double scale = ref::f16_value(d[n * KB + b]) * double(dx);
               want += double(dot) * scale;
               mag += std::fabs(double(dot) * scale);  // q4's d is negative for a positive m
@@ -396,17 +404,15 @@ TEST(Gemm, Q4KHoldsGgmlsQ4_KWeightsExactly) {
           for (int64_t n = 0; n < N; ++n) {
             double want = bias[size_t(n)], mag = std::fabs(bias[size_t(n)]);
             for (int64_t b = 0; b < KB; ++b) {
-              const float* xb = x.data() + r * K + b * 32;
-              float amax = 0;
-              for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
-              const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
+              double qx[32];
+              const float dx = quantize_x_block(x.data() + r * K + b * 32, qx);
               double dot = 0, wabs = 0, dot_q = 0, sx = 0;
               for (int i = 0; i < 32; ++i) {
-                const double qx = std::round(xb[i] * id), wk = w[size_t(n * K + b * 32 + i)];
-                dot += wk * qx;
-                wabs += std::fabs(wk * qx);
-                dot_q += code[size_t(n * K + b * 32 + i)] * qx;
-                sx += qx;
+                const double wk = w[size_t(n * K + b * 32 + i)];
+                dot += wk * qx[i];
+                wabs += std::fabs(wk * qx[i]);
+                dot_q += code[size_t(n * K + b * 32 + i)] * qx[i];
+                sx += qx[i];
               }
               const size_t nb = size_t(n * KB + b);
               want += dot * dx;
