@@ -349,14 +349,14 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   if (!a.draft.empty()) drafter = std::make_unique<FlashMapModel>(a.draft, target, nullptr, format);
   const auto loaded = Clock::now();
   const double draft_load_s = seconds_since(t0) - draft_make_s;
-  // Bytes a decode step reads: every weight but the embedding table (one row of it), unless
-  // the table is also the lm_head.
-  const bool tied = target.embedding().data == target.lm_head().data;
-  const double emb_bytes =
-      tied ? 0.0 : double(target.checkpoint().get("model.embed_tokens.weight").nbytes());
-  // Packed, the linear layers are what a step streams (lm_head included, tied or not).
-  const double bytes = target.packed_bytes() > 0 ? double(target.packed_bytes())
-                                                 : double(target.weight_bytes()) - emb_bytes;
+  // Bytes a decode step reads: packed, the linear layers (lm_head included, tied or not); else
+  // every weight but the embedding table (one row of it), unless the table is also the lm_head.
+  const bool tied = target.config().tie_word_embeddings;
+  double bytes = double(target.packed_bytes());
+  if (bytes == 0) {
+    bytes = double(target.weight_bytes()) -
+            (tied ? 0.0 : double(target.checkpoint().get("model.embed_tokens.weight").nbytes()));
+  }
   const double file_bytes = double(target.weight_bytes());
   out["shape"] = a.shape;
   out["draft_shape"] = a.draft_shape.empty() ? json(nullptr) : json(a.draft_shape);

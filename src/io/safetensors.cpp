@@ -380,13 +380,14 @@ void Checkpoint::open_gguf(const std::string& path) {
       index_[name] = &gguf_views_.emplace_back(std::move(v));
       continue;
     }
-    add_dequantized(std::move(v), [t = t](float* out) {
+    add_dequantized(std::move(v), [t = t, file = gguf_.get()](float* out) {
       const int64_t n = t->dims.empty() ? 1 : t->dims[0], rows = t->rows();
       const uint64_t row_bytes = rows ? t->bytes / uint64_t(rows) : 0;
       ThreadPool::global().parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
           dequantize_row(t->type, t->data + uint64_t(r) * row_bytes, out + r * n, n);
       });
+      file->drop_pages(t->data, t->bytes);  // its blocks are read: the F32 copy is what is kept
     });
   }
 }
@@ -555,6 +556,12 @@ const GgufTensor* Checkpoint::gguf_tensor(const std::string& name) const {
   if (it == gguf_tensors_.end()) return nullptr;
   gguf_->check_unchanged();
   return it->second;
+}
+
+void Checkpoint::release_gguf_tensor(const GgufTensor& g) const {
+  FLASHMAP_ASSERT(gguf_);
+  gguf_->drop_pages(g.data, g.bytes);
+  gguf_->check_unchanged();
 }
 
 const TensorView& Checkpoint::get(const std::string& name,

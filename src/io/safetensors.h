@@ -130,6 +130,9 @@ class Checkpoint {
   // or name): its blocks as stored, for a packing that keeps them (a Q4_K matrix as q4k). The
   // file is checked unchanged first, as get() does.
   const GgufTensor* gguf_tensor(const std::string& name) const;
+  // Once a gguf_tensor's blocks have been read into a copy of their own: its file pages released
+  // (read again if touched) and the file checked unchanged, so that what was read is the file's.
+  void release_gguf_tensor(const GgufTensor& g) const;
   // Once a tensor's packed copy exists: SafetensorsFile::drop_pages for a mapped tensor (its
   // pages are read again from the file if touched), and for one held in memory its bytes are
   // freed and its view's data becomes null (a random Qwen3-8B would otherwise be held twice).

@@ -304,7 +304,7 @@ void FlashMapModel::form_noise_factor() const {
                  "so EᵀE is singular and one-step noise cannot be drawn in embedding space",
                  target_.dir(), E.rows, E.cols);
   const std::string cache = noise_cache::dir();
-  const uint64_t key = cache.empty() || !E.data ? 0 : noise_cache::key(E);
+  const uint64_t key = cache.empty() || !(E.data || E.blocks) ? 0 : noise_cache::key(E);
   if (key != 0) {
     if (auto cached = noise_cache::load(cache, key, H, E.rows)) {
       noise_factor_ = std::move(*cached);

@@ -38,9 +38,15 @@ std::string dir() {
 uint64_t key(const Weight& e) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
-  const int64_t shape[3] = {int64_t(e.dtype), e.rows, e.cols};
-  XXH3_64bits_update(st, shape, sizeof(shape));
-  XXH3_64bits_update(st, e.data, size_t(e.rows) * size_t(e.cols) * dtype_size(e.dtype));
+  if (e.blocks) {  // its encoding and its bytes (never equal to a float table's key)
+    const uint64_t head[4] = {~uint64_t(0), e.blocks->tag, uint64_t(e.rows), uint64_t(e.cols)};
+    XXH3_64bits_update(st, head, sizeof(head));
+    XXH3_64bits_update(st, e.blocks->bytes.data(), e.blocks->bytes.size());
+  } else {
+    const int64_t shape[3] = {int64_t(e.dtype), e.rows, e.cols};
+    XXH3_64bits_update(st, shape, sizeof(shape));
+    XXH3_64bits_update(st, e.data, size_t(e.rows) * size_t(e.cols) * dtype_size(e.dtype));
+  }
   const uint64_t k = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return k;

@@ -69,17 +69,20 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, std::unique_ptr<Checkpoint> we
 }
 
 namespace {
-// A GGUF's Q4_K matrix, asked for in an integer format, packed from its blocks as they are (q4k):
-// every weight exact, in fewer bytes than q8 (null for any other tensor).
-std::shared_ptr<const ops::PackedWeight> pack_gguf_q4_k(const Checkpoint& ckpt,
+// A GGUF tensor read as the [rows, cols] matrix `name`.
+void check_shape(const GgufTensor& g, const std::string& name, int64_t rows, int64_t cols) {
+  FLASHMAP_CHECK(g.dims == std::vector<int64_t>({cols, rows}),
+                 "{}: tensor '{}' has shape [{}], expected [{}, {}]", g.file, name,
+                 fmt::join(std::vector<int64_t>(g.dims.rbegin(), g.dims.rend()), ", "), rows, cols);
+}
+
+// A GGUF's Q4_K matrix g (Checkpoint::gguf_tensor(name)), asked for in an integer format, packed
+// from its blocks as they are (q4k): every weight exact, in fewer bytes than q8.
+std::shared_ptr<const ops::PackedWeight> pack_gguf_q4_k(const Checkpoint& ckpt, const GgufTensor* g,
                                                         const std::string& name, int64_t rows,
                                                         int64_t cols, ThreadPool& pool) {
-  const GgufTensor* g = ckpt.gguf_tensor(name);
-  if (!g || g->type != GgmlType::Q4_K) return nullptr;
-  FLASHMAP_CHECK(g->dims == std::vector<int64_t>({cols, rows}),
-                 "{}: tensor '{}' has shape [{}], expected [{}, {}]", g->file, name,
-                 fmt::join(std::vector<int64_t>(g->dims.rbegin(), g->dims.rend()), ", "), rows,
-                 cols);
+  FLASHMAP_ASSERT(g->type == GgmlType::Q4_K);
+  check_shape(*g, name, rows, cols);
   const int64_t row_bytes = cols / ops::kQ4KBlock * ggml_block_bytes(GgmlType::Q4_K);
   FLASHMAP_ASSERT(uint64_t(rows * row_bytes) == g->bytes);
   auto packed = ops::pack_q4k(
@@ -89,8 +92,36 @@ std::shared_ptr<const ops::PackedWeight> pack_gguf_q4_k(const Checkpoint& ckpt,
                     b.sc, b.m, b.q);
       },
       fmt::format("{}: {}", g->file, name), pool);
-  ckpt.gguf_tensor(name);  // what was read came from the file as it was mapped
+  ckpt.release_gguf_tensor(*g);
   return packed;
+}
+
+// A GGUF's quantized table (a Q4_K_M's embedding) held in its own blocks, copied from the file
+// (0.35 GB for Qwen3-8B's Q4_K embedding where fp32 takes 2.5 GB) and decoded a row at a time
+// as ggml dequantizes it: every value the fp32 copy would hold.
+Weight gguf_block_table(const Checkpoint& ckpt, const GgufTensor& g, const std::string& name,
+                        int64_t rows, int64_t cols) {
+  check_shape(g, name, rows, cols);
+  const GgmlType type = g.type;
+  const int64_t row_bytes = cols / ggml_block_elems(type) * ggml_block_bytes(type);
+  FLASHMAP_ASSERT(cols % ggml_block_elems(type) == 0 && uint64_t(rows * row_bytes) == g.bytes);
+  auto b = std::make_shared<BlockRows>();
+  b->bytes.assign(g.data, g.data + g.bytes);
+  ckpt.release_gguf_tensor(g);
+  b->row_bytes = row_bytes;
+  b->tag = uint64_t(type);
+  b->decode = [type, cols](const uint8_t* row, float* out) {
+    dequantize_row(type, row, out, cols);
+  };
+  Weight w;
+  w.rows = rows;
+  w.cols = cols;
+  w.blocks = std::move(b);
+  return w;
+}
+
+bool is_block_type(GgmlType t) {
+  return t != GgmlType::F32 && t != GgmlType::F16 && t != GgmlType::BF16;
 }
 }  // namespace
 
@@ -98,19 +129,17 @@ Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int6
                    ops::WeightFormat format, ThreadPool& pool, bool keep) {
   // A GGUF tensor quantized with more than 4 bits per weight (Q5_*, Q6_K, Q8_0: Q4_K_M's v, down
   // and output) is not cut to 4 bits: q4 holds it as q8.
-  if (format == ops::WeightFormat::Q4)
-    if (const GgufTensor* g = ckpt.gguf_tensor(name))
-      if (g->type == GgmlType::Q5_0 || g->type == GgmlType::Q5_1 || g->type == GgmlType::Q5_K ||
-          g->type == GgmlType::Q6_K || g->type == GgmlType::Q8_0)
-        format = ops::WeightFormat::Q8;
-  if (!keep && ops::is_integer(format)) {
-    if (auto packed = pack_gguf_q4_k(ckpt, name, rows, cols, pool)) {
-      Weight w;
-      w.rows = rows;
-      w.cols = cols;
-      w.packed = std::move(packed);
-      return w;
-    }
+  const GgufTensor* g = ops::is_integer(format) ? ckpt.gguf_tensor(name) : nullptr;
+  if (g && format == ops::WeightFormat::Q4 &&
+      (g->type == GgmlType::Q5_0 || g->type == GgmlType::Q5_1 || g->type == GgmlType::Q5_K ||
+       g->type == GgmlType::Q6_K || g->type == GgmlType::Q8_0))
+    format = ops::WeightFormat::Q8;
+  if (g && g->type == GgmlType::Q4_K && !keep) {
+    Weight w;
+    w.rows = rows;
+    w.cols = cols;
+    w.packed = pack_gguf_q4_k(ckpt, g, name, rows, cols, pool);
+    return w;
   }
   const TensorView& t = ckpt.get(name, {rows, cols});
   Weight w = Weight::of(t);
@@ -132,11 +161,7 @@ Weight stacked(std::initializer_list<Weight*> parts) {
   for (Weight* p : parts) {
     if (!p->packed || (p != *std::prev(parts.end()) && p->rows % ops::kPanel != 0)) return {};
     // Parts held in different formats (a GGUF's Q4_K q and k beside a Q6_K v) stay apart.
-    const ops::PackedWeight& a = *p->packed;
-    const ops::PackedWeight& b = *(*parts.begin())->packed;
-    if (a.q8 != b.q8 || a.q4 != b.q4 || a.q4k != b.q4k || a.bf16_dot != b.bf16_dot ||
-        a.dtype != b.dtype || a.panel_bytes != b.panel_bytes)
-      return {};
+    if (!p->packed->same_layout(*(*parts.begin())->packed)) return {};
     packed.push_back(p->packed.get());
     w.rows += p->rows;
   }
@@ -201,10 +226,18 @@ void Qwen3Model::load_weights() {
     return Weight::of(ckpt_->get(name, {rows, cols}));
   };
   auto vec = [&](const std::string& name, int64_t n) { return ckpt_->get(name, {n}).to_f32(); };
-  embed_ = mat("model.embed_tokens.weight", c.vocab_size, H);
+  // A GGUF's quantized embedding stays in its blocks, unless the weights stay unpacked (the
+  // CUDA backend uploads from fp32 rows).
+  const GgufTensor* embed_blocks = ckpt_->gguf_tensor("model.embed_tokens.weight");
+  if (embed_blocks && is_block_type(embed_blocks->type) && format_ != ops::WeightFormat::Unpacked)
+    embed_ = gguf_block_table(*ckpt_, *embed_blocks, "model.embed_tokens.weight", c.vocab_size, H);
+  else
+    embed_ = mat("model.embed_tokens.weight", c.vocab_size, H);
   if (c.tie_word_embeddings && !ckpt_->contains("lm_head.weight")) {
-    // Tied: the embedding's rows stay mapped for lookups; lm_head gets its own packed copy.
-    lm_head_ = linear_weight("model.embed_tokens.weight", c.vocab_size, H, /*keep=*/true);
+    // Tied: the embedding's rows stay for lookups (mapped, or in their blocks); lm_head gets its
+    // own packed copy.
+    lm_head_ = linear_weight("model.embed_tokens.weight", c.vocab_size, H,
+                             /*keep=*/!embed_.blocks);
   } else {
     lm_head_ = linear_weight("lm_head.weight", c.vocab_size, H);
   }

@@ -22,10 +22,20 @@ Weight Weight::of(const TensorView& t) {
 
 float Weight::at(int64_t r, int64_t c) const {
   if (!is_float(dtype)) throw InternalError("Weight::at on an integer tensor");
+  if (blocks) {
+    thread_local std::vector<float> row;
+    row.resize(size_t(cols));
+    row_f32(r, row.data());
+    return row[size_t(c)];
+  }
   return float_element(data, dtype, r * cols + c);
 }
 
 void Weight::row_f32(int64_t r, float* out) const {
+  if (blocks) {
+    blocks->decode(blocks->bytes.data() + r * blocks->row_bytes, out);
+    return;
+  }
   if (dtype == DType::F32) {
     std::memcpy(out, static_cast<const float*>(data) + r * cols, size_t(cols) * 4);
     return;
@@ -150,19 +160,21 @@ void matmul_rows_tile(const float* x, int64_t V, int64_t v0, int64_t v1, const f
 // for all the row blocks of x, and runs before the next chunk, so the chunk's rows (a page each
 // at H = 4096) stay in cache and in the TLB. One tile running over the whole vocabulary touched
 // a new page per row of E, which at V = 151936, H = 4096 cost seconds per call.
+// This call adds rows [v_lo, v_hi) of the sum, E's rows v_lo… at e (row stride H, dtype D), to
+// what y holds of the rows before v_lo (nothing when v_lo is 0); x is [M, V].
 template <DType D>
-void matmul_rows_range(const float* x, int64_t M, const Weight& E, float* y, int64_t h0,
-                       int64_t h1) {
-  const int64_t V = E.rows, H = E.cols;
+void matmul_rows_range(const float* x, int64_t M, int64_t V, const void* e, int64_t v_lo,
+                       int64_t v_hi, int64_t H, float* y, int64_t h0, int64_t h1) {
   constexpr int MB = 4;  // 4 rows × 16 lanes: 8 AVX2 accumulators
   constexpr int64_t kChunk = 256;
   const int64_t hv = h0 + (h1 - h0) / kLanes * kLanes;  // whole 16-lane groups
   std::vector<float> strip(static_cast<size_t>(kChunk * kLanes));
-  for (int64_t v0 = 0; v0 < V; v0 += kChunk) {
-    const int64_t v1 = std::min(V, v0 + kChunk);
+  for (int64_t v0 = v_lo; v0 < v_hi; v0 += kChunk) {
+    const int64_t v1 = std::min(v_hi, v0 + kChunk);
     for (int64_t h = h0; h < hv; h += kLanes) {
       for (int64_t v = v0; v < v1; ++v) {
-        const m8f a = load8<D>(E.data, v * H + h), b = load8<D>(E.data, v * H + h + 8);
+        const int64_t at = (v - v_lo) * H + h;
+        const m8f a = load8<D>(e, at), b = load8<D>(e, at + 8);
         std::memcpy(strip.data() + (v - v0) * kLanes, &a, sizeof(a));
         std::memcpy(strip.data() + (v - v0) * kLanes + 8, &b, sizeof(b));
       }
@@ -175,27 +187,52 @@ void matmul_rows_range(const float* x, int64_t M, const Weight& E, float* y, int
   }
   for (int64_t h = hv; h < h1; ++h)  // columns past the last multiple of 16
     for (int64_t m = 0; m < M; ++m) {
-      float acc = 0;
-      for (int64_t v = 0; v < V; ++v) acc += x[m * V + v] * E.at(v, h);
+      float acc = v_lo == 0 ? 0.0f : y[m * H + h];
+      for (int64_t v = v_lo; v < v_hi; ++v)
+        acc += x[m * V + v] * float_element(e, D, (v - v_lo) * H + h);
       y[m * H + h] = acc;
     }
 }
 
 }  // namespace
 
+void for_decoded_rows(const Weight& E, ThreadPool& pool,
+                      const std::function<void(int64_t, int64_t, const float*)>& fn) {
+  const int64_t V = E.rows, H = E.cols;
+  std::vector<float> rows(size_t(std::min(kDecodedRows, V) * H));
+  for (int64_t v_lo = 0; v_lo < V; v_lo += kDecodedRows) {
+    const int64_t n = std::min(kDecodedRows, V - v_lo);
+    pool.parallel_for(n, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) E.row_f32(v_lo + r, rows.data() + r * H);
+    });
+    fn(v_lo, n, rows.data());
+  }
+}
+
 void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool) {
+  const int64_t V = E.rows, H = E.cols;
+  if (E.blocks) {
+    // The product continued from y chunk by chunk: the same sums in the same order as the
+    // decoded matrix gives.
+    for_decoded_rows(E, pool, [&](int64_t v_lo, int64_t n, const float* rows) {
+      pool.parallel_for(H, 64, [&](int64_t h0, int64_t h1) {
+        matmul_rows_range<DType::F32>(x, M, V, rows, v_lo, v_lo + n, H, y, h0, h1);
+      });
+    });
+    return;
+  }
   // Each thread owns a range of output columns (whole 16-lane groups) and sums over the
   // vocabulary in order.
-  pool.parallel_for(E.cols, 64, [&](int64_t h0, int64_t h1) {
+  pool.parallel_for(H, 64, [&](int64_t h0, int64_t h1) {
     switch (E.dtype) {
       case DType::F32:
-        matmul_rows_range<DType::F32>(x, M, E, y, h0, h1);
+        matmul_rows_range<DType::F32>(x, M, V, E.data, 0, V, H, y, h0, h1);
         break;
       case DType::BF16:
-        matmul_rows_range<DType::BF16>(x, M, E, y, h0, h1);
+        matmul_rows_range<DType::BF16>(x, M, V, E.data, 0, V, H, y, h0, h1);
         break;
       case DType::F16:
-        matmul_rows_range<DType::F16>(x, M, E, y, h0, h1);
+        matmul_rows_range<DType::F16>(x, M, V, E.data, 0, V, H, y, h0, h1);
         break;
       default:
         throw InternalError("matmul_rows on an integer table");

@@ -63,8 +63,10 @@ WeightFormat weight_format(const std::string& weights, const std::string& comput
 
 namespace {
 
-constexpr int64_t kQ8BlockBytes = kQ8Block * kPanel + kPanel * 2;
-constexpr int64_t kQ4BlockBytes = kQ8Block * kPanel / 2 + kPanel * 2;
+static_assert(kernel::kCols == kPanel && kernel::kBlockK == kQ8Block &&
+              kernel::kQ4KBlocks * kernel::kBlockK == kQ4KBlock);
+constexpr int64_t kQ8BlockBytes = kernel::kQ8Bytes + kernel::kScaleBytes;
+constexpr int64_t kQ4BlockBytes = kernel::kQ4Bytes + kernel::kScaleBytes;
 
 uint8_t* alloc_panels(int64_t bytes) {
   // 2 MiB alignment lets transparent huge pages back the buffer (set to "madvise" on Debian):
@@ -112,7 +114,7 @@ void pack_native(const Weight& W, PackedWeight& P, int64_t p0, int64_t p1) {
 // the weight run is q · fp16(d). q[i] gets q + 128.
 struct Q8Rule {
   static constexpr const char* kName = "q8";
-  static constexpr int64_t kQBytes = kQ8Block * kPanel;
+  static constexpr int64_t kQBytes = kernel::kQ8Bytes;
   static uint16_t quantize(const float* w, float amax, float, uint8_t* q) {
     const float d = amax / 127.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
     for (int i = 0; i < kQ8Block; ++i) {
@@ -139,7 +141,7 @@ struct Q8Rule {
 // (stored as the nibble q), then d as fp16; the weight run is (q − 8) · fp16(d).
 struct Q4Rule {
   static constexpr const char* kName = "q4";
-  static constexpr int64_t kQBytes = kQ8Block * kPanel / 2;
+  static constexpr int64_t kQBytes = kernel::kQ4Bytes;
   static uint16_t quantize(const float* w, float, float m, uint8_t* q) {
     const float d = m / -8.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
     for (int i = 0; i < kQ8Block; ++i) {
@@ -191,7 +193,7 @@ void pack_blocks(const Weight& W, PackedWeight& P, const std::string& what, int6
             FLASHMAP_CHECK(std::isfinite(w[i]),
                            "{}: row {} holds {} at column {}; {} needs finite weights", what, n,
                            w[i], b * kQ8Block + i, Rule::kName);
-        uint8_t* blk = panel + b * (Rule::kQBytes + kPanel * 2);
+        uint8_t* blk = panel + b * (Rule::kQBytes + kernel::kScaleBytes);
         uint8_t q[kQ8Block];
         const uint16_t dh = Rule::quantize(w, amax, m, q);
         FLASHMAP_CHECK(std::isfinite(f16_to_f32(dh)),
@@ -289,10 +291,9 @@ std::shared_ptr<const PackedWeight> pack_q4k(
   FLASHMAP_CHECK(cols % kQ4KBlock == 0,
                  "{}: a Q4_K matrix needs the input size to be a multiple of {}, but it is {}",
                  what, kQ4KBlock, cols);
-  constexpr int kSub = kQ4KBlock / kQ8Block;                  // blocks per super-block
-  constexpr int64_t kQ = kQ8Block * kPanel / 2;               // a block's nibbles
-  constexpr int64_t kHead = 4 * kPanel * 4 + 2 * kPanel * 2;  // gemm_kernel.inc's layout
-  constexpr int64_t kSuper = kHead + kSub * kQ;
+  constexpr int kSub = kernel::kQ4KBlocks;
+  constexpr int64_t kQ = kernel::kQ4Bytes, kHead = kernel::kQ4KHeadBytes;
+  constexpr int64_t kSuper = kernel::kQ4KSuperBytes;
   auto P = std::make_shared<PackedWeight>();
   P->dtype = DType::F32;
   P->q4k = true;
@@ -347,9 +348,7 @@ std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* con
   P->panel_bytes = first.panel_bytes;
   for (size_t i = 0; i < parts.size(); ++i) {
     const PackedWeight& w = *parts[i];
-    FLASHMAP_ASSERT(w.dtype == first.dtype && w.q8 == first.q8 && w.q4 == first.q4 &&
-                    w.q4k == first.q4k && w.bf16_dot == first.bf16_dot && w.cols == first.cols &&
-                    w.panel_bytes == first.panel_bytes);
+    FLASHMAP_ASSERT(w.same_layout(first));
     FLASHMAP_ASSERT(i + 1 == parts.size() || w.rows % kPanel == 0);
     P->rows += w.rows;
     P->panels += w.panels;
@@ -623,6 +622,17 @@ void matmul_rows_bf16(const float* x, int64_t M, const Weight& E, float* y, Thre
                            : E.dtype == DType::F16 ? kernel::kF16
                                                    : kernel::kF32;
   const uint32_t* xp = bf16_pairs(x, M, V, V);  // this thread's buffer, read by the pool's
+  if (E.blocks) {
+    // The sums continued from y chunk by chunk (whole pairs of rows): the same operations as
+    // over the decoded matrix.
+    for_decoded_rows(E, pool, [&](int64_t v_lo, int64_t n, const float* rows) {
+      pool.parallel_for(H, 64, [&](int64_t h0, int64_t h1) {
+        kernel::matmul_rows_avx512bf16(xp + v_lo / 2, (V + 1) / 2, M, rows, kernel::kF32, n, H, y,
+                                       h0, h1, v_lo > 0);
+      });
+    });
+    return;
+  }
   pool.parallel_for(H, 64, [&](int64_t h0, int64_t h1) {
     kernel::matmul_rows_avx512bf16(xp, (V + 1) / 2, M, E.data, f, V, H, y, h0, h1);
   });

@@ -78,6 +78,11 @@ struct PackedWeight {
   // Products with integer weights (q8, q4) quantize the rows of x first.
   bool integer() const { return q8 || q4 || q4k; }
   int64_t bytes() const { return panels * panel_bytes; }
+  // Whether `o` is held in the same format with the same input size (stack_rows can join them).
+  bool same_layout(const PackedWeight& o) const {
+    return dtype == o.dtype && q8 == o.q8 && q4 == o.q4 && q4k == o.q4k && bf16_dot == o.bf16_dot &&
+           cols == o.cols && panel_bytes == o.panel_bytes;
+  }
 };
 
 // Packs W (any float dtype) as `format`, on `pool`. `what` names the tensor in errors (a q8 or

@@ -17,8 +17,7 @@
 namespace flashmap::ops::kernel {
 namespace {
 
-constexpr int kCols = 32;  // columns per panel
-constexpr int kW = 16;     // columns per vector
+constexpr int kW = 16;  // columns per vector
 // A panel's k pair: 32 columns × (w[2kp], w[2kp+1]), 128 bytes; a vector holds 16 columns' pairs.
 constexpr int64_t kPairBytes = kCols * 4;
 // Pairs a streaming tile prefetches ahead (16 × 128 B per panel).
@@ -197,7 +196,8 @@ void strip_rows(int mr, const uint32_t* xp, int64_t ldp, const uint32_t* strip, 
 }  // namespace
 
 void matmul_rows_avx512bf16(const uint32_t* xp, int64_t ldp, int64_t M, const void* E,
-                            Format format, int64_t V, int64_t H, float* y, int64_t h0, int64_t h1) {
+                            Format format, int64_t V, int64_t H, float* y, int64_t h0, int64_t h1,
+                            bool accumulate) {
   const int64_t pairs = (V + 1) / 2;
   alignas(64) uint32_t strip[kStripPairs * kCols];
   // Word j of the pair vectors: column j / 2 (+ 16 for the second) of row a (even j) or b (odd).
@@ -224,7 +224,8 @@ void matmul_rows_avx512bf16(const uint32_t* xp, int64_t ldp, int64_t M, const vo
       }
       for (int64_t m = 0; m < M; m += kRowsMax) {
         const int mr = int(M - m < kRowsMax ? M - m : kRowsMax);
-        strip_rows(mr, xp + m * ldp, ldp, strip, q0, np, y + m * H + h, H, valid, q0 == 0);
+        strip_rows(mr, xp + m * ldp, ldp, strip, q0, np, y + m * H + h, H, valid,
+                   q0 == 0 && !accumulate);
       }
     }
   }
@@ -249,7 +250,7 @@ void gemm_avx512bf16(const Args&, int64_t, int64_t) {
   throw InternalError("the bf16 compute kernel was not compiled into this build");
 }
 void matmul_rows_avx512bf16(const uint32_t*, int64_t, int64_t, const void*, Format, int64_t,
-                            int64_t, float*, int64_t, int64_t) {
+                            int64_t, float*, int64_t, int64_t, bool) {
   throw InternalError("the bf16 compute kernel was not compiled into this build");
 }
 }  // namespace flashmap::ops::kernel

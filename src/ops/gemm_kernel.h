@@ -13,6 +13,17 @@ namespace flashmap::ops::kernel {
 // Q4_K super-blocks held exactly (gemm.h).
 enum Format : int { kF32 = 0, kBF16 = 1, kF16 = 2, kQ8 = 3, kBF16Dot = 4, kQ4 = 5, kQ4K = 6 };
 
+// The integer formats' bytes, as gemm_kernel.inc lays them out: the packers (gemm.cpp) and the
+// kernels read these sizes from here.
+constexpr int kCols = 32;                                         // output columns per panel
+constexpr int kBlockK = 32;                                       // k per q8 or q4 scale
+constexpr int64_t kQ8Bytes = int64_t(kBlockK) * kCols;            // a q8 block's q
+constexpr int64_t kQ4Bytes = int64_t(kBlockK) * kCols / 2;        // a q4 or q4k block's nibbles
+constexpr int64_t kScaleBytes = int64_t(kCols) * 2;               // a block's fp16 scales (q8, q4)
+constexpr int kQ4KBlocks = 8;                                     // blocks per q4k super-block
+constexpr int64_t kQ4KHeadBytes = 4 * kCols * 4 + 2 * kCols * 2;  // sc, m; d; −dmin
+constexpr int64_t kQ4KSuperBytes = kQ4KHeadBytes + kQ4KBlocks * kQ4Bytes;
+
 // y[m, n] = Σ_k x[m, k] · W[n, k] (+ bias[n]) for m < M and the columns of panels [p0, p1).
 struct Args {
   const float* x;
@@ -44,9 +55,11 @@ void gemm_avx512(const Args& a, int64_t p0, int64_t p1);
 void gemm_avx512bf16(const Args& a, int64_t p0, int64_t p1);  // kBF16Dot only
 // The bf16 compute mode's ops::matmul_rows: y[m, h] = Σ_v x[m, v] · E[v, h] for h in [h0, h1),
 // x given as bf16 pairs along v (xp [M, ceil(V/2)], row stride ldp, as Args::xp), E [V, H] in
-// `format` (kF32, kBF16 or kF16; rounded to bf16 to nearest even), sums in fp32 in order of v.
+// `format` (kF32, kBF16 or kF16; rounded to bf16 to nearest even), sums in fp32 in order of v,
+// from zero or (accumulate) from what y holds.
 void matmul_rows_avx512bf16(const uint32_t* xp, int64_t ldp, int64_t M, const void* E,
-                            Format format, int64_t V, int64_t H, float* y, int64_t h0, int64_t h1);
+                            Format format, int64_t V, int64_t H, float* y, int64_t h0, int64_t h1,
+                            bool accumulate = false);
 
 // Panels each kernel wants per thread chunk (its widest one-row tile), so that chunks split on
 // tile boundaries.

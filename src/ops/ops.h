@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
@@ -17,6 +19,16 @@ namespace ops {
 struct PackedWeight;
 }
 
+// Rows stored in a block-quantized encoding (a GGUF's Q4_K embedding: 4.5 bits a weight where
+// fp32 takes 32), widened to fp32 one row at a time: `decode(row, out)` writes the row's cols
+// values from its row_bytes bytes. `tag` names the encoding (cache keys tell encodings apart).
+struct BlockRows {
+  std::vector<uint8_t> bytes;  // rows × row_bytes
+  int64_t row_bytes = 0;
+  uint64_t tag = 0;
+  std::function<void(const uint8_t* row, float* out)> decode;
+};
+
 // A row-major [rows, cols] matrix of weights in their file dtype (nn.Linear stores [out, in]).
 struct Weight {
   DType dtype = DType::F32;
@@ -25,9 +37,13 @@ struct Weight {
   // The same matrix packed for the GEMM kernel (ops/gemm.h), set at load for linear layers;
   // linear() packs an unpacked weight per call (tests, one-off products).
   std::shared_ptr<const ops::PackedWeight> packed = nullptr;
+  // Set instead of data for a table held in blocks (dtype F32: what its rows decode to). Rows
+  // and products (row_f32, matmul_rows, the Gram matrix) give the values the decoded fp32
+  // matrix gives, bit for bit.
+  std::shared_ptr<const BlockRows> blocks = nullptr;
 
   static Weight of(const TensorView& t);  // a 2-D float tensor
-  float at(int64_t r, int64_t c) const;
+  float at(int64_t r, int64_t c) const;   // of a block-held table: decodes row r
   void row_f32(int64_t r, float* out) const;
 };
 
@@ -40,6 +56,11 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
 
 // y[M, H] = x[M, V] · E with E [V, H] (a state read through an embedding table).
 void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool);
+// For a block-held E (Weight::blocks): fn(v_lo, n, rows) for chunks of n ≤ kDecodedRows rows
+// from v_lo on, in order, each decoded to fp32 on the pool (rows [n, H], 16 MB at H = 4096).
+constexpr int64_t kDecodedRows = 1024;  // even: a chunk keeps pairs of rows whole
+void for_decoded_rows(const Weight& E, ThreadPool& pool,
+                      const std::function<void(int64_t, int64_t, const float*)>& fn);
 // The same in the bf16 compute mode (ops/gemm.h, WeightFormat::Bf16): x and E rounded to bf16,
 // AVX512-BF16 dot products over pairs of the vocabulary, fp32 sums in order. Defined in gemm.cpp.
 void matmul_rows_bf16(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool);

@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "bench/generate.h"
 #include "core/check.h"
@@ -103,6 +105,52 @@ TEST_P(IntegerWeights, AGgufTargetKeepsItsQ4_KWeights) {
   EXPECT_LT(a.nmse, b.nmse);
   if (f.format == WeightFormat::Q8) {
     EXPECT_LT(double(in_place.packed_bytes()), 0.8 * double(requantized.packed_bytes()));
+  }
+}
+
+// A GGUF's quantized embedding (the fixture's Q4_K token_embd) stays in its own blocks, a row
+// decoded per lookup: the model is the one its F32 copy gives, bit for bit.
+TEST(GgufEmbedding, AQuantizedEmbeddingStaysInItsBlocksAndDecodesAsItsF32Copy) {
+  flashmap::testing::TempDir tmp;
+  const std::string gguf = "tests/fixtures/gguf/qwen3-q4km.gguf";
+  const std::string linked = (tmp.path / "linked").string(),
+                    copied = (tmp.path / "copied").string();
+  convert_gguf(gguf, linked, false, GgufTensors::Link);
+  convert_gguf(gguf, copied, false, GgufTensors::Copy);
+  const Qwen3Model in_place(linked), copy(copied);
+  const Weight& E = in_place.embedding();
+  ASSERT_TRUE(E.blocks);
+  EXPECT_FALSE(copy.embedding().blocks);
+  EXPECT_EQ(E.blocks->bytes.size(), size_t(E.rows * E.cols / 256 * 144)) << "Q4_K: 144 B a block";
+  std::vector<float> a(size_t(E.cols)), b(size_t(E.cols));
+  for (const int64_t r : {int64_t(0), E.rows / 2, E.rows - 1}) {
+    E.row_f32(r, a.data());
+    copy.embedding().row_f32(r, b.data());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "row " << r;
+  }
+  const auto toks = prompt_of(24, 5, int(E.rows));
+  const auto x = test::all_logits(in_place, toks), y = test::all_logits(copy, toks);
+  ASSERT_EQ(x.size(), y.size());
+  EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * 4));
+}
+
+TEST_P(IntegerWeights, AGgufQ4_KMatrixOfAnotherShapeIsRefusedNamingIt) {
+  const Format f = GetParam();
+  flashmap::testing::TempDir tmp;
+  const std::string linked = (tmp.path / "linked").string();
+  convert_gguf("tests/fixtures/gguf/qwen3-q4km.gguf", linked, false, GgufTensors::Link);
+  // A config whose FFN is wider than the file's: gate_proj (Q4_K) is the first matrix that
+  // differs.
+  const std::string config = linked + "/config.json";
+  auto j = nlohmann::json::parse(std::ifstream(config));
+  j["intermediate_size"] = j["intermediate_size"].get<int64_t>() + 256;
+  std::ofstream(config) << j.dump();
+  try {
+    Qwen3Model m(linked, nullptr, f.format);
+    FAIL() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("qwen3-q4km.gguf: tensor 'model.layers.0.mlp.gate_proj.weight' "
+                                    "has shape [512, 256], expected [768, 256]"));
   }
 }
 
