@@ -12,12 +12,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "io/gguf.h"
 #include "ops/gemm.h"
 #include "ops/gram.h"
 #include "ops/ops.h"
@@ -169,8 +172,8 @@ void BM_Linear(benchmark::State& state) {
 }
 
 // An MLP projection of the default target (hidden 512, MLP 1536, f32) and Qwen3-0.6B's layers
-// (hidden 1024, q 2048, MLP 3072, bf16, q8, q4 and q4k) at 1 row and at the verify rows of blocks 8 and
-// 16; "hot" reuses one cache-resident matrix (pure compute), "cold" cycles through copies that
+// (hidden 1024, q 2048, MLP 3072, bf16, q8, q4 and q4k) at 1 row and at the verify rows of blocks 8
+// and 16; "hot" reuses one cache-resident matrix (pure compute), "cold" cycles through copies that
 // overflow the L3 (memory-bound).
 void Shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "N", "K", "fmt", "cold"});
@@ -346,8 +349,60 @@ void BM_Cholesky(benchmark::State& state) {
   state.SetLabel(std::to_string(threads) + " threads " + ops::isa_name(ops::active_isa()));
 }
 
+// A FlashMap draft's product with the whole embedding (ops::matmul_rows: 16 rows of x times the
+// [V, H] table) with the table held as fp32 or in a GGUF's blocks (Weight::blocks: Q8_0 or Q4_K,
+// decoded 1,024 rows at a time). Counters: the table's bytes read per second, and the decoded
+// values per second (the blocks' cost is the decoding).
+//
+//   ./build/bench/bench_ops --benchmark_filter=EmbeddingProduct
+void BM_EmbeddingProduct(benchmark::State& state) {
+  const int64_t V = 151936, H = state.range(0), M = 16;
+  const auto type = GgmlType(state.range(1));
+  Rng rng(7);
+  std::vector<float> f32;
+  Weight E{DType::F32, nullptr, V, H};
+  if (type == GgmlType::F32) {
+    f32.resize(size_t(V * H));
+    for (auto& v : f32) v = 0.02f * float(rng.normal());
+    E.data = f32.data();
+  } else {
+    auto b = std::make_shared<BlockRows>();
+    b->row_bytes = H / ggml_block_elems(type) * ggml_block_bytes(type);
+    b->bytes.resize(size_t(V * b->row_bytes));
+    for (auto& x : b->bytes) x = uint8_t(rng.next());
+    // Finite scales: each block's leading fp16 d (and Q4_K's dmin after it).
+    const int64_t bb = ggml_block_bytes(type), scales = type == GgmlType::Q4_K ? 2 : 1;
+    for (size_t o = 0; o < b->bytes.size(); o += size_t(bb))
+      for (int64_t i = 0; i < scales; ++i) {
+        const uint16_t d = f32_to_f16(1e-3f);
+        std::memcpy(b->bytes.data() + o + 2 * i, &d, 2);
+      }
+    b->decode = [type, H](const uint8_t* row, float* out) { dequantize_row(type, row, out, H); };
+    E.blocks = std::move(b);
+  }
+  std::vector<float> x(size_t(M * V), 1.0f / float(V)), y(size_t(M * H));
+  for (auto _ : state) {
+    ops::matmul_rows(x.data(), M, E, y.data(), ThreadPool::global());
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double bytes = E.blocks ? double(E.blocks->bytes.size()) : double(V * H * 4);
+  state.counters["GB/s"] = benchmark::Counter(
+      bytes * double(state.iterations()), benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["Gvalues/s"] =
+      benchmark::Counter(double(V * H) * double(state.iterations()), benchmark::Counter::kIsRate,
+                         benchmark::Counter::kIs1000);
+  state.SetLabel(type == GgmlType::F32 ? std::string("fp32") : ggml_type_name(uint32_t(type)));
+}
+
 }  // namespace
 
+BENCHMARK(BM_EmbeddingProduct)
+    ->ArgNames({"H", "type"})
+    ->ArgsProduct({{1024, 4096},
+                   {int64_t(GgmlType::F32), int64_t(GgmlType::Q8_0), int64_t(GgmlType::Q4_K)}})
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_Gram)
     ->ArgNames({"rows", "threads"})
     ->Args({16384, 1})
