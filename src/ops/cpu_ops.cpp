@@ -212,6 +212,7 @@ void for_decoded_rows(const Weight& E, ThreadPool& pool,
 void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool) {
   const int64_t V = E.rows, H = E.cols;
   if (E.blocks) {
+    if (M <= 0) return;
     // The product continued from y chunk by chunk: the same sums in the same order as the
     // decoded matrix gives.
     for_decoded_rows(E, pool, [&](int64_t v_lo, int64_t n, const float* rows) {
