@@ -164,6 +164,19 @@ bool ggml_type_known(uint32_t type) {
   return ggml_type_name(type).rfind("type ", 0) != 0;
 }
 
+std::optional<DType> ggml_float_dtype(GgmlType type) {
+  switch (type) {
+    case GgmlType::F32:
+      return DType::F32;
+    case GgmlType::F16:
+      return DType::F16;
+    case GgmlType::BF16:
+      return DType::BF16;
+    default:
+      return std::nullopt;
+  }
+}
+
 int64_t ggml_block_elems(GgmlType type) {
   switch (type) {
     case GgmlType::F32:

@@ -14,6 +14,8 @@
 #include <variant>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace flashmap {
 
 class MappedFile;
@@ -39,6 +41,8 @@ bool ggml_type_known(uint32_t type);
 // Elements per block and bytes per block of a known type (1 and the element size for floats).
 int64_t ggml_block_elems(GgmlType type);
 int64_t ggml_block_bytes(GgmlType type);
+// The dtype of a float type (F32, F16, BF16); none for a block-quantized one.
+std::optional<DType> ggml_float_dtype(GgmlType type);
 
 // One row of `n` elements of `type` (n a multiple of the block) to fp32, as ggml's dequantize
 // does it: the same fp32 operations in the same order (the `gguf` package's dequantize gives the

@@ -325,9 +325,7 @@ void write_tensors(const fs::path& path, const GgufFile& f,
   json header = json::object();
   header["__metadata__"] = {{"format", "pt"}};
   uint64_t offset = 0;
-  auto out_dtype = [](GgmlType t) {
-    return t == GgmlType::F16 ? DType::F16 : t == GgmlType::BF16 ? DType::BF16 : DType::F32;
-  };
+  auto out_dtype = [](GgmlType t) { return ggml_float_dtype(t).value_or(DType::F32); };
   for (const auto& [name, t] : tensors) {
     std::vector<int64_t> shape(t->dims.rbegin(), t->dims.rend());
     const DType d = out_dtype(t->type);
@@ -407,7 +405,7 @@ GgufConvertResult convert_gguf(const std::string& in, const std::string& out, bo
   GgufConvertResult r;
   r.tensors = tensors.size();
   for (const auto& [name, t] : tensors)
-    if (t->type != GgmlType::F32 && t->type != GgmlType::F16 && t->type != GgmlType::BF16)
+    if (!ggml_float_dtype(t->type))
       r.dequantized.push_back(fmt::format("{} ({})", t->name, ggml_type_name(uint32_t(t->type))));
   const json config = qwen3_config(f, vocab, tied);
   const json generation = generation_config(f, vocab);

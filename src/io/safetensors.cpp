@@ -373,10 +373,8 @@ void Checkpoint::open_gguf(const std::string& path) {
     v.shape.assign(t->dims.rbegin(), t->dims.rend());
     v.file = t->file;  // of a split model, the part holding it
     v.data = t->data;
-    if (t->type == GgmlType::F32 || t->type == GgmlType::F16 || t->type == GgmlType::BF16) {
-      v.dtype = t->type == GgmlType::F32   ? DType::F32
-                : t->type == GgmlType::F16 ? DType::F16
-                                           : DType::BF16;
+    if (const auto d = ggml_float_dtype(t->type)) {
+      v.dtype = *d;
       index_[name] = &gguf_views_.emplace_back(std::move(v));
       continue;
     }

@@ -119,10 +119,6 @@ Weight gguf_block_table(const Checkpoint& ckpt, const GgufTensor& g, const std::
   w.blocks = std::move(b);
   return w;
 }
-
-bool is_block_type(GgmlType t) {
-  return t != GgmlType::F32 && t != GgmlType::F16 && t != GgmlType::BF16;
-}
 }  // namespace
 
 Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols,
@@ -229,7 +225,8 @@ void Qwen3Model::load_weights() {
   // A GGUF's quantized embedding stays in its blocks, unless the weights stay unpacked (the
   // CUDA backend uploads from fp32 rows).
   const GgufTensor* embed_blocks = ckpt_->gguf_tensor("model.embed_tokens.weight");
-  if (embed_blocks && is_block_type(embed_blocks->type) && format_ != ops::WeightFormat::Unpacked)
+  if (embed_blocks && !ggml_float_dtype(embed_blocks->type) &&
+      format_ != ops::WeightFormat::Unpacked)
     embed_ = gguf_block_table(*ckpt_, *embed_blocks, "model.embed_tokens.weight", c.vocab_size, H);
   else
     embed_ = mat("model.embed_tokens.weight", c.vocab_size, H);

@@ -47,6 +47,19 @@ INSTANTIATE_TEST_SUITE_P(Formats, IntegerWeights,
                                            Format{WeightFormat::Q4, "q4", 0.15, 0.4}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+const std::string kQ4KM = "tests/fixtures/gguf/qwen3-q4km.gguf";
+
+// The Q4_K_M fixture as two model folders: one linking the file's tensors in place, one holding
+// their F32 copies (the file's own model, dequantized).
+struct GgufFolders {
+  flashmap::testing::TempDir tmp;
+  std::string linked = (tmp.path / "linked").string(), copied = (tmp.path / "copied").string();
+  GgufFolders() {
+    convert_gguf(kQ4KM, linked, false, GgufTensors::Link);
+    convert_gguf(kQ4KM, copied, false, GgufTensors::Copy);
+  }
+};
+
 }  // namespace
 
 TEST_P(IntegerWeights, VerifyPassIsBitIdenticalToStepByStep) {
@@ -89,14 +102,9 @@ TEST_P(IntegerWeights, LogitsStayCloseToTheNativeModel) {
 // grid is most of it, against 0.0020 for the copy in q8 and 0.10 in q4), in 0.77 of q8's bytes.
 TEST_P(IntegerWeights, AGgufTargetKeepsItsQ4_KWeights) {
   const Format f = GetParam();
-  flashmap::testing::TempDir tmp;
-  const std::string gguf = "tests/fixtures/gguf/qwen3-q4km.gguf";
-  const std::string linked = (tmp.path / "linked").string(),
-                    copied = (tmp.path / "copied").string();
-  convert_gguf(gguf, linked, false, GgufTensors::Link);
-  convert_gguf(gguf, copied, false, GgufTensors::Copy);
-  const Qwen3Model native(copied), in_place(linked, nullptr, f.format),
-      requantized(copied, nullptr, f.format);
+  const GgufFolders dirs;
+  const Qwen3Model native(dirs.copied), in_place(dirs.linked, nullptr, f.format),
+      requantized(dirs.copied, nullptr, f.format);
   const auto a = test::logit_agreement(native, in_place);
   const auto b = test::logit_agreement(native, requantized);
   std::cout << "[ info ] Q4_K_M GGUF, " << f.name << ": logit NMSE against its native model "
@@ -111,13 +119,8 @@ TEST_P(IntegerWeights, AGgufTargetKeepsItsQ4_KWeights) {
 // A GGUF's quantized embedding (the fixture's Q4_K token_embd) stays in its own blocks, a row
 // decoded per lookup: the model is the one its F32 copy gives, bit for bit.
 TEST(GgufEmbedding, AQuantizedEmbeddingStaysInItsBlocksAndDecodesAsItsF32Copy) {
-  flashmap::testing::TempDir tmp;
-  const std::string gguf = "tests/fixtures/gguf/qwen3-q4km.gguf";
-  const std::string linked = (tmp.path / "linked").string(),
-                    copied = (tmp.path / "copied").string();
-  convert_gguf(gguf, linked, false, GgufTensors::Link);
-  convert_gguf(gguf, copied, false, GgufTensors::Copy);
-  const Qwen3Model in_place(linked), copy(copied);
+  const GgufFolders dirs;
+  const Qwen3Model in_place(dirs.linked), copy(dirs.copied);
   const Weight& E = in_place.embedding();
   ASSERT_TRUE(E.blocks);
   EXPECT_FALSE(copy.embedding().blocks);
@@ -138,7 +141,7 @@ TEST_P(IntegerWeights, AGgufQ4_KMatrixOfAnotherShapeIsRefusedNamingIt) {
   const Format f = GetParam();
   flashmap::testing::TempDir tmp;
   const std::string linked = (tmp.path / "linked").string();
-  convert_gguf("tests/fixtures/gguf/qwen3-q4km.gguf", linked, false, GgufTensors::Link);
+  convert_gguf(kQ4KM, linked, false, GgufTensors::Link);
   // A config whose FFN is wider than the file's: gate_proj (Q4_K) is the first matrix that
   // differs.
   const std::string config = linked + "/config.json";
