@@ -350,9 +350,9 @@ void BM_Cholesky(benchmark::State& state) {
 }
 
 // A FlashMap draft's product with the whole embedding (ops::matmul_rows: 16 rows of x times the
-// [V, H] table) with the table held as fp32 or in a GGUF's blocks (Weight::blocks: Q8_0 or Q4_K,
-// decoded 1,024 rows at a time). Counters: the table's bytes read per second, and the decoded
-// values per second (the blocks' cost is the decoding).
+// [V, H] table) with the table held as fp32, bf16 (the released checkpoints) or in a GGUF's blocks
+// (Weight::blocks: Q8_0 or Q4_K, decoded 1,024 rows at a time). Counters: the table's bytes read
+// per second, and the decoded values per second (the blocks' cost is the decoding).
 //
 //   ./build/bench/bench_ops --benchmark_filter=EmbeddingProduct
 void BM_EmbeddingProduct(benchmark::State& state) {
@@ -360,11 +360,16 @@ void BM_EmbeddingProduct(benchmark::State& state) {
   const auto type = GgmlType(state.range(1));
   Rng rng(7);
   std::vector<float> f32;
+  std::vector<uint16_t> bf16;
   Weight E{DType::F32, nullptr, V, H};
   if (type == GgmlType::F32) {
     f32.resize(size_t(V * H));
     for (auto& v : f32) v = 0.02f * float(rng.normal());
     E.data = f32.data();
+  } else if (type == GgmlType::BF16) {
+    bf16.resize(size_t(V * H));
+    for (auto& v : bf16) v = f32_to_bf16(0.02f * float(rng.normal()));
+    E = Weight{DType::BF16, bf16.data(), V, H};
   } else {
     auto b = std::make_shared<BlockRows>();
     b->row_bytes = H / ggml_block_elems(type) * ggml_block_bytes(type);
@@ -377,7 +382,11 @@ void BM_EmbeddingProduct(benchmark::State& state) {
         const uint16_t d = f32_to_f16(1e-3f);
         std::memcpy(b->bytes.data() + o + 2 * i, &d, 2);
       }
-    b->decode = [type, H](const uint8_t* row, float* out) { dequantize_row(type, row, out, H); };
+    b->block = ggml_block_elems(type);
+    b->decode = [type, bb = ggml_block_bytes(type), block = b->block](
+                    const uint8_t* row, int64_t c0, int64_t n, float* out) {
+      dequantize_row(type, row + c0 / block * bb, out, n);
+    };
     E.blocks = std::move(b);
   }
   std::vector<float> x(size_t(M * V), 1.0f / float(V)), y(size_t(M * H));
@@ -385,13 +394,20 @@ void BM_EmbeddingProduct(benchmark::State& state) {
     ops::matmul_rows(x.data(), M, E, y.data(), ThreadPool::global());
     benchmark::DoNotOptimize(y.data());
   }
-  const double bytes = E.blocks ? double(E.blocks->bytes.size()) : double(V * H * 4);
+  const double bytes =
+      E.blocks ? double(E.blocks->bytes.size()) : double(V * H) * double(dtype_size(E.dtype));
   state.counters["GB/s"] = benchmark::Counter(
       bytes * double(state.iterations()), benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
   state.counters["Gvalues/s"] =
       benchmark::Counter(double(V * H) * double(state.iterations()), benchmark::Counter::kIsRate,
                          benchmark::Counter::kIs1000);
   state.SetLabel(type == GgmlType::F32 ? std::string("fp32") : ggml_type_name(uint32_t(type)));
+  // The limit: the multiply-adds at the FMA peak or the table read once at the read bandwidth,
+  // whichever takes longer.
+  static const double gbps = ops::read_bandwidth_gbps(ThreadPool::global());
+  const double limit_s = std::max(2.0 * double(M * V * H) / 1e9 / peak(), bytes / 1e9 / gbps);
+  state.counters["limit_share"] =
+      benchmark::Counter(limit_s * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 }  // namespace
@@ -399,7 +415,8 @@ void BM_EmbeddingProduct(benchmark::State& state) {
 BENCHMARK(BM_EmbeddingProduct)
     ->ArgNames({"H", "type"})
     ->ArgsProduct({{1024, 4096},
-                   {int64_t(GgmlType::F32), int64_t(GgmlType::Q8_0), int64_t(GgmlType::Q4_K)}})
+                   {int64_t(GgmlType::F32), int64_t(GgmlType::BF16), int64_t(GgmlType::Q8_0),
+                    int64_t(GgmlType::Q4_K)}})
     ->Iterations(3)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

@@ -324,13 +324,18 @@ void dequantize_row(GgmlType type, const uint8_t* src, float* y, int64_t n) {
         break;
       }
       case GgmlType::Q4_K: {
-        uint16_t dh, mh;
-        uint8_t sc[8], m[8], q[256];
-        unpack_q4_k(x, dh, mh, sc, m, q);
-        const float d = f16_to_f32(dh), dmin = f16_to_f32(mh);
-        for (int j = 0; j < 8; ++j) {
-          const float d1 = d * sc[j], m1 = dmin * m[j];
-          for (int l = 0; l < 32; ++l) y[32 * j + l] = d1 * float(q[32 * j + l]) - m1;
+        // unpack_q4_k's codes, read in place (32 bytes per pair of sub-blocks, the first one's
+        // in the low nibbles) so that the loops vectorize.
+        const float d = half(x), dmin = half(x + 2);
+        const uint8_t* qs = x + 16;
+        for (int j = 0; j < 8; j += 2, qs += 32) {
+          uint8_t sc, m;
+          scale_min_k4(j, x + 4, sc, m);
+          const float d1 = d * sc, m1 = dmin * m;
+          scale_min_k4(j + 1, x + 4, sc, m);
+          const float d2 = d * sc, m2 = dmin * m;
+          for (int l = 0; l < 32; ++l) y[32 * j + l] = d1 * float(qs[l] & 0xF) - m1;
+          for (int l = 0; l < 32; ++l) y[32 * j + 32 + l] = d2 * float(qs[l] >> 4) - m2;
         }
         break;
       }

@@ -109,9 +109,11 @@ Weight gguf_block_table(const Checkpoint& ckpt, const GgufTensor& g, const std::
   b->bytes.assign(g.data, g.data + g.bytes);
   ckpt.release_gguf_tensor(g);
   b->row_bytes = row_bytes;
+  b->block = ggml_block_elems(type);
   b->tag = uint64_t(type);
-  b->decode = [type, cols](const uint8_t* row, float* out) {
-    dequantize_row(type, row, out, cols);
+  b->decode = [type, bytes = ggml_block_bytes(type), block = b->block](
+                  const uint8_t* row, int64_t c0, int64_t n, float* out) {
+    dequantize_row(type, row + c0 / block * bytes, out, n);
   };
   Weight w;
   w.rows = rows;

@@ -33,7 +33,7 @@ float Weight::at(int64_t r, int64_t c) const {
 
 void Weight::row_f32(int64_t r, float* out) const {
   if (blocks) {
-    blocks->decode(blocks->bytes.data() + r * blocks->row_bytes, out);
+    blocks->decode(blocks->bytes.data() + r * blocks->row_bytes, 0, cols, out);
     return;
   }
   if (dtype == DType::F32) {
@@ -101,144 +101,21 @@ float dot(const float* a, const float* b, int64_t n) {
   return hsum(acc);
 }
 
-namespace {
-
-// 8-lane halves of the 16 columns a tile owns: GCC keeps 32-byte vectors in AVX2 registers,
-// where 64-byte ones go through the stack on every operation.
-typedef float m8f __attribute__((vector_size(32)));
-typedef uint16_t m8h __attribute__((vector_size(16)));
-typedef uint32_t m8u __attribute__((vector_size(32)));
-typedef _Float16 m8x __attribute__((vector_size(16)));
-
-template <DType D>
-inline m8f load8(const void* base, int64_t i) {
-  if constexpr (D == DType::F32) {
-    m8f v;
-    std::memcpy(&v, static_cast<const float*>(base) + i, sizeof(v));
-    return v;
-  } else if constexpr (D == DType::BF16) {
-    m8h h;
-    std::memcpy(&h, static_cast<const uint16_t*>(base) + i, sizeof(h));
-    return reinterpret_cast<m8f>(__builtin_convertvector(h, m8u) << 16);
-  } else {
-    m8x h;
-    std::memcpy(&h, static_cast<const uint16_t*>(base) + i, sizeof(h));
-    return __builtin_convertvector(h, m8f);
-  }
-}
-
-// MB rows of y[:, h:h+16) += x[:, v0:v1) · E[v0:v1, h:h+16) (from zero when `first`), each
-// output accumulated in a register over v in order. e: the 16 columns' values for v0 … v1 − 1,
-// 16 floats per v.
-template <int MB>
-void matmul_rows_tile(const float* x, int64_t V, int64_t v0, int64_t v1, const float* e, float* y,
-                      int64_t H, int64_t h, bool first) {
-  m8f acc[MB][2];
-  for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < 2; ++j)
-      if (first)
-        acc[i][j] = m8f{};
-      else
-        std::memcpy(&acc[i][j], y + i * H + h + 8 * j, sizeof(m8f));
-  for (int64_t v = v0; v < v1; ++v) {
-    const int64_t at = (v - v0) * kLanes;
-    const m8f e0v = load8<DType::F32>(e, at), e1v = load8<DType::F32>(e, at + 8);
-    for (int i = 0; i < MB; ++i) {
-      const float xi = x[i * V + v];
-      acc[i][0] += xi * e0v;
-      acc[i][1] += xi * e1v;
-    }
-  }
-  for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < 2; ++j) std::memcpy(y + i * H + h + 8 * j, &acc[i][j], sizeof(m8f));
-}
-
-// y[:, h0:h1) = x · E[:, h0:h1): each output is the sequential sum over the vocabulary in order
-// (acc += x[m, v] · E[v, h] from zero, as a scalar loop over v gives; a partial sum parked in y
-// between chunks is an exact fp32 value, so chunking changes no bit). The vocabulary is taken in
-// chunks of kChunk rows of E; each 16-column strip of a chunk is widened to fp32 once (exactly)
-// for all the row blocks of x, and runs before the next chunk, so the chunk's rows (a page each
-// at H = 4096) stay in cache and in the TLB. One tile running over the whole vocabulary touched
-// a new page per row of E, which at V = 151936, H = 4096 cost seconds per call.
-// This call adds rows [v_lo, v_hi) of the sum, E's rows v_lo… at e (row stride H, dtype D), to
-// what y holds of the rows before v_lo (nothing when v_lo is 0); x is [M, V].
-template <DType D>
-void matmul_rows_range(const float* x, int64_t M, int64_t V, const void* e, int64_t v_lo,
-                       int64_t v_hi, int64_t H, float* y, int64_t h0, int64_t h1) {
-  constexpr int MB = 4;  // 4 rows × 16 lanes: 8 AVX2 accumulators
-  constexpr int64_t kChunk = 256;
-  const int64_t hv = h0 + (h1 - h0) / kLanes * kLanes;  // whole 16-lane groups
-  std::vector<float> strip(static_cast<size_t>(kChunk * kLanes));
-  for (int64_t v0 = v_lo; v0 < v_hi; v0 += kChunk) {
-    const int64_t v1 = std::min(v_hi, v0 + kChunk);
-    for (int64_t h = h0; h < hv; h += kLanes) {
-      for (int64_t v = v0; v < v1; ++v) {
-        const int64_t at = (v - v_lo) * H + h;
-        const m8f a = load8<D>(e, at), b = load8<D>(e, at + 8);
-        std::memcpy(strip.data() + (v - v0) * kLanes, &a, sizeof(a));
-        std::memcpy(strip.data() + (v - v0) * kLanes + 8, &b, sizeof(b));
-      }
-      int64_t m = 0;
-      for (; m + MB <= M; m += MB)
-        matmul_rows_tile<MB>(x + m * V, V, v0, v1, strip.data(), y + m * H, H, h, v0 == 0);
-      for (; m < M; ++m)
-        matmul_rows_tile<1>(x + m * V, V, v0, v1, strip.data(), y + m * H, H, h, v0 == 0);
-    }
-  }
-  for (int64_t h = hv; h < h1; ++h)  // columns past the last multiple of 16
-    for (int64_t m = 0; m < M; ++m) {
-      float acc = v_lo == 0 ? 0.0f : y[m * H + h];
-      for (int64_t v = v_lo; v < v_hi; ++v)
-        acc += x[m * V + v] * float_element(e, D, (v - v_lo) * H + h);
-      y[m * H + h] = acc;
-    }
-}
-
-}  // namespace
-
 void for_decoded_rows(const Weight& E, ThreadPool& pool,
                       const std::function<void(int64_t, int64_t, const float*)>& fn) {
   const int64_t V = E.rows, H = E.cols;
-  std::vector<float> rows(size_t(std::min(kDecodedRows, V) * H));
+  // The calling thread's, kept for its next call (16 MB at H = 4096: allocating it per call
+  // faulted in its pages every time).
+  thread_local std::vector<float> buf;
+  buf.resize(size_t(std::min(kDecodedRows, V) * H));
+  float* rows = buf.data();  // the pool's threads write into this thread's buffer
   for (int64_t v_lo = 0; v_lo < V; v_lo += kDecodedRows) {
     const int64_t n = std::min(kDecodedRows, V - v_lo);
     pool.parallel_for(n, 16, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) E.row_f32(v_lo + r, rows.data() + r * H);
+      for (int64_t r = r0; r < r1; ++r) E.row_f32(v_lo + r, rows + r * H);
     });
-    fn(v_lo, n, rows.data());
+    fn(v_lo, n, rows);
   }
-}
-
-void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool) {
-  const int64_t V = E.rows, H = E.cols;
-  if (E.blocks) {
-    if (M <= 0) return;
-    // The product continued from y chunk by chunk: the same sums in the same order as the
-    // decoded matrix gives.
-    for_decoded_rows(E, pool, [&](int64_t v_lo, int64_t n, const float* rows) {
-      pool.parallel_for(H, 64, [&](int64_t h0, int64_t h1) {
-        matmul_rows_range<DType::F32>(x, M, V, rows, v_lo, v_lo + n, H, y, h0, h1);
-      });
-    });
-    return;
-  }
-  // Each thread owns a range of output columns (whole 16-lane groups) and sums over the
-  // vocabulary in order.
-  pool.parallel_for(H, 64, [&](int64_t h0, int64_t h1) {
-    switch (E.dtype) {
-      case DType::F32:
-        matmul_rows_range<DType::F32>(x, M, V, E.data, 0, V, H, y, h0, h1);
-        break;
-      case DType::BF16:
-        matmul_rows_range<DType::BF16>(x, M, V, E.data, 0, V, H, y, h0, h1);
-        break;
-      case DType::F16:
-        matmul_rows_range<DType::F16>(x, M, V, E.data, 0, V, H, y, h0, h1);
-        break;
-      default:
-        throw InternalError("matmul_rows on an integer table");
-    }
-  });
 }
 
 void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y) {

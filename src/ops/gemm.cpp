@@ -522,6 +522,33 @@ struct QuantizedRows {
   }
 };
 
+using Kernel = void (*)(const kernel::Args&, int64_t, int64_t);
+
+// The active instruction set's kernel for every format but kBF16Dot; vnni: whether its integer
+// tiles take VNNI dot products.
+Kernel active_kernel(bool& vnni) {
+  vnni = false;
+  switch (active_isa()) {
+    case Isa::Avx512Bf16:
+    case Isa::Avx512Vnni:
+      vnni = true;
+      return kernel::gemm_avx512;
+    case Isa::Avx512:
+      return kernel::gemm_avx512;
+    case Isa::Avx2Vnni:  // active only where the kernel was built (clamp)
+#if FLASHMAP_HAS_AVX_VNNI_KERNEL
+      return kernel::gemm_avx2vnni;
+#else
+      return kernel::gemm_avx2;
+#endif
+    case Isa::Avx2:
+      return kernel::gemm_avx2;
+    case Isa::Generic:
+      break;
+  }
+  return kernel::gemm_generic;
+}
+
 // The rows of x rounded to bf16 (to nearest even, f32_to_bf16) and paired along k, as the bf16
 // compute kernel reads them; each row alone, so rows do not depend on their batch. In a buffer of
 // the calling thread's, valid until its next call.
@@ -570,7 +597,7 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
     a.dx = xq->d.data();
     a.sx = xq->sum.data();
   }
-  void (*fn)(const kernel::Args&, int64_t, int64_t) = kernel::gemm_generic;
+  Kernel fn = active_kernel(a.vnni);
   if (P->bf16_dot) {
     // A weight packed for the mode on a CPU that has it, then run with the cap lowered (tests).
     FLASHMAP_CHECK(has_bf16_compute(),
@@ -578,36 +605,106 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
                    isa_name(active_isa()));
     a.ldp = (W.cols + 1) / 2;
     a.xp = bf16_pairs(x, M, W.cols, ldx);
+    a.vnni = false;
     fn = kernel::gemm_avx512bf16;
-  } else {
-    switch (active_isa()) {
-      case Isa::Avx512Bf16:
-      case Isa::Avx512Vnni:
-        a.vnni = true;
-        fn = kernel::gemm_avx512;
-        break;
-      case Isa::Avx512:
-        fn = kernel::gemm_avx512;
-        break;
-      case Isa::Avx2Vnni:  // active only where the kernel was built (clamp)
-#if FLASHMAP_HAS_AVX_VNNI_KERNEL
-        fn = kernel::gemm_avx2vnni;
-#else
-        fn = kernel::gemm_avx2;
-#endif
-        break;
-      case Isa::Avx2:
-        fn = kernel::gemm_avx2;
-        break;
-      case Isa::Generic:
-        break;
-    }
   }
   // Threads split the panels in whole one-row tiles; products under ~64k multiply-adds (a few
   // microseconds) stay on the calling thread, where waking the pool would cost as much.
   const bool tiny = M * W.rows * W.cols < (int64_t(1) << 16);
   const int64_t grain = tiny ? P->panels : kernel::kPanelsPerUnit;
   pool.parallel_for(P->panels, grain, [&](int64_t p0, int64_t p1) { fn(a, p0, p1); });
+}
+
+namespace {
+
+// Rows of E a thread packs at a time in matmul_rows: its columns of them (1 MiB of fp32 at
+// 2,048 columns) stay in L2 while every row block of x reads them.
+constexpr int64_t kTableSlice = 128;
+
+// y[:, columns of panels [p0, p1)] = x · E[:, those columns], row(v, c0) giving E's row v from
+// column c0 on (dtype d): slices of kTableSlice rows are copied into the GEMM kernel's panel
+// layout (the columns past H zero) and multiplied as a linear layer's K slices are, each
+// continuing the sums the last one left in y.
+template <class Row>
+void table_product(Kernel fn, bool vnni, const float* x, int64_t M, int64_t V, DType d,
+                   const Row& row, int64_t H, float* y, int64_t p0, int64_t p1) {
+  const int64_t es = int64_t(dtype_size(d)), c0 = p0 * kPanel,
+                width = std::min(H, p1 * kPanel) - c0, full = width / kPanel;
+  // 64 bytes more than the slice, so that the rows written together are not a power of two of
+  // bytes apart (they would share a few L1 sets).
+  const int64_t panel_bytes = kTableSlice * kPanel * es + 64;
+  thread_local std::vector<uint8_t> buf;
+  buf.resize(size_t(panel_bytes * (p1 - p0)));
+  kernel::Args a{};
+  a.M = M;
+  a.ldx = V;
+  a.panels = buf.data();
+  a.panel_bytes = panel_bytes;
+  a.N = width;
+  a.format = d == DType::BF16 ? kernel::kBF16 : d == DType::F16 ? kernel::kF16 : kernel::kF32;
+  a.y = y + c0;
+  a.ldy = H;
+  a.vnni = vnni;
+  for (int64_t v0 = 0; v0 < V; v0 += kTableSlice) {
+    const int64_t n = std::min(kTableSlice, V - v0);
+    for (int64_t v = 0; v < n; ++v) {
+      const uint8_t* src = row(v0 + v, c0);
+      uint8_t* dst = buf.data() + v * kPanel * es;
+      for (int64_t p = 0; p < full; ++p) {
+        if (es == 4)
+          std::memcpy(dst + p * panel_bytes, src + p * kPanel * 4, kPanel * 4);
+        else
+          std::memcpy(dst + p * panel_bytes, src + p * kPanel * 2, kPanel * 2);
+      }
+      if (const int64_t cols = width - full * kPanel) {
+        std::memcpy(dst + full * panel_bytes, src + full * kPanel * es, size_t(cols * es));
+        std::memset(dst + full * panel_bytes + cols * es, 0, size_t((kPanel - cols) * es));
+      }
+    }
+    a.x = x + v0;
+    a.K = n;
+    a.accumulate = v0 > 0;
+    fn(a, 0, p1 - p0);
+  }
+}
+
+}  // namespace
+
+void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool) {
+  FLASHMAP_CHECK(is_float(E.dtype), "matmul_rows on an integer table");
+  const int64_t V = E.rows, H = E.cols, panels = (H + kPanel - 1) / kPanel;
+  if (M <= 0 || H <= 0) return;
+  if (V <= 0) {
+    std::fill_n(y, M * H, 0.0f);
+    return;
+  }
+  bool vnni = false;
+  const Kernel fn = active_kernel(vnni);
+  // A part per thread: each streams its columns of every row in one run.
+  const int64_t grain = (panels + pool.size() - 1) / pool.size();
+  if (const BlockRows* b = E.blocks.get()) {
+    // Each thread decodes the blocks that hold its columns, row by row (the fp32 values the
+    // decoded matrix holds).
+    pool.parallel_for(panels, grain, [&](int64_t p0, int64_t p1) {
+      const int64_t lo = p0 * kPanel / b->block * b->block;
+      const int64_t hi =
+          std::min(H, (std::min(H, p1 * kPanel) + b->block - 1) / b->block * b->block);
+      thread_local std::vector<float> dec;
+      dec.resize(size_t(hi - lo));
+      const auto row = [&](int64_t v, int64_t c0) {
+        b->decode(b->bytes.data() + v * b->row_bytes, lo, hi - lo, dec.data());
+        return reinterpret_cast<const uint8_t*>(dec.data() + (c0 - lo));
+      };
+      table_product(fn, vnni, x, M, V, DType::F32, row, H, y, p0, p1);
+    });
+    return;
+  }
+  const auto* e = static_cast<const uint8_t*>(E.data);
+  const int64_t es = int64_t(dtype_size(E.dtype)), row_bytes = H * es;
+  pool.parallel_for(panels, grain, [&](int64_t p0, int64_t p1) {
+    const auto row = [&](int64_t v, int64_t c0) { return e + v * row_bytes + c0 * es; };
+    table_product(fn, vnni, x, M, V, E.dtype, row, H, y, p0, p1);
+  });
 }
 
 void matmul_rows_bf16(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool) {

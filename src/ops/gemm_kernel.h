@@ -45,6 +45,7 @@ struct Args {
   // ldp, each uint32 holding x[m, 2kp] in its low half and x[m, 2kp + 1] (0 past K) in its high.
   const uint32_t* xp;
   int64_t ldp;
+  bool accumulate = false;  // kF32, kBF16, kF16: continue the sums y holds (a later slice of k)
 };
 
 void gemm_generic(const Args& a, int64_t p0, int64_t p1);

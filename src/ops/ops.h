@@ -20,13 +20,16 @@ struct PackedWeight;
 }
 
 // Rows stored in a block-quantized encoding (a GGUF's Q4_K embedding: 4.5 bits a weight where
-// fp32 takes 32), widened to fp32 one row at a time: `decode(row, out)` writes the row's cols
-// values from its row_bytes bytes. `tag` names the encoding (cache keys tell encodings apart).
+// fp32 takes 32), widened to fp32 a row or a run of its blocks at a time: `decode(row, c0, n,
+// out)` writes values [c0, c0 + n) of the row whose row_bytes bytes start at `row`, c0 and n
+// multiples of `block` (the values a block holds; n may end at the row's end). `tag` names the
+// encoding (cache keys tell encodings apart).
 struct BlockRows {
   std::vector<uint8_t> bytes;  // rows × row_bytes
   int64_t row_bytes = 0;
+  int64_t block = 1;
   uint64_t tag = 0;
-  std::function<void(const uint8_t* row, float* out)> decode;
+  std::function<void(const uint8_t* row, int64_t c0, int64_t n, float* out)> decode;
 };
 
 // A row-major [rows, cols] matrix of weights in their file dtype (nn.Linear stores [out, in]).
@@ -54,7 +57,9 @@ namespace ops {
 void linear(const float* x, int64_t M, const Weight& W, const float* bias, float* y,
             ThreadPool& pool, int64_t ldx = -1, int64_t ldy = -1);
 
-// y[M, H] = x[M, V] · E with E [V, H] (a state read through an embedding table).
+// y[M, H] = x[M, V] · E with E [V, H] (a state read through an embedding table): each output is
+// one fused multiply-add per row of E in order, from zero — linear's kernel over E's rows, packed
+// a slice at a time. Defined in gemm.cpp.
 void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPool& pool);
 // For a block-held E (Weight::blocks): fn(v_lo, n, rows) for chunks of n ≤ kDecodedRows rows
 // from v_lo on, in order, each decoded to fp32 on the pool (rows [n, H], 16 MB at H = 4096).

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -25,6 +27,9 @@ struct IsaGuard {
 };
 
 // A toy block encoding of rows of H values: an fp16 scale, then H int8 codes; value = code · scale.
+// Decoded in blocks of kBlock values (a run that cuts one throws): the product's second thread
+// owns columns 64… of a 72-column table, inside the block 48…71, which it must decode whole.
+constexpr int64_t kBlock = 24;
 struct Table {
   int64_t V, H;
   Weight blocks;
@@ -49,10 +54,14 @@ Table make_table(int64_t V, int64_t H, uint64_t seed) {
       t.f32[size_t(r * H + c)] = float(q) * f16_to_f32(d);
     }
   }
-  b->decode = [H](const uint8_t* row, float* out) {
+  b->block = kBlock;
+  b->decode = [H](const uint8_t* row, int64_t c0, int64_t n, float* out) {
+    if (c0 % kBlock != 0 || (n % kBlock != 0 && c0 + n != H) || c0 + n > H)
+      throw std::logic_error("decode of columns [" + std::to_string(c0) + ", " +
+                             std::to_string(c0 + n) + ") cuts a block");
     uint16_t d;
     std::memcpy(&d, row, 2);
-    for (int64_t c = 0; c < H; ++c) out[c] = float(int8_t(row[2 + c])) * f16_to_f32(d);
+    for (int64_t c = 0; c < n; ++c) out[c] = float(int8_t(row[2 + c0 + c])) * f16_to_f32(d);
   };
   t.blocks.rows = V;
   t.blocks.cols = H;
