@@ -351,8 +351,9 @@ void BM_Cholesky(benchmark::State& state) {
 
 // A FlashMap draft's product with the whole embedding (ops::matmul_rows: 16 rows of x times the
 // [V, H] table) with the table held as fp32, bf16 (the released checkpoints) or in a GGUF's blocks
-// (Weight::blocks: Q8_0 or Q4_K, decoded 1,024 rows at a time). Counters: the table's bytes read
-// per second, and the decoded values per second (the blocks' cost is the decoding).
+// (Weight::blocks: Q8_0 or Q4_K, each thread decoding the blocks of its columns). Counters: the
+// table's bytes read per second, the decoded values per second (the blocks' cost is the decoding)
+// and the share of the limit.
 //
 //   ./build/bench/bench_ops --benchmark_filter=EmbeddingProduct
 void BM_EmbeddingProduct(benchmark::State& state) {

@@ -626,8 +626,8 @@ constexpr int64_t kTableSlice = 128;
 // layout (the columns past H zero) and multiplied as a linear layer's K slices are, each
 // continuing the sums the last one left in y.
 template <class Row>
-void table_product(Kernel fn, bool vnni, const float* x, int64_t M, int64_t V, DType d,
-                   const Row& row, int64_t H, float* y, int64_t p0, int64_t p1) {
+void table_product(Kernel fn, const float* x, int64_t M, int64_t V, DType d, const Row& row,
+                   int64_t H, float* y, int64_t p0, int64_t p1) {
   const int64_t es = int64_t(dtype_size(d)), c0 = p0 * kPanel,
                 width = std::min(H, p1 * kPanel) - c0, full = width / kPanel;
   // 64 bytes more than the slice, so that the rows written together are not a power of two of
@@ -644,7 +644,6 @@ void table_product(Kernel fn, bool vnni, const float* x, int64_t M, int64_t V, D
   a.format = d == DType::BF16 ? kernel::kBF16 : d == DType::F16 ? kernel::kF16 : kernel::kF32;
   a.y = y + c0;
   a.ldy = H;
-  a.vnni = vnni;
   for (int64_t v0 = 0; v0 < V; v0 += kTableSlice) {
     const int64_t n = std::min(kTableSlice, V - v0);
     for (int64_t v = 0; v < n; ++v) {
@@ -678,7 +677,7 @@ void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPoo
     std::fill_n(y, M * H, 0.0f);
     return;
   }
-  bool vnni = false;
+  bool vnni = false;  // the float tiles take no integer dots
   const Kernel fn = active_kernel(vnni);
   // A part per thread: each streams its columns of every row in one run.
   const int64_t grain = (panels + pool.size() - 1) / pool.size();
@@ -695,7 +694,7 @@ void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPoo
         b->decode(b->bytes.data() + v * b->row_bytes, lo, hi - lo, dec.data());
         return reinterpret_cast<const uint8_t*>(dec.data() + (c0 - lo));
       };
-      table_product(fn, vnni, x, M, V, DType::F32, row, H, y, p0, p1);
+      table_product(fn, x, M, V, DType::F32, row, H, y, p0, p1);
     });
     return;
   }
@@ -703,7 +702,7 @@ void matmul_rows(const float* x, int64_t M, const Weight& E, float* y, ThreadPoo
   const int64_t es = int64_t(dtype_size(E.dtype)), row_bytes = H * es;
   pool.parallel_for(panels, grain, [&](int64_t p0, int64_t p1) {
     const auto row = [&](int64_t v, int64_t c0) { return e + v * row_bytes + c0 * es; };
-    table_product(fn, vnni, x, M, V, E.dtype, row, H, y, p0, p1);
+    table_product(fn, x, M, V, E.dtype, row, H, y, p0, p1);
   });
 }
 
