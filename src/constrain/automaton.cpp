@@ -18,6 +18,54 @@ size_t Grammar::num_states() const {
 size_t Grammar::num_rules() const {
   return impl_->rule_start.size();
 }
+size_t Grammar::bytes() const {
+  const GrammarImpl& g = *impl_;
+  size_t n = sizeof(GrammarImpl) + g.trans.capacity() * sizeof(uint32_t) + g.accept.capacity() +
+             g.has_bytes.capacity() + g.simple.capacity() +
+             g.call_begin.capacity() * sizeof(uint32_t) + g.calls.capacity() * sizeof(g.calls[0]) +
+             g.rule_start.capacity() * sizeof(uint32_t);
+  for (const std::string& name : g.rule_names) n += sizeof(name) + name.capacity();
+  return n;
+}
+
+// --- the cache of compiled grammars
+
+GrammarCache::GrammarCache(size_t max_entries, size_t max_bytes)
+    : max_entries_(max_entries), max_bytes_(max_bytes) {}
+
+std::shared_ptr<const Grammar> GrammarCache::find(const std::string& key) {
+  std::lock_guard lock(mu_);
+  for (auto it = entries_.begin(); it != entries_.end(); ++it)
+    if (it->key == key) {
+      entries_.splice(entries_.begin(), entries_, it);
+      return it->grammar;
+    }
+  return nullptr;
+}
+
+void GrammarCache::insert(const std::string& key, std::shared_ptr<const Grammar> grammar) {
+  const size_t bytes = key.size() + grammar->bytes();
+  if (bytes > max_bytes_ || max_entries_ == 0) return;
+  std::lock_guard lock(mu_);
+  for (const Entry& e : entries_)
+    if (e.key == key) return;  // another thread compiled it meanwhile
+  while (!entries_.empty() && (entries_.size() >= max_entries_ || bytes_ + bytes > max_bytes_)) {
+    bytes_ -= entries_.back().bytes;
+    entries_.pop_back();
+  }
+  entries_.push_front({key, std::move(grammar), bytes});
+  bytes_ += bytes;
+}
+
+size_t GrammarCache::bytes() const {
+  std::lock_guard lock(mu_);
+  return bytes_;
+}
+
+size_t GrammarCache::size() const {
+  std::lock_guard lock(mu_);
+  return entries_.size();
+}
 
 // --- code-point sets
 

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -84,6 +86,28 @@ class Builder {
   std::vector<Node> nodes_;
   std::vector<int> rule_body_;
   std::vector<std::string> rule_names_;
+};
+
+// Compiled grammars by key, most recently used first, bounded in count and in the bytes that
+// the keys and grammars hold; a grammar larger than the whole budget is not kept. Thread-safe.
+class GrammarCache {
+ public:
+  GrammarCache(size_t max_entries, size_t max_bytes);
+  std::shared_ptr<const Grammar> find(const std::string& key);  // null when not held
+  void insert(const std::string& key, std::shared_ptr<const Grammar> grammar);
+  size_t bytes() const;
+  size_t size() const;
+
+ private:
+  struct Entry {
+    std::string key;
+    std::shared_ptr<const Grammar> grammar;
+    size_t bytes;
+  };
+  const size_t max_entries_, max_bytes_;
+  mutable std::mutex mu_;
+  std::list<Entry> entries_;
+  size_t bytes_ = 0;
 };
 
 // Regex syntax tree for the parser shared by compile_regex and JSON-schema `pattern`.

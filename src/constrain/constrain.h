@@ -35,6 +35,8 @@ inline constexpr int kMaxRepeat = 512;                  // largest m or n in {m,
 inline constexpr size_t kMaxDfaStates = 200000;         // per grammar
 inline constexpr size_t kMaxCompileSteps = 1ull << 26;  // NFA states and edges visited, per grammar
 inline constexpr size_t kMaxSchemaDepth = 64;           // nesting of the schema document
+inline constexpr size_t kGrammarCacheEntries = 32;      // compiled JSON schemas kept
+inline constexpr size_t kGrammarCacheBytes = size_t(256) << 20;  // and the memory they may hold
 
 // Token byte strings of a vocabulary and their byte trie, built once per tokenizer.
 class Vocabulary {
@@ -77,6 +79,7 @@ class Grammar {
   const GrammarImpl& impl() const { return *impl_; }
   size_t num_states() const;  // DFA states over all rules
   size_t num_rules() const;
+  size_t bytes() const;  // memory the automaton holds
 
  private:
   std::unique_ptr<GrammarImpl> impl_;
@@ -101,7 +104,8 @@ std::shared_ptr<const Grammar> compile_json_object(const JsonOptions& options = 
 // flashmap::Error("... unsupported JSON-schema construct '<keyword>' at <json pointer>").
 // Properties are generated in the order of the schema object: pass an ordered_json to keep the
 // order of the request (nlohmann::json sorts keys, so its properties come alphabetically).
-// Grammars are cached by schema text (32 most recent).
+// Grammars are cached by schema text (the kGrammarCacheEntries most recent, holding at most
+// kGrammarCacheBytes together; a larger grammar is compiled for each request that names it).
 std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::ordered_json& schema,
                                                    const JsonOptions& options = {});
 std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::json& schema,

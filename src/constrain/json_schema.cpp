@@ -5,9 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <list>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 
@@ -527,26 +525,15 @@ std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::json& schema,
 std::shared_ptr<const Grammar> compile_json_schema(const nlohmann::ordered_json& schema,
                                                    const JsonOptions& options) {
   // Compiled grammars are cached by schema text (a server sees the same schema again and again).
-  static std::mutex mu;
-  static std::list<std::pair<std::string, std::shared_ptr<const Grammar>>> cache;  // MRU first
-  constexpr size_t kCacheEntries = 32;
+  static GrammarCache cache(kGrammarCacheEntries, kGrammarCacheBytes);
   const std::string key =
       fmt::format("{}|{}|{}", options.flexible_whitespace, options.max_whitespace, schema.dump());
-  {
-    std::lock_guard lock(mu);
-    for (auto it = cache.begin(); it != cache.end(); ++it)
-      if (it->first == key) {
-        cache.splice(cache.begin(), cache, it);
-        return cache.front().second;
-      }
-  }
+  if (auto g = cache.find(key)) return g;
   JsonCompiler c(options, &schema);
   const int root = c.b.new_rule("#");
   c.b.define(root, c.schema(schema, "", 0));
   auto g = std::make_shared<const Grammar>(c.b.compile(root));
-  std::lock_guard lock(mu);
-  cache.emplace_front(key, g);
-  if (cache.size() > kCacheEntries) cache.pop_back();
+  cache.insert(key, g);
   return g;
 }
 

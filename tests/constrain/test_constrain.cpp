@@ -9,6 +9,7 @@
 #include <random>
 #include <regex>
 
+#include "constrain/automaton.h"
 #include "constrain/constrain.h"
 #include "error_of.h"
 
@@ -761,6 +762,71 @@ TEST(ConstrainRegex, PatternInsideJsonStringIsEscaped) {
   EXPECT_TRUE(m.done());
   const json parsed = json::parse(R"("a\"b\\c\n")");
   EXPECT_TRUE(std::regex_search(parsed.get<std::string>(), std::regex("^a\"b\\\\c\\n$")));
+}
+
+// The bytes a grammar reports cover its transition table (states × byte classes) and its per-state
+// flags and call ranges (7 bytes a state), within what vectors grown by doubling may reserve.
+TEST(ConstrainCache, GrammarBytesCoverTheTransitionTable) {
+  for (const char* pattern : {"ab", "[a-z]{0,100}", "(a|b)*a(a|b){10}"}) {
+    const auto g = compile_regex(pattern);
+    const size_t table = g->num_states() * g->impl().num_classes * sizeof(uint32_t);
+    EXPECT_GE(g->bytes(), table) << pattern;
+    EXPECT_LT(g->bytes(), 2 * (table + 7 * g->num_states()) + 4096) << pattern;
+  }
+}
+
+// The schema cache keeps what fits its budget, most recently used first; what it drops is freed.
+TEST(ConstrainCache, KeepsTheMostRecentWithinItsBytes) {
+  const auto small = compile_regex("ab");
+  const auto mid1 = compile_regex("[a-z]{0,200}");
+  const auto mid2 = compile_regex("[b-y]{0,200}");
+  std::weak_ptr<const Grammar> freed;
+  const size_t budget = small->bytes() + mid1->bytes() + 64;  // keys are a few bytes each
+  ASSERT_LT(budget, mid1->bytes() + mid2->bytes());
+  GrammarCache cache(8, budget);
+  {
+    auto mid0 = compile_regex("[c-x]{0,200}");
+    freed = mid0;
+    cache.insert("m0", std::move(mid0));
+  }
+  EXPECT_FALSE(freed.expired());
+  cache.insert("s", small);
+  cache.insert("m1", mid1);  // m0 is the least recent and makes room
+  EXPECT_TRUE(freed.expired());
+  EXPECT_EQ(cache.find("m0"), nullptr);
+  EXPECT_EQ(cache.find("s"), small);  // now m1 is the least recent
+  cache.insert("m2", mid2);
+  EXPECT_EQ(cache.find("m1"), nullptr);
+  EXPECT_EQ(cache.find("m2"), mid2);
+  EXPECT_EQ(cache.find("s"), small);
+  EXPECT_EQ(cache.bytes(), small->bytes() + mid2->bytes() + 3);
+  EXPECT_LE(cache.bytes(), budget);
+
+  // A grammar larger than the whole budget is not kept, and keeps the others.
+  const auto big = compile_regex("[a-z0-9]{0,400}x");
+  ASSERT_GT(big->bytes(), budget);
+  cache.insert("big", big);
+  EXPECT_EQ(cache.find("big"), nullptr);
+  EXPECT_EQ(cache.size(), 2u);
+
+  // The count is bounded too.
+  GrammarCache two(2, size_t(1) << 30);
+  two.insert("a", small);
+  two.insert("b", mid1);
+  two.insert("c", mid2);
+  EXPECT_EQ(two.find("a"), nullptr);
+  EXPECT_EQ(two.find("b"), mid1);
+  EXPECT_EQ(two.size(), 2u);
+}
+
+TEST(ConstrainCache, ASchemaSeenAgainIsNotCompiledAgain) {
+  const json schema =
+      json::parse(R"({"type":"object","properties":{"cached":{"type":"boolean"}}})");
+  const auto first = compile_json_schema(schema);
+  EXPECT_EQ(compile_json_schema(schema), first);
+  JsonOptions flexible;
+  flexible.flexible_whitespace = true;
+  EXPECT_NE(compile_json_schema(schema, flexible), first);  // the options are part of the key
 }
 
 }  // namespace
