@@ -372,22 +372,16 @@ void BM_EmbeddingProduct(benchmark::State& state) {
     for (auto& v : bf16) v = f32_to_bf16(0.02f * float(rng.normal()));
     E = Weight{DType::BF16, bf16.data(), V, H};
   } else {
-    auto b = std::make_shared<BlockRows>();
-    b->row_bytes = H / ggml_block_elems(type) * ggml_block_bytes(type);
-    b->bytes.resize(size_t(V * b->row_bytes));
-    for (auto& x : b->bytes) x = uint8_t(rng.next());
+    std::vector<uint8_t> bytes(size_t(V * (H / ggml_block_elems(type)) * ggml_block_bytes(type)));
+    for (auto& x : bytes) x = uint8_t(rng.next());
     // Finite scales: each block's leading fp16 d (and Q4_K's dmin after it).
     const int64_t bb = ggml_block_bytes(type), scales = type == GgmlType::Q4_K ? 2 : 1;
-    for (size_t o = 0; o < b->bytes.size(); o += size_t(bb))
+    for (size_t o = 0; o < bytes.size(); o += size_t(bb))
       for (int64_t i = 0; i < scales; ++i) {
         const uint16_t d = f32_to_f16(1e-3f);
-        std::memcpy(b->bytes.data() + o + 2 * i, &d, 2);
+        std::memcpy(bytes.data() + o + 2 * i, &d, 2);
       }
-    b->block = ggml_block_elems(type);
-    b->decode = [type, bb = ggml_block_bytes(type), block = b->block](
-                    const uint8_t* row, int64_t c0, int64_t n, float* out) {
-      dequantize_row(type, row + c0 / block * bb, out, n);
-    };
+    auto b = BlockRows::of_ggml(type, H, std::move(bytes));
     E.blocks = std::move(b);
   }
   std::vector<float> x(size_t(M * V), 1.0f / float(V)), y(size_t(M * H));

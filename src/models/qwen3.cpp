@@ -102,19 +102,9 @@ std::shared_ptr<const ops::PackedWeight> pack_gguf_q4_k(const Checkpoint& ckpt, 
 Weight gguf_block_table(const Checkpoint& ckpt, const GgufTensor& g, const std::string& name,
                         int64_t rows, int64_t cols) {
   check_shape(g, name, rows, cols);
-  const GgmlType type = g.type;
-  const int64_t row_bytes = cols / ggml_block_elems(type) * ggml_block_bytes(type);
-  FLASHMAP_ASSERT(cols % ggml_block_elems(type) == 0 && uint64_t(rows * row_bytes) == g.bytes);
-  auto b = std::make_shared<BlockRows>();
-  b->bytes.assign(g.data, g.data + g.bytes);
+  auto b = BlockRows::of_ggml(g.type, cols, std::vector<uint8_t>(g.data, g.data + g.bytes));
   ckpt.release_gguf_tensor(g);
-  b->row_bytes = row_bytes;
-  b->block = ggml_block_elems(type);
-  b->tag = uint64_t(type);
-  b->decode = [type, bytes = ggml_block_bytes(type), block = b->block](
-                  const uint8_t* row, int64_t c0, int64_t n, float* out) {
-    dequantize_row(type, row + c0 / block * bytes, out, n);
-  };
+  FLASHMAP_ASSERT(b->bytes.size() == size_t(rows * b->row_bytes));
   Weight w;
   w.rows = rows;
   w.cols = cols;

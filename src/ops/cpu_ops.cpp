@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "ops/ops.h"
 #include "ops/vec16.h"
@@ -18,6 +19,21 @@ Weight Weight::of(const TensorView& t) {
                  "{}: tensor '{}' must be a 2-D float matrix, got {} {}", t.file, t.name,
                  dtype_name(t.dtype), shape_str(t.shape));
   return Weight{t.dtype, t.data, t.shape[0], t.shape[1]};
+}
+
+std::shared_ptr<BlockRows> BlockRows::of_ggml(GgmlType type, int64_t cols,
+                                              std::vector<uint8_t> bytes) {
+  const int64_t block = ggml_block_elems(type), block_bytes = ggml_block_bytes(type);
+  FLASHMAP_ASSERT(cols % block == 0 && bytes.size() % size_t(cols / block * block_bytes) == 0);
+  auto b = std::make_shared<BlockRows>();
+  b->bytes = std::move(bytes);
+  b->row_bytes = cols / block * block_bytes;
+  b->block = block;
+  b->tag = uint64_t(type);
+  b->decode = [type, block, block_bytes](const uint8_t* row, int64_t c0, int64_t n, float* out) {
+    dequantize_row(type, row + c0 / block * block_bytes, out, n);
+  };
+  return b;
 }
 
 float Weight::at(int64_t r, int64_t c) const {

@@ -15,6 +15,7 @@
 namespace flashmap {
 
 struct TensorView;
+enum class GgmlType : uint32_t;
 namespace ops {
 struct PackedWeight;
 }
@@ -30,6 +31,11 @@ struct BlockRows {
   int64_t block = 1;
   uint64_t tag = 0;
   std::function<void(const uint8_t* row, int64_t c0, int64_t n, float* out)> decode;
+
+  // Rows of `cols` values in a GGUF type (Q8_0, Q4_K, ...: io/gguf.h), decoded as ggml does;
+  // `bytes` holds whole rows.
+  static std::shared_ptr<BlockRows> of_ggml(GgmlType type, int64_t cols,
+                                            std::vector<uint8_t> bytes);
 };
 
 // A row-major [rows, cols] matrix of weights in their file dtype (nn.Linear stores [out, in]).
