@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -437,5 +438,38 @@ BENCHMARK(BM_Cholesky)
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+// The pointwise activations of a verify pass and a draft: SwiGLU over 17 rows of Qwen3-8B's MLP
+// (17 × 12288) and of the shipped target's (9 × 1536), GELU over the shipped FlashMap drafter's 8
+// slots × 512. impl 0: ops (16 lanes, polynomial e^x and erf); 1: the C library's expf / erff one
+// value at a time (what they replaced, for the ratio). One thread.
+void BM_Activation(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const bool gelu = state.range(1) != 0, libm = state.range(2) != 0;
+  Rng rng(7);
+  std::vector<float> x(static_cast<size_t>(n)), up(x.size()), y(x.size());
+  for (auto& v : x) v = 3.0f * float(rng.normal());
+  for (auto& v : up) v = float(rng.normal());
+  for (auto _ : state) {
+    if (gelu && libm)
+      for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678f));
+    else if (gelu)
+      ops::gelu(x.data(), n, y.data());
+    else if (libm)
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i])) * up[i];
+    else
+      ops::swiglu(x.data(), up.data(), n, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["ns/value"] = benchmark::Counter(
+      double(n) * double(state.iterations()),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert, benchmark::Counter::kIs1000);
+  state.SetLabel(std::string(gelu ? "gelu" : "swiglu") + (libm ? " libm" : " ops"));
+}
+BENCHMARK(BM_Activation)
+    ->ArgNames({"n", "gelu", "libm"})
+    ->ArgsProduct({{17 * 12288, 9 * 1536}, {0}, {0, 1}})
+    ->ArgsProduct({{8 * 512}, {1}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -229,7 +229,7 @@ std::vector<float> FlashMapModel::time_embed(const TimeEmbed& te, double time) c
   std::vector<float> h(static_cast<size_t>(config_.cond_dim)),
       out(static_cast<size_t>(config_.cond_dim));
   linear(te.l1, emb.data(), 1, h.data());
-  for (auto& x : h) x = ops::silu(x);
+  ops::silu(h.data(), int64_t(h.size()), h.data());
   linear(te.l2, h.data(), 1, out.data());
   return out;
 }
@@ -242,7 +242,8 @@ const FlashMapModel::Modulations& FlashMapModel::time_conditioning(double s, dou
   if (it != time_cache_.end()) return it->second;
   auto cond = time_embed(w_.time_embed, s);
   const auto jump = time_embed(w_.jump_embed, t);
-  for (size_t i = 0; i < cond.size(); ++i) cond[i] = ops::silu(cond[i] + jump[i]);
+  for (size_t i = 0; i < cond.size(); ++i) cond[i] += jump[i];
+  ops::silu(cond.data(), int64_t(cond.size()), cond.data());
   Modulations m;
   const int64_t D3 = 3 * int64_t(config_.hidden_size);
   auto modulation = [&](const Linear& l) {
@@ -426,7 +427,7 @@ void FlashMapModel::forward(const float* inputs, int64_t B, double s, double t,
     // MLP: fc2(gelu(fc1(.))).
     gate = adaln(mods[3 * l + 2]);
     linear(L.fc1, h.data(), N, m.data());
-    for (auto& val : m) val = ops::gelu(val);
+    ops::gelu(m.data(), int64_t(m.size()), m.data());
     linear(L.fc2, m.data(), N, o.data());
     gated_add(gate, o.data());
   }

@@ -321,15 +321,12 @@ void qwen3_layers(std::span<const Qwen3Layer> layers, const Qwen3Config& c, floa
       ops::linear(h.data(), T, L.gate_up, nullptr, stacked_out.data(), pool);
       for (int64_t r = 0; r < T; ++r) {
         const float* g = stacked_out.data() + r * 2 * I;
-        float* out_row = gate.data() + r * I;
-        for (int64_t i = 0; i < I; ++i) out_row[i] = ops::silu(g[i]) * g[I + i];
+        ops::swiglu(g, g + I, I, gate.data() + r * I);
       }
     } else {
       ops::linear(h.data(), T, L.gate, nullptr, gate.data(), pool);
       ops::linear(h.data(), T, L.up, nullptr, up.data(), pool);
-      for (int64_t i = 0; i < T * I; ++i)
-        gate[static_cast<size_t>(i)] =
-            ops::silu(gate[static_cast<size_t>(i)]) * up[static_cast<size_t>(i)];
+      ops::swiglu(gate.data(), up.data(), T * I, gate.data());
     }
     ops::linear(gate.data(), T, L.down, nullptr, tmp.data(), pool);
     add_to_x();

@@ -27,8 +27,6 @@ namespace flashmap {
 namespace ops {
 namespace {
 
-typedef int32_t v16i __attribute__((vector_size(64)));
-
 inline v16f load(const float* p) {
   v16f v;
   std::memcpy(&v, p, sizeof(v));

@@ -114,8 +114,14 @@ void attention(const float* q, int64_t nq, int n_heads, int n_kv_heads, int head
 // In-place softmax of each row (max-subtracted, fp32).
 void softmax_rows(float* x, int64_t rows, int64_t dim);
 
+// SiLU, x / (1 + e^-x), with e^x by a polynomial within 1.3 units in the last place, 16 lanes
+// at a time (y may equal x); swiglu: y[i] = silu(gate[i]) · up[i].
+void silu(const float* x, int64_t n, float* y);
+void swiglu(const float* gate, const float* up, int64_t n, float* y);
 float silu(float x);
-// Exact (erf) GELU, F.gelu's default.
+// Exact (erf) GELU, F.gelu's default: y[i] = x[i]/2 · (1 + erf(x[i]/√2)), erf by polynomials
+// within 1.5e-7 of it, 16 lanes at a time (y may equal x).
+void gelu(const float* x, int64_t n, float* y);
 float gelu(float x);
 
 }  // namespace ops

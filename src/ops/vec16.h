@@ -9,6 +9,7 @@ namespace flashmap::ops {
 namespace {
 
 typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));  // comparisons of v16f give these
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 constexpr int kLanes = 16;

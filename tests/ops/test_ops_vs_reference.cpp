@@ -14,9 +14,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -512,13 +514,13 @@ TEST(OpsVsReference, Softmax) {
   info("softmax_rows", worst, cases);
 }
 
-// silu = x / (1 + expf(−x)): expf's ulp (2u relative, ≤ 2u after the + 1), the sum and the
-// division: |error| ≤ 4u·|y|; plus 1e-36 below x ≈ −88.7, where expf(−x) overflows and silu
-// returns −0 for |x|·eˣ < 3e-37.
-// gelu = x/2 · (1 + erff(x·(1/√2))): the argument's two roundings move erf by at most
-// 2u·|t|·erf'(t) ≤ u, erff's ulp adds 2u, the sum u·|1 + erf| ≤ 2u, so 1 + erf is within 5u
-// absolute (not relative: for x ≪ 0 it cancels, as in F.gelu's fp32 form) and y within
-// 0.5·|x|·5u + u·|y|; the bound is 4u·(|x| + |y|).
+// silu = x / (1 + e^−x): the polynomial e^x's 1.3 units in the last place (≤ 1.3u relative
+// after the + 1), the sum and the division: |error| ≤ 4u·|y|; plus 1e-36 below x ≈ −88.7, where
+// e^−x overflows and silu returns −0 for |x|·eˣ < 3e-37.
+// gelu = x/2 · (1 + erf(x·(1/√2))): the argument's two roundings move erf by at most
+// 2u·|t|·erf'(t) ≤ u, the polynomial erf is within 1.5e-7 = 2.5u of erf, the sum u·|1 + erf| ≤
+// 2u, so 1 + erf is within 5.5u absolute (not relative: for x ≪ 0 it cancels, as in F.gelu's
+// fp32 form) and y within 0.5·|x|·5.5u + u·|y|; the bound is 4u·(|x| + |y|).
 TEST(OpsVsReference, SiluAndGelu) {
   std::vector<float> xs = {0.0f,  -0.0f,  1e-30f, -1e-30f, 1e-3f,  -1e-3f,  0.5f, -0.5f,
                            88.5f, -88.5f, 89.0f,  -89.0f,  100.0f, -100.0f, 1e4f, -1e4f};
@@ -537,6 +539,81 @@ TEST(OpsVsReference, SiluAndGelu) {
   }
   info("silu", expect_within(silu_got, silu_want, silu_bound, "silu"), int64_t(xs.size()));
   info("gelu", expect_within(gelu_got, gelu_want, gelu_bound, "gelu"), int64_t(xs.size()));
+}
+
+// The array form over a dense sweep (2^20 + 3 values: a tail of 3 past the 16-lane groups),
+// every edge of erf's polynomial pieces (x = √2·k) with its float neighbours (around 0 the
+// smallest subnormals, where y is x/2 rounded to a multiple of 2^-149: the bound adds it), and
+// the non-finite values; the scalar form gives the same bits as the array, in place too.
+TEST(OpsVsReference, GeluArrays) {
+  std::vector<float> xs;
+  const int64_t n = (1 << 20) + 3;
+  for (int64_t i = 0; i < n - 48; ++i) xs.push_back(-8.0f + 16.0f * float(i) / float(n));
+  for (int k = -4; k <= 4; ++k) {
+    const float edge = float(std::sqrt(2.0) * k);
+    float x = edge;
+    for (int j = 0; j < 2; ++j) x = std::nextafter(x, -100.0f);
+    for (int j = 0; j < 5; ++j, x = std::nextafter(x, 100.0f)) xs.push_back(x);
+  }
+  while (int64_t(xs.size()) < n) xs.push_back(float(xs.size() % 7) - 3.5f);
+  std::vector<float> got(xs.size());
+  ops::gelu(xs.data(), int64_t(xs.size()), got.data());
+  Vec want(xs.size()), bound(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    want[i] = ref::gelu(xs[i]);
+    bound[i] = 4 * kU * (std::fabs(double(xs[i])) + std::fabs(want[i])) + 0x1p-149;
+  }
+  info("gelu arrays", expect_within(got, want, bound, "gelu"), int64_t(xs.size()));
+  std::vector<float> in_place = xs;
+  ops::gelu(in_place.data(), int64_t(in_place.size()), in_place.data());
+  for (size_t i = 0; i < xs.size(); i += 997) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(ops::gelu(xs[i])), std::bit_cast<uint32_t>(got[i])) << xs[i];
+    EXPECT_EQ(std::bit_cast<uint32_t>(in_place[i]), std::bit_cast<uint32_t>(got[i])) << xs[i];
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isnan(ops::gelu(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(ops::gelu(inf), inf);
+  EXPECT_TRUE(std::isnan(ops::gelu(-inf)));  // −inf · (1 + erf(−inf)) = −inf · 0, as in F.gelu
+  EXPECT_EQ(ops::gelu(100.0f), 100.0f);
+  EXPECT_EQ(ops::gelu(-100.0f), 0.0f);
+}
+
+// silu and swiglu over a dense sweep of [−100, 100] (2^20 + 5 values, a tail of 5), the edges of
+// e^x's clamp (±86, 88.72) with their neighbours and the non-finite values; scalar, array, in
+// place and swiglu's product agree bit for bit.
+TEST(OpsVsReference, SiluArrays) {
+  std::vector<float> xs;
+  const int64_t n = (1 << 20) + 5;
+  for (int64_t i = 0; i < n - 40; ++i) xs.push_back(-100.0f + 200.0f * float(i) / float(n));
+  for (const float edge : {-88.72f, 88.72f, -86.0f, 86.0f, 0.0f}) {
+    float x = edge;
+    for (int j = 0; j < 3; ++j) x = std::nextafter(x, -1000.0f);
+    for (int j = 0; j < 7; ++j, x = std::nextafter(x, 1000.0f)) xs.push_back(x);
+  }
+  while (int64_t(xs.size()) < n) xs.push_back(float(xs.size() % 5) - 2.0f);
+  std::vector<float> got(xs.size()), up(xs.size()), product(xs.size());
+  ops::silu(xs.data(), int64_t(xs.size()), got.data());
+  for (size_t i = 0; i < xs.size(); ++i) up[i] = 1.0f + float(i % 3);
+  ops::swiglu(xs.data(), up.data(), int64_t(xs.size()), product.data());
+  Vec want(xs.size()), bound(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    want[i] = ref::silu(xs[i]);
+    bound[i] = 4 * kU * std::fabs(want[i]) + 1e-36;
+  }
+  info("silu arrays", expect_within(got, want, bound, "silu"), int64_t(xs.size()));
+  for (size_t i = 0; i < xs.size(); i += 331) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(ops::silu(xs[i])), std::bit_cast<uint32_t>(got[i])) << xs[i];
+    EXPECT_EQ(std::bit_cast<uint32_t>(product[i]), std::bit_cast<uint32_t>(got[i] * up[i]))
+        << xs[i];
+  }
+  std::vector<float> in_place = xs;
+  ops::swiglu(in_place.data(), up.data(), int64_t(in_place.size()), in_place.data());
+  EXPECT_EQ(in_place, product);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isnan(ops::silu(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(ops::silu(inf), inf);
+  EXPECT_TRUE(std::isnan(ops::silu(-inf)));  // −inf / (1 + inf), as F.silu's −inf · σ(−inf)
+  EXPECT_EQ(ops::silu(200.0f), 200.0f);
 }
 
 }  // namespace
