@@ -441,7 +441,7 @@ BENCHMARK(BM_Cholesky)
 
 // The pointwise activations of a verify pass and a draft: SwiGLU over 17 rows of Qwen3-8B's MLP
 // (17 × 12288) and of the shipped target's (9 × 1536), GELU over the shipped FlashMap drafter's 8
-// slots × 512. impl 0: ops (16 lanes, polynomial e^x and erf); 1: the C library's expf / erff one
+// slots × 512. libm 0: ops (16 lanes, polynomial e^x and erf); 1: the C library's expf / erff one
 // value at a time (what they replaced, for the ratio). One thread.
 void BM_Activation(benchmark::State& state) {
   const int64_t n = state.range(0);
