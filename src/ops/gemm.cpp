@@ -465,9 +465,11 @@ bool has_bf16_compute() {
 namespace {
 
 // x quantized as ggml quantizes the activations it multiplies with Q8_0 and Q4_0 weights: per row
-// and block of 32, dx = max|x| / 127 and q = roundf(x / dx) (here dx stays fp32). Each row is
-// quantized alone, so rows do not depend on their batch. A non-finite block gets dx = NaN (the
-// outputs become NaN, as fp32 arithmetic would make them) and q = 0.
+// and block of 32, q = roundf(x / (max|x| / 127)) in fp32, and the block's scale dx is that
+// max|x| / 127 rounded to fp16 (a block_q8_0 holds it so; the product then equals llama.cpp's
+// on the same weights). Where ggml's fp16 would overflow (max|x| > 65504 · 127), dx saturates at
+// 65504. Each row is quantized alone, so rows do not depend on their batch. A non-finite block
+// gets dx = NaN (the outputs become NaN, as fp32 arithmetic would make them) and q = 0.
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> qf, d;
@@ -517,7 +519,7 @@ struct QuantizedRows {
     }
     int32_t s = 0;
     for (int i = 0; i < 16; ++i) s += total[i];
-    d[size_t(bi)] = finite ? dx : NAN;
+    d[size_t(bi)] = finite ? f16_to_f32(f32_to_f16(std::min(dx, 65504.0f))) : NAN;
     sum[size_t(bi)] = s;
   }
 };

@@ -40,14 +40,16 @@ std::vector<float> normal(size_t n, uint64_t seed, float sd = 1.0f) {
   return v;
 }
 
-// The x side of an integer product, quantized as ggml quantizes activations (Q8_0): the block's
-// scale dx = amax / 127 (fp32) and its 32 values qx = round(x / dx), returned as doubles.
+// The x side of an integer product, quantized as ggml quantizes activations (quantize_row_q8_0):
+// its 32 values qx = round(x · (1 / (amax / 127))) in fp32, returned as doubles, and the block's
+// scale amax / 127 as its block_q8_0 stores it, in fp16 (saturated at 65504 where fp16 would
+// overflow, as the engine does).
 float quantize_x_block(const float* xb, double* qx) {
   float amax = 0;
   for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
   const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
   for (int i = 0; i < 32; ++i) qx[i] = std::round(xb[i] * id);
-  return dx;
+  return float(_Float16(std::min(dx, 65504.0f)));
 }
 
 // A weight in one storage dtype, holding its bytes.
@@ -229,10 +231,10 @@ TEST(Gemm, Q8AndQ4PackingsAreGgmlQ8_0AndQ4_0ByteForByte) {
 
 // y = Σ_b dot_b · (d_b · dx_b) + bias: ggml's Q8_0 × Q8_0 and Q4_0 × Q8_0 products, with the
 // weights' q and d from the gguf fixture (Q4_0's weight integers are q − 8) and x quantized here
-// by ggml's rule (per row and 32-block: dx = max|x| / 127, q = roundf(x / dx), in fp32 as ggml
-// does), the sums in float64. The kernel's dot products are exact integers, so its only roundings
-// are d · dx and the fp32 sum over the K/32 blocks (and the bias):
-// |error| ≤ (K/32 + 2)·u·(Σ_b |dot_b| d_b dx_b + |bias|).
+// by ggml's rule (per row and 32-block: q = roundf(x / (max|x| / 127)) in fp32, and dx, that
+// max|x| / 127, kept in fp16 as ggml does), the sums in float64. The kernel's dot products are
+// exact integers, so its only roundings are d · dx and the fp32 sum over the K/32 blocks (and the
+// bias): |error| ≤ (K/32 + 2)·u·(Σ_b |dot_b| d_b dx_b + |bias|).
 TEST(Gemm, Q8AndQ4LinearAreGgmlsProductsWithinFp32Rounding) {
   ThreadPool pool(2);
   SafetensorsFile f("tests/fixtures/q8/q8_reference.safetensors");
