@@ -472,4 +472,29 @@ BENCHMARK(BM_Activation)
     ->ArgsProduct({{8 * 512}, {1}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 
+// A FlashMap draft's noise: K · hidden standard normals per sequence (16 × 512 for the shipped
+// drafter, 16 × 4096 at 8B), by 16 lanes against the scalar float64 Box-Muller (Rng::normal) it
+// replaced. One thread.
+void BM_Normals(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const bool scalar = state.range(1) != 0;
+  Rng rng(11);
+  std::vector<float> y(static_cast<size_t>(n));
+  for (auto _ : state) {
+    if (scalar)
+      for (auto& v : y) v = rng.normal();
+    else
+      ops::normals(rng, n, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["ns/value"] = benchmark::Counter(
+      double(n) * double(state.iterations()),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert, benchmark::Counter::kIs1000);
+  state.SetLabel(scalar ? "Rng::normal" : "ops::normals");
+}
+BENCHMARK(BM_Normals)
+    ->ArgNames({"n", "scalar"})
+    ->ArgsProduct({{16 * 512, 16 * 4096}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
+
 BENCHMARK_MAIN();

@@ -483,8 +483,10 @@ void FlashMapModel::draft(std::span<const Request> batch, int steps, float* logi
     std::vector<float> z(static_cast<size_t>(N * TH));
     for (int64_t b = 0; b < B; ++b) {
       const auto& noise = batch[static_cast<size_t>(b)].noise;
-      for (int64_t i = 0; i < K * TH; ++i)
-        z[static_cast<size_t>(b * K * TH + i)] = embed_noise ? noise.data[i] : noise.rng->normal();
+      if (embed_noise)
+        std::copy_n(noise.data, K * TH, z.data() + b * K * TH);
+      else
+        ops::normals(*noise.rng, K * TH, z.data() + b * K * TH);
     }
     if (!noise_factor_weight_.packed) {
       noise_factor_weight_ = Weight{DType::F32, noise_factor().data(), TH, TH};
@@ -501,7 +503,7 @@ void FlashMapModel::draft(std::span<const Request> batch, int steps, float* logi
       if (noise.kind == Noise::Vocab)
         std::copy_n(noise.data, K * V, dst);
       else
-        for (int64_t i = 0; i < K * V; ++i) dst[i] = noise.rng->normal();
+        ops::normals(*noise.rng, K * V, dst);
     }
   }
 

@@ -296,6 +296,43 @@ v16f silu16(v16f x) {
   return x / (1.0f + exp16(-x));
 }
 
+// −2 ln u of each lane, for u in (0, 1): u = m · 2^e with m in [√½, √2), ln m = 2 atanh(s) with
+// s = (m − 1)/(m + 1), |s| ≤ 0.172, by its series to s^11 (truncation below 2e-11), plus e · ln 2
+// (in two parts, the first exact in 9 bits).
+v16f minus_two_ln16(v16f u) {
+  const v16i bits = std::bit_cast<v16i>(u);
+  v16i e = ((bits >> 23) & 0xff) - 127;
+  v16f m = std::bit_cast<v16f>((bits & 0x007fffff) | 0x3f800000);  // [1, 2)
+  const v16i big = m > 1.41421356f;
+  m = big ? m * 0.5f : m;
+  e -= big;  // the comparison is −1 where true
+  const v16f s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+  const v16f series =
+      1.0f +
+      s2 * (1.0f / 3 + s2 * (1.0f / 5 + s2 * (1.0f / 7 + s2 * (1.0f / 9 + s2 * (1.0f / 11)))));
+  const v16f ef = __builtin_convertvector(e, v16f);
+  const v16f ln = (ef * 0.693359375f + 2.0f * s * series) + ef * -2.12194440e-4f;
+  return -2.0f * ln;
+}
+
+// cos and sin of 2π·u for each lane, u in [0, 1): u·4 = q + f with q the nearest integer and
+// |f| ≤ 1/2 (exact), φ = f·π/2 in [−π/4, π/4] by the Taylor series to φ^9 and φ^10 (truncation
+// below 2e-9), then turned by q quarter turns.
+void cos_sin_2pi16(v16f u, v16f& c, v16f& s) {
+  const v16f t = u * 4.0f;
+  const v16i q = __builtin_convertvector(t + 0.5f, v16i);  // t ≥ 0: truncation rounds
+  const v16f phi = (t - __builtin_convertvector(q, v16f)) * 1.57079632679f, p2 = phi * phi;
+  const v16f sp =
+      phi *
+      (1.0f + p2 * (-1.0f / 6 + p2 * (1.0f / 120 + p2 * (-1.0f / 5040 + p2 * (1.0f / 362880)))));
+  const v16f cp =
+      1.0f + p2 * (-0.5f + p2 * (1.0f / 24 + p2 * (-1.0f / 720 +
+                                                   p2 * (1.0f / 40320 + p2 * (-1.0f / 3628800)))));
+  const v16i quarter = q & 3;
+  c = quarter == 0 ? cp : quarter == 1 ? -sp : quarter == 2 ? -cp : sp;
+  s = quarter == 0 ? sp : quarter == 1 ? cp : quarter == 2 ? -sp : -cp;
+}
+
 // y[0, n) by 16 lanes at a time: f(i, m) gives the lanes of elements i … i + m − 1 (m < 16 only
 // for the tail, which goes through the same lanes, so no value depends on where it lies).
 template <class F>
@@ -341,6 +378,24 @@ float gelu(float x) {
   float y;
   gelu(&x, 1, &y);
   return y;
+}
+
+void normals(Rng& rng, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; i += 2 * kLanes) {
+    v16f u1, u2;
+    for (int l = 0; l < kLanes; ++l) {
+      const uint64_t w = rng.next();
+      u1[l] = (float(w >> 41) + 0.5f) * 0x1.0p-23f;  // exact
+      u2[l] = float((w >> 16) & 0xffffff) * 0x1.0p-24f;
+    }
+    v16f c, s;
+    cos_sin_2pi16(u2, c, s);
+    const v16f r2 = minus_two_ln16(u1);
+    v16f r;
+    for (int l = 0; l < kLanes; ++l) r[l] = std::sqrt(r2[l]);
+    const v16f z[2] = {r * c, r * s};
+    std::memcpy(y + i, z, size_t(std::min<int64_t>(n - i, 2 * kLanes)) * sizeof(float));
+  }
 }
 
 }  // namespace ops

@@ -616,5 +616,56 @@ TEST(OpsVsReference, SiluArrays) {
   EXPECT_EQ(ops::silu(200.0f), 200.0f);
 }
 
+// The drafter's noise: each value against float64 Box-Muller on the same draws of the same
+// generator, a call's values a prefix of a longer call's, and 2^20 of them against the standard
+// normal's moments and CDF (Kolmogorov-Smirnov).
+TEST(OpsVsReference, Normals) {
+  const int64_t n = (1 << 20) + 13;
+  Rng rng(2024), twin(2024);
+  std::vector<float> got(static_cast<size_t>(n));
+  ops::normals(rng, n, got.data());
+  Vec want(static_cast<size_t>(n)), bound(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i += 32) {
+    for (int l = 0; l < 16; ++l) {
+      const uint64_t w = twin.next();
+      const double u1 = (double(w >> 41) + 0.5) * 0x1p-23,
+                   u2 = double((w >> 16) & 0xffffff) * 0x1p-24;
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      for (int h = 0; h < 2; ++h) {
+        const int64_t j = i + h * 16 + l;
+        if (j >= n) continue;
+        want[size_t(j)] = r * (h == 0 ? std::cos(2 * M_PI * u2) : std::sin(2 * M_PI * u2));
+        bound[size_t(j)] = 1e-6;
+      }
+    }
+  }
+  info("normals", expect_within(got, want, bound, "normals"), n);
+  EXPECT_EQ(rng.next(), twin.next());  // a tail draws a whole group, no more
+
+  std::vector<float> prefix(45);
+  Rng again(2024);
+  ops::normals(again, 45, prefix.data());
+  EXPECT_TRUE(std::equal(prefix.begin(), prefix.end(), got.begin()));
+
+  double mean = 0, var = 0;
+  for (float z : got) mean += z;
+  mean /= double(n);
+  for (float z : got) var += (z - mean) * (z - mean);
+  var /= double(n - 1);
+  EXPECT_LT(std::fabs(mean), 5 / std::sqrt(double(n)));         // 5 standard errors
+  EXPECT_LT(std::fabs(var - 1), 5 * std::sqrt(2 / double(n)));  // the same for the variance
+  std::vector<float> sorted = got;
+  std::sort(sorted.begin(), sorted.end());
+  double ks = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double cdf = 0.5 * std::erfc(-double(sorted[size_t(i)]) * M_SQRT1_2);
+    ks = std::max(
+        {ks, std::fabs(cdf - double(i) / double(n)), std::fabs(cdf - double(i + 1) / double(n))});
+  }
+  EXPECT_LT(ks * std::sqrt(double(n)), 1.95);  // Kolmogorov's 0.1% critical value
+  EXPECT_LE(*std::max_element(got.begin(), got.end()), 5.8f);
+  EXPECT_GE(*std::min_element(got.begin(), got.end()), -5.8f);
+}
+
 }  // namespace
 }  // namespace flashmap
