@@ -126,10 +126,10 @@ void gelu(const float* x, int64_t n, float* y);
 float gelu(float x);
 
 // n standard normals from rng into y, 32 at a time: Box-Muller in float32 on 16 of rng's 64-bit
-// draws (u1 = (top 23 bits + 1/2) / 2^23, exact and never 0 or 1, so 0 < |z| ≤ sqrt(2 ln 2^24) ≈
-// 5.8; u2 the next 24 bits / 2^24), the first 16 values r·cos 2πu2, the next 16 r·sin 2πu2; ln
-// and sin/cos by their series, within 1e-6 of the float64 values of the same draws. A tail draws a whole group and
-// keeps its first values, so the values of a call are a prefix of a longer call's.
+// draws (u1 = (bits 41–63 + 1/2) / 2^23, exact and never 0 or 1, so 0 < r ≤ sqrt(2 ln 2^24) ≈
+// 5.8; u2 = bits 16–39 / 2^24), the first 16 values r·cos 2πu2, the next 16 r·sin 2πu2; ln and
+// sin/cos by their series, within 1e-6 of the float64 values of the same draws. A tail draws a
+// whole group and keeps its first values, so the values of a call are a prefix of a longer call's.
 void normals(Rng& rng, int64_t n, float* y);
 
 }  // namespace ops
