@@ -41,6 +41,7 @@ SLIM=(
   tests/fixtures/gguf/
   tests/fixtures/quant/
   tests/fixtures/q8/
+  tests/fixtures/llama_cpp/
 )
 CAP=$((64 << 20))
 # What CI holds the transfer to: the cap less room for the tree to grow between device runs.
