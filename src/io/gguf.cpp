@@ -259,6 +259,24 @@ void unpack_q4_k(const uint8_t* block, uint16_t& d, uint16_t& dmin, uint8_t (&sc
     }
 }
 
+void unpack_q6_k(const uint8_t* block, uint16_t& d, int8_t (&sc)[16], uint8_t (&q)[256]) {
+  std::memcpy(sc, block + 192, 16);
+  std::memcpy(&d, block + 208, 2);
+  // Per half of 128: the low 4 bits of codes l and l + 64 in ql[l]'s nibbles (l < 64), the high
+  // 2 bits of codes l, l + 32, l + 64, l + 96 in qh[l] (l < 32), two at a time from bit 0.
+  const uint8_t* ql = block;
+  const uint8_t* qh = block + 128;
+  for (int half = 0; half < 2; ++half, ql += 64, qh += 32) {
+    uint8_t* o = q + 128 * half;
+    for (int l = 0; l < 32; ++l) {
+      o[l] = uint8_t((ql[l] & 0xF) | (qh[l] & 3) << 4);
+      o[l + 32] = uint8_t((ql[l + 32] & 0xF) | (qh[l] >> 2 & 3) << 4);
+      o[l + 64] = uint8_t((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4);
+      o[l + 96] = uint8_t((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4);
+    }
+  }
+}
+
 // The 32 five-bit codes of a Q5_0 or Q5_1 block (low nibbles in qs, fifth bits in the 32-bit qh):
 // f(i, code) for element i.
 template <class F>

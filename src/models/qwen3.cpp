@@ -76,22 +76,31 @@ void check_shape(const GgufTensor& g, const std::string& name, int64_t rows, int
                  fmt::join(std::vector<int64_t>(g.dims.rbegin(), g.dims.rend()), ", "), rows, cols);
 }
 
-// A GGUF's Q4_K matrix g (Checkpoint::gguf_tensor(name)), asked for in an integer format, packed
-// from its blocks as they are (q4k): every weight exact, in fewer bytes than q8.
-std::shared_ptr<const ops::PackedWeight> pack_gguf_q4_k(const Checkpoint& ckpt, const GgufTensor* g,
-                                                        const std::string& name, int64_t rows,
-                                                        int64_t cols, ThreadPool& pool) {
-  FLASHMAP_ASSERT(g->type == GgmlType::Q4_K);
+// A GGUF's Q4_K or Q6_K matrix g (Checkpoint::gguf_tensor(name)), asked for in an integer format,
+// packed from its blocks as they are (q4k, q6k): every weight exact, in fewer bytes than q8.
+std::shared_ptr<const ops::PackedWeight> pack_gguf_k_quant(const Checkpoint& ckpt,
+                                                           const GgufTensor* g,
+                                                           const std::string& name, int64_t rows,
+                                                           int64_t cols, ThreadPool& pool) {
   check_shape(*g, name, rows, cols);
-  const int64_t row_bytes = cols / ops::kQ4KBlock * ggml_block_bytes(GgmlType::Q4_K);
+  const int64_t block_bytes = ggml_block_bytes(g->type);
+  const int64_t row_bytes = cols / ops::kQ4KBlock * block_bytes;
   FLASHMAP_ASSERT(uint64_t(rows * row_bytes) == g->bytes);
-  auto packed = ops::pack_q4k(
-      rows, cols,
-      [&](int64_t n, int64_t s, ops::Q4KBlock& b) {
-        unpack_q4_k(g->data + n * row_bytes + s * ggml_block_bytes(GgmlType::Q4_K), b.d, b.dmin,
-                    b.sc, b.m, b.q);
-      },
-      fmt::format("{}: {}", g->file, name), pool);
+  const auto at = [&](int64_t n, int64_t s) { return g->data + n * row_bytes + s * block_bytes; };
+  const std::string what = fmt::format("{}: {}", g->file, name);
+  std::shared_ptr<const ops::PackedWeight> packed;
+  if (g->type == GgmlType::Q4_K)
+    packed = ops::pack_q4k(
+        rows, cols,
+        [&](int64_t n, int64_t s, ops::Q4KBlock& b) {
+          unpack_q4_k(at(n, s), b.d, b.dmin, b.sc, b.m, b.q);
+        },
+        what, pool);
+  else
+    packed = ops::pack_q6k(
+        rows, cols,
+        [&](int64_t n, int64_t s, ops::Q6KBlock& b) { unpack_q6_k(at(n, s), b.d, b.sc, b.q); },
+        what, pool);
   ckpt.release_gguf_tensor(*g);
   return packed;
 }
@@ -115,18 +124,19 @@ Weight gguf_block_table(const Checkpoint& ckpt, const GgufTensor& g, const std::
 
 Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols,
                    ops::WeightFormat format, ThreadPool& pool, bool keep) {
-  // A GGUF tensor quantized with more than 4 bits per weight (Q5_*, Q6_K, Q8_0: Q4_K_M's v, down
-  // and output) is not cut to 4 bits: q4 holds it as q8.
+  // A GGUF tensor quantized with more than 4 bits per weight (Q5_*, Q8_0) is not cut to 4 bits:
+  // q4 holds it as q8. Q4_K and Q6_K matrices (Q4_K_M's; its v, down and output are Q6_K) keep
+  // their blocks in either format.
   const GgufTensor* g = ops::is_integer(format) ? ckpt.gguf_tensor(name) : nullptr;
   if (g && format == ops::WeightFormat::Q4 &&
       (g->type == GgmlType::Q5_0 || g->type == GgmlType::Q5_1 || g->type == GgmlType::Q5_K ||
-       g->type == GgmlType::Q6_K || g->type == GgmlType::Q8_0))
+       g->type == GgmlType::Q8_0))
     format = ops::WeightFormat::Q8;
-  if (g && g->type == GgmlType::Q4_K && !keep) {
+  if (g && (g->type == GgmlType::Q4_K || g->type == GgmlType::Q6_K) && !keep) {
     Weight w;
     w.rows = rows;
     w.cols = cols;
-    w.packed = pack_gguf_q4_k(ckpt, g, name, rows, cols, pool);
+    w.packed = pack_gguf_k_quant(ckpt, g, name, rows, cols, pool);
     return w;
   }
   const TensorView& t = ckpt.get(name, {rows, cols});

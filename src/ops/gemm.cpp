@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -285,46 +286,39 @@ std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
   return P;
 }
 
-std::shared_ptr<const PackedWeight> pack_q4k(
-    int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q4KBlock&)>& block,
-    const std::string& what, ThreadPool& pool) {
+namespace {
+
+// A super-block format's panels (q4k, q6k): `block(n, s, b)` gives row n's super-block s (k from
+// 256 s), whose d (and dmin) `finite(b)` checks, and `store(b, sb, j)` writes it into the panel's
+// super-block at sb as column j; rows past the matrix stay zero.
+template <class Block, class Finite, class Store>
+std::shared_ptr<PackedWeight> pack_super(int64_t rows, int64_t cols, int64_t super_bytes,
+                                         const char* type,
+                                         const std::function<void(int64_t, int64_t, Block&)>& block,
+                                         const Finite& finite, const Store& store,
+                                         const std::string& what, ThreadPool& pool) {
   FLASHMAP_CHECK(cols % kQ4KBlock == 0,
-                 "{}: a Q4_K matrix needs the input size to be a multiple of {}, but it is {}",
-                 what, kQ4KBlock, cols);
-  constexpr int kSub = kernel::kQ4KBlocks;
-  constexpr int64_t kQ = kernel::kQ4Bytes, kHead = kernel::kQ4KHeadBytes;
-  constexpr int64_t kSuper = kernel::kQ4KSuperBytes;
+                 "{}: a {} matrix needs the input size to be a multiple of {}, but it is {}", what,
+                 type, kQ4KBlock, cols);
   auto P = std::make_shared<PackedWeight>();
   P->dtype = DType::F32;
-  P->q4k = true;
   P->rows = rows;
   P->cols = cols;
   P->panels = (rows + kPanel - 1) / kPanel;
-  P->panel_bytes = cols / kQ4KBlock * kSuper;
+  P->panel_bytes = cols / kQ4KBlock * super_bytes;
   P->data = {alloc_panels(P->bytes()), std::free};
   std::memset(P->data.get(), 0, size_t(P->bytes()));
   auto body = [&](int64_t p0, int64_t p1) {
-    Q4KBlock qb;
+    Block b;
     for (int64_t p = p0; p < p1; ++p)
       for (int j = 0; j < kPanel && p * kPanel + j < rows; ++j) {
         const int64_t n = p * kPanel + j;
         for (int64_t s = 0; s < cols / kQ4KBlock; ++s) {
-          block(n, s, qb);
-          FLASHMAP_CHECK(std::isfinite(f16_to_f32(qb.d)) && std::isfinite(f16_to_f32(qb.dmin)),
-                         "{}: row {} has a Q4_K block (k from {}) whose d or dmin is not finite",
-                         what, n, s * kQ4KBlock);
-          uint8_t* sb = P->data.get() + p * P->panel_bytes + s * kSuper;
-          for (int b = 0; b < kSub; ++b) {
-            uint8_t q[kQ8Block];
-            for (int i = 0; i < kQ8Block; ++i) q[i] = qb.q[b * kQ8Block + i] & 15;
-            Q4Rule::store(q, sb + kHead + b * kQ, j);
-            uint8_t* sm = sb + b / 2 * kPanel * 4 + j * 4 + b % 2 * 2;
-            sm[0] = qb.sc[b] & 63;
-            sm[1] = qb.m[b] & 63;
-          }
-          const uint16_t neg_dmin = qb.dmin ^ 0x8000;
-          std::memcpy(sb + 4 * kPanel * 4 + j * 2, &qb.d, 2);
-          std::memcpy(sb + 4 * kPanel * 4 + kPanel * 2 + j * 2, &neg_dmin, 2);
+          block(n, s, b);
+          FLASHMAP_CHECK(finite(b), "{}: row {} has a {} block (k from {}) whose {} not finite",
+                         what, n, type, s * kQ4KBlock,
+                         std::is_same_v<Block, Q4KBlock> ? "d or dmin is" : "d is");
+          store(b, P->data.get() + p * P->panel_bytes + s * super_bytes, j);
         }
       }
   };
@@ -332,6 +326,64 @@ std::shared_ptr<const PackedWeight> pack_q4k(
     body(0, P->panels);
   else
     pool.parallel_for(P->panels, 8, body);
+  return P;
+}
+
+}  // namespace
+
+std::shared_ptr<const PackedWeight> pack_q4k(
+    int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q4KBlock&)>& block,
+    const std::string& what, ThreadPool& pool) {
+  constexpr int64_t kQ = kernel::kQ4Bytes, kHead = kernel::kQ4KHeadBytes;
+  const auto finite = [](const Q4KBlock& b) {
+    return std::isfinite(f16_to_f32(b.d)) && std::isfinite(f16_to_f32(b.dmin));
+  };
+  const auto store = [](const Q4KBlock& qb, uint8_t* sb, int j) {
+    for (int b = 0; b < kernel::kQ4KBlocks; ++b) {
+      uint8_t q[kQ8Block];
+      for (int i = 0; i < kQ8Block; ++i) q[i] = qb.q[b * kQ8Block + i] & 15;
+      Q4Rule::store(q, sb + kHead + b * kQ, j);
+      uint8_t* sm = sb + b / 2 * kPanel * 4 + j * 4 + b % 2 * 2;
+      sm[0] = qb.sc[b] & 63;
+      sm[1] = qb.m[b] & 63;
+    }
+    const uint16_t neg_dmin = qb.dmin ^ 0x8000;
+    std::memcpy(sb + 4 * kPanel * 4 + j * 2, &qb.d, 2);
+    std::memcpy(sb + 4 * kPanel * 4 + kPanel * 2 + j * 2, &neg_dmin, 2);
+  };
+  auto P = pack_super<Q4KBlock>(rows, cols, kernel::kQ4KSuperBytes, "Q4_K", block, finite, store,
+                                what, pool);
+  P->q4k = true;
+  return P;
+}
+
+std::shared_ptr<const PackedWeight> pack_q6k(
+    int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q6KBlock&)>& block,
+    const std::string& what, ThreadPool& pool) {
+  constexpr int64_t kLow = kernel::kQ4Bytes, kHead = kernel::kQ6KHeadBytes;
+  constexpr int64_t kBlock = kLow + kernel::kQ6HighBytes;
+  const auto finite = [](const Q6KBlock& b) { return std::isfinite(f16_to_f32(b.d)); };
+  const auto store = [](const Q6KBlock& qb, uint8_t* sb, int j) {
+    for (int h = 0; h < 16; ++h) sb[h / 4 * kPanel * 4 + j * 4 + h % 4] = uint8_t(qb.sc[h] + 128);
+    std::memcpy(sb + 4 * kPanel * 4 + j * 2, &qb.d, 2);
+    for (int b = 0; b < kernel::kQ4KBlocks; ++b) {
+      const uint8_t* q = qb.q + b * kQ8Block;
+      uint8_t low[kQ8Block];
+      for (int i = 0; i < kQ8Block; ++i) low[i] = q[i] & 15;
+      uint8_t* blk = sb + kHead + b * kBlock;
+      Q4Rule::store(low, blk, j);
+      // Group g's high bits in quad g / 4, at bits 2 (g % 4) of each of its 4 bytes.
+      for (int quad = 0; quad < 2; ++quad)
+        for (int k = 0; k < 4; ++k) {
+          uint8_t v = 0;
+          for (int t = 0; t < 4; ++t) v |= uint8_t((q[(4 * quad + t) * 4 + k] >> 4 & 3) << (2 * t));
+          blk[kLow + quad * kPanel * 4 + j * 4 + k] = v;
+        }
+    }
+  };
+  auto P = pack_super<Q6KBlock>(rows, cols, kernel::kQ6KSuperBytes, "Q6_K", block, finite, store,
+                                what, pool);
+  P->q6k = true;
   return P;
 }
 
@@ -343,6 +395,7 @@ std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* con
   P->q8 = first.q8;
   P->q4 = first.q4;
   P->q4k = first.q4k;
+  P->q6k = first.q6k;
   P->bf16_dot = first.bf16_dot;
   P->cols = first.cols;
   P->panel_bytes = first.panel_bytes;
@@ -473,10 +526,14 @@ namespace {
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> qf, d;
-  std::vector<int32_t> sum;
+  std::vector<int32_t> sum, half_sum;  // Σ q of each block, and of each half of one
 
   QuantizedRows(const float* x, int64_t M, int64_t K, int64_t ldx)
-      : q(size_t(M * K)), qf(size_t(M * K)), d(size_t(M * K / kQ8Block)), sum(d.size()) {
+      : q(size_t(M * K)),
+        qf(size_t(M * K)),
+        d(size_t(M * K / kQ8Block)),
+        sum(d.size()),
+        half_sum(2 * d.size()) {
     const int64_t KB = K / kQ8Block;
     for (int64_t m = 0; m < M; ++m)
       for (int64_t b = 0; b < KB; ++b)
@@ -509,16 +566,19 @@ struct QuantizedRows {
       finite &= std::isfinite(a0[i]) && std::isfinite(a1[i]);
     }
     const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
-    v16i total = {};
+    int32_t s = 0;
     for (int h = 0; h < 2; ++h) {
       const v16i qi = finite ? round_away(x[h] * id) : v16i{};
-      total += qi;
       const v16f qv = __builtin_convertvector(qi, v16f);
       std::memcpy(qf.data() + at + h * 16, &qv, sizeof(qv));
-      for (int i = 0; i < 16; ++i) q[size_t(at + h * 16 + i)] = int8_t(qi[i]);
+      int32_t hs = 0;
+      for (int i = 0; i < 16; ++i) {
+        q[size_t(at + h * 16 + i)] = int8_t(qi[i]);
+        hs += qi[i];
+      }
+      half_sum[size_t(2 * bi + h)] = hs;
+      s += hs;
     }
-    int32_t s = 0;
-    for (int i = 0; i < 16; ++i) s += total[i];
     d[size_t(bi)] = finite ? f16_to_f32(f32_to_f16(std::min(dx, 65504.0f))) : NAN;
     sum[size_t(bi)] = s;
   }
@@ -585,6 +645,7 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
   const kernel::Format format = P->q8                     ? kernel::kQ8
                                 : P->q4                   ? kernel::kQ4
                                 : P->q4k                  ? kernel::kQ4K
+                                : P->q6k                  ? kernel::kQ6K
                                 : P->bf16_dot             ? kernel::kBF16Dot
                                 : P->dtype == DType::BF16 ? kernel::kBF16
                                 : P->dtype == DType::F16  ? kernel::kF16
@@ -598,6 +659,7 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
     a.qxf = xq->qf.data();
     a.dx = xq->d.data();
     a.sx = xq->sum.data();
+    a.sx16 = xq->half_sum.data();
   }
   Kernel fn = active_kernel(a.vnni);
   if (P->bf16_dot) {

@@ -62,12 +62,15 @@ WeightFormat weight_format(const std::string& weights, const std::string& comput
 // then the 32 columns' fp16 scales. q4k (ggml's Q4_K, held exactly as a GGUF file holds it: see
 // pack_q4k): the panel is K/256 super-blocks, each a head (per pair of blocks [32 columns]
 // [sc, m, sc, m] bytes, then the 32 columns' fp16 d and their fp16 −dmin) and 8 blocks of q4's
-// nibble layout (q itself, 0…15).
+// nibble layout (q itself, 0…15). q6k (ggml's Q6_K, held exactly: see pack_q6k): the panel is
+// K/256 super-blocks, each a head (the 16 int8 scales of each column, + 128, then the 32 columns'
+// fp16 d) and 8 blocks, each q4's nibbles of the low 4 bits of q (0…63) and their high 2 bits.
 struct PackedWeight {
   DType dtype = DType::F32;
   bool q8 = false;
   bool q4 = false;
   bool q4k = false;
+  bool q6k = false;
   bool bf16_dot = false;
   int64_t rows = 0, cols = 0;  // N, K
   int64_t panels = 0;          // ceil(N / 32); the last one zero-padded
@@ -76,12 +79,12 @@ struct PackedWeight {
 
   const uint8_t* panel(int64_t p) const { return data.get() + p * panel_bytes; }
   // Products with integer weights (q8, q4) quantize the rows of x first.
-  bool integer() const { return q8 || q4 || q4k; }
+  bool integer() const { return q8 || q4 || q4k || q6k; }
   int64_t bytes() const { return panels * panel_bytes; }
   // Whether `o` is held in the same format with the same input size (stack_rows can join them).
   bool same_layout(const PackedWeight& o) const {
-    return dtype == o.dtype && q8 == o.q8 && q4 == o.q4 && q4k == o.q4k && bf16_dot == o.bf16_dot &&
-           cols == o.cols && panel_bytes == o.panel_bytes;
+    return dtype == o.dtype && q8 == o.q8 && q4 == o.q4 && q4k == o.q4k && q6k == o.q6k &&
+           bf16_dot == o.bf16_dot && cols == o.cols && panel_bytes == o.panel_bytes;
   }
 };
 
@@ -104,6 +107,19 @@ constexpr int kQ4KBlock = 256;  // k per Q4_K super-block
 // dmin must be finite (`what` names the tensor in errors).
 std::shared_ptr<const PackedWeight> pack_q4k(
     int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q4KBlock&)>& block,
+    const std::string& what, ThreadPool& pool);
+
+// One super-block of ggml's Q6_K, unpacked: weight k is d · sc[k / 16] · (q[k] − 32) with d fp16
+// (its bits), sc int8, q 6-bit.
+struct Q6KBlock {
+  uint16_t d = 0;
+  int8_t sc[16] = {};
+  uint8_t q[256] = {};
+};
+// As pack_q4k, for Q6_K blocks: every weight d · sc · (q − 32) exactly (ggml's dequantization
+// rounds it to fp32), at 6.5625 bits per weight; d must be finite.
+std::shared_ptr<const PackedWeight> pack_q6k(
+    int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q6KBlock&)>& block,
     const std::string& what, ThreadPool& pool);
 
 // Matrices packed alike (same format and input size), stacked along their output rows: one

@@ -47,6 +47,13 @@ struct V {
     return _mm512_and_si512(_mm512_srli_epi32(raw, unsigned(4 * hi)),
                             _mm512_set1_epi32(0x0f0f0f0f));
   }
+  static I with_high(I low, I raw, int t) {
+    const I at4 = t < 2    ? _mm512_slli_epi32(raw, unsigned(4 - 2 * t))
+                  : t == 2 ? raw
+                           : _mm512_srli_epi32(raw, 2);
+    // (at4 & 0x30303030) | low in one instruction.
+    return _mm512_ternarylogic_epi32(at4, _mm512_set1_epi32(0x30303030), low, 0xea);
+  }
   static __mmask16 mask(int n) { return __mmask16((1u << n) - 1); }
   static R load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
   static void store(float* p, R v) { _mm512_storeu_ps(p, v); }
@@ -64,7 +71,9 @@ struct V {
     return _mm512_cvtepi32_ps(v);
   }
   template <int Q>
-  static constexpr int kIntOffset = Q == kQ8 ? 128 : 8;
+  static constexpr int kIntOffset = Q == kQ8    ? 128
+                                    : Q == kQ6K ? 32
+                                                : 8;
   template <int Q>
   static I int_begin(I start) {
     return start;

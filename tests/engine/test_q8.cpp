@@ -96,23 +96,31 @@ TEST_P(IntegerWeights, LogitsStayCloseToTheNativeModel) {
   test::expect_logits_close_to_native(f.format, f.name, f.nmse_max, f.argmax_min);
 }
 
-// A Q4_K_M GGUF read in place keeps its Q4_K matrices' weights (q4k) and holds its Q6_K ones as
-// q8 in either format, so its logits are closer to the file's own (dequantized, native) model than
-// those of its F32 copy requantized (measured NMSE 0.0018 in place, where the activations' int8
-// grid is most of it, against 0.0020 for the copy in q8 and 0.10 in q4), in 0.77 of q8's bytes.
-TEST_P(IntegerWeights, AGgufTargetKeepsItsQ4_KWeights) {
+// A Q4_K_M GGUF read in place keeps the weights of its Q4_K matrices (q4k) and of its Q6_K ones
+// (v, down and the head: q6k) in either format, so its logits are closer to the file's own
+// (dequantized, native) model than those of its F32 copy requantized (measured NMSE 0.0010 in
+// place, where the activations' int8 grid is all of it, against 0.0022 for the copy in q8 and
+// 0.10 in q4; 0.0018 in place when the Q6_K matrices were requantized to q8), in 0.66 of q8's
+// bytes.
+TEST_P(IntegerWeights, AGgufTargetKeepsItsQ4_KAndQ6_KWeights) {
   const Format f = GetParam();
   const GgufFolders dirs;
   const Qwen3Model native(dirs.copied), in_place(dirs.linked, nullptr, f.format),
       requantized(dirs.copied, nullptr, f.format);
+  EXPECT_TRUE(in_place.lm_head().packed->q6k);
+  EXPECT_TRUE(in_place.layers()[0].down.packed->q6k);
+  const Qwen3Layer& l0 = in_place.layers()[0];
+  EXPECT_TRUE((l0.gate_up.packed ? l0.gate_up : l0.gate).packed->q4k);
   const auto a = test::logit_agreement(native, in_place);
   const auto b = test::logit_agreement(native, requantized);
   std::cout << "[ info ] Q4_K_M GGUF, " << f.name << ": logit NMSE against its native model "
-            << a.nmse << " in place, " << b.nmse << " for its F32 copy\n";
-  EXPECT_LT(a.nmse, 3e-3);
+            << a.nmse << " in place, " << b.nmse << " for its F32 copy; "
+            << double(in_place.packed_bytes()) / double(requantized.packed_bytes())
+            << " of the copy's bytes\n";
+  EXPECT_LT(a.nmse, 1.5e-3);
   EXPECT_LT(a.nmse, b.nmse);
   if (f.format == WeightFormat::Q8) {
-    EXPECT_LT(double(in_place.packed_bytes()), 0.8 * double(requantized.packed_bytes()));
+    EXPECT_LT(double(in_place.packed_bytes()), 0.7 * double(requantized.packed_bytes()));
   }
 }
 

@@ -461,6 +461,112 @@ TEST(Gemm, Q4KHoldsGgmlsQ4_KWeightsExactly) {
               HasSubstr("w: row 2 has a Q4_K block (k from 0) whose d or dmin is not finite"));
 }
 
+// Q6_K blocks held as q6k: each output is ggml's Q6_K weights, d · sc · (q − 32) exactly (the
+// codes checked against dequantize_row, which rounds each to fp32), times x quantized as for q8,
+// within the kernel's fp32 roundings: (d · sc) · dx and one fused add per half block (the dot
+// products are exact integers). Every instruction set gives the same bits, and a row the same
+// bits in any batch. On the fixture's Q6_K tensor (3 × 512) and on random blocks (45 × 768).
+TEST(Gemm, Q6KHoldsGgmlsQ6_KWeightsExactly) {
+  ThreadPool pool(2);
+  IsaGuard guard;
+  constexpr int64_t kBytes = 210;  // a Q6_K block
+  const auto check = [&](const uint8_t* blocks, int64_t N, int64_t K, const std::string& what) {
+    const int64_t SB = K / 256, KH = K / 16, row_bytes = SB * kBytes;
+    std::vector<double> s(size_t(N * KH));  // d · sc of each half block
+    std::vector<int> code(size_t(N * K));   // q − 32
+    std::vector<float> w(static_cast<size_t>(K));
+    for (int64_t n = 0; n < N; ++n) {
+      dequantize_row(GgmlType::Q6_K, blocks + n * row_bytes, w.data(), K);
+      for (int64_t sb = 0; sb < SB; ++sb) {
+        uint16_t d;
+        int8_t sc[16];
+        uint8_t q[256];
+        unpack_q6_k(blocks + n * row_bytes + sb * kBytes, d, sc, q);
+        for (int i = 0; i < 256; ++i) {
+          const int64_t k = sb * 256 + i;
+          code[size_t(n * K + k)] = int(q[i]) - 32;
+          s[size_t(n * KH + k / 16)] = ref::f16_value(d) * sc[i / 16];
+          ASSERT_EQ(w[size_t(k)], float(s[size_t(n * KH + k / 16)] * code[size_t(n * K + k)]))
+              << what << " row " << n << " col " << k;
+        }
+      }
+    }
+    Weight W;
+    W.rows = N;
+    W.cols = K;
+    W.packed = ops::pack_q6k(
+        N, K,
+        [&](int64_t n, int64_t sb, ops::Q6KBlock& b) {
+          unpack_q6_k(blocks + n * row_bytes + sb * kBytes, b.d, b.sc, b.q);
+        },
+        what, pool);
+    EXPECT_EQ(W.packed->bytes(), (N + 31) / 32 * 32 * K * 105 / 128) << "6.5625 bits a weight";
+    std::vector<float> first;
+    for (const Isa isa : isas()) {
+      ops::set_isa(isa);
+      for (const int64_t M : {1, 2, 3, 5, 9, 17, 33}) {
+        auto x = normal(size_t(M * K), 21 + uint64_t(M));
+        for (int i = 0; i < 32; ++i) x[size_t(64 + i)] = 0.0f;  // a zero block: dx = 0
+        const auto bias = normal(size_t(N), 22);
+        std::vector<float> y(size_t(M * N));
+        ops::linear(x.data(), M, W, bias.data(), y.data(), pool);
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t n = 0; n < N; ++n) {
+            double want = bias[size_t(n)], mag = std::fabs(bias[size_t(n)]);
+            for (int64_t b = 0; b < K / 32; ++b) {
+              double qx[32];
+              const float dx = quantize_x_block(x.data() + r * K + b * 32, qx);
+              for (int h = 0; h < 2; ++h) {
+                double dot = 0, dabs = 0;
+                for (int i = 16 * h; i < 16 * h + 16; ++i) {
+                  dot += code[size_t(n * K + b * 32 + i)] * qx[i];
+                  dabs += std::fabs(code[size_t(n * K + b * 32 + i)] * qx[i]);
+                }
+                const double sh = s[size_t(n * KH + 2 * b + h)];
+                want += dot * sh * dx;
+                mag += dabs * std::fabs(sh) * dx;
+              }
+            }
+            ASSERT_LE(std::fabs(double(y[size_t(r * N + n)]) - want),
+                      double(2 * KH + 3) * 0x1p-24 * mag)
+                << what << " " << ops::isa_name(isa) << " M " << M << " row " << r << " col " << n;
+          }
+        if (M == 33) {
+          if (first.empty()) first = y;
+          EXPECT_TRUE(same_bits(y, first)) << what << ": " << ops::isa_name(isa);
+          std::vector<float> one(static_cast<size_t>(N));
+          ops::linear(x.data() + 20 * K, 1, W, bias.data(), one.data(), pool);
+          EXPECT_EQ(std::memcmp(one.data(), y.data() + 20 * N, size_t(N) * 4), 0)
+              << what << ": " << ops::isa_name(isa);
+        }
+      }
+    }
+  };
+  GgufFile g("tests/fixtures/gguf/quants.gguf");
+  const GgufTensor& t = g.tensor("q6_k");
+  ASSERT_EQ(t.type, GgmlType::Q6_K);
+  check(t.data, t.rows(), t.dims[0], "quants.gguf q6_k");
+  // Random blocks: every code and int8 scale random (−128 included), d a finite fp16 of either
+  // sign.
+  const int64_t N = 45, K = 768;
+  std::vector<uint8_t> blocks(size_t(N * K / 256 * kBytes));
+  Rng rng(8);
+  for (auto& b : blocks) b = uint8_t(rng.next());
+  for (int64_t blk = 0; blk < N * K / 256; ++blk) {
+    const uint16_t d = f32_to_f16(float(rng.uniform() - 0.5) * 0.02f);
+    std::memcpy(blocks.data() + blk * kBytes + 208, &d, 2);
+    if (blk == 3) blocks[size_t(blk * kBytes + 192)] = 0x80;  // sc −128
+  }
+  check(blocks.data(), N, K, "random Q6_K blocks");
+
+  const auto zero = [](int64_t, int64_t, ops::Q6KBlock&) {};
+  EXPECT_THAT(error_of([&] { ops::pack_q6k(4, 320, zero, "w", pool); }),
+              HasSubstr("w: a Q6_K matrix needs the input size to be a multiple of 256"));
+  const auto inf = [](int64_t n, int64_t, ops::Q6KBlock& b) { b.d = n == 2 ? 0x7c00 : 0; };
+  EXPECT_THAT(error_of([&] { ops::pack_q6k(4, 256, inf, "w", pool); }),
+              HasSubstr("w: row 2 has a Q6_K block (k from 0) whose d is not finite"));
+}
+
 TEST(Gemm, IntegerFormatsRefuseShapesAndValuesTheyCannotHold) {
   ThreadPool pool(1);
   for (const auto& [format, name] : {std::pair{WeightFormat::Q8, std::string("q8")},
