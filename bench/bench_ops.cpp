@@ -80,7 +80,8 @@ struct Problem {
 
 // Random weights of N x K in `dtype` (packed as `format`), in enough copies to fill `total_bytes`
 // (cycling through copies that overflow the 32 MiB L3 streams every weight from memory, as a decode
-// step does). k_quant 4 or 6: random Q4_K or Q6_K blocks held as q4k or q6k instead.
+// step does). k_quant 4, 5 or 6: random Q4_K, Q5_K or Q6_K blocks held as q4k, q5k or q6k
+// instead.
 Problem make_problem(int64_t M, int64_t N, int64_t K, DType dtype, ops::WeightFormat format,
                      size_t total_bytes, int k_quant = 0) {
   Problem p;
@@ -110,9 +111,9 @@ Problem make_problem(int64_t M, int64_t N, int64_t K, DType dtype, ops::WeightFo
           "bench", ThreadPool::global());
       continue;
     }
-    if (k_quant == 4) {
-      // Random Q4_K blocks (the values do not change the cost).
-      p.w.back().packed = ops::pack_q4k(
+    if (k_quant == 4 || k_quant == 5) {
+      // Random Q4_K or Q5_K blocks (the values do not change the cost).
+      p.w.back().packed = (k_quant == 4 ? ops::pack_q4k : ops::pack_q5k)(
           N, K,
           [&](int64_t n, int64_t s, ops::Q4KBlock& b) {
             Rng r(uint64_t(c * N + n) * 64 + uint64_t(s));
@@ -120,7 +121,7 @@ Problem make_problem(int64_t M, int64_t N, int64_t K, DType dtype, ops::WeightFo
             b.dmin = f32_to_f16(0.005f);
             for (int j = 0; j < 8; ++j)
               b.sc[j] = uint8_t(r.next() & 63), b.m[j] = uint8_t(r.next() & 63);
-            for (auto& q : b.q) q = uint8_t(r.next() & 15);
+            for (auto& q : b.q) q = uint8_t(r.next() & (k_quant == 4 ? 15 : 31));
           },
           "bench", ThreadPool::global());
       continue;
@@ -136,7 +137,8 @@ Problem make_problem(int64_t M, int64_t N, int64_t K, DType dtype, ops::WeightFo
 void BM_Linear(benchmark::State& state) {
   const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
   // range(3): 0 f32, 1 bf16, 2 bf16 packed as q8, 3 bf16 in the bf16 compute mode, 4 bf16
-  // packed as q4, 5 Q4_K blocks held as q4k (a GGUF's), 6 Q6_K blocks held as q6k
+  // packed as q4, 5 Q4_K blocks held as q4k (a GGUF's), 6 Q6_K blocks held as q6k, 7 Q5_K
+  // blocks held as q5k
   const DType dtype = state.range(3) ? DType::BF16 : DType::F32;
   const bool bf16_compute = state.range(3) == 3;
   if (bf16_compute && !ops::has_bf16_compute())
@@ -149,12 +151,16 @@ void BM_Linear(benchmark::State& state) {
   // Cold: enough copies that the packed bytes overflow the L3 (streamed from memory, as a decode
   // step's weights are); q8 and q4 pack a bf16 matrix to ~1/2 and ~1/4 of its bytes, so they
   // need 2 and 4 times the copies.
-  const bool q4k = state.range(3) == 5, q6k = state.range(3) == 6;
-  const size_t cold_bytes = size_t(state.range(3) == 2 || q6k   ? 192
-                                   : state.range(3) == 4 || q4k ? 384
-                                                                : 96)
+  const bool q4k = state.range(3) == 5, q6k = state.range(3) == 6, q5k = state.range(3) == 7;
+  const size_t cold_bytes = size_t(state.range(3) == 2 || q6k || q5k ? 192
+                                   : state.range(3) == 4 || q4k      ? 384
+                                                                     : 96)
                             << 20;
-  Problem p = make_problem(M, N, K, dtype, format, cold ? cold_bytes : 0, q4k ? 4 : q6k ? 6 : 0);
+  Problem p = make_problem(M, N, K, dtype, format, cold ? cold_bytes : 0,
+                           q4k   ? 4
+                           : q5k ? 5
+                           : q6k ? 6
+                                 : 0);
   ThreadPool& pool = ThreadPool::global();
   size_t next = 0;
   for (auto _ : state) {
@@ -179,6 +185,7 @@ void BM_Linear(benchmark::State& state) {
   state.SetLabel(std::string(state.range(3) == 2   ? "q8"
                              : state.range(3) == 4 ? "q4"
                              : q4k                 ? "q4k"
+                             : q5k                 ? "q5k"
                              : q6k                 ? "q6k"
                              : bf16_compute        ? "bf16-compute"
                              : dtype == DType::F32 ? "f32"
@@ -220,11 +227,11 @@ void LmHead(benchmark::internal::Benchmark* b) {
 // Qwen3-8B's layer products (q+k+v 6144 × 4096 as three, o 4096², gate and up 12288 × 4096, down
 // 4096 × 12288) and its lm_head, streamed from memory, at a decode step's row and a verify pass's
 // 17: bf16 weights multiplied in fp32 (fmt 1), the bf16 compute mode (fmt 3), q8 (2), q4 (4) and
-// a GGUF's Q4_K and Q6_K held as q4k (5) and q6k (6).
+// a GGUF's Q4_K, Q5_K and Q6_K held as q4k (5), q5k (7) and q6k (6).
 void Qwen3_8B(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "N", "K", "fmt", "cold"});
   for (const int64_t m : {1, 17})
-    for (const int64_t fmt : {1, 3, 2, 4, 5, 6}) {
+    for (const int64_t fmt : {1, 3, 2, 4, 5, 7, 6}) {
       b->Args({m, 4096, 4096, fmt, 1});
       b->Args({m, 12288, 4096, fmt, 1});
       b->Args({m, 4096, 12288, fmt, 1});

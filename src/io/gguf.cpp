@@ -259,6 +259,21 @@ void unpack_q4_k(const uint8_t* block, uint16_t& d, uint16_t& dmin, uint8_t (&sc
     }
 }
 
+void unpack_q5_k(const uint8_t* block, uint16_t& d, uint16_t& dmin, uint8_t (&sc)[8],
+                 uint8_t (&m)[8], uint8_t (&q)[256]) {
+  std::memcpy(&d, block, 2);
+  std::memcpy(&dmin, block + 2, 2);
+  for (int j = 0; j < 8; ++j) scale_min_k4(j, block + 4, sc[j], m[j]);
+  // Q4_K's nibbles (at 48), and sub-block j's fifth bits at bit j of the 32 bytes qh (at 16).
+  const uint8_t* qh = block + 16;
+  const uint8_t* qs = block + 48;
+  for (int p = 0; p < 4; ++p)
+    for (int l = 0; l < 32; ++l) {
+      q[64 * p + l] = uint8_t((qs[32 * p + l] & 0xF) | (qh[l] >> (2 * p) & 1) << 4);
+      q[64 * p + 32 + l] = uint8_t((qs[32 * p + l] >> 4) | (qh[l] >> (2 * p + 1) & 1) << 4);
+    }
+}
+
 void unpack_q6_k(const uint8_t* block, uint16_t& d, int8_t (&sc)[16], uint8_t (&q)[256]) {
   std::memcpy(sc, block + 192, 16);
   std::memcpy(&d, block + 208, 2);

@@ -53,6 +53,10 @@ void dequantize_row(GgmlType type, const uint8_t* src, float* dst, int64_t n);
 // q (0…15) in order of k; weight k is d · sc[k / 32] · q[k] − dmin · m[k / 32].
 void unpack_q4_k(const uint8_t* block, uint16_t& d, uint16_t& dmin, uint8_t (&sc)[8],
                  uint8_t (&m)[8], uint8_t (&q)[256]);
+// One Q5_K block (176 bytes: Q4_K's fields with the 32 bytes of fifth bits before the nibbles)
+// unpacked as unpack_q4_k does, q 0…31.
+void unpack_q5_k(const uint8_t* block, uint16_t& d, uint16_t& dmin, uint8_t (&sc)[8],
+                 uint8_t (&m)[8], uint8_t (&q)[256]);
 // One Q6_K block (210 bytes: 128 of low nibbles, 64 of high bit pairs, 16 int8 scales, fp16 d)
 // unpacked: d as its fp16 bits, the scale sc[j] of each 16 codes, the 256 codes q (0…63) in order
 // of k; weight k is d · sc[k / 16] · (q[k] − 32).

@@ -76,8 +76,9 @@ void check_shape(const GgufTensor& g, const std::string& name, int64_t rows, int
                  fmt::join(std::vector<int64_t>(g.dims.rbegin(), g.dims.rend()), ", "), rows, cols);
 }
 
-// A GGUF's Q4_K or Q6_K matrix g (Checkpoint::gguf_tensor(name)), asked for in an integer format,
-// packed from its blocks as they are (q4k, q6k): every weight exact, in fewer bytes than q8.
+// A GGUF's Q4_K, Q5_K or Q6_K matrix g (Checkpoint::gguf_tensor(name)), asked for in an integer
+// format, packed from its blocks as they are (q4k, q5k, q6k): every weight exact, in fewer bytes
+// than q8.
 std::shared_ptr<const ops::PackedWeight> pack_gguf_k_quant(const Checkpoint& ckpt,
                                                            const GgufTensor* g,
                                                            const std::string& name, int64_t rows,
@@ -94,6 +95,13 @@ std::shared_ptr<const ops::PackedWeight> pack_gguf_k_quant(const Checkpoint& ckp
         rows, cols,
         [&](int64_t n, int64_t s, ops::Q4KBlock& b) {
           unpack_q4_k(at(n, s), b.d, b.dmin, b.sc, b.m, b.q);
+        },
+        what, pool);
+  else if (g->type == GgmlType::Q5_K)
+    packed = ops::pack_q5k(
+        rows, cols,
+        [&](int64_t n, int64_t s, ops::Q4KBlock& b) {
+          unpack_q5_k(at(n, s), b.d, b.dmin, b.sc, b.m, b.q);
         },
         what, pool);
   else
@@ -124,15 +132,15 @@ Weight gguf_block_table(const Checkpoint& ckpt, const GgufTensor& g, const std::
 
 Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols,
                    ops::WeightFormat format, ThreadPool& pool, bool keep) {
-  // A GGUF tensor quantized with more than 4 bits per weight (Q5_*, Q8_0) is not cut to 4 bits:
-  // q4 holds it as q8. Q4_K and Q6_K matrices (Q4_K_M's; its v, down and output are Q6_K) keep
-  // their blocks in either format.
+  // A GGUF tensor quantized with more than 4 bits per weight (Q5_0, Q5_1, Q8_0) is not cut to 4
+  // bits: q4 holds it as q8. Q4_K, Q5_K and Q6_K matrices (Q4_K_M's and Q5_K_M's; their v, down
+  // and output are Q6_K) keep their blocks in either format.
   const GgufTensor* g = ops::is_integer(format) ? ckpt.gguf_tensor(name) : nullptr;
   if (g && format == ops::WeightFormat::Q4 &&
-      (g->type == GgmlType::Q5_0 || g->type == GgmlType::Q5_1 || g->type == GgmlType::Q5_K ||
-       g->type == GgmlType::Q8_0))
+      (g->type == GgmlType::Q5_0 || g->type == GgmlType::Q5_1 || g->type == GgmlType::Q8_0))
     format = ops::WeightFormat::Q8;
-  if (g && (g->type == GgmlType::Q4_K || g->type == GgmlType::Q6_K) && !keep) {
+  if (g && (g->type == GgmlType::Q4_K || g->type == GgmlType::Q5_K || g->type == GgmlType::Q6_K) &&
+      !keep) {
     Weight w;
     w.rows = rows;
     w.cols = cols;

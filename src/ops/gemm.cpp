@@ -331,18 +331,31 @@ std::shared_ptr<PackedWeight> pack_super(int64_t rows, int64_t cols, int64_t sup
 
 }  // namespace
 
-std::shared_ptr<const PackedWeight> pack_q4k(
-    int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q4KBlock&)>& block,
-    const std::string& what, ThreadPool& pool) {
+namespace {
+
+// Q4_K or Q5_K (fifth: whether q has a fifth bit) blocks as q4k or q5k panels.
+std::shared_ptr<const PackedWeight> pack_k_min(
+    int64_t rows, int64_t cols, bool fifth,
+    const std::function<void(int64_t, int64_t, Q4KBlock&)>& block, const std::string& what,
+    ThreadPool& pool) {
   constexpr int64_t kQ = kernel::kQ4Bytes, kHead = kernel::kQ4KHeadBytes;
+  const int64_t block_bytes = kQ + (fifth ? kernel::kQ5HighBytes : 0);
   const auto finite = [](const Q4KBlock& b) {
     return std::isfinite(f16_to_f32(b.d)) && std::isfinite(f16_to_f32(b.dmin));
   };
-  const auto store = [](const Q4KBlock& qb, uint8_t* sb, int j) {
+  const auto store = [&](const Q4KBlock& qb, uint8_t* sb, int j) {
     for (int b = 0; b < kernel::kQ4KBlocks; ++b) {
-      uint8_t q[kQ8Block];
-      for (int i = 0; i < kQ8Block; ++i) q[i] = qb.q[b * kQ8Block + i] & 15;
-      Q4Rule::store(q, sb + kHead + b * kQ, j);
+      const uint8_t* q = qb.q + b * kQ8Block;
+      uint8_t low[kQ8Block];
+      for (int i = 0; i < kQ8Block; ++i) low[i] = q[i] & 15;
+      uint8_t* blk = sb + kHead + b * block_bytes;
+      Q4Rule::store(low, blk, j);
+      if (fifth)  // group g's fifth bits at bit g of its 4 bytes
+        for (int k = 0; k < 4; ++k) {
+          uint8_t v = 0;
+          for (int g = 0; g < kQ8Block / 4; ++g) v |= uint8_t((q[g * 4 + k] >> 4 & 1) << g);
+          blk[kQ + j * 4 + k] = v;
+        }
       uint8_t* sm = sb + b / 2 * kPanel * 4 + j * 4 + b % 2 * 2;
       sm[0] = qb.sc[b] & 63;
       sm[1] = qb.m[b] & 63;
@@ -351,10 +364,24 @@ std::shared_ptr<const PackedWeight> pack_q4k(
     std::memcpy(sb + 4 * kPanel * 4 + j * 2, &qb.d, 2);
     std::memcpy(sb + 4 * kPanel * 4 + kPanel * 2 + j * 2, &neg_dmin, 2);
   };
-  auto P = pack_super<Q4KBlock>(rows, cols, kernel::kQ4KSuperBytes, "Q4_K", block, finite, store,
-                                what, pool);
-  P->q4k = true;
+  auto P = pack_super<Q4KBlock>(rows, cols, kHead + kernel::kQ4KBlocks * block_bytes,
+                                fifth ? "Q5_K" : "Q4_K", block, finite, store, what, pool);
+  (fifth ? P->q5k : P->q4k) = true;
   return P;
+}
+
+}  // namespace
+
+std::shared_ptr<const PackedWeight> pack_q4k(
+    int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q4KBlock&)>& block,
+    const std::string& what, ThreadPool& pool) {
+  return pack_k_min(rows, cols, false, block, what, pool);
+}
+
+std::shared_ptr<const PackedWeight> pack_q5k(
+    int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q4KBlock&)>& block,
+    const std::string& what, ThreadPool& pool) {
+  return pack_k_min(rows, cols, true, block, what, pool);
 }
 
 std::shared_ptr<const PackedWeight> pack_q6k(
@@ -395,6 +422,7 @@ std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* con
   P->q8 = first.q8;
   P->q4 = first.q4;
   P->q4k = first.q4k;
+  P->q5k = first.q5k;
   P->q6k = first.q6k;
   P->bf16_dot = first.bf16_dot;
   P->cols = first.cols;
@@ -645,6 +673,7 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
   const kernel::Format format = P->q8                     ? kernel::kQ8
                                 : P->q4                   ? kernel::kQ4
                                 : P->q4k                  ? kernel::kQ4K
+                                : P->q5k                  ? kernel::kQ5K
                                 : P->q6k                  ? kernel::kQ6K
                                 : P->bf16_dot             ? kernel::kBF16Dot
                                 : P->dtype == DType::BF16 ? kernel::kBF16

@@ -65,11 +65,14 @@ WeightFormat weight_format(const std::string& weights, const std::string& comput
 // nibble layout (q itself, 0…15). q6k (ggml's Q6_K, held exactly: see pack_q6k): the panel is
 // K/256 super-blocks, each a head (the 16 int8 scales of each column, + 128, then the 32 columns'
 // fp16 d) and 8 blocks, each q4's nibbles of the low 4 bits of q (0…63) and their high 2 bits.
+// q5k (ggml's Q5_K, held exactly: see pack_q5k): q4k's, each block followed by the fifth bits of
+// its q (0…31).
 struct PackedWeight {
   DType dtype = DType::F32;
   bool q8 = false;
   bool q4 = false;
   bool q4k = false;
+  bool q5k = false;
   bool q6k = false;
   bool bf16_dot = false;
   int64_t rows = 0, cols = 0;  // N, K
@@ -79,12 +82,12 @@ struct PackedWeight {
 
   const uint8_t* panel(int64_t p) const { return data.get() + p * panel_bytes; }
   // Products with integer weights (q8, q4) quantize the rows of x first.
-  bool integer() const { return q8 || q4 || q4k || q6k; }
+  bool integer() const { return q8 || q4 || q4k || q5k || q6k; }
   int64_t bytes() const { return panels * panel_bytes; }
   // Whether `o` is held in the same format with the same input size (stack_rows can join them).
   bool same_layout(const PackedWeight& o) const {
-    return dtype == o.dtype && q8 == o.q8 && q4 == o.q4 && q4k == o.q4k && q6k == o.q6k &&
-           bf16_dot == o.bf16_dot && cols == o.cols && panel_bytes == o.panel_bytes;
+    return dtype == o.dtype && q8 == o.q8 && q4 == o.q4 && q4k == o.q4k && q5k == o.q5k &&
+           q6k == o.q6k && bf16_dot == o.bf16_dot && cols == o.cols && panel_bytes == o.panel_bytes;
   }
 };
 
@@ -93,8 +96,9 @@ struct PackedWeight {
 std::shared_ptr<const PackedWeight> pack(const Weight& W, WeightFormat format,
                                          const std::string& what, ThreadPool& pool);
 
-// One super-block of ggml's Q4_K (256 k of one output row), unpacked: weight k is
-// d · sc[k / 32] · q[k] − dmin · m[k / 32] with d, dmin fp16 (their bits), sc, m 6-bit, q 4-bit.
+// One super-block of ggml's Q4_K or Q5_K (256 k of one output row), unpacked: weight k is
+// d · sc[k / 32] · q[k] − dmin · m[k / 32] with d, dmin fp16 (their bits), sc, m 6-bit, q 4-bit
+// (Q5_K: 5-bit).
 struct Q4KBlock {
   uint16_t d = 0, dmin = 0;
   uint8_t sc[8] = {}, m[8] = {};
@@ -106,6 +110,11 @@ constexpr int kQ4KBlock = 256;  // k per Q4_K super-block
 // weight, multiplied with rows of x quantized as for q8. cols must be a multiple of 256; d and
 // dmin must be finite (`what` names the tensor in errors).
 std::shared_ptr<const PackedWeight> pack_q4k(
+    int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q4KBlock&)>& block,
+    const std::string& what, ThreadPool& pool);
+
+// As pack_q4k, for Q5_K blocks (q 5-bit), at 5.625 bits per weight.
+std::shared_ptr<const PackedWeight> pack_q5k(
     int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t, Q4KBlock&)>& block,
     const std::string& what, ThreadPool& pool);
 

@@ -52,6 +52,10 @@ struct V {
     const I at4 = t < 2 ? _mm256_slli_epi32(raw, 4 - 2 * t) : _mm256_srli_epi32(raw, 2 * t - 4);
     return _mm256_or_si256(low, _mm256_and_si256(at4, _mm256_set1_epi32(0x30303030)));
   }
+  static I with_bit(I low, I raw, int t) {
+    const I at4 = t < 4 ? _mm256_slli_epi32(raw, 4 - t) : _mm256_srli_epi32(raw, t - 4);
+    return _mm256_or_si256(low, _mm256_and_si256(at4, _mm256_set1_epi32(0x10101010)));
+  }
   static bool int_dot_here(const Args&) { return true; }
   static I set1_i32(int32_t v) { return _mm256_set1_epi32(v); }
   static R i32_to_f32(I v) { return _mm256_cvtepi32_ps(v); }
@@ -80,8 +84,8 @@ struct V {
   // (≤ 127 in magnitude) would, so q8 takes q signed (the offset's bit flipped) times x through
   // |x| and q · sign(x), pairs of at most 2 · 127² widened each group, with no offset in the sums
   // (kIntOffset 0). q4's nibbles (≤ 15) give pairs of at most 2 · 15 · 127 = 3810: a block's 8
-  // groups sum in int16 (≤ 30480) and widen once, at its end. q6k's q + 32 (≤ 63) give pairs of
-  // at most 16002, widened every group.
+  // groups sum in int16 (≤ 30480) and widen once, at its end. q6k's q + 32 (≤ 63) and q5k's q
+  // (≤ 31) give pairs of at most 16002 and 7874, widened every group.
   template <int Q>
   static constexpr int kIntOffset = Q == kQ8    ? 0
                                     : Q == kQ6K ? 32
@@ -91,7 +95,7 @@ struct V {
   }
   template <int Q>
   static I int_begin(I start) {
-    return Q == kQ8 || Q == kQ6K ? start : _mm256_setzero_si256();
+    return Q == kQ8 || Q == kQ6K || Q == kQ5K ? start : _mm256_setzero_si256();
   }
   template <int Q>
   static I int_dot(I acc, I w, I x) {
@@ -99,7 +103,7 @@ struct V {
       const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));
       return _mm256_add_epi32(
           acc, widen(_mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(q, x))));
-    } else if constexpr (Q == kQ6K) {
+    } else if constexpr (Q == kQ6K || Q == kQ5K) {
       return _mm256_add_epi32(acc, widen(_mm256_maddubs_epi16(w, x)));
     } else {
       return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x));
@@ -107,7 +111,7 @@ struct V {
   }
   template <int Q>
   static I int_end(I sum, I start) {
-    return Q == kQ8 || Q == kQ6K ? sum : _mm256_add_epi32(widen(sum), start);
+    return Q == kQ8 || Q == kQ6K || Q == kQ5K ? sum : _mm256_add_epi32(widen(sum), start);
   }
 #endif
   static __m256i mask(int n) {

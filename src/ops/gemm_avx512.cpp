@@ -54,6 +54,12 @@ struct V {
     // (at4 & 0x30303030) | low in one instruction.
     return _mm512_ternarylogic_epi32(at4, _mm512_set1_epi32(0x30303030), low, 0xea);
   }
+  static I with_bit(I low, I raw, int t) {
+    const I at4 = t < 4    ? _mm512_slli_epi32(raw, unsigned(4 - t))
+                  : t == 4 ? raw
+                           : _mm512_srli_epi32(raw, unsigned(t - 4));
+    return _mm512_ternarylogic_epi32(at4, _mm512_set1_epi32(0x10101010), low, 0xea);
+  }
   static __mmask16 mask(int n) { return __mmask16((1u << n) - 1); }
   static R load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(mask(n), p); }
   static void store(float* p, R v) { _mm512_storeu_ps(p, v); }

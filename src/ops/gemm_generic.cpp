@@ -46,6 +46,7 @@ struct V {
   static R q_byte(I raw, int j, int off) { return float(int((raw >> (8 * j)) & 0xff) - off); }
   static I nibbles(I raw, int hi) { return (raw >> (4 * hi)) & 0x0f0f0f0fu; }
   static I with_high(I low, I raw, int t) { return low | (((raw >> (2 * t)) & 0x03030303u) << 4); }
+  static I with_bit(I low, I raw, int t) { return low | (((raw >> t) & 0x01010101u) << 4); }
   static R load_n(const float* p, int n) { return n > 0 ? *p : 0.0f; }
   static void store(float* p, R v) { *p = v; }
   static void store_n(float* p, R v, int n) {

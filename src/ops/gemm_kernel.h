@@ -9,8 +9,8 @@
 
 namespace flashmap::ops::kernel {
 
-// kBF16Dot: the bf16 compute mode's panels (gemm.h), run by gemm_avx512bf16 alone. kQ4K, kQ6K:
-// ggml's Q4_K and Q6_K super-blocks held exactly (gemm.h).
+// kBF16Dot: the bf16 compute mode's panels (gemm.h), run by gemm_avx512bf16 alone. kQ4K, kQ5K,
+// kQ6K: ggml's Q4_K, Q5_K and Q6_K super-blocks held exactly (gemm.h).
 enum Format : int {
   kF32 = 0,
   kBF16 = 1,
@@ -19,7 +19,8 @@ enum Format : int {
   kBF16Dot = 4,
   kQ4 = 5,
   kQ4K = 6,
-  kQ6K = 7
+  kQ6K = 7,
+  kQ5K = 8
 };
 
 // The integer formats' bytes, as gemm_kernel.inc lays them out: the packers (gemm.cpp) and the
@@ -29,9 +30,11 @@ constexpr int kBlockK = 32;                                 // k per q8 or q4 sc
 constexpr int64_t kQ8Bytes = int64_t(kBlockK) * kCols;      // a q8 block's q
 constexpr int64_t kQ4Bytes = int64_t(kBlockK) * kCols / 2;  // a q4 or q4k block's nibbles
 constexpr int64_t kScaleBytes = int64_t(kCols) * 2;         // a block's fp16 scales (q8, q4)
-constexpr int kQ4KBlocks = 8;                               // blocks per q4k or q6k super-block
-constexpr int64_t kQ4KHeadBytes = 4 * kCols * 4 + 2 * kCols * 2;  // sc, m; d; −dmin
+constexpr int kQ4KBlocks = 8;  // blocks per q4k, q5k or q6k super-block
+constexpr int64_t kQ4KHeadBytes = 4 * kCols * 4 + 2 * kCols * 2;  // sc, m; d; −dmin (q4k, q5k)
 constexpr int64_t kQ4KSuperBytes = kQ4KHeadBytes + kQ4KBlocks * kQ4Bytes;
+constexpr int64_t kQ5HighBytes = int64_t(kBlockK) * kCols / 8;  // a q5k block's fifth bits
+constexpr int64_t kQ5KSuperBytes = kQ4KHeadBytes + kQ4KBlocks * (kQ4Bytes + kQ5HighBytes);
 constexpr int64_t kQ6HighBytes = int64_t(kBlockK) * kCols / 4;  // a q6k block's high bit pairs
 constexpr int64_t kQ6KHeadBytes = 4 * kCols * 4 + kCols * 2;    // 16 scales; d
 constexpr int64_t kQ6KSuperBytes = kQ6KHeadBytes + kQ4KBlocks * (kQ4Bytes + kQ6HighBytes);
@@ -46,9 +49,9 @@ struct Args {
   const float* bias;  // may be null
   float* y;
   int64_t ldy;
-  // kQ8, kQ4, kQ4K, kQ6K: x quantized per row and block of 32 k (gemm.cpp): qx int8 [M, K], the
-  // same values as fp32 in qxf, dx the blocks' fp32 scales and sx the sums of their qx [M, K/32];
-  // sx16 the sums of each half block's qx [M, K/16] (q6k's scales are per 16 k).
+  // kQ8, kQ4 and the K formats: x quantized per row and block of 32 k (gemm.cpp): qx int8 [M, K],
+  // the same values as fp32 in qxf, dx the blocks' fp32 scales and sx the sums of their qx [M,
+  // K/32]; sx16 the sums of each half block's qx [M, K/16] (q6k's scales are per 16 k).
   const int8_t* qx;
   const float* qxf;
   const float* dx;

@@ -355,27 +355,34 @@ TEST(Gemm, Q4OfADequantizedQ4_0TensorIsTheSameBlocks) {
     }
 }
 
-// Q4_K blocks held as q4k: each output is ggml's Q4_K weights (dequantize_row, equal to the gguf
-// package's dequantize in test_gguf.cpp) times x quantized as for q8, within the kernel's fp32
-// roundings: (d·sc)·dx and (−dmin·m)·dx, and the 2·K/32 fused adds over the blocks (the dot
-// products and Σ qx are exact integers); the weights' own fp32 rounding (d·sc·q − dmin·m) is the
-// reference's. Every instruction set gives the same bits, and a row the same bits in any batch.
-// On the fixture's Q4_K tensor (3 × 512) and on random blocks at an odd shape (45 × 768).
-TEST(Gemm, Q4KHoldsGgmlsQ4_KWeightsExactly) {
+// Q4_K and Q5_K blocks held as q4k and q5k: each output is ggml's weights (dequantize_row, equal
+// to the gguf package's dequantize in test_gguf.cpp) times x quantized as for q8, within the
+// kernel's fp32 roundings: (d·sc)·dx and (−dmin·m)·dx, and the 2·K/32 fused adds over the blocks
+// (the dot products and Σ qx are exact integers); the weights' own fp32 rounding
+// (d·sc·q − dmin·m) is the reference's. Every instruction set gives the same bits, and a row the
+// same bits in any batch. On the fixture's tensors (3 × 512) and on random blocks at an odd
+// shape (45 × 768).
+class KQuantWithMin : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(KQuantWithMin, HeldAsItsOwnBlocksGivesGgmlsWeightsExactly) {
   ThreadPool pool(2);
   IsaGuard guard;
-  constexpr int64_t kBytes = 144;  // a Q4_K block
+  const GgmlType type = GetParam();
+  const bool q5 = type == GgmlType::Q5_K;
+  const int64_t kBytes = q5 ? 176 : 144;  // a block
+  const auto unpack = q5 ? unpack_q5_k : unpack_q4_k;
+  const auto pack_as = q5 ? ops::pack_q5k : ops::pack_q4k;
   const auto check = [&](const uint8_t* blocks, int64_t N, int64_t K, const std::string& what) {
     const int64_t SB = K / 256, KB = K / 32, row_bytes = SB * kBytes;
     std::vector<float> w(size_t(N * K));
     std::vector<double> s(size_t(N * KB)), m(size_t(N * KB));
     std::vector<uint8_t> code(size_t(N * K));
     for (int64_t n = 0; n < N; ++n) {
-      dequantize_row(GgmlType::Q4_K, blocks + n * row_bytes, w.data() + n * K, K);
+      dequantize_row(type, blocks + n * row_bytes, w.data() + n * K, K);
       for (int64_t sb = 0; sb < SB; ++sb) {
         uint16_t d, dmin;
         uint8_t sc[8], mn[8], q[256];
-        unpack_q4_k(blocks + n * row_bytes + sb * kBytes, d, dmin, sc, mn, q);
+        unpack(blocks + n * row_bytes + sb * kBytes, d, dmin, sc, mn, q);
         std::memcpy(code.data() + n * K + sb * 256, q, 256);
         for (int j = 0; j < 8; ++j) {
           s[size_t(n * KB + sb * 8 + j)] = ref::f16_value(d) * sc[j];
@@ -386,13 +393,14 @@ TEST(Gemm, Q4KHoldsGgmlsQ4_KWeightsExactly) {
     Weight W;
     W.rows = N;
     W.cols = K;
-    W.packed = ops::pack_q4k(
+    W.packed = pack_as(
         N, K,
         [&](int64_t n, int64_t sb, ops::Q4KBlock& b) {
-          unpack_q4_k(blocks + n * row_bytes + sb * kBytes, b.d, b.dmin, b.sc, b.m, b.q);
+          unpack(blocks + n * row_bytes + sb * kBytes, b.d, b.dmin, b.sc, b.m, b.q);
         },
         what, pool);
-    EXPECT_EQ(W.packed->bytes(), (N + 31) / 32 * 32 * K * 37 / 64) << "4.625 bits a weight";
+    EXPECT_EQ(W.packed->bytes(), (N + 31) / 32 * 32 * K * (q5 ? 45 : 37) / 64)
+        << (q5 ? "5.625" : "4.625") << " bits a weight";
     std::vector<float> first;
     for (const Isa isa : isas()) {
       ops::set_isa(isa);
@@ -437,9 +445,9 @@ TEST(Gemm, Q4KHoldsGgmlsQ4_KWeightsExactly) {
     }
   };
   GgufFile g("tests/fixtures/gguf/quants.gguf");
-  const GgufTensor& t = g.tensor("q4_k");
-  ASSERT_EQ(t.type, GgmlType::Q4_K);
-  check(t.data, t.rows(), t.dims[0], "quants.gguf q4_k");
+  const GgufTensor& t = g.tensor(q5 ? "q5_k" : "q4_k");
+  ASSERT_EQ(t.type, type);
+  check(t.data, t.rows(), t.dims[0], q5 ? "quants.gguf q5_k" : "quants.gguf q4_k");
   // Random blocks: every code and 6-bit scale random, d and dmin finite fp16s of either sign.
   const int64_t N = 45, K = 768;
   std::vector<uint8_t> blocks(size_t(N * K / 256 * kBytes));
@@ -451,15 +459,20 @@ TEST(Gemm, Q4KHoldsGgmlsQ4_KWeightsExactly) {
     std::memcpy(blocks.data() + blk * kBytes, &d, 2);
     std::memcpy(blocks.data() + blk * kBytes + 2, &dmin, 2);
   }
-  check(blocks.data(), N, K, "random Q4_K blocks");
+  check(blocks.data(), N, K, q5 ? "random Q5_K blocks" : "random Q4_K blocks");
 
+  const std::string name = q5 ? "Q5_K" : "Q4_K";
   const auto zero = [](int64_t, int64_t, ops::Q4KBlock&) {};
-  EXPECT_THAT(error_of([&] { ops::pack_q4k(4, 320, zero, "w", pool); }),
-              HasSubstr("w: a Q4_K matrix needs the input size to be a multiple of 256"));
+  EXPECT_THAT(error_of([&] { pack_as(4, 320, zero, "w", pool); }),
+              HasSubstr("w: a " + name + " matrix needs the input size to be a multiple of 256"));
   const auto inf = [](int64_t n, int64_t, ops::Q4KBlock& b) { b.dmin = n == 2 ? 0x7c00 : 0; };
-  EXPECT_THAT(error_of([&] { ops::pack_q4k(4, 256, inf, "w", pool); }),
-              HasSubstr("w: row 2 has a Q4_K block (k from 0) whose d or dmin is not finite"));
+  EXPECT_THAT(
+      error_of([&] { pack_as(4, 256, inf, "w", pool); }),
+      HasSubstr("w: row 2 has a " + name + " block (k from 0) whose d or dmin is not finite"));
 }
+
+INSTANTIATE_TEST_SUITE_P(Gemm, KQuantWithMin, ::testing::Values(GgmlType::Q4_K, GgmlType::Q5_K),
+                         [](const auto& info) { return ggml_type_name(uint32_t(info.param)); });
 
 // Q6_K blocks held as q6k: each output is ggml's Q6_K weights, d · sc · (q − 32) exactly (the
 // codes checked against dequantize_row, which rounds each to fp32), times x quantized as for q8,
