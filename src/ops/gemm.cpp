@@ -154,11 +154,13 @@ struct Q4Rule {
     }
     return f32_to_f16(d);
   }
-  // Groups 2h and 2h + 1 share the bytes of pair h, low nibble first.
+  // Groups 2h and 2h + 1 share the bytes of pair h, low nibble first (the low 4 bits of each q:
+  // the K formats keep their higher bits apart).
   static void store(const uint8_t* q, uint8_t* blk, int j) {
     for (int h = 0; h < kQ8Block / 8; ++h)
       for (int k = 0; k < 4; ++k)
-        blk[h * kPanel * 4 + j * 4 + k] = uint8_t(q[8 * h + k] | q[8 * h + 4 + k] << 4);
+        blk[h * kPanel * 4 + j * 4 + k] =
+            uint8_t((q[8 * h + k] & 15) | (q[8 * h + 4 + k] & 15) << 4);
   }
 };
 
@@ -346,10 +348,8 @@ std::shared_ptr<const PackedWeight> pack_k_min(
   const auto store = [&](const Q4KBlock& qb, uint8_t* sb, int j) {
     for (int b = 0; b < kernel::kQ4KBlocks; ++b) {
       const uint8_t* q = qb.q + b * kQ8Block;
-      uint8_t low[kQ8Block];
-      for (int i = 0; i < kQ8Block; ++i) low[i] = q[i] & 15;
       uint8_t* blk = sb + kHead + b * block_bytes;
-      Q4Rule::store(low, blk, j);
+      Q4Rule::store(q, blk, j);
       if (fifth)  // group g's fifth bits at bit g of its 4 bytes
         for (int k = 0; k < 4; ++k) {
           uint8_t v = 0;
@@ -395,10 +395,8 @@ std::shared_ptr<const PackedWeight> pack_q6k(
     std::memcpy(sb + 4 * kPanel * 4 + j * 2, &qb.d, 2);
     for (int b = 0; b < kernel::kQ4KBlocks; ++b) {
       const uint8_t* q = qb.q + b * kQ8Block;
-      uint8_t low[kQ8Block];
-      for (int i = 0; i < kQ8Block; ++i) low[i] = q[i] & 15;
       uint8_t* blk = sb + kHead + b * kBlock;
-      Q4Rule::store(low, blk, j);
+      Q4Rule::store(q, blk, j);
       // Group g's high bits in quad g / 4, at bits 2 (g % 4) of each of its 4 bytes.
       for (int quad = 0; quad < 2; ++quad)
         for (int k = 0; k < 4; ++k) {
