@@ -243,35 +243,32 @@ void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
   }
 }
 
+// Q4_K and Q5_K blocks: d, dmin, the 6-bit scales and mins, then 32 bytes of nibbles qs per
+// pair of sub-blocks (the first one's codes in the low nibbles); Q5_K's sub-block j has its fifth
+// bits at bit j of the 32 bytes qh.
+void unpack_k_min(const uint8_t* block, const uint8_t* qh, const uint8_t* qs, uint16_t& d,
+                  uint16_t& dmin, uint8_t (&sc)[8], uint8_t (&m)[8], uint8_t (&q)[256]) {
+  std::memcpy(&d, block, 2);
+  std::memcpy(&dmin, block + 2, 2);
+  for (int j = 0; j < 8; ++j) scale_min_k4(j, block + 4, sc[j], m[j]);
+  for (int p = 0; p < 4; ++p)
+    for (int l = 0; l < 32; ++l) {
+      const int h = qh ? qh[l] >> (2 * p) : 0;
+      q[64 * p + l] = uint8_t((qs[32 * p + l] & 0xF) | (h & 1) << 4);
+      q[64 * p + 32 + l] = uint8_t((qs[32 * p + l] >> 4) | (h >> 1 & 1) << 4);
+    }
+}
+
 }  // namespace
 
 void unpack_q4_k(const uint8_t* block, uint16_t& d, uint16_t& dmin, uint8_t (&sc)[8],
                  uint8_t (&m)[8], uint8_t (&q)[256]) {
-  std::memcpy(&d, block, 2);
-  std::memcpy(&dmin, block + 2, 2);
-  for (int j = 0; j < 8; ++j) scale_min_k4(j, block + 4, sc[j], m[j]);
-  // 32 bytes per pair of sub-blocks: the first one's codes in the low nibbles.
-  const uint8_t* qs = block + 16;
-  for (int p = 0; p < 4; ++p)
-    for (int l = 0; l < 32; ++l) {
-      q[64 * p + l] = qs[32 * p + l] & 0xF;
-      q[64 * p + 32 + l] = qs[32 * p + l] >> 4;
-    }
+  unpack_k_min(block, nullptr, block + 16, d, dmin, sc, m, q);
 }
 
 void unpack_q5_k(const uint8_t* block, uint16_t& d, uint16_t& dmin, uint8_t (&sc)[8],
                  uint8_t (&m)[8], uint8_t (&q)[256]) {
-  std::memcpy(&d, block, 2);
-  std::memcpy(&dmin, block + 2, 2);
-  for (int j = 0; j < 8; ++j) scale_min_k4(j, block + 4, sc[j], m[j]);
-  // Q4_K's nibbles (at 48), and sub-block j's fifth bits at bit j of the 32 bytes qh (at 16).
-  const uint8_t* qh = block + 16;
-  const uint8_t* qs = block + 48;
-  for (int p = 0; p < 4; ++p)
-    for (int l = 0; l < 32; ++l) {
-      q[64 * p + l] = uint8_t((qs[32 * p + l] & 0xF) | (qh[l] >> (2 * p) & 1) << 4);
-      q[64 * p + 32 + l] = uint8_t((qs[32 * p + l] >> 4) | (qh[l] >> (2 * p + 1) & 1) << 4);
-    }
+  unpack_k_min(block, block + 16, block + 48, d, dmin, sc, m, q);
 }
 
 void unpack_q6_k(const uint8_t* block, uint16_t& d, int8_t (&sc)[16], uint8_t (&q)[256]) {

@@ -355,6 +355,43 @@ TEST(Gemm, Q4OfADequantizedQ4_0TensorIsTheSameBlocks) {
     }
 }
 
+// The K-quant products over 1–33 rows on every instruction set (x normal from seed + M, with
+// block zero_block of each x all zeros: dx = 0; the bias normal from seed + 1): each output
+// within `rounds` fp32 roundings of the fp64 reference, where ref(x row, n) gives the sum and
+// the sum of magnitudes it is made of (bias excluded); the 33-row outputs the same bits on every
+// instruction set, and row 20 alone the same bits as in the batch.
+template <class Ref>
+void expect_every_isa_within(const Weight& W, uint64_t seed, int64_t zero_block, int64_t rounds,
+                             const std::string& what, ThreadPool& pool, const Ref& ref) {
+  const int64_t N = W.rows, K = W.cols;
+  std::vector<float> first;
+  for (const Isa isa : isas()) {
+    ops::set_isa(isa);
+    for (const int64_t M : {1, 2, 3, 5, 9, 17, 33}) {
+      auto x = normal(size_t(M * K), seed + uint64_t(M));
+      for (int i = 0; i < 32; ++i) x[size_t(zero_block * 32 + i)] = 0.0f;
+      const auto bias = normal(size_t(N), seed + 1);
+      std::vector<float> y(size_t(M * N));
+      ops::linear(x.data(), M, W, bias.data(), y.data(), pool);
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t n = 0; n < N; ++n) {
+          const auto [sum, mag] = ref(x.data() + r * K, n);
+          ASSERT_LE(std::fabs(double(y[size_t(r * N + n)]) - (bias[size_t(n)] + sum)),
+                    double(rounds) * 0x1p-24 * (std::fabs(bias[size_t(n)]) + mag))
+              << what << " " << ops::isa_name(isa) << " M " << M << " row " << r << " col " << n;
+        }
+      if (M == 33) {
+        if (first.empty()) first = y;
+        EXPECT_TRUE(same_bits(y, first)) << what << ": " << ops::isa_name(isa);
+        std::vector<float> one(static_cast<size_t>(N));
+        ops::linear(x.data() + 20 * K, 1, W, bias.data(), one.data(), pool);
+        EXPECT_EQ(std::memcmp(one.data(), y.data() + 20 * N, size_t(N) * 4), 0)
+            << what << ": " << ops::isa_name(isa);
+      }
+    }
+  }
+}
+
 // Q4_K and Q5_K blocks held as q4k and q5k: each output is ggml's weights (dequantize_row, equal
 // to the gguf package's dequantize in test_gguf.cpp) times x quantized as for q8, within the
 // kernel's fp32 roundings: (d·sc)·dx and (−dmin·m)·dx, and the 2·K/32 fused adds over the blocks
@@ -401,48 +438,25 @@ TEST_P(KQuantWithMin, HeldAsItsOwnBlocksGivesGgmlsWeightsExactly) {
         what, pool);
     EXPECT_EQ(W.packed->bytes(), (N + 31) / 32 * 32 * K * (q5 ? 45 : 37) / 64)
         << (q5 ? "5.625" : "4.625") << " bits a weight";
-    std::vector<float> first;
-    for (const Isa isa : isas()) {
-      ops::set_isa(isa);
-      for (const int64_t M : {1, 2, 3, 5, 9, 17, 33}) {
-        auto x = normal(size_t(M * K), 11 + uint64_t(M));
-        for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;  // a zero block: dx = 0
-        const auto bias = normal(size_t(N), 12);
-        std::vector<float> y(size_t(M * N));
-        ops::linear(x.data(), M, W, bias.data(), y.data(), pool);
-        for (int64_t r = 0; r < M; ++r)
-          for (int64_t n = 0; n < N; ++n) {
-            double want = bias[size_t(n)], mag = std::fabs(bias[size_t(n)]);
-            for (int64_t b = 0; b < KB; ++b) {
-              double qx[32];
-              const float dx = quantize_x_block(x.data() + r * K + b * 32, qx);
-              double dot = 0, wabs = 0, dot_q = 0, sx = 0;
-              for (int i = 0; i < 32; ++i) {
-                const double wk = w[size_t(n * K + b * 32 + i)];
-                dot += wk * qx[i];
-                wabs += std::fabs(wk * qx[i]);
-                dot_q += code[size_t(n * K + b * 32 + i)] * qx[i];
-                sx += qx[i];
-              }
-              const size_t nb = size_t(n * KB + b);
-              want += dot * dx;
-              mag += dx * (wabs + std::fabs(s[nb] * dot_q) + std::fabs(m[nb] * sx));
-            }
-            ASSERT_LE(std::fabs(double(y[size_t(r * N + n)]) - want),
-                      double(2 * KB + 3) * 0x1p-24 * mag)
-                << what << " " << ops::isa_name(isa) << " M " << M << " row " << r << " col " << n;
-          }
-        if (M == 33) {
-          if (first.empty()) first = y;
-          EXPECT_TRUE(same_bits(y, first)) << what << ": " << ops::isa_name(isa);
-          // Row 20 of the 33 alone.
-          std::vector<float> one(static_cast<size_t>(N));
-          ops::linear(x.data() + 20 * K, 1, W, bias.data(), one.data(), pool);
-          EXPECT_EQ(std::memcmp(one.data(), y.data() + 20 * N, size_t(N) * 4), 0)
-              << what << ": " << ops::isa_name(isa);
+    expect_every_isa_within(W, 11, 1, 2 * KB + 3, what, pool, [&](const float* xr, int64_t n) {
+      double want = 0, mag = 0;
+      for (int64_t b = 0; b < KB; ++b) {
+        double qx[32];
+        const float dx = quantize_x_block(xr + b * 32, qx);
+        double dot = 0, wabs = 0, dot_q = 0, sx = 0;
+        for (int i = 0; i < 32; ++i) {
+          const double wk = w[size_t(n * K + b * 32 + i)];
+          dot += wk * qx[i];
+          wabs += std::fabs(wk * qx[i]);
+          dot_q += code[size_t(n * K + b * 32 + i)] * qx[i];
+          sx += qx[i];
         }
+        const size_t nb = size_t(n * KB + b);
+        want += dot * dx;
+        mag += dx * (wabs + std::fabs(s[nb] * dot_q) + std::fabs(m[nb] * sx));
       }
-    }
+      return std::pair{want, mag};
+    });
   };
   GgufFile g("tests/fixtures/gguf/quants.gguf");
   const GgufTensor& t = g.tensor(q5 ? "q5_k" : "q4_k");
@@ -514,46 +528,24 @@ TEST(Gemm, Q6KHoldsGgmlsQ6_KWeightsExactly) {
         },
         what, pool);
     EXPECT_EQ(W.packed->bytes(), (N + 31) / 32 * 32 * K * 105 / 128) << "6.5625 bits a weight";
-    std::vector<float> first;
-    for (const Isa isa : isas()) {
-      ops::set_isa(isa);
-      for (const int64_t M : {1, 2, 3, 5, 9, 17, 33}) {
-        auto x = normal(size_t(M * K), 21 + uint64_t(M));
-        for (int i = 0; i < 32; ++i) x[size_t(64 + i)] = 0.0f;  // a zero block: dx = 0
-        const auto bias = normal(size_t(N), 22);
-        std::vector<float> y(size_t(M * N));
-        ops::linear(x.data(), M, W, bias.data(), y.data(), pool);
-        for (int64_t r = 0; r < M; ++r)
-          for (int64_t n = 0; n < N; ++n) {
-            double want = bias[size_t(n)], mag = std::fabs(bias[size_t(n)]);
-            for (int64_t b = 0; b < K / 32; ++b) {
-              double qx[32];
-              const float dx = quantize_x_block(x.data() + r * K + b * 32, qx);
-              for (int h = 0; h < 2; ++h) {
-                double dot = 0, dabs = 0;
-                for (int i = 16 * h; i < 16 * h + 16; ++i) {
-                  dot += code[size_t(n * K + b * 32 + i)] * qx[i];
-                  dabs += std::fabs(code[size_t(n * K + b * 32 + i)] * qx[i]);
-                }
-                const double sh = s[size_t(n * KH + 2 * b + h)];
-                want += dot * sh * dx;
-                mag += dabs * std::fabs(sh) * dx;
-              }
-            }
-            ASSERT_LE(std::fabs(double(y[size_t(r * N + n)]) - want),
-                      double(2 * KH + 3) * 0x1p-24 * mag)
-                << what << " " << ops::isa_name(isa) << " M " << M << " row " << r << " col " << n;
+    expect_every_isa_within(W, 21, 2, 2 * KH + 3, what, pool, [&](const float* xr, int64_t n) {
+      double want = 0, mag = 0;
+      for (int64_t b = 0; b < K / 32; ++b) {
+        double qx[32];
+        const float dx = quantize_x_block(xr + b * 32, qx);
+        for (int h = 0; h < 2; ++h) {
+          double dot = 0, dabs = 0;
+          for (int i = 16 * h; i < 16 * h + 16; ++i) {
+            dot += code[size_t(n * K + b * 32 + i)] * qx[i];
+            dabs += std::fabs(code[size_t(n * K + b * 32 + i)] * qx[i]);
           }
-        if (M == 33) {
-          if (first.empty()) first = y;
-          EXPECT_TRUE(same_bits(y, first)) << what << ": " << ops::isa_name(isa);
-          std::vector<float> one(static_cast<size_t>(N));
-          ops::linear(x.data() + 20 * K, 1, W, bias.data(), one.data(), pool);
-          EXPECT_EQ(std::memcmp(one.data(), y.data() + 20 * N, size_t(N) * 4), 0)
-              << what << ": " << ops::isa_name(isa);
+          const double sh = s[size_t(n * KH + 2 * b + h)];
+          want += dot * sh * dx;
+          mag += dabs * std::fabs(sh) * dx;
         }
       }
-    }
+      return std::pair{want, mag};
+    });
   };
   GgufFile g("tests/fixtures/gguf/quants.gguf");
   const GgufTensor& t = g.tensor("q6_k");
