@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -67,8 +68,10 @@ void bench_pair(const PairBench& a) {
   alone_opt.steps = 0;
   alone_opt.draft_tree = "off";
   alone_opt.draft_window = 0;  // --draft-window is the trained drafters' rows'
-  Engine alone_engine(alone_opt);
-  const int V = int(alone_engine.target_info().vocab_size);
+  // One engine at a time: each holds its own copy of the target's packed weights (16 GB at
+  // Qwen3-8B in bf16), so the target-alone engine goes before the drafters' come.
+  auto alone_engine = std::make_unique<Engine>(alone_opt);
+  const int V = int(alone_engine->target_info().vocab_size);
   if (!prompts.empty()) {
     out["prompt_file"] = a.prompt_file;
   } else {
@@ -80,12 +83,13 @@ void bench_pair(const PairBench& a) {
     }
   }
   fmt::print("# flashmap bench: {} + {} on {} ({} prompts{} x {} tokens, {}, {} threads)\n\n",
-             eo.target, fmt::join(drafts, " | "), alone_engine.device(), prompts.size(),
+             eo.target, fmt::join(drafts, " | "), alone_engine->device(), prompts.size(),
              a.prompt_file.empty() ? "" : " of " + a.prompt_file, a.max_new_tokens,
              a.temperature > 0 ? fmt::format("temperature {}", a.temperature) : "greedy",
              ThreadPool::global().size());
-  out["device"] = alone_engine.device();
-  const json alone = run_decode(alone_engine, prompts, a.max_new_tokens, a.reps, a.temperature);
+  out["device"] = alone_engine->device();
+  const json alone = run_decode(*alone_engine, prompts, a.max_new_tokens, a.reps, a.temperature);
+  alone_engine.reset();
   out["target_alone"] = alone;
   fmt::print(
       "| decoding | tau | tokens/s | speedup | round ms | draft ms | verify ms | accept ms "
