@@ -7,10 +7,10 @@
 
 In one run (each step reused from the cache folder when it is already there):
   1. llama.cpp from the llama-cpp-python sdist on PyPI (vendor/llama.cpp), built CPU-only,
-     Release, native: libllama, llama-bench, llama-quantize, and bench/llama_api_timer.cpp
-     linked against libllama;
+     Release, native (--no-amx: without AMX tiles): libllama, llama-bench, llama-quantize,
+     llama-speculative-simple, and bench/llama_api_timer.cpp linked against libllama;
   2. a venv with the Python requirements of llama.cpp's convert_hf_to_gguf.py (torch from PyPI,
-     gguf from the vendored gguf-py);
+     gguf from the vendored gguf-py), or the Python given by --converter-python;
   3. a Hugging Face folder with the config of Qwen3-0.6B (--shape qwen3-0.6b, the default) or
      Qwen3-8B (--shape qwen3-8b) and random bf16 weights, plus the repo's Qwen3 tokenizer files
      (tests/data/qwen3-tokenizer); at qwen3-8b also the Qwen3-0.6B folder, as the draft model
@@ -26,7 +26,12 @@ In one run (each step reused from the cache folder when it is already there):
   6. at qwen3-8b, a speculative round in each engine at the same τ: flashmap's (one FlashMap
      draft of 16 + verify-17 + commit, from `--draft-shape flashmap-qwen3-8b`) against
      llama.cpp's with a draft model (16 decode steps of the Qwen3-0.6B model + verify-17 of the
-     8B), and the tokens/s and speed-up over each engine's own decode that follow for τ = 1…10.
+     8B), and the tokens/s and speed-up over each engine's own decode that follow for τ = 1…10;
+  7. at qwen3-8b, a DFlash round in each engine on the same weights: a random drafter of
+     z-lab/Qwen3-8B-DFlash-b16's shape (safetensors for flashmap, converted by llama.cpp's
+     converter for llama.cpp) over the same target, flashmap's `bench --target --draft` against
+     llama.cpp's own `llama-speculative-simple --spec-type draft-dflash`, each timed as whole
+     requests (greedy, every round a full block of 15 drafts).
 flashmap runs `flashmap bench --shape qwen3-0.6b --target DIR --no-sweep` (q8: plus
 `--weights q8`; bf16 with `--compute bf16` when asked, which matches llama.cpp's own bf16 dot
 products on a CPU with AVX512-BF16); llama.cpp runs
@@ -38,6 +43,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -93,6 +99,14 @@ QWEN3_8B_CONFIG = dict(QWEN3_06B_CONFIG, hidden_size=4096, intermediate_size=122
 SHAPES = {"qwen3-0.6b": QWEN3_06B_CONFIG, "qwen3-8b": QWEN3_8B_CONFIG}
 # The draft model llama.cpp's speculative decoding pairs with a target of each shape.
 DRAFT_MODEL = {"qwen3-8b": "qwen3-0.6b"}
+# z-lab/Qwen3-8B-DFlash-b16's config.json (every value a forward pass reads is the released
+# one): five Qwen3 layers of the target's width, fc from the five tapped layers' features,
+# blocks of 16, the mask token after the vocabulary's special tokens.
+DFLASH_8B_CONFIG = dict(
+    QWEN3_8B_CONFIG, architectures=["DFlashDraftModel"], num_hidden_layers=5,
+    max_window_layers=5, num_target_layers=36, block_size=16,
+    dflash_config={"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]})
+DFLASH = {"qwen3-8b": DFLASH_8B_CONFIG}
 
 
 def log(msg):
@@ -109,7 +123,9 @@ def run(cmd, **kw):
 
 
 def capture(cmd, **kw):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    # errors="replace": generated text may end inside a character
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace",
+                       **kw)
     return r.returncode, r.stdout, r.stderr
 
 
@@ -154,7 +170,7 @@ CMAKE_FLAGS = [
     "-DGGML_NATIVE=ON",
     "-DBUILD_SHARED_LIBS=ON",
     "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=ON",  # for llama-speculative-simple; only the targets below build
     "-DLLAMA_BUILD_SERVER=OFF",
     "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_OPENSSL=OFF",
@@ -162,15 +178,22 @@ CMAKE_FLAGS = [
 ]
 
 
-def ensure_build(cache, llama, jobs):
-    build = cache / "llama-build"
+# The native build without AMX tiles: some VMs list AMX among the CPU's features yet fault
+# (SIGILL) on its first tile instruction, which ggml's Q8_0 products use where it is compiled in.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def ensure_build(cache, llama, jobs, no_amx=False):
+    build = cache / ("llama-build-no-amx" if no_amx else "llama-build")
     bin_dir = build / "bin"
     stamp = build / ".flashmap-bench-built"
-    want = json.dumps({"version": LLAMA_CPP_PYTHON, "flags": CMAKE_FLAGS})
+    flags = CMAKE_FLAGS + ([f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+                           if no_amx else [])
+    want = json.dumps({"version": LLAMA_CPP_PYTHON, "flags": flags})
     if not (stamp.exists() and stamp.read_text() == want):
-        run(["cmake", "-S", llama, "-B", build, *CMAKE_FLAGS])
+        run(["cmake", "-S", llama, "-B", build, *flags])
         run(["cmake", "--build", build, "-j", str(jobs), "--target", "llama", "llama-bench",
-             "llama-quantize"])
+             "llama-quantize", "llama-speculative-simple"])
         stamp.write_text(want)
     # The timer, rebuilt when its source changes.
     timer = bin_dir / f"llama-api-timer-{sha256_of(TIMER_SRC)}"
@@ -184,7 +207,7 @@ def ensure_build(cache, llama, jobs):
         cmd += ["-lllama", "-lggml", "-lggml-base"]
         run(cmd)
     return {"bench": bin_dir / "llama-bench", "quantize": bin_dir / "llama-quantize",
-            "timer": timer}
+            "speculative": bin_dir / "llama-speculative-simple", "timer": timer}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,19 +261,27 @@ def ensure_venv(cache, llama):
 # 3. the random Qwen3 folders (runs in the venv: numpy)
 
 
-def make_model(out_dir, seed, shape):
-    """Random bf16 weights of a Qwen3 shape: normal, std 1/sqrt(fan_in); norms 1. Written one
-    block of rows at a time, so that 16 GB of Qwen3-8B weights need little memory."""
+def make_model(out_dir, seed, shape, dflash=False):
+    """Random bf16 weights of a Qwen3 shape (dflash: of the DFlash drafter released for it):
+    normal, std 1/sqrt(fan_in); norms 1. Written one block of rows at a time, so that 16 GB of
+    Qwen3-8B weights need little memory."""
     import numpy as np
 
-    c = SHAPES[shape]
+    c = DFLASH[shape] if dflash else SHAPES[shape]
     H, I, V, L = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
     hd, nq, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
-    tensors = [("model.embed_tokens.weight", (V, H)), ("model.norm.weight", (H,))]
-    if not c["tie_word_embeddings"]:
-        tensors.append(("lm_head.weight", (V, H)))
+    if dflash:  # z-lab's names; the embedding and lm_head are the target's
+        taps = len(c["dflash_config"]["target_layer_ids"])
+        prefix = ""
+        tensors = [("fc.weight", (H, taps * H)), ("hidden_norm.weight", (H,)),
+                   ("norm.weight", (H,))]
+    else:
+        prefix = "model."
+        tensors = [("model.embed_tokens.weight", (V, H)), ("model.norm.weight", (H,))]
+        if not c["tie_word_embeddings"]:
+            tensors.append(("lm_head.weight", (V, H)))
     for i in range(L):
-        p = f"model.layers.{i}."
+        p = f"{prefix}layers.{i}."
         tensors += [(p + "input_layernorm.weight", (H,)),
                     (p + "post_attention_layernorm.weight", (H,)),
                     (p + "self_attn.q_norm.weight", (hd,)),
@@ -294,16 +325,18 @@ def make_model(out_dir, seed, shape):
                 f.write(bf16(x).tobytes())
     tmp.rename(out_dir / "model.safetensors")
     (out_dir / "config.json").write_text(json.dumps(c, indent=2) + "\n")
+    if dflash:
+        return
     (out_dir / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": False}) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(TOKENIZER_DIR / name, out_dir / name)
 
 
-def ensure_model(cache, py, shape):
-    d = cache / f"{shape}-random"
+def ensure_model(cache, py, shape, dflash=False):
+    d = cache / (f"dflash-{shape}-random" if dflash else f"{shape}-random")
     stamp = d / ".flashmap-bench-ok"
-    want = json.dumps({"seed": MODEL_SEED, "config": SHAPES[shape],
+    want = json.dumps({"seed": MODEL_SEED, "config": (DFLASH if dflash else SHAPES)[shape],
                        "tokenizer": sha256_of(TOKENIZER_DIR / "tokenizer.json",
                                               TOKENIZER_DIR / "tokenizer_config.json")})
     if stamp.exists() and stamp.read_text() == want:
@@ -314,8 +347,9 @@ def ensure_model(cache, py, shape):
                              f"{TOKENIZER_DIR / name}")
     if d.exists():
         shutil.rmtree(d)
-    log(f"writing random {shape} weights to {d}")
-    run([py, __file__, "--_make-model", d, "--_seed", str(MODEL_SEED), "--shape", shape])
+    log(f"writing random {'DFlash ' if dflash else ''}{shape} weights to {d}")
+    run([py, __file__, "--_make-model", d, "--_seed", str(MODEL_SEED + dflash), "--shape", shape]
+        + (["--_dflash"] if dflash else []))
     stamp.write_text(want)
     return d
 
@@ -324,16 +358,18 @@ def ensure_model(cache, py, shape):
 # 4. GGUF: converted by llama.cpp's converter, quantized by llama-quantize
 
 
-def ensure_gguf(cache, py, llama, tools, model_dir, shape):
+def ensure_gguf(cache, py, llama, tools, model_dir, target_dir=None):
+    """bf16 and Q8_0 GGUFs of the folder; a DFlash drafter's conversion reads the vocabulary of
+    its target's folder (target_dir)."""
     stamp_text = (model_dir / ".flashmap-bench-ok").read_text()
     key = sha256_of(stamp_text.encode(), LLAMA_CPP_PYTHON.encode())
-    bf16 = cache / f"{shape}-random-bf16-{key}.gguf"
-    q8 = cache / f"{shape}-random-q8_0-{key}.gguf"
+    bf16 = cache / f"{model_dir.name}-bf16-{key}.gguf"
+    q8 = cache / f"{model_dir.name}-q8_0-{key}.gguf"
     if not bf16.exists():
         tmp = bf16.with_suffix(".partial")
         # NO_LOCAL_GGUF unset: the converter puts the vendored gguf-py first on its path.
         run([py, llama / "convert_hf_to_gguf.py", model_dir, "--outtype", "bf16",
-             "--outfile", tmp])
+             "--outfile", tmp] + (["--target-model-dir", target_dir] if target_dir else []))
         tmp.rename(bf16)
     if not q8.exists():
         tmp = q8.with_suffix(".partial")
@@ -394,6 +430,97 @@ def llama_once(args, tools, gguf, verify=True):
     j = json.loads(so.strip().splitlines()[-1])
     return {"decode_ms": j["rows1_ms"], "verify_ms": j.get(f"rows{VERIFY_ROWS}_ms"),
             "llama_version": j.get("llama_version")}
+
+
+# The DFlash rounds: each engine decodes ROUND_SHORT tokens and ROUND_SHORT + --round-tokens,
+# and a round costs the difference in decoding time over the difference in rounds. Both engines
+# shrink the block over the last tokens of a request (no drafts past max tokens), and those
+# last rounds are the same in the two requests, so the difference is made of full rounds only.
+ROUND_SHORT = 16
+DFLASH_DRAFTS = 15  # a DFlash block of 16: the last token and 15 mask positions
+# llama.cpp's prompt, about the length (16 tokens) of flashmap bench's random prompts.
+ROUND_PROMPT = "The history of the printing press begins in the fifteenth century, when"
+
+
+def full_rounds(a, b):
+    """One full round from two requests that differ only in full rounds: each total (decoding
+    time, tokens, and what else both report: drafts, phase times) over the rounds between them;
+    None when they do not differ."""
+    if b["rounds"] <= a["rounds"]:
+        return None
+    n = b["rounds"] - a["rounds"]
+    per = {"decode_ms": "round_ms", "tokens": "tau", "drafted": "drafts_per_round",
+           "draft_total_ms": "draft_ms", "verify_total_ms": "verify_ms"}
+    return {v: (b[k] - a[k]) / n for k, v in per.items() if k in a and k in b}
+
+
+def flashmap_dflash_round(args, model_dir, dflash_dir, weights):
+    """flashmap's DFlash round on the folders: `flashmap bench --target --draft` (one random
+    prompt, greedy), twice, with and without ROUND_SHORT tokens."""
+    got = []
+    for n in (ROUND_SHORT, ROUND_SHORT + args.round_tokens):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "bench.json"
+            cmd = [args.flashmap, "bench", "--target", model_dir, "--draft", dflash_dir,
+                   "--threads", args.threads, "--reps", 1, "--prompts", 1,
+                   "--max-new-tokens", n, "--json", out]
+            if weights == "q8":
+                cmd += ["--weights", "q8"]
+            elif args.compute == "bf16":
+                cmd += ["--compute", "bf16"]
+            rc, so, se = capture(cmd)
+            if rc != 0:
+                raise SystemExit(f"vs_llama_cpp: flashmap failed (exit {rc}): "
+                                 + " ".join(map(str, cmd)) + "\n" + (se or so).strip())
+            j = json.loads(out.read_text())
+        d, n = j["dflash"], j["dflash"]["rounds"]
+        got.append({"decode_ms": d["round_ms"] * n, "rounds": n, "tokens": d["tau"] * n,
+                    "draft_total_ms": d["draft_ms_per_round"] * n,
+                    "verify_total_ms": d["verify_ms_per_round"] * n,
+                    "alone_ms": j["target_alone"]["round_ms"]})
+    r = full_rounds(*got)
+    if r is None:
+        raise SystemExit("vs_llama_cpp: flashmap's two DFlash requests ran the same rounds")
+    r["decode_ms"] = got[1]["alone_ms"]
+    return r
+
+
+def llama_dflash_round(args, tools, target_gguf, dflash_gguf):
+    """llama.cpp's own DFlash speculative decoding (`llama-speculative-simple --spec-type
+    draft-dflash`, greedy, every round a full block: no minimum draft probability), twice, with
+    and without ROUND_SHORT tokens; its "decoded N tokens in S seconds" and draft counts."""
+    got = []
+    for n in (ROUND_SHORT, ROUND_SHORT + args.round_tokens):
+        cmd = [tools["speculative"], "-m", target_gguf, "-md", dflash_gguf,
+               "--spec-type", "draft-dflash", "--spec-draft-n-max", DFLASH_DRAFTS,
+               "--spec-draft-n-min", DFLASH_DRAFTS, "--spec-draft-p-min", 0,
+               "-t", args.threads, "-tb", args.threads, "-td", args.threads,
+               "-tbd", args.threads, "--temp", 0, "-n", n, "-c", 1024, "-p", ROUND_PROMPT]
+        rc, so, se = capture(cmd)
+        text = so + se
+        if rc != 0:
+            raise SystemExit(f"vs_llama_cpp: llama-speculative-simple failed (exit {rc}): "
+                             + " ".join(map(str, cmd)) + "\n" + text.strip()[-2000:])
+        # Its log lines may start with a time stamp and a level.
+        vals = {}
+        m = re.search(r"\bdecoded\s+\d+ tokens in\s+([0-9.]+) seconds", text)
+        if m:
+            vals["decode_ms"] = 1000 * float(m.group(1))
+        for key in ("n_predict", "n_drafted", "n_accept"):
+            m = re.search(rf"\b{key}\s*=\s*(\d+)", text)
+            if m:
+                vals[key] = int(m.group(1))
+        if len(vals) != 4:
+            raise SystemExit("vs_llama_cpp: llama-speculative-simple's summary not found: "
+                             + " ".join(map(str, cmd)) + "\n" + text.strip()[-2000:])
+        # Each round commits its accepted drafts and one token of the target's own.
+        got.append({"decode_ms": vals["decode_ms"], "tokens": vals["n_predict"],
+                    "rounds": vals["n_predict"] - vals["n_accept"],
+                    "drafted": vals["n_drafted"]})
+    r = full_rounds(*got)
+    if r is None:
+        raise SystemExit("vs_llama_cpp: llama.cpp's two DFlash requests ran the same rounds")
+    return r
 
 
 def llama_bench_tg(args, tools, gguf):
@@ -476,12 +603,15 @@ def fmt_ms(x):
 TAUS = (1, 2, 3, 4, 5, 6, 6.5, 7, 8, 9, 10)
 
 
-def round_tables(args, runs, values, draft_shape):
+def round_tables(args, runs, values, draft_shape, modes):
     """Prints a speculative round in each engine, phase by phase, and the tokens/s it gives at
     each τ (tokens a round commits; the same τ for both, since it is the drafter's and the
     text's, not the engine's) against each engine's own target-alone decode; returns them."""
     out = {}
     for w, wl in (("bf16", "bf16"), ("q8", "q8 (Q8_0)")):
+        if w not in modes:
+            continue
+
         def medians(engine, keys):
             got = {}
             for k in keys:
@@ -526,6 +656,35 @@ def round_tables(args, runs, values, draft_shape):
     return out
 
 
+def dflash_table(runs, values, ratios, modes):
+    """Prints the DFlash round of each engine on the same drafter and target weights; returns
+    the medians."""
+    out = {}
+    print(f"\n## A DFlash round, the same random Qwen3-8B and DFlash-b16 weights in both "
+          "engines\n")
+    print("| weights | flashmap round ms (draft / verify) | llama.cpp round ms | ratio "
+          "(flashmap/llama.cpp) | τ flashmap / llama.cpp | llama.cpp drafts a round |")
+    print("|---|---|---|---|---|---|")
+    for w, wl in (("bf16", "bf16"), ("q8", "q8 (Q8_0)")):
+        if w not in modes:
+            continue
+        fm = {k: med(values("flashmap dflash", w, lambda x, k=k: x[k]))
+              for k in ("round_ms", "draft_ms", "verify_ms", "tau", "decode_ms")}
+        ll = {k: med(values("llama.cpp dflash", w, lambda x, k=k: x[k]))
+              for k in ("round_ms", "tau", "drafts_per_round")}
+        ratio = med(ratios(w, lambda x: x["round_ms"], "flashmap dflash", "llama.cpp dflash"))
+        print(f"| {wl} | {fmt_ms(fm['round_ms'])} ({fmt_ms(fm['draft_ms'])} / "
+              f"{fmt_ms(fm['verify_ms'])}) | {fmt_ms(ll['round_ms'])} | "
+              f"{'n/a' if ratio is None else format(ratio, '.2f')} | "
+              f"{fmt_ms(fm['tau'])} / {fmt_ms(ll['tau'])} | {fmt_ms(ll['drafts_per_round'])} |")
+        out[w] = {"flashmap": fm, "llama_cpp": ll, "ratio": ratio}
+    print(f"\na round: the cost of one more full round ({DFLASH_DRAFTS} drafts and a verify of "
+          f"{DFLASH_DRAFTS + 1}) in a whole request, from two requests of each engine that "
+          "differ in full rounds only (greedy; random weights accept few drafts, τ near 1); "
+          "flashmap's draft / verify: those phases of that round")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -554,6 +713,9 @@ def main():
                     help="the flashmap binary (build/flashmap)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2,
                     help="parallel jobs for the llama.cpp build")
+    ap.add_argument("--no-amx", action="store_true",
+                    help="build llama.cpp natively but without AMX tiles (for CPUs, some VMs, "
+                         "that report AMX and fault on it; flashmap uses no AMX either)")
     ap.add_argument("--no-llama-bench", action="store_true",
                     help="skip llama-bench's own decode figure (a cross-check of the timer)")
     ap.add_argument("--max-interference", type=float, default=0.10,
@@ -563,15 +725,28 @@ def main():
                     help="repeats of a run disturbed past --max-interference (2)")
     ap.add_argument("--quiet-wait", type=int, default=60,
                     help="seconds to wait, before each run, for a quiet second (60)")
+    ap.add_argument("--weights", choices=("both", "bf16", "q8"), default="both",
+                    help="which weights to time: bf16 (llama.cpp's bf16 GGUF), q8 (its Q8_0; "
+                         "flashmap --weights q8) or both (both)")
+    ap.add_argument("--no-dflash", action="store_true",
+                    help="at qwen3-8b, skip the DFlash rounds (a random drafter of "
+                         "z-lab/Qwen3-8B-DFlash-b16's shape in both engines)")
+    ap.add_argument("--round-tokens", type=int, default=32,
+                    help="tokens the longer of each engine's two DFlash requests adds: the "
+                         "rounds timed (about as many at random weights' τ near 1; 32)")
+    ap.add_argument("--converter-python", type=Path,
+                    help="a Python with torch and the converter's requirements, instead of the "
+                         "venv the script makes in the cache folder")
     ap.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
     ap.add_argument("--_make-model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--_seed", type=int, default=MODEL_SEED, help=argparse.SUPPRESS)
+    ap.add_argument("--_dflash", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args._make_model:
-        make_model(args._make_model, args._seed, args.shape)
+        make_model(args._make_model, args._seed, args.shape, args._dflash)
         return
-    for name in ("threads", "context", "reps", "inner_reps", "jobs"):
+    for name in ("threads", "context", "reps", "inner_reps", "jobs", "round_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.retries < 0 or args.quiet_wait < 0 or not 0 <= args.max_interference <= 1:
@@ -590,15 +765,19 @@ def main():
     cache.mkdir(parents=True, exist_ok=True)
     t_setup = time.time()
     llama = ensure_sources(cache)
-    tools = ensure_build(cache, llama, args.jobs)
-    py = ensure_venv(cache, llama)
+    tools = ensure_build(cache, llama, args.jobs, args.no_amx)
+    py = args.converter_python or ensure_venv(cache, llama)
     model_dir = ensure_model(cache, py, args.shape)
-    gguf = ensure_gguf(cache, py, llama, tools, model_dir, args.shape)
+    gguf = ensure_gguf(cache, py, llama, tools, model_dir)
     draft_shape = DRAFT_MODEL.get(args.shape)
     draft_gguf = None
     if draft_shape:
         draft_dir = ensure_model(cache, py, draft_shape)
-        draft_gguf = ensure_gguf(cache, py, llama, tools, draft_dir, draft_shape)
+        draft_gguf = ensure_gguf(cache, py, llama, tools, draft_dir)
+    dflash_dir = dflash_gguf = None
+    if args.shape in DFLASH and not args.no_dflash:
+        dflash_dir = ensure_model(cache, py, args.shape, dflash=True)
+        dflash_gguf = ensure_gguf(cache, py, llama, tools, dflash_dir, target_dir=model_dir)
     log(f"setup done in {time.time() - t_setup:.0f} s")
     if args.setup_only:
         return
@@ -607,8 +786,10 @@ def main():
     commit = capture(["git", "-C", REPO, "rev-parse", "HEAD"])[1].strip()
     load_before = os.getloadavg()
     # runs[engine][weights][round]: {"decode_ms", "verify_ms", "interference"}, or None (not run)
-    engines = ("flashmap", "llama.cpp") + (("llama.cpp round",) if draft_shape else ())
-    runs = {e: {w: [] for w in ("bf16", "q8")} for e in engines}
+    engines = (("flashmap", "llama.cpp") + (("llama.cpp round",) if draft_shape else ())
+               + (("flashmap dflash", "llama.cpp dflash") if dflash_dir else ()))
+    modes = ("bf16", "q8") if args.weights == "both" else (args.weights,)
+    runs = {e: {w: [] for w in modes} for e in engines}
     fm_dtype = {}
     llama_version = None
     q8_note = None
@@ -620,7 +801,7 @@ def main():
         q8_note = f"flashmap has no --weights q8 yet ({(se or so).strip().splitlines()[-1]})"
         log(f"q8: not available: {q8_note}")
     for r in range(args.reps):
-        for w in ("bf16", "q8"):
+        for w in modes:
             f = None
             if not (w == "q8" and q8_note):
                 try:
@@ -643,6 +824,20 @@ def main():
                     "verify_ms": l["verify_ms"], "decode_ms": l["decode_ms"],
                     "round_ms": DRAFTS * d["decode_ms"] + l["verify_ms"],
                     "interference": max(d["interference"], l["interference"])})
+            if dflash_dir:
+                fd = None
+                if f is not None:
+                    fd = timed(args, f"flashmap DFlash round {w}",
+                               lambda: flashmap_dflash_round(args, model_dir, dflash_dir, w))
+                ld = timed(args, f"llama.cpp DFlash round {w}",
+                           lambda: llama_dflash_round(args, tools, gguf[w], dflash_gguf[w]))
+                runs["flashmap dflash"][w].append(fd)
+                runs["llama.cpp dflash"][w].append(ld)
+                log(f"round {r + 1}/{args.reps} {w}: DFlash round flashmap "
+                    f"{fmt_ms(fd and fd['round_ms'])} ms (draft "
+                    f"{fmt_ms(fd and fd['draft_ms'])}, verify {fmt_ms(fd and fd['verify_ms'])}), "
+                    f"llama.cpp {ld['round_ms']:.2f} ms ({ld['drafts_per_round']:.1f} drafts a "
+                    "round)")
             log(f"round {r + 1}/{args.reps} {w}: flashmap "
                 f"{fmt_ms(f and f['decode_ms'])} / {fmt_ms(f and f['verify_ms'])} ms, llama.cpp "
                 f"{l['decode_ms']:.2f} / {l['verify_ms']:.2f} ms (decode / verify-{VERIFY_ROWS})"
@@ -656,7 +851,7 @@ def main():
 
     tg = {}
     if not args.no_llama_bench:
-        for w in ("bf16", "q8"):
+        for w in modes:
             tg[w] = timed(args, f"llama-bench {w}",
                           lambda: {"ms": llama_bench_tg(args, tools, gguf[w])})["ms"]
 
@@ -674,10 +869,10 @@ def main():
             disturbed.add(w)
         return [fn(x) for x in xs]
 
-    def ratios(w, fn):
-        """fn(flashmap run) / fn(llama.cpp run) of each round, over the rounds where both were
-        left alone (all rounds with both, and the figure marked, when none was)."""
-        both = list(zip(runs["flashmap"][w], runs["llama.cpp"][w]))
+    def ratios(w, fn, a="flashmap", b="llama.cpp"):
+        """fn(a's run) / fn(b's run) of each round, over the rounds where both were left alone
+        (all rounds with both, and the figure marked, when none was)."""
+        both = list(zip(runs[a][w], runs[b][w]))
         pairs = [(a, b) for a, b in both if clean(a) and clean(b)]
         if not pairs and any(a and b for a, b in both):
             pairs = [(a, b) for a, b in both if a and b]
@@ -691,6 +886,8 @@ def main():
                (f"verify-{VERIFY_ROWS} / decode", None,
                 lambda x: x["verify_ms"] / x["decode_ms"]))
     for w, wl in (("bf16", "bf16"), ("q8", "q8 (Q8_0)")):
+        if w not in modes:
+            continue
         for label, key, fn in figures:
             fm, ll, ratio = values("flashmap", w, fn), values("llama.cpp", w, fn), ratios(w, fn)
             rows.append({"figure": f"{label}, {wl}" + ("" if key else " (x, not ms)")
@@ -725,7 +922,8 @@ def main():
               "from disturbed runs and compare nothing (run again on a quieter machine)")
     if q8_note:
         print(f"flashmap q8: not available ({q8_note})")
-    rounds = round_tables(args, runs, values, draft_shape) if draft_shape else None
+    rounds = round_tables(args, runs, values, draft_shape, modes) if draft_shape else None
+    dflash_rounds = dflash_table(runs, values, ratios, modes) if dflash_dir else None
     if tg:
         print("llama-bench cross-check (one run after the rounds), tg16 at depth {}: {}".format(
             args.context, ", ".join(f"{w} {fmt_ms(v)} ms/token" for w, v in tg.items())))
@@ -744,6 +942,8 @@ def main():
             "flashmap_q8": "not available: " + q8_note if q8_note else "ok",
             "flashmap_lm_head_dtype": fm_dtype, "llama_bench_tg_ms": tg,
             "shape": args.shape, "draft_model_shape": draft_shape, "rounds": rounds,
+            "dflash_rounds": dflash_rounds,
+            "dflash_gguf": {k: str(v) for k, v in dflash_gguf.items()} if dflash_gguf else None,
             "draft_gguf": {k: str(v) for k, v in draft_gguf.items()} if draft_gguf else None,
         }, indent=2) + "\n")
 
