@@ -386,6 +386,13 @@ class Unavailable(Exception):
     pass
 
 
+def flashmap_mode(args, weights):
+    """flashmap's options for the weights timed: q8, or the bf16 file's with --compute."""
+    if weights == "q8":
+        return ["--weights", "q8"]
+    return ["--compute", "bf16"] if args.compute == "bf16" else []
+
+
 def flashmap_once(args, model_dir, weights):
     """flashmap's decode and verify on the folder; at a shape with a released FlashMap drafter
     (qwen3-8b) also its round, with a random drafter of that shape made in memory."""
@@ -396,10 +403,7 @@ def flashmap_once(args, model_dir, weights):
                "--reps", args.inner_reps, "--no-sweep", "--json", out]
         if args.shape in DRAFT_MODEL:
             cmd += ["--draft-shape", f"flashmap-{args.shape}", "--prefill", 1]
-        if weights == "q8":
-            cmd += ["--weights", "q8"]
-        elif args.compute == "bf16":
-            cmd += ["--compute", "bf16"]
+        cmd += flashmap_mode(args, weights)
         rc, so, se = capture(cmd)
         if rc != 0:
             msg = (se or so).strip()
@@ -463,11 +467,7 @@ def flashmap_dflash_round(args, model_dir, dflash_dir, weights):
             out = Path(tmp) / "bench.json"
             cmd = [args.flashmap, "bench", "--target", model_dir, "--draft", dflash_dir,
                    "--threads", args.threads, "--reps", 1, "--prompts", 1,
-                   "--max-new-tokens", n, "--json", out]
-            if weights == "q8":
-                cmd += ["--weights", "q8"]
-            elif args.compute == "bf16":
-                cmd += ["--compute", "bf16"]
+                   "--max-new-tokens", n, "--json", out] + flashmap_mode(args, weights)
             rc, so, se = capture(cmd)
             if rc != 0:
                 raise SystemExit(f"vs_llama_cpp: flashmap failed (exit {rc}): "
