@@ -149,6 +149,14 @@ std::unique_ptr<FlashMapModel> random_drafter(const FlashMapConfig& c, const Qwe
       nullptr, format);
 }
 
+// How a weight is held: an integer format by ggml's name of its blocks (a GGUF's Q6_K head stays
+// Q6_K under --weights q4), else the dtype of its file.
+std::string held_as(const Weight& w) {
+  const ops::PackedWeight* p = w.packed.get();
+  if (!p || !p->integer()) return std::string(dtype_name(w.dtype));
+  return p->q8 ? "Q8_0" : p->q4 ? "Q4_0" : p->q4k ? "Q4_K" : p->q5k ? "Q5_K" : "Q6_K";
+}
+
 // The fields of a Qwen3 config that set the cost of a step; the ones of `got` that differ from
 // `want`, as "name got (want)" (empty when it has the shape).
 std::vector<std::string> shape_mismatches(const Qwen3Config& got, const Qwen3Config& want) {
@@ -364,10 +372,7 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   out["isa"] = ops::isa_name(ops::active_isa());
   const ops::WeightFormat wf = target.weight_format();
   out["weights"] = ops::weight_format_name(wf);
-  out["lm_head_dtype"] = wf == ops::WeightFormat::Q8 ? std::string("Q8_0")
-                         : wf == ops::WeightFormat::Q4
-                             ? std::string("Q4_0")
-                             : std::string(dtype_name(target.lm_head().dtype));
+  out["lm_head_dtype"] = held_as(target.lm_head());
   out["tied_embeddings"] = tied;
   out["context"] = a.context;
   out["read_bandwidth_gbps"] = gbps;
