@@ -108,6 +108,22 @@ DFLASH_8B_CONFIG = dict(
     dflash_config={"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]})
 DFLASH = {"qwen3-8b": DFLASH_8B_CONFIG}
 
+# The weights a run can time, each the same model in both engines: the label of its rows,
+# flashmap's options, and the `llama-quantize` type of llama.cpp's GGUFs made from the bf16 one
+# (target, and the draft model llama.cpp speculates with; the DFlash drafter's) or None for the
+# bf16 GGUF itself. flashmap reads the bf16 folder and makes q8 at load, the same rule as
+# Q8_0; a Q4_K_M file it reads as it is (`--target FILE.gguf --weights q4`: its Q4_K and Q6_K
+# blocks kept), and it quantizes a drafter's own matrices to q4 at load, Q4_0's rule, so
+# llama.cpp's DFlash drafter is Q4_0 there.
+WEIGHTS = {
+    "bf16": {"label": "bf16", "flashmap": [], "target": None, "dflash": None},
+    "q8": {"label": "q8 (Q8_0)", "flashmap": ["--weights", "q8"], "target": "Q8_0",
+           "dflash": "Q8_0"},
+    "q4km": {"label": "Q4_K_M (flashmap: the file, --weights q4)",
+             "flashmap": ["--weights", "q4"], "target": "Q4_K_M", "dflash": "Q4_0",
+             "flashmap_reads_gguf": True},
+}
+
 
 def log(msg):
     print(f"[vs_llama_cpp] {msg}", file=sys.stderr, flush=True)
@@ -358,43 +374,46 @@ def ensure_model(cache, py, shape, dflash=False):
 # 4. GGUF: converted by llama.cpp's converter, quantized by llama-quantize
 
 
-def ensure_gguf(cache, py, llama, tools, model_dir, target_dir=None):
-    """bf16 and Q8_0 GGUFs of the folder; a DFlash drafter's conversion reads the vocabulary of
+def ensure_gguf(cache, py, llama, tools, model_dir, modes, kind="target", target_dir=None):
+    """The folder's GGUF for each of the weights modes (WEIGHTS[mode][kind]: the bf16 conversion
+    or a `llama-quantize` type of it); a DFlash drafter's conversion reads the vocabulary of
     its target's folder (target_dir)."""
     stamp_text = (model_dir / ".flashmap-bench-ok").read_text()
     key = sha256_of(stamp_text.encode(), LLAMA_CPP_PYTHON.encode())
     bf16 = cache / f"{model_dir.name}-bf16-{key}.gguf"
-    q8 = cache / f"{model_dir.name}-q8_0-{key}.gguf"
     if not bf16.exists():
         tmp = bf16.with_suffix(".partial")
         # NO_LOCAL_GGUF unset: the converter puts the vendored gguf-py first on its path.
         run([py, llama / "convert_hf_to_gguf.py", model_dir, "--outtype", "bf16",
              "--outfile", tmp] + (["--target-model-dir", target_dir] if target_dir else []))
         tmp.rename(bf16)
-    if not q8.exists():
-        tmp = q8.with_suffix(".partial")
-        run([tools["quantize"], bf16, tmp, "Q8_0"])
-        tmp.rename(q8)
-    return {"bf16": bf16, "q8": q8}
+    got = {}
+    for mode in modes:
+        qtype = WEIGHTS[mode][kind]
+        if qtype is None:
+            got[mode] = bf16
+            continue
+        got[mode] = cache / f"{model_dir.name}-{qtype.lower()}-{key}.gguf"
+        if not got[mode].exists():
+            tmp = got[mode].with_suffix(".partial")
+            run([tools["quantize"], bf16, tmp, qtype])
+            tmp.rename(got[mode])
+    return got
 
 
 # ---------------------------------------------------------------------------------------------
 # 5. timing
 
 
-class Unavailable(Exception):
-    pass
-
-
 def flashmap_mode(args, weights):
-    """flashmap's options for the weights timed: q8, or the bf16 file's with --compute."""
-    if weights == "q8":
-        return ["--weights", "q8"]
+    """flashmap's options for the weights timed: q8 or q4, or the bf16 file's with --compute."""
+    if WEIGHTS[weights]["flashmap"]:
+        return WEIGHTS[weights]["flashmap"]
     return ["--compute", "bf16"] if args.compute == "bf16" else []
 
 
 def flashmap_once(args, model_dir, weights):
-    """flashmap's decode and verify on the folder; at a shape with a released FlashMap drafter
+    """flashmap's decode and verify on the folder (or GGUF file); at a shape with a released FlashMap drafter
     (qwen3-8b) also its round, with a random drafter of that shape made in memory."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
@@ -406,12 +425,8 @@ def flashmap_once(args, model_dir, weights):
         cmd += flashmap_mode(args, weights)
         rc, so, se = capture(cmd)
         if rc != 0:
-            msg = (se or so).strip()
-            if weights == "q8" and "--weights" in msg:
-                # CLI11's words for an option this build does not have.
-                raise Unavailable(f"flashmap has no --weights q8 yet ({msg.splitlines()[-1]})")
             raise SystemExit(f"vs_llama_cpp: flashmap failed (exit {rc}): "
-                             + " ".join(map(str, cmd)) + "\n" + msg)
+                             + " ".join(map(str, cmd)) + "\n" + (se or so).strip())
         j = json.loads(out.read_text())
     r = {"decode_ms": j["decode_ms"], "verify_ms": j[f"verify{VERIFY_ROWS}_ms"],
          "lm_head_dtype": j.get("lm_head_dtype"),
@@ -442,7 +457,7 @@ def llama_once(args, tools, gguf, verify=True):
 # last rounds are the same in the two requests, so the difference is made of full rounds only.
 ROUND_SHORT = 16
 DFLASH_DRAFTS = 15  # a DFlash block of 16: the last token and 15 mask positions
-# llama.cpp's prompt, about the length (16 tokens) of flashmap bench's random prompts.
+# The prompt of both engines' requests, raw text (no chat template): 14 tokens.
 ROUND_PROMPT = "The history of the printing press begins in the fifteenth century, when"
 
 
@@ -459,14 +474,16 @@ def full_rounds(a, b):
 
 
 def flashmap_dflash_round(args, model_dir, dflash_dir, weights):
-    """flashmap's DFlash round on the folders: `flashmap bench --target --draft` (one random
-    prompt, greedy), twice, with and without ROUND_SHORT tokens."""
+    """flashmap's DFlash round on the target (folder or GGUF file) and the drafter's folder:
+    `flashmap bench --target --draft` (llama.cpp's prompt, greedy), twice, with and without
+    ROUND_SHORT tokens."""
     got = []
     for n in (ROUND_SHORT, ROUND_SHORT + args.round_tokens):
         with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "bench.json"
+            out, prompt = Path(tmp) / "bench.json", Path(tmp) / "prompt.jsonl"
+            prompt.write_text(json.dumps({"prompt": ROUND_PROMPT}) + "\n")
             cmd = [args.flashmap, "bench", "--target", model_dir, "--draft", dflash_dir,
-                   "--threads", args.threads, "--reps", 1, "--prompts", 1,
+                   "--threads", args.threads, "--reps", 1, "--prompt-file", prompt,
                    "--max-new-tokens", n, "--json", out] + flashmap_mode(args, weights)
             rc, so, se = capture(cmd)
             if rc != 0:
@@ -608,9 +625,8 @@ def round_tables(args, runs, values, draft_shape, modes):
     each τ (tokens a round commits; the same τ for both, since it is the drafter's and the
     text's, not the engine's) against each engine's own target-alone decode; returns them."""
     out = {}
-    for w, wl in (("bf16", "bf16"), ("q8", "q8 (Q8_0)")):
-        if w not in modes:
-            continue
+    for w in modes:
+        wl = WEIGHTS[w]["label"]
 
         def medians(engine, keys):
             got = {}
@@ -660,14 +676,13 @@ def dflash_table(runs, values, ratios, modes):
     """Prints the DFlash round of each engine on the same drafter and target weights; returns
     the medians."""
     out = {}
-    print(f"\n## A DFlash round, the same random Qwen3-8B and DFlash-b16 weights in both "
+    print("\n## A DFlash round, the same random Qwen3-8B and DFlash-b16 weights in both "
           "engines\n")
     print("| weights | flashmap round ms (draft / verify) | llama.cpp round ms | ratio "
           "(flashmap/llama.cpp) | τ flashmap / llama.cpp | llama.cpp drafts a round |")
     print("|---|---|---|---|---|---|")
-    for w, wl in (("bf16", "bf16"), ("q8", "q8 (Q8_0)")):
-        if w not in modes:
-            continue
+    for w in modes:
+        wl = WEIGHTS[w]["label"]
         fm = {k: med(values("flashmap dflash", w, lambda x, k=k: x[k]))
               for k in ("round_ms", "draft_ms", "verify_ms", "tau", "decode_ms")}
         ll = {k: med(values("llama.cpp dflash", w, lambda x, k=k: x[k]))
@@ -683,6 +698,15 @@ def dflash_table(runs, values, ratios, modes):
           "differ in full rounds only (greedy; random weights accept few drafts, τ near 1); "
           "flashmap's draft / verify: those phases of that round")
     return out
+
+
+def weights_list(text):
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in WEIGHTS]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(
+            f"'{text}': expected a comma-separated list of {', '.join(WEIGHTS)}")
+    return tuple(dict.fromkeys(modes))
 
 
 def main():
@@ -725,9 +749,10 @@ def main():
                     help="repeats of a run disturbed past --max-interference (2)")
     ap.add_argument("--quiet-wait", type=int, default=60,
                     help="seconds to wait, before each run, for a quiet second (60)")
-    ap.add_argument("--weights", choices=("both", "bf16", "q8"), default="both",
-                    help="which weights to time: bf16 (llama.cpp's bf16 GGUF), q8 (its Q8_0; "
-                         "flashmap --weights q8) or both (both)")
+    ap.add_argument("--weights", type=weights_list, default="bf16,q8",
+                    help="which weights to time, comma-separated: bf16 (llama.cpp's bf16 GGUF), "
+                         "q8 (its Q8_0; flashmap --weights q8), q4km (its Q4_K_M, which flashmap "
+                         "reads as it is with --weights q4; DFlash drafter Q4_0) (bf16,q8)")
     ap.add_argument("--no-dflash", action="store_true",
                     help="at qwen3-8b, skip the DFlash rounds (a random drafter of "
                          "z-lab/Qwen3-8B-DFlash-b16's shape in both engines)")
@@ -768,16 +793,21 @@ def main():
     tools = ensure_build(cache, llama, args.jobs, args.no_amx)
     py = args.converter_python or ensure_venv(cache, llama)
     model_dir = ensure_model(cache, py, args.shape)
-    gguf = ensure_gguf(cache, py, llama, tools, model_dir)
+    modes = args.weights
+    gguf = ensure_gguf(cache, py, llama, tools, model_dir, modes)
+    # What flashmap reads for each mode: the folder, or llama.cpp's own file.
+    fm_target = {w: gguf[w] if WEIGHTS[w].get("flashmap_reads_gguf") else model_dir
+                 for w in modes}
     draft_shape = DRAFT_MODEL.get(args.shape)
     draft_gguf = None
     if draft_shape:
         draft_dir = ensure_model(cache, py, draft_shape)
-        draft_gguf = ensure_gguf(cache, py, llama, tools, draft_dir)
+        draft_gguf = ensure_gguf(cache, py, llama, tools, draft_dir, modes)
     dflash_dir = dflash_gguf = None
     if args.shape in DFLASH and not args.no_dflash:
         dflash_dir = ensure_model(cache, py, args.shape, dflash=True)
-        dflash_gguf = ensure_gguf(cache, py, llama, tools, dflash_dir, target_dir=model_dir)
+        dflash_gguf = ensure_gguf(cache, py, llama, tools, dflash_dir, modes, kind="dflash",
+                                  target_dir=model_dir)
     log(f"setup done in {time.time() - t_setup:.0f} s")
     if args.setup_only:
         return
@@ -788,28 +818,13 @@ def main():
     # runs[engine][weights][round]: {"decode_ms", "verify_ms", "interference"}, or None (not run)
     engines = (("flashmap", "llama.cpp") + (("llama.cpp round",) if draft_shape else ())
                + (("flashmap dflash", "llama.cpp dflash") if dflash_dir else ()))
-    modes = ("bf16", "q8") if args.weights == "both" else (args.weights,)
     runs = {e: {w: [] for w in modes} for e in engines}
     fm_dtype = {}
     llama_version = None
-    q8_note = None
-    # Whether flashmap takes --weights q8, from a command that fails at once either way: on the
-    # unknown option, or (the option known) on the missing folder, before any weights load.
-    rc, so, se = capture([args.flashmap, "bench", "--shape", args.shape, "--no-sweep", "--weights",
-                          "q8", "--target", cache / "no-such-folder"])
-    if rc != 0 and "--weights" in so + se:
-        q8_note = f"flashmap has no --weights q8 yet ({(se or so).strip().splitlines()[-1]})"
-        log(f"q8: not available: {q8_note}")
     for r in range(args.reps):
         for w in modes:
-            f = None
-            if not (w == "q8" and q8_note):
-                try:
-                    f = timed(args, f"flashmap {w}", lambda: flashmap_once(args, model_dir, w))
-                    fm_dtype[w] = f["lm_head_dtype"]
-                except Unavailable as e:
-                    q8_note = str(e)
-                    log(f"q8: not available: {q8_note}")
+            f = timed(args, f"flashmap {w}", lambda: flashmap_once(args, fm_target[w], w))
+            fm_dtype[w] = f["lm_head_dtype"]
             runs["flashmap"][w].append(f)
             l = timed(args, f"llama.cpp {w}", lambda: llama_once(args, tools, gguf[w]))
             llama_version = l["llama_version"]
@@ -825,10 +840,8 @@ def main():
                     "round_ms": DRAFTS * d["decode_ms"] + l["verify_ms"],
                     "interference": max(d["interference"], l["interference"])})
             if dflash_dir:
-                fd = None
-                if f is not None:
-                    fd = timed(args, f"flashmap DFlash round {w}",
-                               lambda: flashmap_dflash_round(args, model_dir, dflash_dir, w))
+                fd = timed(args, f"flashmap DFlash round {w}",
+                           lambda: flashmap_dflash_round(args, fm_target[w], dflash_dir, w))
                 ld = timed(args, f"llama.cpp DFlash round {w}",
                            lambda: llama_dflash_round(args, tools, gguf[w], dflash_gguf[w]))
                 runs["flashmap dflash"][w].append(fd)
@@ -844,8 +857,10 @@ def main():
                 + "".join(f"; {n} disturbed ({100 * x['interference']:.0f}%)"
                           for n, x in (("flashmap", f), ("llama.cpp", l))
                           if x and x["interference"] > args.max_interference))
-    if "q8" in fm_dtype and fm_dtype["q8"] in ("BF16", "F16", "F32"):
-        log(f"warning: flashmap accepted --weights q8 but its lm_head is {fm_dtype['q8']}")
+    for w, dtype in fm_dtype.items():
+        if WEIGHTS[w]["flashmap"] and dtype in ("BF16", "F16", "F32"):
+            log(f"warning: flashmap accepted {' '.join(WEIGHTS[w]['flashmap'])} but its lm_head "
+                f"is {dtype}")
     load_after = os.getloadavg()
     interference = [x["interference"] for e in runs.values() for w in e.values() for x in w if x]
 
@@ -885,9 +900,8 @@ def main():
                (f"verify-{VERIFY_ROWS}", "verify_ms", lambda x: x["verify_ms"]),
                (f"verify-{VERIFY_ROWS} / decode", None,
                 lambda x: x["verify_ms"] / x["decode_ms"]))
-    for w, wl in (("bf16", "bf16"), ("q8", "q8 (Q8_0)")):
-        if w not in modes:
-            continue
+    for w in modes:
+        wl = WEIGHTS[w]["label"]
         for label, key, fn in figures:
             fm, ll, ratio = values("flashmap", w, fn), values("llama.cpp", w, fn), ratios(w, fn)
             rows.append({"figure": f"{label}, {wl}" + ("" if key else " (x, not ms)")
@@ -920,8 +934,6 @@ def main():
     if disturbed:
         print("* WARNING: no run of these figures was left alone by other processes: they come "
               "from disturbed runs and compare nothing (run again on a quieter machine)")
-    if q8_note:
-        print(f"flashmap q8: not available ({q8_note})")
     rounds = round_tables(args, runs, values, draft_shape, modes) if draft_shape else None
     dflash_rounds = dflash_table(runs, values, ratios, modes) if dflash_dir else None
     if tg:
@@ -939,7 +951,6 @@ def main():
             "load_average_before": load_before, "load_average_after": load_after,
             "interference": interference, "max_interference": args.max_interference,
             "table": rows, "runs": runs,
-            "flashmap_q8": "not available: " + q8_note if q8_note else "ok",
             "flashmap_lm_head_dtype": fm_dtype, "llama_bench_tg_ms": tg,
             "shape": args.shape, "draft_model_shape": draft_shape, "rounds": rounds,
             "dflash_rounds": dflash_rounds,
