@@ -16,9 +16,10 @@ In one run (each step reused from the cache folder when it is already there):
      (tests/data/qwen3-tokenizer); at qwen3-8b also the Qwen3-0.6B folder, as the draft model
      of llama.cpp's own speculative decoding;
   4. that folder converted by convert_hf_to_gguf.py to a bf16 GGUF, quantized to Q8_0 by
-     llama-quantize;
+     llama-quantize (--weights q4km: also to Q4_K_M, which flashmap reads as it is);
   5. decode (1 token) and verify-17 (17 tokens, logits for all 17 rows) at --context, timed in
-     --reps interleaved rounds (flashmap bf16, llama.cpp bf16, flashmap q8, llama.cpp Q8_0);
+     --reps interleaved rounds (flashmap bf16, llama.cpp bf16, flashmap q8, llama.cpp Q8_0,
+     and so on for each of --weights);
      each process reports the median of --inner-reps calls after a warm-up, and the table
      shows the median over rounds. Each run waits for a quiet second and is repeated when
      other processes took more than --max-interference of the CPUs meanwhile; runs still
@@ -413,8 +414,9 @@ def flashmap_mode(args, weights):
 
 
 def flashmap_once(args, model_dir, weights):
-    """flashmap's decode and verify on the folder (or GGUF file); at a shape with a released FlashMap drafter
-    (qwen3-8b) also its round, with a random drafter of that shape made in memory."""
+    """flashmap's decode and verify on the folder (or GGUF file); at a shape with a released
+    FlashMap drafter (qwen3-8b) also its round, with a random drafter of that shape made in
+    memory."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         cmd = [args.flashmap, "bench", "--shape", args.shape, "--target", model_dir,
