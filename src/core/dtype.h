@@ -73,11 +73,35 @@ inline uint16_t f32_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
+// IEEE binary16 to and from fp32 in integer arithmetic, for every compiler (clang before 15 has
+// no _Float16 on x86 without AVX512-FP16): exact widening; narrowing rounds to nearest even,
+// overflows to infinity and keeps NaN a quiet NaN, as the CPU's F16C conversions do.
 inline float f16_to_f32(uint16_t h) {
-  return float(std::bit_cast<_Float16>(h));
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: man · 2⁻²⁴, exact in fp32
+    const float v = float(man) * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  if (exp == 0x1f)  // infinity, or NaN made quiet
+    return std::bit_cast<float>(sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0u));
+  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
 }
 inline uint16_t f32_to_f16(float f) {
-  return std::bit_cast<uint16_t>(_Float16(f));
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((u >> 13) & 0x3ffu));  // NaN: quiet
+  if (u >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // from 65520 (65504 + half a step) up
+  if (u < 0x38800000u) {
+    // Below 2⁻¹⁴: a subnormal half, man = |f| · 2²⁴ rounded to even (1024 is 2⁻¹⁴ itself). The
+    // scaling is exact; adding and taking away 2²³ rounds to an integer in fp32's own rounding.
+    const float scaled = std::bit_cast<float>(u) * 0x1p24f;
+    const float big = scaled + 0x1p23f;
+    return uint16_t(sign | uint32_t(big - 0x1p23f));
+  }
+  u += 0xfffu + ((u >> 13) & 1u);  // round the 13 dropped bits to nearest even
+  return uint16_t(sign | ((u - 0x38000000u) >> 13));
 }
 
 // Element i of a float tensor (is_float(t)), widened to fp32; `data` need not be aligned

@@ -66,7 +66,9 @@ namespace {
 
 typedef uint16_t v16h __attribute__((vector_size(32)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
+#ifdef __FLT16_MANT_DIG__  // a compiler with _Float16 on this target
 typedef _Float16 v16x __attribute__((vector_size(32)));
+#endif
 
 template <DType D>
 inline v16f load16(const void* base, int64_t i) {
@@ -79,9 +81,16 @@ inline v16f load16(const void* base, int64_t i) {
     std::memcpy(&h, static_cast<const uint16_t*>(base) + i, sizeof(h));
     return reinterpret_cast<v16f>(__builtin_convertvector(h, v16u) << 16);
   } else {
+#ifdef __FLT16_MANT_DIG__
     v16x h;
     std::memcpy(&h, static_cast<const uint16_t*>(base) + i, sizeof(h));
     return __builtin_convertvector(h, v16f);
+#else
+    const auto* h = static_cast<const uint16_t*>(base) + i;
+    v16f v;
+    for (int j = 0; j < kLanes; ++j) v[j] = f16_to_f32(h[j]);
+    return v;
+#endif
   }
 }
 

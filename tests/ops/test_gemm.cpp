@@ -49,7 +49,7 @@ float quantize_x_block(const float* xb, double* qx) {
   for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xb[i]));
   const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
   for (int i = 0; i < 32; ++i) qx[i] = std::round(xb[i] * id);
-  return float(_Float16(std::min(dx, 65504.0f)));
+  return f16_to_f32(f32_to_f16(std::min(dx, 65504.0f)));
 }
 
 // A weight in one storage dtype, holding its bytes.
