@@ -356,9 +356,8 @@ std::shared_ptr<const PackedWeight> pack_k_min(
           for (int g = 0; g < kQ8Block / 4; ++g) v |= uint8_t((q[g * 4 + k] >> 4 & 1) << g);
           blk[kQ + j * 4 + k] = v;
         }
-      uint8_t* sm = sb + b / 2 * kPanel * 4 + j * 4 + b % 2 * 2;
-      sm[0] = qb.sc[b] & 63;
-      sm[1] = qb.m[b] & 63;
+      sb[2 * b * kPanel + j] = qb.sc[b] & 63;
+      sb[(2 * b + 1) * kPanel + j] = qb.m[b] & 63;
     }
     const uint16_t neg_dmin = qb.dmin ^ 0x8000;
     std::memcpy(sb + 4 * kPanel * 4 + j * 2, &qb.d, 2);
@@ -391,7 +390,7 @@ std::shared_ptr<const PackedWeight> pack_q6k(
   constexpr int64_t kBlock = kLow + kernel::kQ6HighBytes;
   const auto finite = [](const Q6KBlock& b) { return std::isfinite(f16_to_f32(b.d)); };
   const auto store = [](const Q6KBlock& qb, uint8_t* sb, int j) {
-    for (int h = 0; h < 16; ++h) sb[h / 4 * kPanel * 4 + j * 4 + h % 4] = uint8_t(qb.sc[h] + 128);
+    for (int h = 0; h < 16; ++h) sb[h * kPanel + j] = uint8_t(qb.sc[h]);
     std::memcpy(sb + 4 * kPanel * 4 + j * 2, &qb.d, 2);
     for (int b = 0; b < kernel::kQ4KBlocks; ++b) {
       const uint8_t* q = qb.q + b * kQ8Block;

@@ -45,6 +45,14 @@ struct V {
     const I b = _mm256_and_si256(_mm256_srli_epi32(raw, 8 * j), _mm256_set1_epi32(0xff));
     return _mm256_cvtepi32_ps(_mm256_sub_epi32(b, _mm256_set1_epi32(off)));
   }
+  static R u8(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static R s8(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
   static I nibbles(I raw, int hi) {
     return _mm256_and_si256(_mm256_srli_epi32(raw, 4 * hi), _mm256_set1_epi32(0x0f0f0f0f));
   }

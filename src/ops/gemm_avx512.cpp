@@ -43,6 +43,14 @@ struct V {
     const I b = _mm512_and_si512(_mm512_srli_epi32(raw, unsigned(8 * j)), _mm512_set1_epi32(0xff));
     return _mm512_cvtepi32_ps(_mm512_sub_epi32(b, _mm512_set1_epi32(off)));
   }
+  static R u8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static R s8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
   static I nibbles(I raw, int hi) {
     return _mm512_and_si512(_mm512_srli_epi32(raw, unsigned(4 * hi)),
                             _mm512_set1_epi32(0x0f0f0f0f));

@@ -44,6 +44,8 @@ struct V {
     return u;
   }
   static R q_byte(I raw, int j, int off) { return float(int((raw >> (8 * j)) & 0xff) - off); }
+  static R u8(const uint8_t* p) { return float(*p); }
+  static R s8(const uint8_t* p) { return float(int8_t(*p)); }
   static I nibbles(I raw, int hi) { return (raw >> (4 * hi)) & 0x0f0f0f0fu; }
   static I with_high(I low, I raw, int t) { return low | (((raw >> (2 * t)) & 0x03030303u) << 4); }
   static I with_bit(I low, I raw, int t) { return low | (((raw >> t) & 0x01010101u) << 4); }
