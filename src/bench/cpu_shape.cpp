@@ -1,9 +1,9 @@
 // `flashmap bench --shape S` on the CPU: a Qwen3 target of a released shape (random bf16 weights
 // made in memory, or the folder --target of that shape) and, with --draft-shape or --draft, its
-// FlashMap drafter. Every phase of a speculative round is timed against a limit measured in the
-// same run (read bandwidth for the streaming phases, the arithmetic peak of the mode — fp32 FMA,
-// bf16 or int8 dot products — for the compute-bound ones),
-// and the projected tokens/s over acceptance lengths τ comes from the measured round.
+// FlashMap or DFlash drafter. Every phase of a speculative round is timed against a limit measured
+// in the same run (read bandwidth for the streaming phases, the arithmetic peak of the mode — fp32
+// FMA, bf16 or int8 dot products — for the compute-bound ones), and the projected tokens/s over
+// acceptance lengths τ comes from the measured round.
 #include "bench/cpu_shape.h"
 
 #include <sys/resource.h>
@@ -24,6 +24,7 @@
 #include "cpu/backend.h"
 #include "cpu/proposers.h"
 #include "io/hf_config.h"
+#include "models/dflash.h"
 #include "models/flashmap.h"
 #include "models/qwen3.h"
 #include "ops/gemm.h"
@@ -77,30 +78,33 @@ struct RandomTensors {
   void vec(const std::string& name, int64_t n, float value = 1.0f) {
     t.push_back(make_tensor(name, {n}, std::vector<float>(size_t(n), value), DType::BF16));
   }
+  // The tensors of a Qwen3 decoder layer, names from `prefix`.
+  void qwen3_layer(const std::string& p, const Qwen3Config& c) {
+    const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
+    vec(p + "input_layernorm.weight", H);
+    vec(p + "post_attention_layernorm.weight", H);
+    vec(p + "self_attn.q_norm.weight", hd);
+    vec(p + "self_attn.k_norm.weight", hd);
+    mat(p + "self_attn.q_proj.weight", c.num_attention_heads * hd, H);
+    mat(p + "self_attn.k_proj.weight", c.num_key_value_heads * hd, H);
+    mat(p + "self_attn.v_proj.weight", c.num_key_value_heads * hd, H);
+    mat(p + "self_attn.o_proj.weight", H, c.num_attention_heads * hd);
+    mat(p + "mlp.gate_proj.weight", I, H);
+    mat(p + "mlp.up_proj.weight", I, H);
+    mat(p + "mlp.down_proj.weight", H, I);
+  }
 };
 
 std::unique_ptr<Qwen3Model> random_target(const Qwen3Config& c, ops::WeightFormat format,
                                           double& make_s) {
   const auto t0 = Clock::now();
   RandomTensors r{{}, 1};
-  const int64_t H = c.hidden_size, hd = c.head_dim, I = c.intermediate_size;
+  const int64_t H = c.hidden_size;
   r.mat("model.embed_tokens.weight", c.vocab_size, H);
   r.mat("lm_head.weight", c.vocab_size, H);
   r.vec("model.norm.weight", H);
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
-    r.vec(p + "input_layernorm.weight", H);
-    r.vec(p + "post_attention_layernorm.weight", H);
-    r.vec(p + "self_attn.q_norm.weight", hd);
-    r.vec(p + "self_attn.k_norm.weight", hd);
-    r.mat(p + "self_attn.q_proj.weight", c.num_attention_heads * hd, H);
-    r.mat(p + "self_attn.k_proj.weight", c.num_key_value_heads * hd, H);
-    r.mat(p + "self_attn.v_proj.weight", c.num_key_value_heads * hd, H);
-    r.mat(p + "self_attn.o_proj.weight", H, c.num_attention_heads * hd);
-    r.mat(p + "mlp.gate_proj.weight", I, H);
-    r.mat(p + "mlp.up_proj.weight", I, H);
-    r.mat(p + "mlp.down_proj.weight", H, I);
-  }
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    r.qwen3_layer(fmt::format("model.layers.{}.", l), c);
   make_s = seconds_since(t0);
   return std::make_unique<Qwen3Model>(
       c, Checkpoint::from_tensors(std::move(r.t), "random " + std::to_string(H)), nullptr, format);
@@ -146,6 +150,23 @@ std::unique_ptr<FlashMapModel> random_drafter(const FlashMapConfig& c, const Qwe
   make_s = seconds_since(t0);
   return std::make_unique<FlashMapModel>(
       c, Checkpoint::from_tensors(std::move(r.t), "random flashmap " + std::to_string(D)), target,
+      nullptr, format);
+}
+
+// The tensors DFlashModel reads (z-lab's release format), at config c's shape.
+std::unique_ptr<DFlashModel> random_dflash(const DFlashConfig& c, const Qwen3Model& target,
+                                           ops::WeightFormat format, double& make_s) {
+  const auto t0 = Clock::now();
+  RandomTensors r{{}, 2000};
+  const int64_t H = c.layers.hidden_size, TH = target.config().hidden_size;
+  r.mat("fc.weight", H, int64_t(c.target_layer_ids.size()) * TH);
+  r.vec("hidden_norm.weight", H);
+  r.vec("norm.weight", H);
+  for (int i = 0; i < c.layers.num_hidden_layers; ++i)
+    r.qwen3_layer(fmt::format("layers.{}.", i), c.layers);
+  make_s = seconds_since(t0);
+  return std::make_unique<DFlashModel>(
+      c, Checkpoint::from_tensors(std::move(r.t), "random dflash " + std::to_string(H)), target,
       nullptr, format);
 }
 
@@ -277,6 +298,54 @@ json time_drafter(const FlashMapModel& draft, const Qwen3Config& tc, const CpuSh
   return j;
 }
 
+// The DFlash drafter's timings at a context of `context` positions: the first draft right after
+// load, steady drafts (one pass over the block: the anchor and K − 1 masks through its layers,
+// the K − 1 rows through the target's lm_head) and the commit of a verified block (its context
+// features projected into every layer's keys and values). The same fields as time_drafter's,
+// the pass as draft "1".
+json time_dflash(const DFlashModel& draft, const Qwen3Config& tc, const CpuShapeBench& a,
+                 Clock::time_point loaded, double peak_gflops) {
+  const DFlashConfig& c = draft.config();
+  const int K = c.block_size;
+  const int64_t V = tc.vocab_size;
+  const int64_t F = int64_t(c.target_layer_ids.size()) * tc.hidden_size;
+  std::vector<float> features(size_t((a.context + K + 1) * F));
+  {
+    Rng rng(11);
+    for (auto& x : features) x = float(int32_t(uint32_t(rng.next() >> 32))) / 2147483648.0f;
+  }
+  DFlashContext ctx = draft.new_context();
+  auto t0 = Clock::now();
+  draft.extend_context(ctx, features.data(), a.context);
+  json j;
+  j["context_extend_ms"] = 1000 * seconds_since(t0);
+  std::vector<float> logits(size_t(K - 1) * size_t(V));
+  auto draft_once = [&] {
+    DFlashModel::Request r{&ctx, 7};
+    draft.draft({&r, 1}, K, logits.data());
+  };
+  t0 = Clock::now();
+  draft_once();
+  j["first_draft_ms"] = 1000 * seconds_since(t0);
+  j["first_draft_after_load_s"] = seconds_since(loaded);
+  // The block's rows through the layers (attention to the context aside) and K − 1 of them
+  // through the lm_head.
+  const double macs =
+      K * linear_macs_per_token(c.layers) + double(K - 1) * double(V) * tc.hidden_size;
+  const double ms = ms_of(draft_once, a.reps);
+  const double gflops = 2 * macs / (ms * 1e-3) / 1e9;
+  j["draft"] = {
+      {"1", {{"ms", ms}, {"gflops", gflops}, {"fraction_of_fma_peak", gflops / peak_gflops}}}};
+  j["commit_ms"] = ms_of(
+      [&] {
+        DFlashContext c2 = draft.fork_context(ctx, ctx.length);
+        draft.extend_context(c2, features.data() + a.context * F, K + 1);
+      },
+      a.reps);
+  j["fork_copy_ms"] = ms_of([&] { (void)draft.fork_context(ctx, ctx.length); }, a.reps);
+  return j;
+}
+
 }  // namespace
 
 void bench_cpu_shape(const CpuShapeBench& a) {
@@ -303,27 +372,31 @@ void bench_cpu_shape(const CpuShapeBench& a) {
                  cfg.max_position_embeddings, a.shape);
   // The drafter's shape is checked against the target's before gigabytes of weights are made.
   std::optional<FlashMapConfig> draft_cfg;
+  std::optional<DFlashConfig> dflash_cfg;
   const std::string draft_what =
       !a.draft_shape.empty() ? "--draft-shape " + a.draft_shape : "--draft " + a.draft;
-  if (!a.draft_shape.empty()) draft_cfg = flashmap_shape(a.draft_shape);
-  if (!a.draft.empty()) {
-    FLASHMAP_CHECK(!DFlashConfig::is_dflash(a.draft),
-                   "--draft {}: --shape times FlashMap drafters; time a DFlash drafter with "
-                   "--target and --draft (without --shape)",
-                   a.draft);
-    draft_cfg =
-        FlashMapConfig::from_file((std::filesystem::path(a.draft) / "config.json").string());
-  }
-  if (draft_cfg) {
+  const std::string draft_config = (std::filesystem::path(a.draft) / "config.json").string();
+  if (!a.draft_shape.empty() && is_dflash_shape(a.draft_shape))
+    dflash_cfg = dflash_shape(a.draft_shape);
+  else if (!a.draft_shape.empty())
+    draft_cfg = flashmap_shape(a.draft_shape);
+  else if (!a.draft.empty() && DFlashConfig::is_dflash(a.draft))
+    dflash_cfg = DFlashConfig::from_file(draft_config);
+  else if (!a.draft.empty())
+    draft_cfg = FlashMapConfig::from_file(draft_config);
+  if (draft_cfg)
     FLASHMAP_CHECK(
         draft_cfg->vocab_size == cfg.vocab_size && draft_cfg->target_hidden_size == cfg.hidden_size,
         "{} drafts for a target with vocab_size {} and hidden_size {}, not shape {} "
         "({} and {})",
         draft_what, draft_cfg->vocab_size, draft_cfg->target_hidden_size, a.shape, cfg.vocab_size,
         cfg.hidden_size);
-    FLASHMAP_CHECK(draft_cfg->block_size == a.block, "{} drafts blocks of {}: set --block {}",
-                   draft_what, draft_cfg->block_size, draft_cfg->block_size);
-  }
+  if (dflash_cfg) dflash_cfg->check_target(cfg, "of shape " + a.shape);
+  const int draft_block = draft_cfg    ? draft_cfg->block_size
+                          : dflash_cfg ? dflash_cfg->block_size
+                                       : 0;
+  FLASHMAP_CHECK(draft_block == 0 || draft_block == a.block,
+                 "{} drafts blocks of {}: set --block {}", draft_what, draft_block, draft_block);
   fmt::print("# flashmap bench --shape {}{}{} ({} threads, {} kernels)\n\n", a.shape,
              from_folder ? " --target " + a.target : std::string(),
              !a.draft_shape.empty() ? " --draft-shape " + a.draft_shape
@@ -351,10 +424,18 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   const double target_load_s = seconds_since(t0) - make_s;
   const Qwen3Model& target = *target_ptr;
   const double rss_target = max_rss_gb();
-  std::unique_ptr<FlashMapModel> drafter;
+  // The drafter: FlashMap or DFlash (at most one of them).
+  std::unique_ptr<FlashMapModel> flashmap;
+  std::unique_ptr<DFlashModel> dflash;
+  const bool random_draft = !a.draft_shape.empty();
   t0 = Clock::now();
-  if (!a.draft_shape.empty()) drafter = random_drafter(*draft_cfg, target, format, draft_make_s);
-  if (!a.draft.empty()) drafter = std::make_unique<FlashMapModel>(a.draft, target, nullptr, format);
+  if (draft_cfg)
+    flashmap = random_draft ? random_drafter(*draft_cfg, target, format, draft_make_s)
+                            : std::make_unique<FlashMapModel>(a.draft, target, nullptr, format);
+  if (dflash_cfg)
+    dflash = random_draft ? random_dflash(*dflash_cfg, target, format, draft_make_s)
+                          : std::make_unique<DFlashModel>(a.draft, target, nullptr, format);
+  const bool drafter = flashmap || dflash;
   const auto loaded = Clock::now();
   const double draft_load_s = seconds_since(t0) - draft_make_s;
   // Bytes a decode step reads: packed, the linear layers (lm_head included, tied or not); else
@@ -410,7 +491,9 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   for (auto* side : {&base.k, &base.v})
     for (auto& layer : *side) layer.assign(size_t((a.context + 64) * kv), 0.01f);
   base.length = a.context;
-  const std::vector<int> taps = drafter ? drafter->target_layer_ids() : std::vector<int>{};
+  const std::vector<int> taps = flashmap ? flashmap->target_layer_ids()
+                                : dflash ? dflash->target_layer_ids()
+                                         : std::vector<int>{};
   // One output reused across steps, as the engine's backend reuses it (a fresh 10 MB of logits
   // per step would time the kernel's page clearing too).
   Qwen3Model::Output step_out;
@@ -435,15 +518,20 @@ void bench_cpu_shape(const CpuShapeBench& a) {
         a.draft_shape.empty() ? "" : fmt::format(" after {:.1f} s making them", draft_make_s));
     fmt::print("| max RSS after drafter load | {:.2f} GB | |\n", rss);
     // Right after load, before the target steps: what the first request meets.
-    drafter_json = time_drafter(*drafter, cfg, a, loaded, peak);
+    drafter_json = flashmap ? time_drafter(*flashmap, cfg, a, loaded, peak)
+                            : time_dflash(*dflash, cfg, a, loaded, peak);
     out["drafter"] = drafter_json;
-    fmt::print("| first draft after load ({} noise) | {:.0f} ms, {:.1f} s after load | 1 s |\n",
-               drafter_json["first_draft_noise"].get<std::string>(),
-               drafter_json["first_draft_ms"].get<double>(),
-               drafter_json["first_draft_after_load_s"].get<double>());
-    fmt::print("| noise factor ready ({}) | {:.1f} s after load | |\n",
-               drafter_json["noise_factor"].get<std::string>(),
-               drafter_json["noise_factor_ready_after_load_s"].get<double>());
+    out["drafter"]["kind"] = flashmap ? "flashmap" : "dflash";
+    fmt::print(
+        "| first draft after load{} | {:.0f} ms, {:.1f} s after load | 1 s |\n",
+        flashmap ? fmt::format(" ({} noise)", drafter_json["first_draft_noise"].get<std::string>())
+                 : std::string(),
+        drafter_json["first_draft_ms"].get<double>(),
+        drafter_json["first_draft_after_load_s"].get<double>());
+    if (flashmap)
+      fmt::print("| noise factor ready ({}) | {:.1f} s after load | |\n",
+                 drafter_json["noise_factor"].get<std::string>(),
+                 drafter_json["noise_factor_ready_after_load_s"].get<double>());
   }
   const double decode = step(1), verify = step(a.block + 1);
   const double eff = bytes / (decode * 1e-3) / 1e9;
@@ -489,9 +577,10 @@ void bench_cpu_shape(const CpuShapeBench& a) {
     const auto& d = drafter_json;
     for (const auto& [n, s] : d["draft"].items()) {
       const double ms = s["ms"].get<double>();
-      fmt::print(
-          "| draft, {} step{} | {:.0f} ms ({:.2f}x decode) | {:.0f}% of the arithmetic peak |\n", n,
-          n == "1" ? "" : "s", ms, ms / decode, 100 * s["fraction_of_fma_peak"].get<double>());
+      fmt::print("| draft, {} | {:.0f} ms ({:.2f}x decode) | {:.0f}% of the arithmetic peak |\n",
+                 flashmap ? fmt::format("{} step{}", n, n == "1" ? "" : "s")
+                          : fmt::format("one pass of {} rows", a.block),
+                 ms, ms / decode, 100 * s["fraction_of_fma_peak"].get<double>());
     }
     const double commit = d["commit_ms"].get<double>() - d["fork_copy_ms"].get<double>();
     fmt::print("| commit {} positions to the drafter's context | {:.1f} ms | |\n", a.block + 1,
@@ -514,9 +603,10 @@ void bench_cpu_shape(const CpuShapeBench& a) {
     }
     out["projected"] = table;
     fmt::print(
-        "\nround = draft (1 step) {:.0f} ms + verify {:.0f} ms + commit {:.1f} ms = {:.0f} "
+        "\nround = draft ({}) {:.0f} ms + verify {:.0f} ms + commit {:.1f} ms = {:.0f} "
         "ms\n\n",
-        d["draft"]["1"]["ms"].get<double>(), verify, commit, round);
+        flashmap ? "1 step" : "one pass", d["draft"]["1"]["ms"].get<double>(), verify, commit,
+        round);
   } else {
     fmt::print("\n");
   }

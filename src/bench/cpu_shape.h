@@ -1,6 +1,6 @@
 // `flashmap bench --shape S` on the CPU (cpu_shape.cpp): a Qwen3 target of a released shape, with
 // random bf16 weights made in memory or the weights of a folder of that shape, and optionally a
-// FlashMap drafter.
+// FlashMap or DFlash drafter.
 #pragma once
 
 #include <string>
@@ -9,9 +9,9 @@ namespace flashmap::bench {
 
 struct CpuShapeBench {
   std::string shape;        // qwen3_shape's name
-  std::string draft_shape;  // a random drafter of flashmap_shape's name, or empty
+  std::string draft_shape;  // a random drafter of flashmap_shape's or dflash_shape's name, or empty
   std::string target;       // a Qwen3 folder of that shape instead of random weights, or empty
-  std::string draft;        // a FlashMap drafter folder, or empty
+  std::string draft;        // a FlashMap or DFlash drafter folder, or empty
   std::string weights = "native", compute = "fp32";  // as the engine's CPU backend loads a target
   std::string json_out;
   int steps = 0;  // refused when set: every step count of the drafter is timed

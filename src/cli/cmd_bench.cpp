@@ -185,8 +185,8 @@ void register_cmd(CLI::App& app) {
       ->check(CLI::Range(1, kMaxBlockSize))
       ->needs(shape);
   sub->add_option("--draft-shape", args->draft_shape,
-                  "--shape: a random FlashMap drafter of a released shape as well "
-                  "(flashmap-qwen3-8b), its draft, commit and round timed")
+                  "--shape: a random drafter of a released shape as well "
+                  "(flashmap-qwen3-8b, dflash-qwen3-8b), its draft, commit and round timed")
       ->check(non_empty())
       ->needs(shape);
   sub->add_option("--prefill", args->prefill, "--shape: prompt length of the prefill timing (32)")

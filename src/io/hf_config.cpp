@@ -574,6 +574,10 @@ Qwen3Config qwen3_shape(const std::string& shape) {
   return c;
 }
 
+// The drafter shapes flashmap_shape and dflash_shape know.
+constexpr const char* kDraftShapes =
+    "flashmap-qwen3-8b, flashmap-tiny, dflash-qwen3-8b, dflash-tiny";
+
 FlashMapConfig flashmap_shape(const std::string& shape) {
   FlashMapConfig c;  // FlashMapConfig.__init__'s defaults are the Qwen3-8B drafter's
   if (shape == "flashmap-tiny") {
@@ -583,11 +587,36 @@ FlashMapConfig flashmap_shape(const std::string& shape) {
     c.hidden_size = 128, c.num_hidden_layers = 2, c.num_attention_heads = 4;
     c.intermediate_size = 256, c.cond_dim = 64, c.time_embed_dim = 64;
   } else {
-    FLASHMAP_CHECK(shape == "flashmap-qwen3-8b",
-                   "--draft-shape: unknown shape '{}' (known: flashmap-qwen3-8b, flashmap-tiny)",
-                   shape);
+    FLASHMAP_CHECK(shape == "flashmap-qwen3-8b", "--draft-shape: unknown shape '{}' (known: {})",
+                   shape, kDraftShapes);
   }
   c.jump_grids = FlashMapConfig::default_jump_grids();
+  return c;
+}
+
+bool is_dflash_shape(const std::string& shape) {
+  return shape.rfind("dflash-", 0) == 0;
+}
+
+DFlashConfig dflash_shape(const std::string& shape) {
+  DFlashConfig c;
+  c.path = "--draft-shape " + shape;
+  if (shape == "dflash-qwen3-8b") {
+    // z-lab/Qwen3-8B-DFlash-b16's config.json: Qwen3-8B's layer, five of them.
+    c.layers = qwen3_shape("qwen3-8b");
+    c.layers.num_hidden_layers = 5;
+    c.target_layer_ids = {1, 9, 17, 25, 33};
+    c.mask_token_id = 151669;
+  } else {
+    FLASHMAP_CHECK(shape == "dflash-tiny", "--draft-shape: unknown shape '{}' (known: {})", shape,
+                   kDraftShapes);
+    c.layers = qwen3_shape("tiny");
+    c.layers.num_hidden_layers = 2;
+    c.target_layer_ids = {1, 2};
+    c.mask_token_id = c.layers.vocab_size - 1;
+  }
+  c.block_size = 16;
+  c.draft_vocab_size = c.layers.vocab_size;
   return c;
 }
 

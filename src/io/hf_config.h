@@ -126,5 +126,11 @@ Qwen3Config qwen3_shape(const std::string& shape);
 // "flashmap-qwen3-8b" (the released drafter for Qwen3-8B: the reference config's defaults),
 // "flashmap-tiny" (for the "tiny" target).
 FlashMapConfig flashmap_shape(const std::string& shape);
+// A DFlash drafter's shape by name, for benchmarks with random weights: "dflash-qwen3-8b"
+// (z-lab's Qwen3-8B-DFlash-b16: 5 Qwen3 layers of the target's width, block 16, taps 1, 9, 17,
+// 25, 33), "dflash-tiny" (for the "tiny" target).
+DFlashConfig dflash_shape(const std::string& shape);
+// Whether a --draft-shape name is a DFlash drafter's (dflash_shape) rather than FlashMap's.
+bool is_dflash_shape(const std::string& shape);
 
 }  // namespace flashmap

@@ -14,12 +14,25 @@ DFlashModel::DFlashModel(const std::string& dir, const Qwen3Model& target, Threa
                          ops::WeightFormat weights)
     : target_(target), pool_(pool ? pool : &ThreadPool::global()) {
   config_ = DFlashConfig::from_file((std::filesystem::path(dir) / "config.json").string());
-  const auto& c = config_.layers;
-  config_.check_target(target.config(), target.dir());
-
+  config_.check_target(target.config(), target.dir());  // before gigabytes of weights are opened
   ckpt_ = std::make_unique<Checkpoint>(dir);
+  load_weights(weights);
+}
+
+DFlashModel::DFlashModel(const DFlashConfig& config, std::unique_ptr<Checkpoint> weights,
+                         const Qwen3Model& target, ThreadPool* pool, ops::WeightFormat format)
+    : config_(config),
+      target_(target),
+      pool_(pool ? pool : &ThreadPool::global()),
+      ckpt_(std::move(weights)) {
+  config_.check_target(target.config(), target.dir());
+  load_weights(format);
+}
+
+void DFlashModel::load_weights(ops::WeightFormat weights) {
+  const auto& c = config_.layers;
   const int64_t H = c.hidden_size;
-  const int64_t TH = target.config().hidden_size;
+  const int64_t TH = target_.config().hidden_size;
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
     return load_linear(*ckpt_, name, rows, cols, weights, *pool_);
   };
@@ -32,7 +45,7 @@ DFlashModel::DFlashModel(const std::string& dir, const Qwen3Model& target, Threa
   for (int i = 0; i < c.num_hidden_layers; ++i)
     w_.layers.push_back(load_qwen3_layer(*ckpt_, fmt::format("layers.{}.", i), c, weights, *pool_));
   if (!config_.reduced_vocab()) {
-    w_.lm_head = target.lm_head();  // z-lab: the target's head (compute_logits, :599-605)
+    w_.lm_head = target_.lm_head();  // z-lab: the target's head (compute_logits, :599-605)
     return;
   }
   // speculators with a reduced vocabulary: the file's lm_head is authoritative

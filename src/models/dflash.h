@@ -32,6 +32,11 @@ class DFlashModel {
   // tensor when it does not fit. Linear weights are packed as `weights` (ops/gemm.h).
   DFlashModel(const std::string& dir, const Qwen3Model& target, ThreadPool* pool = nullptr,
               ops::WeightFormat weights = ops::WeightFormat::Native);
+  // The same from a config and weights already at hand (benchmarks: random weights at a
+  // released shape, held in memory).
+  DFlashModel(const DFlashConfig& config, std::unique_ptr<Checkpoint> weights,
+              const Qwen3Model& target, ThreadPool* pool = nullptr,
+              ops::WeightFormat weights_format = ops::WeightFormat::Native);
 
   const DFlashConfig& config() const { return config_; }
   int block_size() const { return config_.block_size; }
@@ -80,6 +85,7 @@ class DFlashModel {
   const Weights& weights() const { return w_; }
 
  private:
+  void load_weights(ops::WeightFormat weights);
   void ensure_room(DFlashContext& ctx, int64_t positions) const;
   void head(const float* normed, int64_t rows, float* logits) const;
 
