@@ -413,23 +413,33 @@ def flashmap_mode(args, weights):
     return ["--compute", "bf16"] if args.compute == "bf16" else []
 
 
-def flashmap_once(args, model_dir, weights):
-    """flashmap's decode and verify on the folder (or GGUF file); at a shape with a released
-    FlashMap drafter (qwen3-8b) also its round, with a random drafter of that shape made in
-    memory."""
+def flashmap_json(args, cmd, prompt=None):
+    """`flashmap bench` with the arguments `cmd`, its `--json` written to a temporary file (and
+    `--prompt-file` of the one raw-text `prompt` when given): the JSON it wrote."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        cmd = [args.flashmap, "bench", "--shape", args.shape, "--target", model_dir,
-               "--context", args.context, "--block", VERIFY_ROWS - 1, "--threads", args.threads,
-               "--reps", args.inner_reps, "--no-sweep", "--json", out]
-        if args.shape in DRAFT_MODEL:
-            cmd += ["--draft-shape", f"flashmap-{args.shape}", "--prefill", 1]
-        cmd += flashmap_mode(args, weights)
+        cmd = [args.flashmap, "bench"] + cmd + ["--json", out]
+        if prompt is not None:
+            prompt_file = Path(tmp) / "prompt.jsonl"
+            prompt_file.write_text(json.dumps({"prompt": prompt}) + "\n")
+            cmd += ["--prompt-file", prompt_file]
         rc, so, se = capture(cmd)
         if rc != 0:
             raise SystemExit(f"vs_llama_cpp: flashmap failed (exit {rc}): "
                              + " ".join(map(str, cmd)) + "\n" + (se or so).strip())
-        j = json.loads(out.read_text())
+        return json.loads(out.read_text())
+
+
+def flashmap_once(args, model_dir, weights):
+    """flashmap's decode and verify on the folder (or GGUF file); at a shape with a released
+    FlashMap drafter (qwen3-8b) also its round, with a random drafter of that shape made in
+    memory."""
+    cmd = ["--shape", args.shape, "--target", model_dir, "--context", args.context,
+           "--block", VERIFY_ROWS - 1, "--threads", args.threads, "--reps", args.inner_reps,
+           "--no-sweep"]
+    if args.shape in DRAFT_MODEL:
+        cmd += ["--draft-shape", f"flashmap-{args.shape}", "--prefill", 1]
+    j = flashmap_json(args, cmd + flashmap_mode(args, weights))
     r = {"decode_ms": j["decode_ms"], "verify_ms": j[f"verify{VERIFY_ROWS}_ms"],
          "lm_head_dtype": j.get("lm_head_dtype"),
          "weight_bytes_per_step": j.get("weight_bytes_per_step")}
@@ -481,17 +491,9 @@ def flashmap_dflash_round(args, model_dir, dflash_dir, weights):
     ROUND_SHORT tokens."""
     got = []
     for n in (ROUND_SHORT, ROUND_SHORT + args.round_tokens):
-        with tempfile.TemporaryDirectory() as tmp:
-            out, prompt = Path(tmp) / "bench.json", Path(tmp) / "prompt.jsonl"
-            prompt.write_text(json.dumps({"prompt": ROUND_PROMPT}) + "\n")
-            cmd = [args.flashmap, "bench", "--target", model_dir, "--draft", dflash_dir,
-                   "--threads", args.threads, "--reps", 1, "--prompt-file", prompt,
-                   "--max-new-tokens", n, "--json", out] + flashmap_mode(args, weights)
-            rc, so, se = capture(cmd)
-            if rc != 0:
-                raise SystemExit(f"vs_llama_cpp: flashmap failed (exit {rc}): "
-                                 + " ".join(map(str, cmd)) + "\n" + (se or so).strip())
-            j = json.loads(out.read_text())
+        cmd = ["--target", model_dir, "--draft", dflash_dir, "--threads", args.threads,
+               "--reps", 1, "--max-new-tokens", n] + flashmap_mode(args, weights)
+        j = flashmap_json(args, cmd, prompt=ROUND_PROMPT)
         d, n = j["dflash"], j["dflash"]["rounds"]
         got.append({"decode_ms": d["round_ms"] * n, "rounds": n, "tokens": d["tau"] * n,
                     "draft_total_ms": d["draft_ms_per_round"] * n,
