@@ -439,11 +439,12 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   const auto loaded = Clock::now();
   const double draft_load_s = seconds_since(t0) - draft_make_s;
   // Bytes a decode step reads: packed, the linear layers (lm_head included, tied or not); else
-  // every weight but the embedding table (one row of it), unless the table is also the lm_head.
+  // every weight as read (a GGUF's blocks dequantized) but the embedding table (one row of it),
+  // unless the table is also the lm_head.
   const bool tied = target.config().tie_word_embeddings;
   double bytes = double(target.packed_bytes());
   if (bytes == 0) {
-    bytes = double(target.weight_bytes()) -
+    bytes = double(target.checkpoint().bytes()) -
             (tied ? 0.0 : double(target.checkpoint().get("model.embed_tokens.weight").nbytes()));
   }
   const double file_bytes = double(target.weight_bytes());

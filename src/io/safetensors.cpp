@@ -584,6 +584,15 @@ int64_t Checkpoint::bytes() const {
   return n;
 }
 
+int64_t Checkpoint::stored_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, view] : index_) {
+    const auto g = gguf_tensors_.find(name);
+    n += g != gguf_tensors_.end() ? int64_t(g->second->bytes) : int64_t(view->nbytes());
+  }
+  return n;
+}
+
 bool SafetensorsFile::drop_pages(const void* p, size_t n) const {
   return map_ && map_->drop_pages(p, n);
 }

@@ -123,6 +123,8 @@ class Checkpoint {
   // The bytes of every tensor as get() gives it (a quantized GGUF tensor as F32), from the
   // shapes alone: nothing is read or dequantized.
   int64_t bytes() const;
+  // The bytes the files hold the tensors in (a GGUF tensor's blocks as stored).
+  int64_t stored_bytes() const;
   // "fp8" or "awq" when the safetensors hold such a release's tensors (read as F32 weights),
   // else "": what a config's quantization_config must say.
   const std::string& quantization() const { return quantization_; }

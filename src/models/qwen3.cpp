@@ -256,7 +256,7 @@ void Qwen3Model::load_weights() {
 }
 
 int64_t Qwen3Model::weight_bytes() const {
-  return ckpt_->bytes();
+  return ckpt_->stored_bytes();
 }
 
 KVCache Qwen3Model::new_cache() const {

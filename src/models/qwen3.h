@@ -79,6 +79,7 @@ class Qwen3Model {
   const std::string& dir() const { return dir_; }
   const Weight& embedding() const { return embed_; }
   const Weight& lm_head() const { return lm_head_; }
+  // The bytes its files hold the weights in (a GGUF's quantized blocks as stored).
   int64_t weight_bytes() const;
   ops::WeightFormat weight_format() const { return format_; }
   // Bytes of packed weights the CPU kernels stream (0 when unpacked).

@@ -248,6 +248,16 @@ TEST(GgufInPlace, QuantizedTensorsDequantizeAsTheGgufPackageWhenLookedUp) {
   }
   // Sizes come from the shapes: nothing is dequantized again to tell them.
   EXPECT_EQ(got.bytes(), f32_bytes);
+  // As the file holds them: ggml's blocks, 144 bytes per 256 weights for Q4_K, 210 for Q6_K.
+  int64_t stored = 0;
+  for (const auto& [name, e] : expected["tensors"].items()) {
+    int64_t n = 1;
+    for (int64_t d : e["shape"].get<std::vector<int64_t>>()) n *= d;
+    const std::string type = e["type"];
+    stored += type == "F32" ? 4 * n : type == "Q4_K" ? n / 256 * 144 : n / 256 * 210;
+    EXPECT_TRUE(type == "F32" || type == "Q4_K" || type == "Q6_K") << name << " " << type;
+  }
+  EXPECT_EQ(got.stored_bytes(), stored);
   for (const TensorView* t : quantized) EXPECT_EQ(t->data, nullptr) << t->name;
   // The metadata files are the converted folder's.
   const auto copied = (tmp.path / "copied").string();
