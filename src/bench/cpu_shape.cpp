@@ -235,6 +235,35 @@ double draft_macs_per_row(const FlashMapConfig& c, int64_t vocab) {
   return double(c.num_hidden_layers) * layer + 2 * D * TH + double(vocab) * TH;
 }
 
+// The target's tapped features at `positions` positions, F values each: uniform in [−1, 1).
+std::vector<float> random_features(int64_t positions, int64_t F) {
+  std::vector<float> features(size_t(positions * F));
+  Rng rng(11);
+  for (auto& x : features) x = float(int32_t(uint32_t(rng.next() >> 32))) / 2147483648.0f;
+  return features;
+}
+
+// A draft's time, its multiply-adds' rate and that rate's share of the arithmetic peak.
+json draft_time(double ms, double macs, double peak_gflops) {
+  const double gflops = 2 * macs / (ms * 1e-3) / 1e9;
+  return {{"ms", ms}, {"gflops", gflops}, {"fraction_of_fma_peak", gflops / peak_gflops}};
+}
+
+// A verified block's commit: K + 1 positions' features (from `block`) into a fork of the
+// context, so every repetition starts from the same length; and the fork's copy alone, to take
+// out of the commit's time.
+template <class Model, class Context>
+void time_commit(const Model& draft, const Context& ctx, const float* block, int K, int reps,
+                 json& j) {
+  j["commit_ms"] = ms_of(
+      [&] {
+        Context c2 = draft.fork_context(ctx, ctx.length);
+        draft.extend_context(c2, block, K + 1);
+      },
+      reps);
+  j["fork_copy_ms"] = ms_of([&] { (void)draft.fork_context(ctx, ctx.length); }, reps);
+}
+
 // The drafter's timings at a context of `context` positions: the first draft right after load
 // (while the noise factor is formed in the background), the factor's readiness, steady drafts
 // of 1…4 jumps and the commit of a verified block (its context features projected).
@@ -244,11 +273,7 @@ json time_drafter(const FlashMapModel& draft, const Qwen3Config& tc, const CpuSh
   const int K = c.block_size;
   const int64_t V = tc.vocab_size;
   const int64_t F = int64_t(c.target_layer_ids.size()) * c.target_hidden_size;
-  std::vector<float> features(size_t((a.context + K + 1) * F));
-  {
-    Rng rng(11);
-    for (auto& x : features) x = float(int32_t(uint32_t(rng.next() >> 32))) / 2147483648.0f;
-  }
+  const std::vector<float> features = random_features(a.context + K + 1, F);
   FlashMapContext ctx = draft.new_context();
   auto t0 = Clock::now();
   draft.extend_context(ctx, features.data(), a.context);
@@ -279,22 +304,11 @@ json time_drafter(const FlashMapModel& draft, const Qwen3Config& tc, const CpuSh
     // Every jump after the first also reads its state through the embedding (softmax · E).
     const double macs =
         K * (n * draft_macs_per_row(c, V) + (n - 1) * double(V) * c.target_hidden_size);
-    const double ms = ms_of([&, n = n] { draft_once(n); }, a.reps);
-    const double gflops = 2 * macs / (ms * 1e-3) / 1e9;
-    steps[std::to_string(n)] = {
-        {"ms", ms}, {"gflops", gflops}, {"fraction_of_fma_peak", gflops / fma_gflops}};
+    steps[std::to_string(n)] =
+        draft_time(ms_of([&, n = n] { draft_once(n); }, a.reps), macs, fma_gflops);
   }
   j["draft"] = steps;
-  // A verified block's commit: K + 1 positions' features into the context (then dropped again,
-  // so every repetition starts from the same length).
-  j["commit_ms"] = ms_of(
-      [&] {
-        FlashMapContext c2 = draft.fork_context(ctx, ctx.length);
-        draft.extend_context(c2, features.data() + a.context * F, K + 1);
-      },
-      a.reps);
-  // fork_context's copy alone, to take out of the commit's time.
-  j["fork_copy_ms"] = ms_of([&] { (void)draft.fork_context(ctx, ctx.length); }, a.reps);
+  time_commit(draft, ctx, features.data() + a.context * F, K, a.reps, j);
   return j;
 }
 
@@ -309,11 +323,7 @@ json time_dflash(const DFlashModel& draft, const Qwen3Config& tc, const CpuShape
   const int K = c.block_size;
   const int64_t V = tc.vocab_size;
   const int64_t F = int64_t(c.target_layer_ids.size()) * tc.hidden_size;
-  std::vector<float> features(size_t((a.context + K + 1) * F));
-  {
-    Rng rng(11);
-    for (auto& x : features) x = float(int32_t(uint32_t(rng.next() >> 32))) / 2147483648.0f;
-  }
+  const std::vector<float> features = random_features(a.context + K + 1, F);
   DFlashContext ctx = draft.new_context();
   auto t0 = Clock::now();
   draft.extend_context(ctx, features.data(), a.context);
@@ -332,17 +342,8 @@ json time_dflash(const DFlashModel& draft, const Qwen3Config& tc, const CpuShape
   // through the lm_head.
   const double macs =
       K * linear_macs_per_token(c.layers) + double(K - 1) * double(V) * tc.hidden_size;
-  const double ms = ms_of(draft_once, a.reps);
-  const double gflops = 2 * macs / (ms * 1e-3) / 1e9;
-  j["draft"] = {
-      {"1", {{"ms", ms}, {"gflops", gflops}, {"fraction_of_fma_peak", gflops / peak_gflops}}}};
-  j["commit_ms"] = ms_of(
-      [&] {
-        DFlashContext c2 = draft.fork_context(ctx, ctx.length);
-        draft.extend_context(c2, features.data() + a.context * F, K + 1);
-      },
-      a.reps);
-  j["fork_copy_ms"] = ms_of([&] { (void)draft.fork_context(ctx, ctx.length); }, a.reps);
+  j["draft"] = {{"1", draft_time(ms_of(draft_once, a.reps), macs, peak_gflops)}};
+  time_commit(draft, ctx, features.data() + a.context * F, K, a.reps, j);
   return j;
 }
 
