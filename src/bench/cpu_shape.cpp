@@ -164,6 +164,16 @@ std::unique_ptr<DFlashModel> random_dflash(const DFlashConfig& c, const Qwen3Mod
   r.vec("norm.weight", H);
   for (int i = 0; i < c.layers.num_hidden_layers; ++i)
     r.qwen3_layer(fmt::format("layers.{}.", i), c.layers);
+  if (c.reduced_vocab()) {
+    // speculators' reduced vocabulary: its own lm_head over the first draft_vocab_size target
+    // ids (d2t: offsets 0; t2d: those ids marked).
+    const int64_t DV = c.draft_vocab_size, V = c.layers.vocab_size;
+    r.mat("lm_head.weight", DV, H);
+    r.t.push_back({"d2t", DType::I64, {DV}, std::vector<uint8_t>(size_t(DV) * 8, 0)});
+    std::vector<uint8_t> marked(size_t(V), 0);
+    std::fill_n(marked.begin(), DV, uint8_t(1));
+    r.t.push_back({"t2d", DType::Bool, {V}, std::move(marked)});
+  }
   make_s = seconds_since(t0);
   return std::make_unique<DFlashModel>(
       c, Checkpoint::from_tensors(std::move(r.t), "random dflash " + std::to_string(H)), target,
@@ -339,9 +349,9 @@ json time_dflash(const DFlashModel& draft, const Qwen3Config& tc, const CpuShape
   j["first_draft_ms"] = 1000 * seconds_since(t0);
   j["first_draft_after_load_s"] = seconds_since(loaded);
   // The block's rows through the layers (attention to the context aside) and K − 1 of them
-  // through the lm_head.
-  const double macs =
-      K * linear_macs_per_token(c.layers) + double(K - 1) * double(V) * tc.hidden_size;
+  // through the lm_head (the target's, or the drafter's own over its reduced vocabulary).
+  const double macs = K * linear_macs_per_token(c.layers) +
+                      double(K - 1) * double(c.draft_vocab_size) * tc.hidden_size;
   j["draft"] = {{"1", draft_time(ms_of(draft_once, a.reps), macs, peak_gflops)}};
   time_commit(draft, ctx, features.data() + a.context * F, K, a.reps, j);
   return j;
@@ -392,6 +402,15 @@ void bench_cpu_shape(const CpuShapeBench& a) {
         "({} and {})",
         draft_what, draft_cfg->vocab_size, draft_cfg->target_hidden_size, a.shape, cfg.vocab_size,
         cfg.hidden_size);
+  FLASHMAP_CHECK(
+      a.draft_vocab == 0 || (dflash_cfg && !a.draft_shape.empty()),
+      "--draft-vocab reduces the vocabulary of a DFlash --draft-shape (dflash-qwen3-8b)");
+  if (a.draft_vocab > 0) {
+    FLASHMAP_CHECK(a.draft_vocab <= cfg.vocab_size,
+                   "--draft-vocab {}: more ids than the target's vocabulary of {}", a.draft_vocab,
+                   cfg.vocab_size);
+    dflash_cfg->draft_vocab_size = a.draft_vocab;
+  }
   if (dflash_cfg) dflash_cfg->check_target(cfg, "of shape " + a.shape);
   const int draft_block = draft_cfg    ? draft_cfg->block_size
                           : dflash_cfg ? dflash_cfg->block_size
@@ -451,6 +470,9 @@ void bench_cpu_shape(const CpuShapeBench& a) {
   const double file_bytes = double(target.weight_bytes());
   out["shape"] = a.shape;
   out["draft_shape"] = a.draft_shape.empty() ? json(nullptr) : json(a.draft_shape);
+  out["draft_vocab"] = dflash_cfg  ? json(dflash_cfg->draft_vocab_size)
+                       : draft_cfg ? json(draft_cfg->vocab_size)
+                                   : json(nullptr);
   out["target"] = from_folder ? json(a.target) : json(nullptr);
   out["isa"] = ops::isa_name(ops::active_isa());
   const ops::WeightFormat wf = target.weight_format();
@@ -581,7 +603,10 @@ void bench_cpu_shape(const CpuShapeBench& a) {
       const double ms = s["ms"].get<double>();
       fmt::print("| draft, {} | {:.0f} ms ({:.2f}x decode) | {:.0f}% of the arithmetic peak |\n",
                  flashmap ? fmt::format("{} step{}", n, n == "1" ? "" : "s")
-                          : fmt::format("one pass of {} rows", a.block),
+                 : dflash->config().reduced_vocab()
+                     ? fmt::format("one pass of {} rows, draft vocabulary {}", a.block,
+                                   dflash->config().draft_vocab_size)
+                     : fmt::format("one pass of {} rows", a.block),
                  ms, ms / decode, 100 * s["fraction_of_fma_peak"].get<double>());
     }
     const double commit = d["commit_ms"].get<double>() - d["fork_copy_ms"].get<double>();

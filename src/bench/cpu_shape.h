@@ -10,8 +10,9 @@ namespace flashmap::bench {
 struct CpuShapeBench {
   std::string shape;        // qwen3_shape's name
   std::string draft_shape;  // a random drafter of flashmap_shape's or dflash_shape's name, or empty
-  std::string target;       // a Qwen3 folder of that shape instead of random weights, or empty
-  std::string draft;        // a FlashMap or DFlash drafter folder, or empty
+  int draft_vocab = 0;  // a DFlash draft_shape's own lm_head over this many target ids (0: none)
+  std::string target;   // a Qwen3 folder of that shape instead of random weights, or empty
+  std::string draft;    // a FlashMap or DFlash drafter folder, or empty
   std::string weights = "native", compute = "fp32";  // as the engine's CPU backend loads a target
   std::string json_out;
   int steps = 0;  // refused when set: every step count of the drafter is timed

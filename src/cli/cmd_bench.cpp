@@ -47,6 +47,7 @@ struct BenchArgs {
   std::vector<std::string> trees;      // draft-tree shapes timed for each drafter row
   std::vector<std::string> cuts;       // draft cuts (EngineOptions::draft_cut) timed for each
   float temperature = 0.0f;
+  int draft_vocab = 0;  // --draft-shape dflash-*: its own lm_head over that many target ids
   bool no_sweep = false;
   int reps = 3, max_new_tokens = 128, prompts = 4, context = 512, block = 16, prefill = 32;
 };
@@ -132,6 +133,7 @@ void run_bench(BenchArgs& a) {
   if (!a.shape.empty())
     return bench::bench_cpu_shape({.shape = a.shape,
                                    .draft_shape = a.draft_shape,
+                                   .draft_vocab = a.draft_vocab,
                                    .target = a.model.target,
                                    .draft = a.model.draft,
                                    .weights = a.model.weights,
@@ -189,6 +191,11 @@ void register_cmd(CLI::App& app) {
                   "(flashmap-qwen3-8b, dflash-qwen3-8b), its draft, commit and round timed")
       ->check(non_empty())
       ->needs(shape);
+  sub->add_option("--draft-vocab", args->draft_vocab,
+                  "--draft-shape dflash-*: a reduced draft vocabulary, the drafter's own lm_head "
+                  "over N target ids (speculators' draft_vocab_size) instead of the target's")
+      ->check(CLI::Range(1, INT32_MAX))
+      ->needs("--draft-shape");
   sub->add_option("--prefill", args->prefill, "--shape: prompt length of the prefill timing (32)")
       ->check(CLI::Range(1, 1 << 20))
       ->needs(shape);
