@@ -153,7 +153,8 @@ std::unique_ptr<FlashMapModel> random_drafter(const FlashMapConfig& c, const Qwe
       nullptr, format);
 }
 
-// The tensors DFlashModel reads (z-lab's release format), at config c's shape.
+// The tensors DFlashModel reads at config c's shape: z-lab's release format, and with a reduced
+// vocabulary speculators' own lm_head, d2t and t2d.
 std::unique_ptr<DFlashModel> random_dflash(const DFlashConfig& c, const Qwen3Model& target,
                                            ops::WeightFormat format, double& make_s) {
   const auto t0 = Clock::now();
@@ -324,7 +325,7 @@ json time_drafter(const FlashMapModel& draft, const Qwen3Config& tc, const CpuSh
 
 // The DFlash drafter's timings at a context of `context` positions: the first draft right after
 // load, steady drafts (one pass over the block: the anchor and K − 1 masks through its layers,
-// the K − 1 rows through the target's lm_head) and the commit of a verified block (its context
+// the K − 1 rows through an lm_head) and the commit of a verified block (its context
 // features projected into every layer's keys and values). The same fields as time_drafter's,
 // the pass as draft "1".
 json time_dflash(const DFlashModel& draft, const Qwen3Config& tc, const CpuShapeBench& a,
