@@ -3,6 +3,7 @@
 #include "ops/gemm.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -611,6 +612,16 @@ struct QuantizedRows {
 
 using Kernel = void (*)(const kernel::Args&, int64_t, int64_t);
 
+// A core's L2 bytes as the C library reports them (512 KiB, the smallest of the CPUs this runs on,
+// where it reports none).
+int64_t l2_bytes() {
+  static const int64_t bytes = [] {
+    const long n = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return n > 0 ? int64_t(n) : int64_t(512) << 10;
+  }();
+  return bytes;
+}
+
 // The active instruction set's kernel for every format but kBF16Dot; vnni: whether its integer
 // tiles take VNNI dot products.
 Kernel active_kernel(bool& vnni) {
@@ -687,6 +698,7 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
     a.sx = xq->sum.data();
     a.sx16 = xq->half_sum.data();
   }
+  a.l2_bytes = l2_bytes();
   Kernel fn = active_kernel(a.vnni);
   if (P->bf16_dot) {
     // A weight packed for the mode on a CPU that has it, then run with the cap lowered (tests).

@@ -63,6 +63,9 @@ struct Args {
   int64_t ldp;
   bool accumulate = false;  // kF32, kBF16, kF16: continue the sums y holds (a later slice of k)
   const int32_t* sx16 = nullptr;
+  // The calling core's L2 bytes: kQ8 and kQ4 fetch as much of the next tile's panels into it as
+  // fits beside the panels being read and the rows of x (gemm_kernel.inc's q_prefetch).
+  int64_t l2_bytes = 0;
 };
 
 void gemm_generic(const Args& a, int64_t p0, int64_t p1);

@@ -117,7 +117,7 @@ TEST(Gemm, EveryInstructionSetGivesTheSameBits) {
   ThreadPool pool(2);
   int64_t compared = 0;
   for (const Case& c : kCases)
-    for (const int64_t K : integer(c.format) ? std::vector<int64_t>{32, 96, 288, 544}
+    for (const int64_t K : integer(c.format) ? std::vector<int64_t>{32, 96, 288, 544, 1088}
                                              : std::vector<int64_t>{1, 17, 31, 257, 300, 2100})
       for (const int64_t N : {1, 31, 33, 129, 300}) {
         const Mat m = make(N, K, c.dtype, uint64_t(N * 1000 + K));
