@@ -9,6 +9,10 @@
 //   FLASHMAP_ISA=avx2 ./build/bench/bench_ops ...   (the AVX2 kernel on an AVX-512 CPU)
 #include <benchmark/benchmark.h>
 
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -71,6 +75,95 @@ void BM_Int8DotPeak(benchmark::State& state) {
   state.SetLabel(std::to_string(ThreadPool::global().size()) + " threads " +
                  ops::isa_name(ops::active_isa()));
 }
+
+// The q8 tile's instruction mix, built up in steps, so that the share of the int8 peak each part
+// costs is measured rather than guessed: the inner loop of a 6-row × 2-vector integer tile
+// (gemm_kernel.inc's tile_q_int with AVX512-VNNI) on every thread of the pool. Mix 0: vpdpbusd
+// alone, 12 chains, operands in registers (the peak's loop); 1: + the weights' loads and each
+// row's 4 activation bytes broadcast from memory (48 broadcasts per 96 dots), cache-resident; 2:
+// + each block's end as the kernel has it (int32 → fp32, the row's scale times the columns', a
+// multiply-add into the fp32 sums, the next block's sums restarted at −128 · Σ qx); 3: the same
+// with the weights read from 4 MiB (L3) instead of 64 KiB. A product at mix 3's share is at the
+// ceiling of this format (Q8_0 blocks of 32 on both sides: a float scale per block and row).
+#if defined(__GNUC__) && defined(__x86_64__)
+template <int Mix>
+__attribute__((target("avx512f,avx512vnni"), noinline)) void int8_tile_mix(
+    int64_t blocks, const int8_t* x, const uint8_t* w, int64_t w_blocks, const float* dx,
+    const int32_t* sx, float* out) {
+  constexpr int MR = 6, NV = 2;
+  __m512i dot[MR][NV];
+  __m512 acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v)
+      dot[i][v] = _mm512_set1_epi32(i + v), acc[i][v] = _mm512_setzero_ps();
+  const __m512i w_reg[NV] = {_mm512_set1_epi32(0x01020304), _mm512_set1_epi32(0x05060708)};
+  const __m512i x_reg = _mm512_set1_epi32(0x0102fffe);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t at = b & 63;                            // x, dx and sx: 64 blocks a row, in L1
+    const uint8_t* wb = w + (b % w_blocks) * (NV * 544);  // a block: 2 × 512 bytes of q, scales
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      __m512i wv[NV];
+      for (int v = 0; v < NV; ++v)
+        wv[v] = Mix == 0 ? w_reg[v] : _mm512_loadu_si512(wb + v * 512 + g * 64);
+#pragma GCC unroll 6
+      for (int i = 0; i < MR; ++i) {
+        float f;
+        std::memcpy(&f, x + i * 2048 + at * 32 + g * 4, 4);
+        const __m512i xb = Mix == 0 ? x_reg : _mm512_castps_si512(_mm512_set1_ps(f));
+        for (int v = 0; v < NV; ++v) dot[i][v] = _mm512_dpbusd_epi32(dot[i][v], wv[v], xb);
+      }
+    }
+    if constexpr (Mix >= 2)
+      for (int v = 0; v < NV; ++v) {
+        const __m512 s = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + NV * 512 + v * 32)));
+#pragma GCC unroll 6
+        for (int i = 0; i < MR; ++i) {
+          const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(dx[i * 64 + at]));
+          acc[i][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][v]), sd, acc[i][v]);
+          dot[i][v] = _mm512_set1_epi32(-128 * sx[i * 64 + at]);
+        }
+      }
+  }
+  __m512 sum = _mm512_setzero_ps();
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v)
+      sum = _mm512_add_ps(sum, _mm512_add_ps(acc[i][v], _mm512_cvtepi32_ps(dot[i][v])));
+  _mm512_storeu_ps(out, sum);
+}
+
+void BM_Int8TileMix(benchmark::State& state) {
+  if (!__builtin_cpu_supports("avx512vnni")) return state.SkipWithError("no AVX512-VNNI");
+  const int mix = int(state.range(0));
+  constexpr int64_t kBlocks = 1 << 18;
+  const int64_t w_blocks = mix == 3 ? (int64_t(4) << 20) / 1088 : 64;
+  ThreadPool& pool = ThreadPool::global();
+  const int threads = pool.size();
+  std::vector<int8_t> x(6 * 2048, 3);
+  std::vector<uint8_t> w(size_t(w_blocks * 1088), 1);
+  std::vector<float> dx(6 * 64, 0.5f), out(size_t(16 * threads));
+  std::vector<int32_t> sx(6 * 64, 7);
+  using Fn = void (*)(int64_t, const int8_t*, const uint8_t*, int64_t, const float*, const int32_t*,
+                      float*);
+  const Fn fn = mix == 0 ? int8_tile_mix<0> : mix == 1 ? int8_tile_mix<1> : int8_tile_mix<2>;
+  for (auto _ : state)
+    pool.parallel_for(threads, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t)
+        fn(kBlocks, x.data(), w.data(), w_blocks, dx.data(), sx.data(), out.data() + 16 * t);
+    });
+  benchmark::DoNotOptimize(out.data());
+  // 96 vpdpbusd a block, 64 byte products each.
+  const double ops = double(state.iterations()) * threads * kBlocks * 96 * 64 * 2;
+  state.counters["GOP/s"] = benchmark::Counter(ops / 1e9, benchmark::Counter::kIsRate);
+  state.counters["peak_share"] =
+      benchmark::Counter(ops / 1e9 / int8_peak(), benchmark::Counter::kIsRate);
+  state.SetLabel(mix == 0   ? "dots alone"
+                 : mix == 1 ? "+ loads and broadcasts"
+                 : mix == 2 ? "+ block ends"
+                            : "+ block ends, weights from L3");
+}
+#endif
 
 struct Problem {
   std::vector<uint8_t> bytes;  // `copies` weight matrices back to back
@@ -247,6 +340,9 @@ void Bf16Rows(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_FmaPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Bf16DotPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Int8DotPeak)->Iterations(3)->Unit(benchmark::kMillisecond)->UseRealTime();
+#if defined(__GNUC__) && defined(__x86_64__)
+BENCHMARK(BM_Int8TileMix)->DenseRange(0, 3)->Unit(benchmark::kMillisecond)->UseRealTime();
+#endif
 BENCHMARK(BM_Linear)
     ->Name("BM_LinearQwen3_8B")
     ->Apply(Qwen3_8B)
