@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -548,28 +548,33 @@ namespace {
 // max|x| / 127 rounded to fp16 (a block_q8_0 holds it so; the product then equals llama.cpp's
 // on the same weights). Where ggml's fp16 would overflow (max|x| > 65504 · 127), dx saturates at
 // 65504. Each row is quantized alone, so rows do not depend on their batch. A non-finite block
-// gets dx = NaN (the outputs become NaN, as fp32 arithmetic would make them) and q = 0.
+// gets dx = NaN (the outputs become NaN, as fp32 arithmetic would make them) and q = 0. The
+// buffers are the calling thread's, valid until its next call; qf (q as fp32) is filled only for
+// the kernels whose tiles multiply in fp32 (with_qf).
 struct QuantizedRows {
   std::vector<int8_t> q;
   std::vector<float> qf, d;
   std::vector<int32_t> sum, half_sum;  // Σ q of each block, and of each half of one
 
-  QuantizedRows(const float* x, int64_t M, int64_t K, int64_t ldx)
-      : q(size_t(M * K)),
-        qf(size_t(M * K)),
-        d(size_t(M * K / kQ8Block)),
-        sum(d.size()),
-        half_sum(2 * d.size()) {
+  static QuantizedRows& of_thread(const float* x, int64_t M, int64_t K, int64_t ldx, bool with_qf) {
+    thread_local QuantizedRows rows;
     const int64_t KB = K / kQ8Block;
+    rows.q.resize(size_t(M * K));
+    rows.qf.resize(with_qf ? size_t(M * K) : 0);
+    rows.d.resize(size_t(M * KB));
+    rows.sum.resize(size_t(M * KB));
+    rows.half_sum.resize(size_t(2 * M * KB));
     for (int64_t m = 0; m < M; ++m)
       for (int64_t b = 0; b < KB; ++b)
-        block(x + m * ldx + b * kQ8Block, m * K + b * kQ8Block, m * KB + b);
+        rows.block(x + m * ldx + b * kQ8Block, m * K + b * kQ8Block, m * KB + b, with_qf);
+    return rows;
   }
 
  private:
   // One block of 32 in two 16-lane vectors (GCC lowers them to what the build targets).
   typedef float v16f __attribute__((vector_size(64)));
   typedef int32_t v16i __attribute__((vector_size(64)));
+  typedef int8_t v16b __attribute__((vector_size(16)));
 
   // roundf (half away from zero) for |v| < 2³¹: truncate, then step away from zero where the
   // dropped fraction (exact) is at least a half.
@@ -579,29 +584,46 @@ struct QuantizedRows {
     return t - (frac >= 0.5f) + (frac <= -0.5f);  // comparisons give −1 where true
   }
 
-  void block(const float* xb, int64_t at, int64_t bi) {
+  // The largest lane and the sum of the lanes, halving the vector each step.
+  static float max_lane(v16f v) {
+    v = v > __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7)
+            ? v
+            : __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v = v > __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11)
+            ? v
+            : __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v = v > __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13)
+            ? v
+            : __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    return std::max(v[0], v[1]);
+  }
+  static int32_t sum_lanes(v16i v) {
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    return v[0] + v[1];
+  }
+
+  void block(const float* xb, int64_t at, int64_t bi, bool with_qf) {
     v16f x[2];
     std::memcpy(x, xb, sizeof(x));
     const v16i abs_mask = v16i{} + 0x7fffffff;
     const v16f a0 = (v16f)((v16i)x[0] & abs_mask), a1 = (v16f)((v16i)x[1] & abs_mask);
-    const v16f m = a0 > a1 ? a0 : a1;  // a NaN lane stays NaN in the max below, or is caught
-    float amax = 0;
-    bool finite = true;
-    for (int i = 0; i < 16; ++i) {
-      amax = std::max(amax, m[i]);
-      finite &= std::isfinite(a0[i]) && std::isfinite(a1[i]);
-    }
+    // Finite: every |x| ≤ the largest float (false for ±inf and NaN). Only then is amax used.
+    const v16i ok = (a0 <= FLT_MAX) & (a1 <= FLT_MAX);
+    const bool finite = sum_lanes(ok) == -16;
+    const float amax = max_lane(a0 > a1 ? a0 : a1);
     const float dx = amax / 127.0f, id = dx == 0.0f ? 0.0f : 1.0f / dx;
     int32_t s = 0;
     for (int h = 0; h < 2; ++h) {
       const v16i qi = finite ? round_away(x[h] * id) : v16i{};
-      const v16f qv = __builtin_convertvector(qi, v16f);
-      std::memcpy(qf.data() + at + h * 16, &qv, sizeof(qv));
-      int32_t hs = 0;
-      for (int i = 0; i < 16; ++i) {
-        q[size_t(at + h * 16 + i)] = int8_t(qi[i]);
-        hs += qi[i];
+      if (with_qf) {
+        const v16f qv = __builtin_convertvector(qi, v16f);
+        std::memcpy(qf.data() + at + h * 16, &qv, sizeof(qv));
       }
+      const v16b qb = __builtin_convertvector(qi, v16b);
+      std::memcpy(q.data() + at + h * 16, &qb, sizeof(qb));
+      const int32_t hs = sum_lanes(qi);
       half_sum[size_t(2 * bi + h)] = hs;
       s += hs;
     }
@@ -689,17 +711,18 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
                                                           : kernel::kF32;
   kernel::Args a{x, M,   ldx,     P->data.get(), P->panel_bytes, P->rows, P->cols, format,  bias,
                  y, ldy, nullptr, nullptr,       nullptr,        nullptr, false,   nullptr, 0};
-  std::optional<QuantizedRows> xq;
-  if (P->integer()) {
-    xq.emplace(x, M, W.cols, ldx);
-    a.qx = xq->q.data();
-    a.qxf = xq->qf.data();
-    a.dx = xq->d.data();
-    a.sx = xq->sum.data();
-    a.sx16 = xq->half_sum.data();
-  }
   a.l2_bytes = l2_bytes();
   Kernel fn = active_kernel(a.vnni);
+  if (P->integer()) {
+    // The tiles that multiply in fp32 (the generic kernel's, AVX-512's without VNNI) read qxf.
+    const bool fp32_tiles = fn == kernel::gemm_generic || (fn == kernel::gemm_avx512 && !a.vnni);
+    const QuantizedRows& xq = QuantizedRows::of_thread(x, M, W.cols, ldx, fp32_tiles);
+    a.qx = xq.q.data();
+    a.qxf = fp32_tiles ? xq.qf.data() : nullptr;
+    a.dx = xq.d.data();
+    a.sx = xq.sum.data();
+    a.sx16 = xq.half_sum.data();
+  }
   if (P->bf16_dot) {
     // A weight packed for the mode on a CPU that has it, then run with the cap lowered (tests).
     FLASHMAP_CHECK(has_bf16_compute(),

@@ -176,6 +176,42 @@ TEST(Gemm, RowsDoNotDependOnTheirBatch) {
   }
 }
 
+// A non-finite activation (inf or NaN) in a q8 or q4 product makes its row's outputs NaN, as
+// fp32 arithmetic would, and leaves the other rows as they are computed without it: in every
+// kernel variant, in either half of a block.
+TEST(Gemm, NonFiniteActivationsMakeOnlyTheirRowNaN) {
+  IsaGuard guard;
+  ThreadPool pool(2);
+  const int64_t K = 160, N = 70, M = 7;
+  for (const Case& c : kCases) {
+    if (!integer(c.format)) continue;
+    const Mat m = make(N, K, c.dtype, 21);
+    Weight W = m.view();
+    W.packed = ops::pack(W, c.format, "test", pool);
+    const auto clean = normal(size_t(M * K), 22);
+    for (const Isa isa : isas()) {
+      ops::set_isa(isa);
+      std::vector<float> want(size_t(M * N)), y(size_t(M * N));
+      ops::linear(clean.data(), M, W, nullptr, want.data(), pool);
+      for (const float bad : {INFINITY, -INFINITY, NAN})
+        for (const int64_t at : {int64_t(2 * K + 33), int64_t(5 * K + 127)}) {
+          auto x = clean;
+          x[size_t(at)] = bad;
+          ops::linear(x.data(), M, W, nullptr, y.data(), pool);
+          for (int64_t r = 0; r < M; ++r)
+            for (int64_t n = 0; n < N; ++n) {
+              const float got = y[size_t(r * N + n)];
+              if (r == at / K)
+                ASSERT_TRUE(std::isnan(got)) << c.name << " " << ops::isa_name(isa) << " col " << n;
+              else
+                ASSERT_EQ(got, want[size_t(r * N + n)])
+                    << c.name << " " << ops::isa_name(isa) << " row " << r << " col " << n;
+            }
+        }
+    }
+  }
+}
+
 // --- q8 and q4 ---------------------------------------------------------------------------------
 
 // The packed layouts (gemm.h): panel p, block b of 32 k. q8: bytes q + 128 as [8 groups of 4 k]
@@ -253,6 +289,12 @@ TEST(Gemm, Q8AndQ4LinearAreGgmlsProductsWithinFp32Rounding) {
       for (const int64_t M : {1, 3, 17}) {
         auto x = normal(size_t(M * K), 9);
         for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;  // a zero block: dx = 0
+        // A block past fp16's range (max|x| / 127 > 65504: dx saturates), one whose largest
+        // |x| is negative, and ties that round away from zero (x = (j + ½) · amax / 127).
+        for (int i = 0; i < 32; ++i) x[size_t(64 + i)] *= 3e7f;
+        for (int i = 0; i < 32; ++i) x[size_t(96 + i)] = i == 5 ? -4.0f : 0.01f * float(i);
+        for (int i = 0; i < 32; ++i)
+          x[size_t(128 + i)] = i == 0 ? 127.0f : float(i % 2 ? -1 : 1) * (float(i) + 0.5f);
         const auto bias = normal(size_t(N), 10);
         std::vector<float> y(size_t(M * N));
         ops::linear(x.data(), M, W, bias.data(), y.data(), pool);
