@@ -564,9 +564,16 @@ struct QuantizedRows {
     rows.d.resize(size_t(M * KB));
     rows.sum.resize(size_t(M * KB));
     rows.half_sum.resize(size_t(2 * M * KB));
+    // Through plain pointers: a byte stored through q could alias the vectors' own fields.
+    int8_t* q = rows.q.data();
+    float *qf = rows.qf.data(), *d = rows.d.data();
+    int32_t *sum = rows.sum.data(), *half_sum = rows.half_sum.data();
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t b = 0; b < KB; ++b)
-        rows.block(x + m * ldx + b * kQ8Block, m * K + b * kQ8Block, m * KB + b, with_qf);
+      for (int64_t b = 0; b < KB; ++b) {
+        const int64_t at = m * K + b * kQ8Block, bi = m * KB + b;
+        block(x + m * ldx + b * kQ8Block, q + at, with_qf ? qf + at : nullptr, d[bi], sum[bi],
+              half_sum + 2 * bi);
+      }
     return rows;
   }
 
@@ -604,7 +611,9 @@ struct QuantizedRows {
     return v[0] + v[1];
   }
 
-  void block(const float* xb, int64_t at, int64_t bi, bool with_qf) {
+  // One block's q (and qf, where not null), scale, sum and half sums.
+  static void block(const float* xb, int8_t* q, float* qf, float& d, int32_t& sum,
+                    int32_t* half_sum) {
     v16f x[2];
     std::memcpy(x, xb, sizeof(x));
     const v16i abs_mask = v16i{} + 0x7fffffff;
@@ -617,18 +626,17 @@ struct QuantizedRows {
     int32_t s = 0;
     for (int h = 0; h < 2; ++h) {
       const v16i qi = finite ? round_away(x[h] * id) : v16i{};
-      if (with_qf) {
+      if (qf) {
         const v16f qv = __builtin_convertvector(qi, v16f);
-        std::memcpy(qf.data() + at + h * 16, &qv, sizeof(qv));
+        std::memcpy(qf + h * 16, &qv, sizeof(qv));
       }
       const v16b qb = __builtin_convertvector(qi, v16b);
-      std::memcpy(q.data() + at + h * 16, &qb, sizeof(qb));
-      const int32_t hs = sum_lanes(qi);
-      half_sum[size_t(2 * bi + h)] = hs;
-      s += hs;
+      std::memcpy(q + h * 16, &qb, sizeof(qb));
+      half_sum[h] = sum_lanes(qi);
+      s += half_sum[h];
     }
-    d[size_t(bi)] = finite ? f16_to_f32(f32_to_f16(std::min(dx, 65504.0f))) : NAN;
-    sum[size_t(bi)] = s;
+    d = finite ? f16_to_f32(f32_to_f16(std::min(dx, 65504.0f))) : NAN;
+    sum = s;
   }
 };
 
