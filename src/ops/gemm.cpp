@@ -556,7 +556,10 @@ struct QuantizedRows {
   std::vector<float> qf, d;
   std::vector<int32_t> sum, half_sum;  // Σ q of each block, and of each half of one
 
-  static QuantizedRows& of_thread(const float* x, int64_t M, int64_t K, int64_t ldx, bool with_qf) {
+  static constexpr int64_t kQuantizeGrain = 256;
+
+  static QuantizedRows& of_thread(const float* x, int64_t M, int64_t K, int64_t ldx, bool with_qf,
+                                  ThreadPool& pool) {
     thread_local QuantizedRows rows;
     const int64_t KB = K / kQ8Block;
     rows.q.resize(size_t(M * K));
@@ -568,12 +571,15 @@ struct QuantizedRows {
     int8_t* q = rows.q.data();
     float *qf = rows.qf.data(), *d = rows.d.data();
     int32_t *sum = rows.sum.data(), *half_sum = rows.half_sum.data();
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t b = 0; b < KB; ++b) {
-        const int64_t at = m * K + b * kQ8Block, bi = m * KB + b;
+    // Over the pool in runs of kQuantizeGrain blocks (a few microseconds each); a product with
+    // fewer blocks quantizes them on the calling thread.
+    pool.parallel_for(M * KB, kQuantizeGrain, [&](int64_t b0, int64_t b1) {
+      for (int64_t bi = b0; bi < b1; ++bi) {
+        const int64_t m = bi / KB, b = bi % KB, at = m * K + b * kQ8Block;
         block(x + m * ldx + b * kQ8Block, q + at, with_qf ? qf + at : nullptr, d[bi], sum[bi],
               half_sum + 2 * bi);
       }
+    });
     return rows;
   }
 
@@ -724,7 +730,7 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
   if (P->integer()) {
     // The tiles that multiply in fp32 (the generic kernel's, AVX-512's without VNNI) read qxf.
     const bool fp32_tiles = fn == kernel::gemm_generic || (fn == kernel::gemm_avx512 && !a.vnni);
-    const QuantizedRows& xq = QuantizedRows::of_thread(x, M, W.cols, ldx, fp32_tiles);
+    const QuantizedRows& xq = QuantizedRows::of_thread(x, M, W.cols, ldx, fp32_tiles, pool);
     a.qx = xq.q.data();
     a.qxf = fp32_tiles ? xq.qf.data() : nullptr;
     a.dx = xq.d.data();
