@@ -578,6 +578,11 @@ std::vector<std::string> Checkpoint::names() const {
   return out;
 }
 
+const TensorView* Checkpoint::header(const std::string& name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : it->second;
+}
+
 int64_t Checkpoint::bytes() const {
   int64_t n = 0;
   for (const auto& [name, view] : index_) n += int64_t(view->nbytes());

@@ -120,6 +120,9 @@ class Checkpoint {
   // The tensor `name`, which must have `shape`; throws naming file, tensor and both shapes.
   const TensorView& get(const std::string& name, const std::vector<int64_t>& shape) const;
   std::vector<std::string> names() const;
+  // The tensor `name` as get() would give it, read from the headers alone (its data null for a
+  // quantized tensor not yet dequantized): its dtype and shape, for sizes. Null when absent.
+  const TensorView* header(const std::string& name) const;
   // The bytes of every tensor as get() gives it (a quantized GGUF tensor as F32), from the
   // shapes alone: nothing is read or dequantized.
   int64_t bytes() const;

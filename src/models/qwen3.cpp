@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/check.h"
+#include "core/memory.h"
 #include "io/gguf.h"
 
 namespace flashmap {
@@ -219,6 +220,44 @@ int64_t Qwen3Model::packed_bytes() const {
   return n;
 }
 
+namespace {
+// Weights that cannot fit in memory are refused before any is read or packed (a 4-bit GGUF of an
+// 8B model held as F32 would take 30 GB): one clear error, not the kernel's out-of-memory kill
+// after minutes of loading. The count is a lower bound of what the load adds: the embedding
+// table (looked up in place, or kept in its blocks) and tensors already held in memory (random
+// weights, each freed as its packed copy is made) are left out, bf16 counts 2 bytes a value and
+// q8 and q4 4.5 bits (the fewest of their blocks and of a GGUF's K-quant blocks they keep).
+void check_fits_in_memory(const Checkpoint& ckpt, ops::WeightFormat format,
+                          const std::string& what) {
+  if (format == ops::WeightFormat::Unpacked) return;  // uploaded to a device as it loads
+  int64_t values = 0, bytes = 0;
+  for (const std::string& name : ckpt.names()) {
+    if (name == "model.embed_tokens.weight") continue;
+    const TensorView* t = ckpt.header(name);
+    if (t->data && !t->source && !ckpt.gguf_tensor(name)) continue;
+    values += t->numel();
+    bytes += int64_t(t->nbytes());
+  }
+  const int64_t need = format == ops::WeightFormat::Native ? bytes
+                       : format == ops::WeightFormat::Bf16 ? 2 * values
+                                                           : values / 16 * 9;
+  const int64_t available = available_memory_bytes();
+  if (available < 0 || need <= available) return;
+  const bool dequantized = format == ops::WeightFormat::Native && ckpt.stored_bytes() < bytes;
+  throw Error(fmt::format(
+      "{}: its weights held as {} take at least {:.1f} GB, more than the {:.1f} GB of memory "
+      "available{}",
+      what,
+      format == ops::WeightFormat::Native ? "read (--weights native; quantized tensors as F32)"
+      : format == ops::WeightFormat::Bf16 ? "bf16 (--compute bf16)"
+                                          : ops::weight_format_name(format),
+      double(need) / 1e9, double(available) / 1e9,
+      dequantized ? "; --weights q8 or q4 keeps them in fewer bytes (a GGUF's Q4_K, Q5_K and "
+                    "Q6_K blocks as they are)"
+                  : ""));
+}
+}  // namespace
+
 void Qwen3Model::load_weights() {
   const auto& c = config_;
   // The weights are read as the tensors are (FP8 and AWQ ones by their names and dtypes); a config
@@ -227,6 +266,8 @@ void Qwen3Model::load_weights() {
   FLASHMAP_CHECK(ckpt_->quantization() == c.quantization,
                  "{}: config.json's quantization_config says {}, but the weights are {}", dir_,
                  said(c.quantization), said(ckpt_->quantization()));
+  const GgufTensor* embed_blocks = ckpt_->gguf_tensor("model.embed_tokens.weight");
+  check_fits_in_memory(*ckpt_, format_, embed_blocks ? embed_blocks->file : dir_);
   const int64_t H = c.hidden_size;
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
     return Weight::of(ckpt_->get(name, {rows, cols}));
@@ -234,7 +275,6 @@ void Qwen3Model::load_weights() {
   auto vec = [&](const std::string& name, int64_t n) { return ckpt_->get(name, {n}).to_f32(); };
   // A GGUF's quantized embedding stays in its blocks, unless the weights stay unpacked (the
   // CUDA backend uploads from fp32 rows).
-  const GgufTensor* embed_blocks = ckpt_->gguf_tensor("model.embed_tokens.weight");
   if (embed_blocks && !ggml_float_dtype(embed_blocks->type) &&
       format_ != ops::WeightFormat::Unpacked)
     embed_ = gguf_block_table(*ckpt_, *embed_blocks, "model.embed_tokens.weight", c.vocab_size, H);
