@@ -241,14 +241,19 @@ void BM_Linear(benchmark::State& state) {
                       : bf16_compute        ? ops::WeightFormat::Bf16
                                             : ops::WeightFormat::Native;
   const bool cold = state.range(4) != 0;
-  // Cold: enough copies that the packed bytes overflow the L3 (streamed from memory, as a decode
-  // step's weights are); q8 and q4 pack a bf16 matrix to ~1/2 and ~1/4 of its bytes, so they
-  // need 2 and 4 times the copies.
+  // Cold: enough copies that the packed matrices cycled through take 256 MiB, 8 times a 32 MiB
+  // L3 (every weight streamed from memory, as a decode step's are: a set that only just
+  // overflows the L3 still finds part of itself there). The copies are counted in the bytes
+  // of the matrix as made (fp32 or bf16), which the formats pack to their bits per weight.
   const bool q4k = state.range(3) == 5, q6k = state.range(3) == 6, q5k = state.range(3) == 7;
-  const size_t cold_bytes = size_t(state.range(3) == 2 || q6k || q5k ? 192
-                                   : state.range(3) == 4 || q4k      ? 384
-                                                                     : 96)
-                            << 20;
+  const double packed_bits = state.range(3) == 2   ? 8.5
+                             : state.range(3) == 4 ? 4.5
+                             : q4k                 ? 4.625
+                             : q5k                 ? 5.625
+                             : q6k                 ? 6.5625
+                                                   : 8.0 * double(dtype_size(dtype));
+  const size_t cold_bytes =
+      size_t(double(256 << 20) * 8.0 * double(dtype_size(dtype)) / packed_bits);
   Problem p = make_problem(M, N, K, dtype, format, cold ? cold_bytes : 0,
                            q4k   ? 4
                            : q5k ? 5
