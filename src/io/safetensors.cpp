@@ -549,6 +549,11 @@ const TensorView& Checkpoint::get(const std::string& name) const {
   return *it->second;
 }
 
+bool Checkpoint::in_memory(const std::string& name) const {
+  const TensorView* t = header(name);
+  return t && t->data && !t->source && !gguf_tensors_.contains(name);
+}
+
 const GgufTensor* Checkpoint::gguf_tensor(const std::string& name) const {
   const auto it = gguf_tensors_.find(name);
   if (it == gguf_tensors_.end()) return nullptr;

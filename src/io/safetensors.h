@@ -123,6 +123,9 @@ class Checkpoint {
   // The tensor `name` as get() would give it, read from the headers alone (its data null for a
   // quantized tensor not yet dequantized): its dtype and shape, for sizes. Null when absent.
   const TensorView* header(const std::string& name) const;
+  // Whether the tensor `name`'s bytes are held in this process's memory already (random weights,
+  // a converted copy), not mapped from a file nor made when first read; from the index alone.
+  bool in_memory(const std::string& name) const;
   // The bytes of every tensor as get() gives it (a quantized GGUF tensor as F32), from the
   // shapes alone: nothing is read or dequantized.
   int64_t bytes() const;

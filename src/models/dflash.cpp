@@ -30,6 +30,7 @@ DFlashModel::DFlashModel(const DFlashConfig& config, std::unique_ptr<Checkpoint>
 }
 
 void DFlashModel::load_weights(ops::WeightFormat weights) {
+  check_weights_fit_in_memory(*ckpt_, weights, ckpt_->dir());
   const auto& c = config_.layers;
   const int64_t H = c.hidden_size;
   const int64_t TH = target_.config().hidden_size;

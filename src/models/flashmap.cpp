@@ -60,6 +60,7 @@ void FlashMapModel::embed_rows(const float* x, int64_t rows, const Weight& E, fl
 }
 
 void FlashMapModel::load_weights(ops::WeightFormat weights) {
+  check_weights_fit_in_memory(*ckpt_, weights, ckpt_->dir());
   bf16_compute_ = weights == ops::WeightFormat::Bf16;
   const auto& c = config_;
   const int64_t D = c.hidden_size, TH = c.target_hidden_size, hd = c.head_dim();

@@ -220,21 +220,18 @@ int64_t Qwen3Model::packed_bytes() const {
   return n;
 }
 
-namespace {
-// Weights that cannot fit in memory are refused before any is read or packed (a 4-bit GGUF of an
-// 8B model held as F32 would take 30 GB): one clear error, not the kernel's out-of-memory kill
-// after minutes of loading. The count is a lower bound of what the load adds: the embedding
-// table (looked up in place, or kept in its blocks) and tensors already held in memory (random
-// weights, each freed as its packed copy is made) are left out, bf16 counts 2 bytes a value and
-// q8 and q4 4.5 bits (the fewest of their blocks and of a GGUF's K-quant blocks they keep).
-void check_fits_in_memory(const Checkpoint& ckpt, ops::WeightFormat format,
-                          const std::string& what) {
+// The count is a lower bound of what the load adds: the embedding table (looked up in place, or
+// kept in its blocks) and tensors already held in memory (random weights, each freed as its
+// packed copy is made) are left out, bf16 counts 2 bytes a value and q8 and q4 4.5 bits (the
+// fewest of their blocks and of a GGUF's K-quant blocks they keep).
+void check_weights_fit_in_memory(const Checkpoint& ckpt, ops::WeightFormat format,
+                                 const std::string& what) {
   if (format == ops::WeightFormat::Unpacked) return;  // uploaded to a device as it loads
   int64_t values = 0, bytes = 0;
   for (const std::string& name : ckpt.names()) {
     if (name == "model.embed_tokens.weight") continue;
+    if (ckpt.in_memory(name)) continue;
     const TensorView* t = ckpt.header(name);
-    if (t->data && !t->source && !ckpt.gguf_tensor(name)) continue;
     values += t->numel();
     bytes += int64_t(t->nbytes());
   }
@@ -256,7 +253,6 @@ void check_fits_in_memory(const Checkpoint& ckpt, ops::WeightFormat format,
                     "Q6_K blocks as they are)"
                   : ""));
 }
-}  // namespace
 
 void Qwen3Model::load_weights() {
   const auto& c = config_;
@@ -267,7 +263,7 @@ void Qwen3Model::load_weights() {
                  "{}: config.json's quantization_config says {}, but the weights are {}", dir_,
                  said(c.quantization), said(ckpt_->quantization()));
   const GgufTensor* embed_blocks = ckpt_->gguf_tensor("model.embed_tokens.weight");
-  check_fits_in_memory(*ckpt_, format_, embed_blocks ? embed_blocks->file : dir_);
+  check_weights_fit_in_memory(*ckpt_, format_, embed_blocks ? embed_blocks->file : dir_);
   const int64_t H = c.hidden_size;
   auto mat = [&](const std::string& name, int64_t rows, int64_t cols) {
     return Weight::of(ckpt_->get(name, {rows, cols}));

@@ -20,6 +20,13 @@ namespace flashmap {
 Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols,
                    ops::WeightFormat format, ThreadPool& pool, bool keep = false);
 
+// Weights that cannot fit in memory held as `format` are refused before any is read or packed (a
+// 4-bit GGUF of an 8B model held as F32 would take 30 GB): one error naming `what` (the file or
+// folder), the format and both sizes, not the kernel's out-of-memory kill after minutes of
+// loading. Every model calls it before its first load_linear.
+void check_weights_fit_in_memory(const Checkpoint& ckpt, ops::WeightFormat format,
+                                 const std::string& what);
+
 // One Qwen3 decoder layer's weights. The target's (prefix "model.layers.i.") and a DFlash
 // drafter's ("layers.i.") have the same names and shapes below the prefix.
 struct Qwen3Layer {
