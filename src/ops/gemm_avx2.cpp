@@ -1,8 +1,8 @@
 // The GEMM kernel with AVX2 + FMA registers (8 fp32 lanes, 16 registers), for x86-64-v3 CPUs
-// without AVX-512. Compiled with -mavx2 -mfma -mf16c, and once more with -mavxvnni as
-// gemm_avx2vnni, whose q8 and q4 tiles take AVX-VNNI's vpdpbusd (the fp32 formats are the same
-// code in both); nothing here may be an inline function shared with other files (see
-// gemm_kernel.h).
+// without AVX-512. Compiled with -mavx2 -mfma -mf16c -mno-avx512f (16 registers, even in a
+// native build on an AVX-512 CPU), and once more with -mavxvnni as gemm_avx2vnni, whose q8 and
+// q4 tiles take AVX-VNNI's vpdpbusd (the fp32 formats are the same code in both); nothing here
+// may be an inline function shared with other files (see gemm_kernel.h).
 #include "ops/gemm_kernel.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
