@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -597,23 +598,27 @@ struct QuantizedRows {
     return t - (frac >= 0.5f) + (frac <= -0.5f);  // comparisons give −1 where true
   }
 
+  // v with lane i taken from lane i ^ S: one step of a reduction that halves the vector.
+  template <int S, class T, size_t... I>
+  static T swapped(T v, std::index_sequence<I...>) {
+    return __builtin_shufflevector(v, v, (int(I) ^ S)...);
+  }
+  template <int S, class T>
+  static T swapped(T v) {
+    return swapped<S>(v, std::make_index_sequence<16>{});
+  }
+
   // The largest lane and the sum of the lanes, halving the vector each step.
   static float max_lane(v16f v) {
-    v = v > __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7)
-            ? v
-            : __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    v = v > __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11)
-            ? v
-            : __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-    v = v > __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13)
-            ? v
-            : __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v = v > swapped<8>(v) ? v : swapped<8>(v);
+    v = v > swapped<4>(v) ? v : swapped<4>(v);
+    v = v > swapped<2>(v) ? v : swapped<2>(v);
     return std::max(v[0], v[1]);
   }
   static int32_t sum_lanes(v16i v) {
-    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v += swapped<8>(v);
+    v += swapped<4>(v);
+    v += swapped<2>(v);
     return v[0] + v[1];
   }
 
