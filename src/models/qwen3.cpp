@@ -162,7 +162,7 @@ Weight load_linear(Checkpoint& ckpt, const std::string& name, int64_t rows, int6
 namespace {
 // `parts` as one packed matrix stacked along the rows (when they all are packed and every part
 // but the last fills its panels); each part then gives its packed copy up.
-Weight stacked(std::initializer_list<Weight*> parts) {
+Weight stacked(std::initializer_list<Weight*> parts, ThreadPool& pool) {
   std::vector<const ops::PackedWeight*> packed;
   Weight w;
   for (Weight* p : parts) {
@@ -174,7 +174,7 @@ Weight stacked(std::initializer_list<Weight*> parts) {
   }
   w.dtype = (*parts.begin())->dtype;
   w.cols = (*parts.begin())->cols;
-  w.packed = ops::stack_rows(packed);
+  w.packed = ops::stack_rows(packed, pool);
   for (Weight* p : parts) p->packed.reset();
   return w;
 }
@@ -202,8 +202,8 @@ Qwen3Layer load_qwen3_layer(Checkpoint& ckpt, const std::string& p, const Qwen3C
   l.up = mat("mlp.up_proj.weight", I, H);
   l.down = mat("mlp.down_proj.weight", H, I);
   if (stack) {
-    l.qkv = stacked({&l.q, &l.k, &l.v});
-    l.gate_up = stacked({&l.gate, &l.up});
+    l.qkv = stacked({&l.q, &l.k, &l.v}, pool);
+    l.gate_up = stacked({&l.gate, &l.up}, pool);
   }
   return l;
 }

@@ -311,8 +311,10 @@ std::shared_ptr<PackedWeight> pack_super(int64_t rows, int64_t cols, int64_t sup
   P->panels = (rows + kPanel - 1) / kPanel;
   P->panel_bytes = cols / kQ4KBlock * super_bytes;
   P->data = {alloc_panels(P->bytes()), std::free};
-  std::memset(P->data.get(), 0, size_t(P->bytes()));
+  // Each thread zeroes the panels it fills: the first touch of fresh pages (the kernel's page
+  // faults and zeroing, slow on a VM) spread over the pool rather than on one thread.
   auto body = [&](int64_t p0, int64_t p1) {
+    std::memset(P->data.get() + p0 * P->panel_bytes, 0, size_t((p1 - p0) * P->panel_bytes));
     Block b;
     for (int64_t p = p0; p < p1; ++p)
       for (int j = 0; j < kPanel && p * kPanel + j < rows; ++j) {
@@ -413,7 +415,8 @@ std::shared_ptr<const PackedWeight> pack_q6k(
   return P;
 }
 
-std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* const> parts) {
+std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* const> parts,
+                                               ThreadPool& pool) {
   FLASHMAP_ASSERT(!parts.empty());
   const PackedWeight& first = *parts[0];
   auto P = std::make_shared<PackedWeight>();
@@ -434,11 +437,15 @@ std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* con
     P->panels += w.panels;
   }
   P->data = {alloc_panels(P->bytes()), std::free};
-  uint8_t* at = P->data.get();
-  for (const PackedWeight* w : parts) {
-    std::memcpy(at, w->data.get(), size_t(w->bytes()));
-    at += w->bytes();
-  }
+  // Panel by panel over the pool (the parts' panels are consecutive in the stack), so that the
+  // fresh pages' first touch is spread over the threads.
+  std::vector<const uint8_t*> from(size_t(P->panels));
+  for (int64_t i = 0; const PackedWeight* w : parts)
+    for (int64_t p = 0; p < w->panels; ++p) from[size_t(i++)] = w->data.get() + p * w->panel_bytes;
+  pool.parallel_for(P->panels, 8, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      std::memcpy(P->data.get() + p * P->panel_bytes, from[size_t(p)], size_t(P->panel_bytes));
+  });
   return P;
 }
 

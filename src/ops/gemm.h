@@ -135,7 +135,8 @@ std::shared_ptr<const PackedWeight> pack_q6k(
 // product instead of several over the same input (a layer's q, k and v; its gate and up). Every
 // part but the last fills its panels (rows a multiple of kPanel). Each output is computed as in
 // its own matrix, bit for bit.
-std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* const> parts);
+std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* const> parts,
+                                               ThreadPool& pool);
 
 // The instruction sets the kernel is compiled for; the best one the CPU has is picked at run
 // time (FLASHMAP_ISA=generic|avx2|avx2-vnni|avx512|avx512-vnni|avx512-bf16 caps it), so a
