@@ -86,6 +86,11 @@ void BM_Int8DotPeak(benchmark::State& state) {
 // with the weights read from 4 MiB (L3) instead of 64 KiB. A product at mix 3's share is at the
 // ceiling of this format (Q8_0 blocks of 32 on both sides: a float scale per block and row).
 #if defined(__GNUC__) && defined(__x86_64__)
+// GCC 12 warns that its own intrinsics' undefined pass-through registers are uninitialized
+// (_mm512_cvtepi32_ps, _mm512_cvtph_ps) once inlined here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 template <int Mix>
 __attribute__((target("avx512f,avx512vnni"), noinline)) void int8_tile_mix(
     int64_t blocks, const int8_t* x, const uint8_t* w, int64_t w_blocks, const float* dx,
@@ -132,6 +137,7 @@ __attribute__((target("avx512f,avx512vnni"), noinline)) void int8_tile_mix(
       sum = _mm512_add_ps(sum, _mm512_add_ps(acc[i][v], _mm512_cvtepi32_ps(dot[i][v])));
   _mm512_storeu_ps(out, sum);
 }
+#pragma GCC diagnostic pop
 
 void BM_Int8TileMix(benchmark::State& state) {
   if (!__builtin_cpu_supports("avx512vnni")) return state.SkipWithError("no AVX512-VNNI");
