@@ -176,6 +176,54 @@ TEST(Gemm, RowsDoNotDependOnTheirBatch) {
   }
 }
 
+// Matrices stacked along their rows (a layer's q, k and v) hold each part's panels one after
+// the other, and their product gives each part's outputs bit for bit, the stack copied on 1 or 3
+// threads; the last part may end inside a panel.
+TEST(Gemm, StackedRowsGiveEachPartsOutputs) {
+  for (const int threads : {1, 3})
+    for (const Case& c : kCases) {
+      ThreadPool pool(threads);
+      const int64_t K = 288, M = 5;
+      const int64_t rows[] = {64, 96, 45};
+      std::vector<Mat> mats;
+      std::vector<Weight> parts;
+      for (int i = 0; i < 3; ++i) mats.push_back(make(rows[i], K, c.dtype, uint64_t(40 + i)));
+      std::vector<const ops::PackedWeight*> packed;
+      for (const Mat& m : mats) {
+        parts.push_back(m.view());
+        parts.back().packed = ops::pack(parts.back(), c.format, "part", pool);
+      }
+      for (const Weight& w : parts) packed.push_back(w.packed.get());
+      Weight all;
+      all.dtype = parts[0].dtype;
+      all.rows = rows[0] + rows[1] + rows[2];
+      all.cols = K;
+      all.packed = ops::stack_rows(packed, pool);
+      ASSERT_EQ(all.packed->rows, all.rows);
+      int64_t at = 0;
+      for (const Weight& w : parts) {
+        ASSERT_EQ(std::memcmp(all.packed->data.get() + at, w.packed->data.get(),
+                              size_t(w.packed->bytes())),
+                  0)
+            << c.name << " threads " << threads;
+        at += w.packed->bytes();
+      }
+      EXPECT_EQ(at, all.packed->bytes());
+      const auto x = normal(size_t(M * K), 9);
+      const auto y = run(all, x, M, nullptr, pool);
+      int64_t col = 0;
+      for (const Weight& w : parts) {
+        const auto want = run(w, x, M, nullptr, pool);
+        for (int64_t m = 0; m < M; ++m)
+          ASSERT_EQ(std::memcmp(&y[size_t(m * all.rows + col)], &want[size_t(m * w.rows)],
+                                size_t(w.rows) * 4),
+                    0)
+              << c.name << " threads " << threads << " row " << m << " column " << col;
+        col += w.rows;
+      }
+    }
+}
+
 // A non-finite activation (inf or NaN) in a q8 or q4 product makes its row's outputs NaN, as
 // fp32 arithmetic would, and leaves the other rows as they are computed without it: in every
 // kernel variant, in either half of a block.
