@@ -57,7 +57,7 @@ int64_t least_room(const std::string& mount, std::string path, bool v2) {
     const int64_t r = room_in(mount + path, v2);
     if (r >= 0) room = room < 0 ? r : std::min(room, r);
     const size_t slash = path.find_last_of('/');
-    if (slash == std::string::npos || path.empty()) break;
+    if (slash == std::string::npos) break;
     path.resize(slash);
   }
   return room;
