@@ -21,7 +21,7 @@ struct V {
   // nv_for(a), a accumulators per vector column: one: 8 vectors (2 panels), 8 independent FMA
   // chains; two: 4 vectors (8 chains).
   static constexpr int kNv1 = 8, kNv2 = 4;
-  static constexpr int nv_for(int a) { return a == 1 ? kNv1 : a == 2 ? kNv2 : kNvMany; }
+  static constexpr int nv_for(int a, bool) { return a == 1 ? kNv1 : a == 2 ? kNv2 : kNvMany; }
 
   static R zero() { return _mm256_setzero_ps(); }
   static R bcast(const float* p) { return _mm256_broadcast_ss(p); }

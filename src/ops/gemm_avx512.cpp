@@ -13,14 +13,20 @@ namespace {
 struct V {
   using R = __m512;
   static constexpr int W = 16;
-  // 10 rows × 2 vectors = 20 accumulators, 2 weight vectors and a broadcast (12 rows measured
-  // slower on Zen 4: the row addresses no longer fit the integer registers).
-  static constexpr int kRowsMax = 10, kNvMany = 2;
-  // nv_for(a): vectors per row for a accumulators per vector column. One row: 8 vectors
-  // (4 panels), 8 independent FMA chains, enough to cover two pipes' FMA latency; up to 5: 4
-  // vectors (≤ 20 accumulators), which halves the weight widening per FMA.
+  // Float tiles: at most 6 rows × 4 vectors = 24 accumulators, 4 weight vectors and a
+  // broadcast, 10 loads a k for 24 FMAs (17 rows as 6 + 6 + 5 ran 12–17% faster cache-hot on
+  // Zen 4 than as 9 + 8 rows × 2 vectors, 11 loads for 18 FMAs; 12 rows × 2 slower still: the
+  // row addresses no longer fit the integer registers).
+  static constexpr int kRowsMax = 6, kNvMany = 2;
+  // nv_for(a, q): vectors per row for a accumulators per vector column (q: an integer tile's).
+  // One row: 8 vectors (4 panels), 8 independent FMA chains, enough to cover two pipes' FMA
+  // latency; up to 6 (integer tiles, which hold their scales' temporaries too, up to 5: 3 rows of
+  // q4k ran a fifth slower with 4 vectors): 4 vectors (≤ 24 accumulators), which halves the
+  // weight widening per FMA.
   static constexpr int kNv1 = 8, kNv2 = 4;
-  static constexpr int nv_for(int a) { return a <= 2 ? kNv1 : a <= 5 ? kNv2 : kNvMany; }
+  static constexpr int nv_for(int a, bool q) {
+    return a <= 2 ? kNv1 : a <= (q ? 5 : 6) ? kNv2 : kNvMany;
+  }
 
   static R zero() { return _mm512_setzero_ps(); }
   static R bcast(const float* p) { return _mm512_set1_ps(*p); }

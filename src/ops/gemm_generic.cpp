@@ -14,7 +14,7 @@ struct V {
   static constexpr int W = 1;
   static constexpr int kRowsMax = 4, kNvMany = 32;  // a whole panel per tile
   static constexpr int kNv1 = 32, kNv2 = 32;
-  static constexpr int nv_for(int) { return kNvMany; }
+  static constexpr int nv_for(int, bool) { return kNvMany; }
 
   static R zero() { return 0.0f; }
   static R bcast(const float* p) { return *p; }
