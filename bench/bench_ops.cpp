@@ -298,16 +298,16 @@ void BM_Linear(benchmark::State& state) {
 }
 
 // An MLP projection of the default target (hidden 512, MLP 1536, f32) and Qwen3-0.6B's layers
-// (hidden 1024, q 2048, MLP 3072; bf16, q8, q4, q4k, q5k and q6k) at 1 row and at the verify rows
-// of blocks 8 and 16; "hot" reuses one cache-resident matrix (pure compute), "cold" cycles
-// through copies that overflow the L3 (memory-bound).
+// (hidden 1024, q 2048, MLP 3072; bf16, the bf16 compute mode, q8, q4, q4k, q5k and q6k) at 1 row
+// and at the verify rows of blocks 8 and 16; "hot" reuses one cache-resident matrix (pure compute),
+// "cold" cycles through copies that overflow the L3 (memory-bound).
 void Shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "N", "K", "fmt", "cold"});
   for (const int64_t cold : {0, 1})
     for (const int64_t m : {1, 9, 17}) {
       b->Args({m, 1536, 512, 0, cold});
       b->Args({m, 1536, 512, 2, cold});
-      for (const int64_t fmt : {1, 2, 4, 5, 7, 6}) {
+      for (const int64_t fmt : {1, 3, 2, 4, 5, 7, 6}) {
         b->Args({m, 3072, 1024, fmt, cold});
         b->Args({m, 1024, 3072, fmt, cold});
         b->Args({m, 2048, 1024, fmt, cold});
@@ -325,7 +325,7 @@ void Rows(benchmark::internal::Benchmark* b) {
 void LmHead(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "N", "K", "fmt", "cold"});
   for (const int64_t m : {1, 17})
-    for (const int64_t fmt : {1, 2}) b->Args({m, 151936, 1024, fmt, 1});
+    for (const int64_t fmt : {1, 3, 2}) b->Args({m, 151936, 1024, fmt, 1});
 }
 
 // Qwen3-8B's layer products (q+k+v 6144 × 4096 as three, o 4096², gate and up 12288 × 4096, down

@@ -11,15 +11,15 @@ dir=${1:-build-x86-64-v3}
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DFLASHMAP_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 \
   -DFLASHMAP_CUDA=OFF -DFLASHMAP_BUILD_BENCH=OFF >/dev/null
 cmake --build "$dir" --target test_ops -j"$(nproc)"
-# Outside the AVX-512 kernels' own object files, nothing may touch a zmm register (roofline.cpp's
+# Outside the AVX-512 and AMX kernels' own object files, nothing may touch a zmm register (roofline.cpp's
 # peak loops carry their own target attributes and run only where the CPU has the set). grep
 # reads the whole listing: with -q it would stop early, and pipefail would then report objdump's
 # SIGPIPE instead of the match.
 has() { objdump -d --no-show-raw-insn "$1" | grep -c -- "$2" >/dev/null; }
-bad=$(find "$dir/src" -name '*.o' ! -name 'gemm_avx512.cpp.o' ! -name 'gemm_avx512bf16.cpp.o' ! -name 'roofline.cpp.o' | while read -r o; do
+bad=$(find "$dir/src" -name '*.o' ! -name 'gemm_avx512.cpp.o' ! -name 'gemm_avx512bf16.cpp.o' ! -name 'gemm_amx.cpp.o' ! -name 'roofline.cpp.o' | while read -r o; do
   has "$o" '%zmm' && echo "$o"; done || true)
 if [ -n "$bad" ]; then
-  echo "AVX-512 instructions outside gemm_avx512.cpp and gemm_avx512bf16.cpp: $bad" >&2
+  echo "AVX-512 instructions outside gemm_avx512.cpp, gemm_avx512bf16.cpp and gemm_amx.cpp: $bad" >&2
   exit 1
 fi
 # int8 dot products (AVX-VNNI, AVX512-VNNI) only in the kernels built for them.
@@ -29,7 +29,7 @@ if [ -n "$bad" ]; then
   echo "int8 dot products outside the VNNI kernels: $bad" >&2
   exit 1
 fi
-for isa in generic avx2 avx2-vnni avx512 avx512-vnni avx512-bf16; do
+for isa in generic avx2 avx2-vnni avx512 avx512-vnni avx512-bf16 amx; do
   echo "== FLASHMAP_ISA=$isa"
   FLASHMAP_ISA=$isa "$dir/tests/ops/test_ops" --gtest_brief=1 --gtest_filter='Gemm.*:OpsVsReference.Linear*:Bf16Compute.*'
 done

@@ -3,6 +3,7 @@
 #include "ops/gemm.h"
 
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -453,6 +454,8 @@ std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* con
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::Amx:
+      return "amx";
     case Isa::Avx512Bf16:
       return "avx512-bf16";
     case Isa::Avx512Vnni:
@@ -482,6 +485,25 @@ bool cpu_has_avx_vnni() {
 #endif
 }
 
+// Whether the CPU has AMX's tiles with bf16 products and the OS saves their state (XCR0's
+// XTILECFG and XTILEDATA) and grants this process the tile data (Linux asks each process to
+// request it, ARCH_REQ_XCOMP_PERM, before its first tile instruction).
+bool amx_granted() {
+#if FLASHMAP_HAS_AMX_KERNEL && defined(__linux__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  // Leaf 7's EDX: AMX-BF16 (bit 22), AMX-TILE (24); leaf 1's ECX: OSXSAVE (27), for xgetbv.
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 22 & 1u) || !(d >> 24 & 1u)) return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1u)) return false;
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo >> 17 & 3u) != 3u) return false;
+  constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 // The highest set at or below `want` that the CPU runs: Avx2Vnni is not implied by AVX-512.
 Isa clamp(Isa want, Isa best) {
   Isa isa = std::min(want, best);
@@ -499,12 +521,13 @@ Isa detect() {
   if (best >= Isa::Avx2 && __builtin_cpu_supports("avx512f")) best = Isa::Avx512;
   if (best == Isa::Avx512 && __builtin_cpu_supports("avx512vnni")) best = Isa::Avx512Vnni;
   if (best == Isa::Avx512Vnni && __builtin_cpu_supports("avx512bf16")) best = Isa::Avx512Bf16;
+  if (best == Isa::Avx512Bf16 && amx_granted()) best = Isa::Amx;
 #endif
   if (const char* cap = std::getenv("FLASHMAP_ISA")) {
     const std::string c = cap;
     const Isa* want = nullptr;
-    static const Isa kAll[] = {Isa::Generic, Isa::Avx2,       Isa::Avx2Vnni,
-                               Isa::Avx512,  Isa::Avx512Vnni, Isa::Avx512Bf16};
+    static const Isa kAll[] = {Isa::Generic,    Isa::Avx2,       Isa::Avx2Vnni, Isa::Avx512,
+                               Isa::Avx512Vnni, Isa::Avx512Bf16, Isa::Amx};
     for (const Isa& isa : kAll)
       if (c == isa_name(isa)) want = &isa;
     // A misspelt cap must not quietly run everything on the scalar kernel.
@@ -513,7 +536,7 @@ Isa detect() {
     else
       fmt::print(stderr,
                  "flashmap: FLASHMAP_ISA={} is not one of generic, avx2, avx2-vnni, avx512, "
-                 "avx512-vnni, avx512-bf16; ignored\n",
+                 "avx512-vnni, avx512-bf16, amx; ignored\n",
                  c);
   }
   return best;
@@ -544,7 +567,7 @@ void set_isa(Isa isa) {
 }
 
 bool has_bf16_compute() {
-  return active_isa() == Isa::Avx512Bf16;
+  return active_isa() >= Isa::Avx512Bf16;
 }
 
 // --- linear -----------------------------------------------------------------------------------
@@ -675,6 +698,7 @@ int64_t l2_bytes() {
 Kernel active_kernel(bool& vnni) {
   vnni = false;
   switch (active_isa()) {
+    case Isa::Amx:
     case Isa::Avx512Bf16:
     case Isa::Avx512Vnni:
       vnni = true;
@@ -708,6 +732,22 @@ const uint32_t* bf16_pairs(const float* x, int64_t M, int64_t K, int64_t ldx) {
     for (int64_t kp = 0; kp < K / 2; ++kp)
       d[kp] = uint32_t(f32_to_bf16(r[2 * kp])) | uint32_t(f32_to_bf16(r[2 * kp + 1])) << 16;
     if (K % 2) d[pairs - 1] = f32_to_bf16(r[K - 1]);
+  }
+  return buf.data();
+}
+
+// bf16_pairs' values in the AMX kernel's order: the rows' first 16 pairs, then their next 16, …
+// (zeros past the K's pairs), so that a tile of rows is one contiguous KiB.
+const uint32_t* bf16_tiles(const float* x, int64_t M, int64_t K, int64_t ldx) {
+  thread_local std::vector<uint32_t> buf;
+  const int64_t chunks = ((K + 1) / 2 + 15) / 16;
+  buf.assign(size_t(chunks * M * 16), 0u);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* r = x + m * ldx;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t kp = k / 2;
+      buf[size_t((kp / 16 * M + m) * 16 + kp % 16)] |= uint32_t(f32_to_bf16(r[k])) << (k % 2 * 16);
+    }
   }
   return buf.data();
 }
@@ -754,10 +794,15 @@ void linear(const float* x, int64_t M, const Weight& W, const float* bias, float
     FLASHMAP_CHECK(has_bf16_compute(),
                    "a bf16-compute weight needs the avx512-bf16 kernel, but {} is active",
                    isa_name(active_isa()));
-    a.ldp = (W.cols + 1) / 2;
-    a.xp = bf16_pairs(x, M, W.cols, ldx);
     a.vnni = false;
-    fn = kernel::gemm_avx512bf16;
+    if (active_isa() == Isa::Amx) {
+      a.xp = bf16_tiles(x, M, W.cols, ldx);
+      fn = kernel::gemm_amx_bf16;
+    } else {
+      a.ldp = (W.cols + 1) / 2;
+      a.xp = bf16_pairs(x, M, W.cols, ldx);
+      fn = kernel::gemm_avx512bf16;
+    }
   }
   // Threads split the panels in whole one-row tiles; products under ~64k multiply-adds (a few
   // microseconds) stay on the calling thread, where waking the pool would cost as much.

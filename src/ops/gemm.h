@@ -139,20 +139,22 @@ std::shared_ptr<const PackedWeight> stack_rows(std::span<const PackedWeight* con
                                                ThreadPool& pool);
 
 // The instruction sets the kernel is compiled for; the best one the CPU has is picked at run
-// time (FLASHMAP_ISA=generic|avx2|avx2-vnni|avx512|avx512-vnni|avx512-bf16 caps it), so a
+// time (FLASHMAP_ISA=generic|avx2|avx2-vnni|avx512|avx512-vnni|avx512-bf16|amx caps it), so a
 // binary built for x86-64-v3 runs on a CPU without AVX-512 and one built with AVX-512 kernels
 // never executes them where they would SIGILL. Avx2Vnni is AVX2 with AVX-VNNI's int8 dot
 // products for q8 and q4 (VEX-encoded; Intel since Alder Lake, AMD since Zen 5); a CPU with
 // AVX-512 need not have it, so a cap there lands on Avx2 where it is missing. Avx512Bf16
 // (AVX512-BF16 on top of VNNI) runs the fp32 formats as Avx512Vnni does and adds the bf16
-// compute mode's kernel.
-enum class Isa { Generic, Avx2, Avx2Vnni, Avx512, Avx512Vnni, Avx512Bf16 };
+// compute mode's kernel. Amx (AMX-BF16 tiles, where the OS grants them, on top of Avx512Bf16)
+// runs the bf16 compute mode's products on tiles (its sums in another order: other bits than
+// Avx512Bf16's, the same for every batch) and everything else as Avx512Bf16.
+enum class Isa { Generic, Avx2, Avx2Vnni, Avx512, Avx512Vnni, Avx512Bf16, Amx };
 const char* isa_name(Isa isa);
 Isa best_isa();               // what this CPU supports (and was compiled in)
 bool isa_supported(Isa isa);  // whether this CPU can run `isa`'s kernels
 Isa active_isa();             // what linear() uses now
 void set_isa(Isa isa);        // tests: run every kernel variant; capped at what the CPU has
-// Whether the bf16 compute mode can run here (active_isa() is Avx512Bf16).
+// Whether the bf16 compute mode can run here (active_isa() is Avx512Bf16 or Amx).
 bool has_bf16_compute();
 
 }  // namespace ops

@@ -9,8 +9,8 @@
 
 namespace flashmap::ops::kernel {
 
-// kBF16Dot: the bf16 compute mode's panels (gemm.h), run by gemm_avx512bf16 alone. kQ4K, kQ5K,
-// kQ6K: ggml's Q4_K, Q5_K and Q6_K super-blocks held exactly (gemm.h).
+// kBF16Dot: the bf16 compute mode's panels (gemm.h), run by gemm_avx512bf16 or gemm_amx_bf16. kQ4K,
+// kQ5K, kQ6K: ggml's Q4_K, Q5_K and Q6_K super-blocks held exactly (gemm.h).
 enum Format : int {
   kF32 = 0,
   kBF16 = 1,
@@ -74,6 +74,11 @@ void gemm_avx2(const Args& a, int64_t p0, int64_t p1);
 void gemm_avx2vnni(const Args& a, int64_t p0, int64_t p1);
 void gemm_avx512(const Args& a, int64_t p0, int64_t p1);
 void gemm_avx512bf16(const Args& a, int64_t p0, int64_t p1);  // kBF16Dot only
+// kBF16Dot on AMX tiles (gemm_amx.cpp). xp holds the same pairs tile by tile: 16 pairs of each
+// of the M rows, then their next 16, … (zeros past the K's pairs; ldp unused).
+void gemm_amx_bf16(const Args& a, int64_t p0, int64_t p1);
+// `iters` times four tile products on one thread (the tiles' peak); returns the flops.
+double amx_bf16_loop(int64_t iters, float* sink);
 // The bf16 compute mode's ops::matmul_rows: y[m, h] = Σ_v x[m, v] · E[v, h] for h in [h0, h1),
 // x given as bf16 pairs along v (xp [M, ceil(V/2)], row stride ldp, as Args::xp), E [V, H] in
 // `format` (kF32, kBF16 or kF16; rounded to bf16 to nearest even), sums in fp32 in order of v,

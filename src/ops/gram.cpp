@@ -38,6 +38,7 @@ using KernelFn = void (*)(const GramArgs&, int64_t, int64_t);
 
 KernelFn gram_kernel() {
   switch (active_isa()) {
+    case Isa::Amx:
     case Isa::Avx512Bf16:
     case Isa::Avx512Vnni:
     case Isa::Avx512:
@@ -53,6 +54,7 @@ KernelFn gram_kernel() {
 
 KernelFn syrk_kernel() {
   switch (active_isa()) {
+    case Isa::Amx:
     case Isa::Avx512Bf16:
     case Isa::Avx512Vnni:
     case Isa::Avx512:

@@ -10,8 +10,9 @@ double read_bandwidth_gbps(ThreadPool& pool);
 // The fp32 multiply-add peak in GFLOP/s on every thread of `pool`, on the widest vectors the
 // active kernel (ops::active_isa()) uses.
 double fma_peak_gflops(ThreadPool& pool);
-// The bf16 compute mode's peak (AVX512-BF16 dot products, a multiply-add counting 2 flops) in
-// GFLOP/s on every thread of `pool`; 0 where the mode cannot run.
+// The bf16 compute mode's peak (AVX512-BF16 dot products, or AMX tile products where the active
+// kernel is Amx; a multiply-add counting 2 flops) in GFLOP/s on every thread of `pool`; 0 where
+// the mode cannot run.
 double bf16_dot_peak_gflops(ThreadPool& pool);
 // The int8 dot-product peak of the active kernel's q8/q4 tiles (vpdpbusd with AVX512-VNNI or
 // AVX-VNNI, vpmaddubsw + vpmaddwd on AVX2; a multiply-add counting 2 operations) in GOP/s on

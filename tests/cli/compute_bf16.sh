@@ -9,7 +9,7 @@
 err_file=$(mktemp)
 trap 'rm -f "$err_file"' EXIT
 if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null &&
-  { [ -z "${FLASHMAP_ISA:-}" ] || [ "$FLASHMAP_ISA" = avx512-bf16 ]; }; then
+  { [ -z "${FLASHMAP_ISA:-}" ] || [ "$FLASHMAP_ISA" = avx512-bf16 ] || [ "$FLASHMAP_ISA" = amx ]; }; then
   expect=decode
 else
   expect=refused

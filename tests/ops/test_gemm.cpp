@@ -64,8 +64,8 @@ Mat make(int64_t rows, int64_t cols, DType dtype, uint64_t seed) {
 
 std::vector<Isa> isas() {
   std::vector<Isa> v;
-  for (Isa isa :
-       {Isa::Generic, Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512, Isa::Avx512Vnni, Isa::Avx512Bf16})
+  for (Isa isa : {Isa::Generic, Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512, Isa::Avx512Vnni,
+                  Isa::Avx512Bf16, Isa::Amx})
     if (ops::isa_supported(isa)) v.push_back(isa);
   return v;
 }
