@@ -740,13 +740,21 @@ const uint32_t* bf16_pairs(const float* x, int64_t M, int64_t K, int64_t ldx) {
 // (zeros past the K's pairs), so that a tile of rows is one contiguous KiB.
 const uint32_t* bf16_tiles(const float* x, int64_t M, int64_t K, int64_t ldx) {
   thread_local std::vector<uint32_t> buf;
-  const int64_t chunks = ((K + 1) / 2 + 15) / 16;
-  buf.assign(size_t(chunks * M * 16), 0u);
+  const int64_t chunks = (K + 31) / 32;
+  buf.resize(size_t(chunks * M * 16));
   for (int64_t m = 0; m < M; ++m) {
     const float* r = x + m * ldx;
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t kp = k / 2;
-      buf[size_t((kp / 16 * M + m) * 16 + kp % 16)] |= uint32_t(f32_to_bf16(r[k])) << (k % 2 * 16);
+    for (int64_t c = 0; c < chunks; ++c) {
+      uint32_t* d = buf.data() + (c * M + m) * 16;
+      const int64_t k0 = c * 32, n = std::min<int64_t>(32, K - k0);
+      if (n == 32) {
+        for (int j = 0; j < 16; ++j)
+          d[j] = uint32_t(f32_to_bf16(r[k0 + 2 * j])) | uint32_t(f32_to_bf16(r[k0 + 2 * j + 1]))
+                                                            << 16;
+        continue;
+      }
+      std::fill_n(d, 16, 0u);
+      for (int64_t k = 0; k < n; ++k) d[k / 2] |= uint32_t(f32_to_bf16(r[k0 + k])) << (k % 2 * 16);
     }
   }
   return buf.data();
