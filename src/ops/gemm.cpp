@@ -922,19 +922,21 @@ void matmul_rows_bf16(const float* x, int64_t M, const Weight& E, float* y, Thre
                            : E.dtype == DType::F16 ? kernel::kF16
                                                    : kernel::kF32;
   const uint32_t* xp = bf16_pairs(x, M, V, V);  // this thread's buffer, read by the pool's
+  const kernel::StripProduct product =
+      active_isa() == Isa::Amx ? kernel::strip_product_amx : nullptr;
   if (E.blocks) {
     // The sums continued from y chunk by chunk (whole pairs of rows): the same operations as
     // over the decoded matrix.
     for_decoded_rows(E, pool, [&](int64_t v_lo, int64_t n, const float* rows) {
       pool.parallel_for(H, 64, [&](int64_t h0, int64_t h1) {
         kernel::matmul_rows_avx512bf16(xp + v_lo / 2, (V + 1) / 2, M, rows, kernel::kF32, n, H, y,
-                                       h0, h1, v_lo > 0);
+                                       h0, h1, v_lo > 0, product);
       });
     });
     return;
   }
   pool.parallel_for(H, 64, [&](int64_t h0, int64_t h1) {
-    kernel::matmul_rows_avx512bf16(xp, (V + 1) / 2, M, E.data, f, V, H, y, h0, h1);
+    kernel::matmul_rows_avx512bf16(xp, (V + 1) / 2, M, E.data, f, V, H, y, h0, h1, false, product);
   });
 }
 

@@ -78,21 +78,21 @@ void configure(int r0, int r1) {
 }
 
 // 16 pairs of the panel from w (128 bytes apart) into the B tiles, and their products with the
-// row tiles' activations from x (each tile 1 KiB, the second right after the first); SET: which
-// operand set of a one-row-tile block.
+// row tiles' activations from x (rows ldx bytes apart; each tile 1 KiB, the second right after the
+// first); SET: which operand set of a one-row-tile block.
 template <int R, int SET = 0>
-inline void step(const uint8_t* w, const uint32_t* x) {
+inline void step(const uint8_t* w, const uint32_t* x, int64_t ldx = 64) {
   if constexpr (SET == 1) {
     FLASHMAP_TILE_LOAD(2, w, kPairBytes);
     FLASHMAP_TILE_LOAD(3, w + 64, kPairBytes);
-    FLASHMAP_TILE_LOAD(5, x, 64);
+    FLASHMAP_TILE_LOAD(5, x, ldx);
     _tile_dpbf16ps(0, 5, 2);
     _tile_dpbf16ps(1, 5, 3);
     return;
   }
   FLASHMAP_TILE_LOAD(6, w, kPairBytes);
   FLASHMAP_TILE_LOAD(7, w + 64, kPairBytes);
-  FLASHMAP_TILE_LOAD(4, x, 64);
+  FLASHMAP_TILE_LOAD(4, x, ldx);
   _tile_dpbf16ps(0, 4, 6);
   _tile_dpbf16ps(1, 4, 7);
   if constexpr (R == 2) {
@@ -198,6 +198,43 @@ void gemm_amx_bf16(const Args& a, int64_t p0, int64_t p1) {
   }
 }
 
+// --- matmul_rows -------------------------------------------------------------------------------
+
+// The embedding product's strip (matmul_rows_avx512bf16 builds it: np pairs of 32 columns, a
+// panel's layout) times x's rows (pairs, row stride ldp, from pair q0), continuing y's sums.
+void strip_product_amx(const uint32_t* xp, int64_t ldp, int64_t M, const uint32_t* strip,
+                       int64_t q0, int64_t np, float* y, int64_t H, int valid, bool first) {
+  const auto* w = reinterpret_cast<const uint8_t*>(strip);
+  const int64_t whole = np / kTilePairs * kTilePairs, left = np - whole;
+  for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
+    const int r = int(M - m0 < kTileRows ? M - m0 : kTileRows);
+    configure(r, 0);
+    alignas(64) float out[kTileRows][kCols] = {};
+    if (!first)
+      for (int i = 0; i < r; ++i) std::memcpy(out[i], y + (m0 + i) * H, size_t(valid) * 4);
+    FLASHMAP_TILE_LOAD(0, &out[0][0], kCols * 4);
+    FLASHMAP_TILE_LOAD(1, &out[0][16], kCols * 4);
+    const uint32_t* x = xp + m0 * ldp + q0;
+    for (int64_t kp = 0; kp < whole; kp += kTilePairs) {
+      if ((kp / kTilePairs) % 2)
+        step<1, 1>(w + kp * kPairBytes, x + kp, ldp * 4);
+      else
+        step<1>(w + kp * kPairBytes, x + kp, ldp * 4);
+    }
+    if (left) {
+      // The chunk's last pairs, zero past them in both operands.
+      alignas(64) uint8_t tail[kTilePairs * kPairBytes] = {};
+      alignas(64) uint32_t xt[kTileRows][kTilePairs] = {};
+      std::memcpy(tail, w + whole * kPairBytes, size_t(left * kPairBytes));
+      for (int i = 0; i < r; ++i) std::memcpy(xt[i], x + i * ldp + whole, size_t(left) * 4);
+      step<1>(tail, &xt[0][0], kTilePairs * 4);
+    }
+    _tile_stored(0, &out[0][0], kCols * 4);
+    _tile_stored(1, &out[0][16], kCols * 4);
+    for (int i = 0; i < r; ++i) std::memcpy(y + (m0 + i) * H, out[i], size_t(valid) * 4);
+  }
+}
+
 }  // namespace flashmap::ops::kernel
 
 #else
@@ -209,6 +246,10 @@ void gemm_amx_bf16(const Args&, int64_t, int64_t) {
   throw InternalError("the AMX kernel was not compiled into this build");
 }
 double amx_bf16_loop(int64_t, float*) {
+  throw InternalError("the AMX kernel was not compiled into this build");
+}
+void strip_product_amx(const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t, int64_t, float*,
+                       int64_t, int, bool) {
   throw InternalError("the AMX kernel was not compiled into this build");
 }
 }  // namespace flashmap::ops::kernel

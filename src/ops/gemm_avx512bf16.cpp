@@ -197,7 +197,7 @@ void strip_rows(int mr, const uint32_t* xp, int64_t ldp, const uint32_t* strip, 
 
 void matmul_rows_avx512bf16(const uint32_t* xp, int64_t ldp, int64_t M, const void* E,
                             Format format, int64_t V, int64_t H, float* y, int64_t h0, int64_t h1,
-                            bool accumulate) {
+                            bool accumulate, StripProduct strip_product) {
   const int64_t pairs = (V + 1) / 2;
   alignas(64) uint32_t strip[kStripPairs * kCols];
   // Word j of the pair vectors: column j / 2 (+ 16 for the second) of row a (even j) or b (odd).
@@ -221,6 +221,10 @@ void matmul_rows_avx512bf16(const uint32_t* xp, int64_t ldp, int64_t M, const vo
             v + 1 < V ? row_bf16(E, format, (v + 1) * H + h, valid) : _mm512_setzero_si512();
         _mm512_store_si512(strip + p * kCols, _mm512_permutex2var_epi16(a, interleave_lo, b));
         _mm512_store_si512(strip + p * kCols + 16, _mm512_permutex2var_epi16(a, interleave_hi, b));
+      }
+      if (strip_product) {
+        strip_product(xp, ldp, M, strip, q0, np, y + h, H, valid, q0 == 0 && !accumulate);
+        continue;
       }
       for (int64_t m = 0; m < M; m += kRowsMax) {
         const int mr = int(M - m < kRowsMax ? M - m : kRowsMax);
@@ -250,7 +254,7 @@ void gemm_avx512bf16(const Args&, int64_t, int64_t) {
   throw InternalError("the bf16 compute kernel was not compiled into this build");
 }
 void matmul_rows_avx512bf16(const uint32_t*, int64_t, int64_t, const void*, Format, int64_t,
-                            int64_t, float*, int64_t, int64_t, bool) {
+                            int64_t, float*, int64_t, int64_t, bool, StripProduct) {
   throw InternalError("the bf16 compute kernel was not compiled into this build");
 }
 }  // namespace flashmap::ops::kernel
