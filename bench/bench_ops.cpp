@@ -480,14 +480,18 @@ void BM_Cholesky(benchmark::State& state) {
 
 // A FlashMap draft's product with the whole embedding (ops::matmul_rows: 16 rows of x times the
 // [V, H] table) with the table held as fp32, bf16 (the released checkpoints) or in a GGUF's blocks
-// (Weight::blocks: Q8_0 or Q4_K, each thread decoding the blocks of its columns). Counters: the
-// table's bytes read per second, the decoded values per second (the blocks' cost is the decoding)
-// and the share of the limit.
+// (Weight::blocks: Q8_0 or Q4_K, each thread decoding the blocks of its columns); a bf16 table
+// also in the bf16 compute mode (ops::matmul_rows_bf16, "compute" 1). Counters: the table's bytes
+// read per second, the decoded values per second (the blocks' cost is the decoding) and the share
+// of the limit.
 //
 //   ./build/bench/bench_ops --benchmark_filter=EmbeddingProduct
 void BM_EmbeddingProduct(benchmark::State& state) {
   const int64_t V = 151936, H = state.range(0), M = 16;
   const auto type = GgmlType(state.range(1));
+  const bool bf16_compute = state.range(2) != 0;
+  if (bf16_compute && !ops::has_bf16_compute())
+    return state.SkipWithError("no bf16 compute kernel on this CPU");
   Rng rng(7);
   std::vector<float> f32;
   std::vector<uint16_t> bf16;
@@ -515,7 +519,10 @@ void BM_EmbeddingProduct(benchmark::State& state) {
   }
   std::vector<float> x(size_t(M * V), 1.0f / float(V)), y(size_t(M * H));
   for (auto _ : state) {
-    ops::matmul_rows(x.data(), M, E, y.data(), ThreadPool::global());
+    if (bf16_compute)
+      ops::matmul_rows_bf16(x.data(), M, E, y.data(), ThreadPool::global());
+    else
+      ops::matmul_rows(x.data(), M, E, y.data(), ThreadPool::global());
     benchmark::DoNotOptimize(y.data());
   }
   const double bytes =
@@ -525,11 +532,13 @@ void BM_EmbeddingProduct(benchmark::State& state) {
   state.counters["Gvalues/s"] =
       benchmark::Counter(double(V * H) * double(state.iterations()), benchmark::Counter::kIsRate,
                          benchmark::Counter::kIs1000);
-  state.SetLabel(type == GgmlType::F32 ? std::string("fp32") : ggml_type_name(uint32_t(type)));
-  // The limit: the multiply-adds at the FMA peak or the table read once at the read bandwidth,
-  // whichever takes longer.
+  state.SetLabel((type == GgmlType::F32 ? std::string("fp32") : ggml_type_name(uint32_t(type))) +
+                 (bf16_compute ? " bf16-compute " : " ") + ops::isa_name(ops::active_isa()));
+  // The limit: the multiply-adds at the mode's peak or the table read once at the read
+  // bandwidth, whichever takes longer.
   static const double gbps = ops::read_bandwidth_gbps(ThreadPool::global());
-  const double limit_s = std::max(2.0 * double(M * V * H) / 1e9 / peak(), bytes / 1e9 / gbps);
+  const double flops_peak = bf16_compute ? bf16_peak() : peak();
+  const double limit_s = std::max(2.0 * double(M * V * H) / 1e9 / flops_peak, bytes / 1e9 / gbps);
   state.counters["limit_share"] =
       benchmark::Counter(limit_s * double(state.iterations()), benchmark::Counter::kIsRate);
 }
@@ -537,10 +546,12 @@ void BM_EmbeddingProduct(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_EmbeddingProduct)
-    ->ArgNames({"H", "type"})
+    ->ArgNames({"H", "type", "compute"})
     ->ArgsProduct({{1024, 4096},
                    {int64_t(GgmlType::F32), int64_t(GgmlType::BF16), int64_t(GgmlType::Q8_0),
-                    int64_t(GgmlType::Q4_K)}})
+                    int64_t(GgmlType::Q4_K)},
+                   {0}})
+    ->ArgsProduct({{1024, 4096}, {int64_t(GgmlType::BF16)}, {1}})
     ->Iterations(3)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

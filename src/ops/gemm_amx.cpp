@@ -209,11 +209,23 @@ void strip_product_amx(const uint32_t* xp, int64_t ldp, int64_t M, const uint32_
   for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
     const int r = int(M - m0 < kTileRows ? M - m0 : kTileRows);
     configure(r, 0);
-    alignas(64) float out[kTileRows][kCols] = {};
-    if (!first)
-      for (int i = 0; i < r; ++i) std::memcpy(out[i], y + (m0 + i) * H, size_t(valid) * 4);
-    FLASHMAP_TILE_LOAD(0, &out[0][0], kCols * 4);
-    FLASHMAP_TILE_LOAD(1, &out[0][16], kCols * 4);
+    // The sums stay in y where its 32 columns are whole; a last narrower strip goes through out.
+    const bool whole_cols = valid == kCols;
+    float* c = y + m0 * H;
+    alignas(64) float out[kTileRows][kCols];
+    if (whole_cols && first) {
+      _tile_zero(0);
+      _tile_zero(1);
+    } else if (whole_cols) {
+      FLASHMAP_TILE_LOAD(0, c, H * 4);
+      FLASHMAP_TILE_LOAD(1, c + 16, H * 4);
+    } else {
+      std::memset(out, 0, sizeof(out));
+      if (!first)
+        for (int i = 0; i < r; ++i) std::memcpy(out[i], c + i * H, size_t(valid) * 4);
+      FLASHMAP_TILE_LOAD(0, &out[0][0], kCols * 4);
+      FLASHMAP_TILE_LOAD(1, &out[0][16], kCols * 4);
+    }
     const uint32_t* x = xp + m0 * ldp + q0;
     for (int64_t kp = 0; kp < whole; kp += kTilePairs) {
       if ((kp / kTilePairs) % 2)
@@ -229,9 +241,14 @@ void strip_product_amx(const uint32_t* xp, int64_t ldp, int64_t M, const uint32_
       for (int i = 0; i < r; ++i) std::memcpy(xt[i], x + i * ldp + whole, size_t(left) * 4);
       step<1>(tail, &xt[0][0], kTilePairs * 4);
     }
+    if (whole_cols) {
+      _tile_stored(0, c, H * 4);
+      _tile_stored(1, c + 16, H * 4);
+      continue;
+    }
     _tile_stored(0, &out[0][0], kCols * 4);
     _tile_stored(1, &out[0][16], kCols * 4);
-    for (int i = 0; i < r; ++i) std::memcpy(y + (m0 + i) * H, out[i], size_t(valid) * 4);
+    for (int i = 0; i < r; ++i) std::memcpy(c + i * H, out[i], size_t(valid) * 4);
   }
 }
 

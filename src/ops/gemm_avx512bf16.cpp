@@ -140,24 +140,82 @@ __m256i round_bf16(__m512 v) {
 }
 
 // Row v of E's 32 columns from `at` (the first `valid` of them; zeros past) as 32 bf16.
-__m512i row_bf16(const void* E, Format f, int64_t at, int valid) {
+template <Format F>
+[[gnu::always_inline]] inline __m512i row_bf16(const void* E, int64_t at, int valid) {
   const __mmask32 m = valid >= 32 ? 0xffffffffu : (1u << valid) - 1;
-  if (f == kBF16) return _mm512_maskz_loadu_epi16(m, static_cast<const uint16_t*>(E) + at);
-  const __mmask16 m0 = __mmask16(m & 0xffff), m1 = __mmask16(m >> 16);
-  __m512 lo, hi;
-  if (f == kF32) {
-    lo = _mm512_maskz_loadu_ps(m0, static_cast<const float*>(E) + at);
-    hi = _mm512_maskz_loadu_ps(m1, static_cast<const float*>(E) + at + 16);
-  } else {  // f16 widens exactly
-    lo = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m0, static_cast<const uint16_t*>(E) + at));
-    hi = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m1, static_cast<const uint16_t*>(E) + at + 16));
+  if constexpr (F == kBF16) {
+    return _mm512_maskz_loadu_epi16(m, static_cast<const uint16_t*>(E) + at);
+  } else {
+    const __mmask16 m0 = __mmask16(m & 0xffff), m1 = __mmask16(m >> 16);
+    __m512 lo, hi;
+    if constexpr (F == kF32) {
+      lo = _mm512_maskz_loadu_ps(m0, static_cast<const float*>(E) + at);
+      hi = _mm512_maskz_loadu_ps(m1, static_cast<const float*>(E) + at + 16);
+    } else {  // f16 widens exactly
+      lo = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m0, static_cast<const uint16_t*>(E) + at));
+      hi = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m1, static_cast<const uint16_t*>(E) + at + 16));
+    }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(round_bf16(lo)), round_bf16(hi), 1);
   }
-  return _mm512_inserti64x4(_mm512_castsi256_si512(round_bf16(lo)), round_bf16(hi), 1);
 }
 
-// Pairs of the vocabulary per chunk: a chunk's 32-column strip (32 KiB) stays in L1/L2 while
-// every row block of x runs over it, and its rows of E (a page each at H = 4096) in the TLB.
-constexpr int64_t kStripPairs = 256;
+// A chunk's strips (one per 32 columns of a group, its pairs in a panel's layout) fill the
+// scratch: they stay in L2 while x's rows run over them, and each row of E is read once per
+// group, in one run over its columns (a pair of rows as two sequential streams), which the
+// hardware prefetchers follow. Slicing rows by 32 columns instead, 512 rows at a time, touched
+// one cache line per row and page: 4× under the read bandwidth at Qwen3-8B's table. Fewer pairs
+// per chunk cost more in the products' sums carried from chunk to chunk.
+// Strips lie `chunk` pairs and 64 bytes apart: the stores of one pair's strips, a strip apart, fall
+// into different L1 sets (a stride of whole pages put them all into one).
+constexpr int64_t kStripPad = 16;
+// Pairs per chunk: a whole number of AMX tiles (16 pairs), so that chunking leaves the sums' order
+// one run over the vocabulary.
+constexpr int64_t kChunkPairsMin = 16, kChunkPairsMax = 256;
+// Pairs of rows of E fetched ahead of the one being laid out: the prefetchers stop at page
+// boundaries, and a thread's part of a row is about a page at Qwen3-8B's width.
+constexpr int64_t kAheadPairs = 2;
+
+// The chunk's strips: strip s holds, for each pair p of the chunk (pairs q0 …), the 32 columns'
+// (E[2p, h + c], E[2p + 1, h + c]) with h = h0 + 32 s, two rows of E interleaved 16 bits at a time
+// (the even v in the low half), strip after strip `chunk` pairs and kStripPad words apart.
+template <Format F>
+void lay_out_rows(const void* E, int64_t V, int64_t H, int64_t h0, int64_t h1, int64_t q0,
+                  int64_t np, int64_t chunk, uint32_t* strips) {
+  constexpr int64_t elem = F == kF32 ? 4 : 2;
+  // Word j of the pair vectors: column j / 2 (+ 16 for the second) of row a (even j) or b (odd).
+  alignas(64) uint16_t lo_idx[32], hi_idx[32];
+  for (int j = 0; j < 32; ++j) {
+    lo_idx[j] = uint16_t(j / 2 + (j % 2 ? 32 : 0));
+    hi_idx[j] = uint16_t(16 + j / 2 + (j % 2 ? 32 : 0));
+  }
+  const __m512i interleave_lo = _mm512_load_si512(lo_idx),
+                interleave_hi = _mm512_load_si512(hi_idx);
+  const auto* bytes = static_cast<const char*>(E);
+  for (int64_t p = 0; p < np; ++p) {
+    const int64_t v = 2 * (q0 + p), ahead = v + 2 * kAheadPairs;
+    const bool fetch = ahead + 1 < V;
+    uint32_t* dst = strips + p * kCols;
+    for (int64_t h = h0; h < h1; h += kCols, dst += chunk * kCols + kStripPad) {
+      if (fetch)
+        for (int64_t b = 0; b < kCols * elem; b += 64) {
+          _mm_prefetch(bytes + (ahead * H + h) * elem + b, _MM_HINT_T1);
+          _mm_prefetch(bytes + ((ahead + 1) * H + h) * elem + b, _MM_HINT_T1);
+        }
+      const int valid = int(h1 - h < kCols ? h1 - h : kCols);
+      const __m512i a = row_bf16<F>(E, v * H + h, valid);
+      const __m512i b = v + 1 < V ? row_bf16<F>(E, (v + 1) * H + h, valid) : _mm512_setzero_si512();
+      _mm512_store_si512(dst, _mm512_permutex2var_epi16(a, interleave_lo, b));
+      _mm512_store_si512(dst + 16, _mm512_permutex2var_epi16(a, interleave_hi, b));
+    }
+  }
+}
+
+void lay_out(const void* E, Format f, int64_t V, int64_t H, int64_t h0, int64_t h1, int64_t q0,
+             int64_t np, int64_t chunk, uint32_t* strips) {
+  if (f == kBF16) return lay_out_rows<kBF16>(E, V, H, h0, h1, q0, np, chunk, strips);
+  if (f == kF32) return lay_out_rows<kF32>(E, V, H, h0, h1, q0, np, chunk, strips);
+  lay_out_rows<kF16>(E, V, H, h0, h1, q0, np, chunk, strips);
+}
 
 template <int MR>
 void strip_tile(const uint32_t* xp, int64_t ldp, const uint32_t* strip, int64_t p0, int64_t np,
@@ -197,39 +255,35 @@ void strip_rows(int mr, const uint32_t* xp, int64_t ldp, const uint32_t* strip, 
 
 void matmul_rows_avx512bf16(const uint32_t* xp, int64_t ldp, int64_t M, const void* E,
                             Format format, int64_t V, int64_t H, float* y, int64_t h0, int64_t h1,
-                            bool accumulate, StripProduct strip_product) {
-  const int64_t pairs = (V + 1) / 2;
-  alignas(64) uint32_t strip[kStripPairs * kCols];
-  // Word j of the pair vectors: column j / 2 (+ 16 for the second) of row a (even j) or b (odd).
-  alignas(64) uint16_t lo_idx[32], hi_idx[32];
-  for (int j = 0; j < 32; ++j) {
-    lo_idx[j] = uint16_t(j / 2 + (j % 2 ? 32 : 0));
-    hi_idx[j] = uint16_t(16 + j / 2 + (j % 2 ? 32 : 0));
+                            uint32_t* strips, int64_t strip_words, bool accumulate,
+                            StripProduct strip_product) {
+  // Columns of a group: 16 pairs of each strip at least.
+  const int64_t group = strip_words / (kChunkPairsMin * kCols + kStripPad) * kCols;
+  if (h1 - h0 > group) {
+    for (int64_t g = h0; g < h1; g += group)
+      matmul_rows_avx512bf16(xp, ldp, M, E, format, V, H, y, g, h1 - g < group ? h1 : g + group,
+                             strips, strip_words, accumulate, strip_product);
+    return;
   }
-  const __m512i interleave_lo = _mm512_load_si512(lo_idx),
-                interleave_hi = _mm512_load_si512(hi_idx);
-  for (int64_t q0 = 0; q0 < pairs; q0 += kStripPairs) {
-    const int64_t np = pairs - q0 < kStripPairs ? pairs - q0 : kStripPairs;
-    for (int64_t h = h0; h < h1; h += kCols) {
+  if (h1 <= h0) return;
+  const int64_t pairs = (V + 1) / 2, slices = (h1 - h0 + kCols - 1) / kCols;
+  int64_t chunk = (strip_words / slices - kStripPad) / kCols / kChunkPairsMin * kChunkPairsMin;
+  chunk = chunk > kChunkPairsMax ? kChunkPairsMax : chunk;
+  for (int64_t q0 = 0; q0 < pairs; q0 += chunk) {
+    const int64_t np = pairs - q0 < chunk ? pairs - q0 : chunk;
+    lay_out(E, format, V, H, h0, h1, q0, np, chunk, strips);
+    const bool first = q0 == 0 && !accumulate;
+    for (int64_t s = 0; s < slices; ++s) {
+      const int64_t h = h0 + s * kCols;
       const int valid = int(h1 - h < kCols ? h1 - h : kCols);
-      // The strip: for each pair p of the chunk, the 32 columns' (E[2p, h + c], E[2p + 1, h + c]),
-      // two rows of E interleaved 16 bits at a time (the even v in the low half).
-      for (int64_t p = 0; p < np; ++p) {
-        const int64_t v = 2 * (q0 + p);
-        const __m512i a = row_bf16(E, format, v * H + h, valid);
-        const __m512i b =
-            v + 1 < V ? row_bf16(E, format, (v + 1) * H + h, valid) : _mm512_setzero_si512();
-        _mm512_store_si512(strip + p * kCols, _mm512_permutex2var_epi16(a, interleave_lo, b));
-        _mm512_store_si512(strip + p * kCols + 16, _mm512_permutex2var_epi16(a, interleave_hi, b));
-      }
+      const uint32_t* strip = strips + s * (chunk * kCols + kStripPad);
       if (strip_product) {
-        strip_product(xp, ldp, M, strip, q0, np, y + h, H, valid, q0 == 0 && !accumulate);
+        strip_product(xp, ldp, M, strip, q0, np, y + h, H, valid, first);
         continue;
       }
       for (int64_t m = 0; m < M; m += kRowsMax) {
         const int mr = int(M - m < kRowsMax ? M - m : kRowsMax);
-        strip_rows(mr, xp + m * ldp, ldp, strip, q0, np, y + m * H + h, H, valid,
-                   q0 == 0 && !accumulate);
+        strip_rows(mr, xp + m * ldp, ldp, strip, q0, np, y + m * H + h, H, valid, first);
       }
     }
   }
@@ -254,7 +308,8 @@ void gemm_avx512bf16(const Args&, int64_t, int64_t) {
   throw InternalError("the bf16 compute kernel was not compiled into this build");
 }
 void matmul_rows_avx512bf16(const uint32_t*, int64_t, int64_t, const void*, Format, int64_t,
-                            int64_t, float*, int64_t, int64_t, bool, StripProduct) {
+                            int64_t, float*, int64_t, int64_t, uint32_t*, int64_t, bool,
+                            StripProduct) {
   throw InternalError("the bf16 compute kernel was not compiled into this build");
 }
 }  // namespace flashmap::ops::kernel

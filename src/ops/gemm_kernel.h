@@ -83,6 +83,8 @@ double amx_bf16_loop(int64_t iters, float* sink);
 // x given as bf16 pairs along v (xp [M, ceil(V/2)], row stride ldp, as Args::xp), E [V, H] in
 // `format` (kF32, kBF16 or kF16; rounded to bf16 to nearest even), sums in fp32 in order of v,
 // from zero or (accumulate) from what y holds.
+// strips: the thread's scratch (strip_words words, 64-byte aligned, best about half its core's L2),
+// where it lays out the rows of E it reads.
 // strip_product: what multiplies x's rows by each strip of E it builds (np pairs of 32 columns,
 // the panels' layout, from pair q0 on), continuing y's sums (first: from zero); null: its own
 // vdpbf16ps tiles.
@@ -90,7 +92,8 @@ using StripProduct = void (*)(const uint32_t* xp, int64_t ldp, int64_t M, const 
                               int64_t q0, int64_t np, float* y, int64_t H, int valid, bool first);
 void matmul_rows_avx512bf16(const uint32_t* xp, int64_t ldp, int64_t M, const void* E,
                             Format format, int64_t V, int64_t H, float* y, int64_t h0, int64_t h1,
-                            bool accumulate = false, StripProduct strip_product = nullptr);
+                            uint32_t* strips, int64_t strip_words, bool accumulate = false,
+                            StripProduct strip_product = nullptr);
 // The strip product on AMX tiles (gemm_amx.cpp): sums tile by tile of 16 pairs, in the tiles'
 // own order within one.
 void strip_product_amx(const uint32_t* xp, int64_t ldp, int64_t M, const uint32_t* strip,

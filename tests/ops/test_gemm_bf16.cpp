@@ -204,41 +204,48 @@ TEST(Bf16Compute, Bf16F32AndF16FilesOfTheSameValuesAgree) {
 }
 
 // The drafter's state read through the embedding (ops::matmul_rows_bf16): a vocabulary that is
-// odd and crosses the kernel's chunks of 512, columns that end inside a 32-column strip, tables
-// in each float dtype, rows across the row blocks; against float64 of the bf16-rounded operands.
+// odd and crosses the kernel's chunks of pairs, columns that end inside a 32-column strip, a
+// thread's columns wider than one group of strips (8000 over 2 threads), tables in each float
+// dtype, rows across the row blocks; against float64 of the bf16-rounded operands.
 TEST(Bf16Compute, EmbeddingProductIsTheDotOfBf16RoundedOperands) {
   REQUIRE_BF16_COMPUTE();
   IsaGuard guard;
   ThreadPool pool(2);
+  struct Shape {
+    int64_t V, H;
+  };
+  std::vector<Shape> shapes;
+  for (const int64_t V : {1, 7, 1031})
+    for (const int64_t H : {5, 64, 100}) shapes.push_back({V, H});
+  shapes.push_back({97, 8000});
   for (const Isa isa : bf16_kernels())
     for (const DType dt : {DType::BF16, DType::F32, DType::F16})
-      for (const int64_t V : {1, 7, 1031})
-        for (const int64_t H : {5, 64, 100}) {
-          HeldWeight E{dt, V, H, normal(size_t(V * H), uint64_t(V + H), 0.5f), {}};
-          if (dt != DType::F32)
-            for (float v : E.f32)
-              E.half.push_back(dt == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v));
-          const Weight W = E.view();
-          ops::set_isa(isa);
-          for (const int64_t M : {1, 13, 16, 17, 35}) {
-            const auto x = normal(size_t(M * V), uint64_t(M * 3 + V));
-            std::vector<float> y(size_t(M * H));
-            ops::matmul_rows_bf16(x.data(), M, W, y.data(), pool);
-            for (int64_t m = 0; m < M; ++m)
-              for (int64_t h = 0; h < H; ++h) {
-                double want = 0, mag = 0;
-                for (int64_t v = 0; v < V; ++v) {
-                  const double t = round_bf16(x[size_t(m * V + v)]) * round_bf16(W.at(v, h));
-                  want += t;
-                  mag += std::fabs(t);
-                }
-                const double bound = double(V + 1) * std::ldexp(1.0, -24) * (mag + std::fabs(want));
-                ASSERT_LE(std::fabs(y[size_t(m * H + h)] - want), bound)
-                    << ops::isa_name(isa) << " " << dtype_name(dt) << " V " << V << " H " << H
-                    << " M " << M << " row " << m << " col " << h;
+      for (const auto [V, H] : shapes) {
+        HeldWeight E{dt, V, H, normal(size_t(V * H), uint64_t(V + H), 0.5f), {}};
+        if (dt != DType::F32)
+          for (float v : E.f32)
+            E.half.push_back(dt == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v));
+        const Weight W = E.view();
+        ops::set_isa(isa);
+        for (const int64_t M : {1, 13, 16, 17, 35}) {
+          const auto x = normal(size_t(M * V), uint64_t(M * 3 + V));
+          std::vector<float> y(size_t(M * H));
+          ops::matmul_rows_bf16(x.data(), M, W, y.data(), pool);
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t h = 0; h < H; ++h) {
+              double want = 0, mag = 0;
+              for (int64_t v = 0; v < V; ++v) {
+                const double t = round_bf16(x[size_t(m * V + v)]) * round_bf16(W.at(v, h));
+                want += t;
+                mag += std::fabs(t);
               }
-          }
+              const double bound = double(V + 1) * std::ldexp(1.0, -24) * (mag + std::fabs(want));
+              ASSERT_LE(std::fabs(y[size_t(m * H + h)] - want), bound)
+                  << ops::isa_name(isa) << " " << dtype_name(dt) << " V " << V << " H " << H
+                  << " M " << M << " row " << m << " col " << h;
+            }
         }
+      }
 }
 
 TEST(Bf16Compute, RefusedWhereItCannotRunOrDoesNotApply) {
