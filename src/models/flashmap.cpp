@@ -508,22 +508,27 @@ void FlashMapModel::draft(std::span<const Request> batch, int steps, float* logi
     }
   }
 
-  std::vector<float> posterior_embeds;
+  // Later jumps read the state and its posterior through E together: [state; posterior] rows,
+  // one pass over the table (each row's sums are those of a product of its own).
+  std::vector<float> stacked, stacked_embeds;
   for (size_t j = 0; j + 1 < g.size(); ++j) {
     const double s = g[j], t = g[j + 1];
     if (!state.empty()) {
       // embed_state: the posterior softmax(s·x/(1−s)²) and the state itself, read through E.
-      embed_rows(state.data(), N, E, embeds.data());
       if (s == 0.0) {
+        embed_rows(state.data(), N, E, embeds.data());
         mix_state(uniform_embeds().data(), true, embeds.data(), N, s, t, inputs.data());
       } else {
         const float sharp = float(s / std::pow(std::max(1.0 - s, 1e-3), 2));
-        std::vector<float> posterior(state.size());
+        stacked.resize(2 * state.size());
+        std::copy(state.begin(), state.end(), stacked.begin());
+        float* posterior = stacked.data() + state.size();
         for (size_t i = 0; i < state.size(); ++i) posterior[i] = state[i] * sharp;
-        ops::softmax_rows(posterior.data(), N, V);
-        posterior_embeds.resize(static_cast<size_t>(N * TH));
-        embed_rows(posterior.data(), N, E, posterior_embeds.data());
-        mix_state(posterior_embeds.data(), false, embeds.data(), N, s, t, inputs.data());
+        ops::softmax_rows(posterior, N, V);
+        stacked_embeds.resize(static_cast<size_t>(2 * N * TH));
+        embed_rows(stacked.data(), 2 * N, E, stacked_embeds.data());
+        mix_state(stacked_embeds.data() + N * TH, false, stacked_embeds.data(), N, s, t,
+                  inputs.data());
       }
     }
     forward(inputs.data(), B, s, t, positions.data(), batch, hidden.data());
