@@ -51,16 +51,18 @@ void BM_FmaPeak(benchmark::State& state) {
   state.SetLabel(std::to_string(ThreadPool::global().size()) + " threads");
 }
 
-// The bf16 compute mode's peak (AVX512-BF16 dot products), what its products are shares of.
+// The bf16 compute mode's peak (AMX tile products, else AVX512-BF16 dot products), what its
+// products are shares of.
 double bf16_peak() {
   static const double p = ops::bf16_dot_peak_gflops(ThreadPool::global());
   return p;
 }
 
 void BM_Bf16DotPeak(benchmark::State& state) {
-  if (!ops::has_bf16_compute()) return state.SkipWithError("no AVX512-BF16 on this CPU");
+  if (!ops::has_bf16_compute()) return state.SkipWithError("no bf16 compute kernel on this CPU");
   for (auto _ : state) state.counters["GFLOP/s"] = ops::bf16_dot_peak_gflops(ThreadPool::global());
-  state.SetLabel(std::to_string(ThreadPool::global().size()) + " threads");
+  state.SetLabel(std::to_string(ThreadPool::global().size()) + " threads, " +
+                 ops::isa_name(ops::active_isa()));
 }
 
 // The int8 dot-product peak of the active kernel's q8/q4 tiles (0 where they widen to fp32).
@@ -241,7 +243,7 @@ void BM_Linear(benchmark::State& state) {
   const DType dtype = state.range(3) ? DType::BF16 : DType::F32;
   const bool bf16_compute = state.range(3) == 3;
   if (bf16_compute && !ops::has_bf16_compute())
-    return state.SkipWithError("no AVX512-BF16 on this CPU");
+    return state.SkipWithError("no bf16 compute kernel on this CPU");
   const auto format = state.range(3) == 2   ? ops::WeightFormat::Q8
                       : state.range(3) == 4 ? ops::WeightFormat::Q4
                       : bf16_compute        ? ops::WeightFormat::Bf16

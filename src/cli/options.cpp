@@ -113,8 +113,8 @@ void add_model_options(CLI::App& app, ModelOptions& m) {
                  "quantized at load")
       ->check(CLI::IsMember({"native", "q8", "q4"}));
   app.add_option("--compute", m.compute,
-                 "CPU arithmetic: fp32 (default, the reference) or bf16 (AVX512-BF16 dot "
-                 "products: activations and weights rounded to bf16, fp32 sums; twice the rate)")
+                 "CPU arithmetic: fp32 (default, the reference) or bf16 (AMX tiles or AVX512-BF16 "
+                 "dot products: activations and weights rounded to bf16, fp32 sums)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--draft-tree", m.draft_tree,
                  "draft trees verified in one pass (CPU): off (default), paths:N (N noise draws), "
