@@ -1,7 +1,8 @@
 // A CPU backend that fails as a device can: open() throws flashmap::Error (out of device memory
 // for one more sequence) on the opens named, and forward() throws flashmap::DeviceFault (a sticky
-// CUDA error: the context cannot compute again) from its fault_at-th call on. Everything else
-// is the CPU reference, so the requests that do run decode as generate() does.
+// CUDA error: the context cannot compute again) from its fault_at-th call on; and whose open()
+// a test can hold (`gate`). Everything else is the CPU reference, so the requests that do run
+// decode as generate() does.
 #pragma once
 
 #include <algorithm>
@@ -29,7 +30,12 @@ class FaultyBackend : public cpu::CpuBackend {
   // What it says it can do beyond the round (as a device backend without these would).
   void set_caps(Capabilities c) { info_.caps = c; }
 
+  // Held by a test, open() waits for it: the engine thread stops before a sequence starts, so
+  // what the test submits meanwhile finds the earlier requests still in flight.
+  std::mutex gate;
+
   Slot open(const Open& o) override {
+    { std::lock_guard wait_for_the_test(gate); }
     if (failing_opens.count(opens++))
       throw Error(
           "CUDA: cudaMalloc of 512.0 MiB failed: out of memory (cudaErrorMemoryAllocation)");

@@ -295,8 +295,13 @@ TEST(Engine, EosIdsAndThreadPoolSize) {
 
 TEST(Engine, AdmissionLimits) {
   auto& m = models();
-  Engine sched(on_cpu(m.target, &m.drafter),
+  auto backend = std::make_unique<test::FaultyBackend>(m.target, &m.drafter);
+  std::mutex& gate = backend->gate;
+  Engine sched(std::move(backend),
                {.max_running = 1, .max_queue = 1, .max_context = 64, .spec_max_batch = 0});
+  // Held until the queue is found full: the first request cannot finish (and free its place)
+  // before the third is submitted. Released before the engine ends, on every path.
+  std::unique_lock hold(gate);
   RequestParams p;
   p.prompt = prompt_of(8, 2);
   p.max_tokens = 57;  // 8 + 57 > 64
@@ -324,6 +329,7 @@ TEST(Engine, AdmissionLimits) {
   } catch (const AdmissionError& e) {
     EXPECT_EQ(e.status, 429);
   }
+  hold.unlock();
   sched.shutdown();
   try {
     sched.submit(p);
